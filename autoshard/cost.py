@@ -1,0 +1,897 @@
+"""The cost model: `evaluate(problem, plan) -> Estimate`, the single source of truth.
+
+A step is priced in three layers, each a plain function the solver reuses:
+
+1. `layer_table(ctx, cfg)`: for every layer kind (dense, moe) and recompute mode
+   (none, selective, full), the forward and backward time of one micro-batch on one
+   GPU, split by category (compute, TP/CP/EP communication, ZeRO-3 gathers, ...), the
+   activation bytes it keeps, and its parameters per GPU. Embedding and LM head are
+   priced the same way. `cfg` holds every global knob (degrees, ZeRO, micro-batch,
+   schedule, placement); per-layer choices come later.
+2. `rank_totals(...)`: sums the table over the layers each pipeline rank holds.
+3. `assemble(...)`: the pipeline schedule (warm-up and cool-down included), the
+   data-parallel tail (gradient reduction not hidden under the last backward,
+   optimizer step, parameter all-gather) and peak memory per rank.
+
+Compute is a roofline per GEMM: max(FLOPs / (peak x matmul efficiency),
+bytes / (HBM bandwidth x HBM efficiency)). Attention runs FlashAttention-style
+(causal: half the score FLOPs; backward 2.5x forward) in bf16 even in fp8 runs.
+Activation memory follows Korthikanti et al. 2022 generalized to GQA, gated MLPs
+and MoE: per layer and micro-batch sbh(34 + 5as/h) for GPT-3-style layers without
+parallelism; 10 + 24/t (+5as/ht) with TP; 34/t with TP+SP; the attention-score term
+vanishes under selective recompute or FlashAttention; full recompute keeps 2sbh
+(/t with SP).
+
+Model FLOPs for MFU follow PaLM (Chowdhery et al. 2022, App. B): 6 N_active per token
+plus 6 a s (d_qk + d_v) per layer per token for attention, **non-causal** (as NVIDIA's
+and PaLM's published MFU figures count it); N_active counts every matmul weight a
+token passes through, LM head included, input embedding excluded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .catalog import GPU, get_gpu
+from .spec import RECOMPUTES, Plan, Problem, Recompute, divisors
+from .topology import (
+    ClusterGraph,
+    Level,
+    Placement,
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    cluster_graph,
+    p2p_s,
+    place,
+    reduce_scatter_s,
+    resolve_levels,
+)
+
+GIB = 2**30
+BF16 = 2  # bytes per activation / weight element
+RESERVE_GIB = 2.0  # CUDA context, NCCL buffers, allocator slack (per GPU)
+ADAM_STATE_BYTES = 12  # fp32 master weights + two fp32 moments (16 B/param with bf16 weights + grads)
+SGD_STATE_BYTES = 8  # fp32 master + momentum
+OPT_TRAFFIC_BYTES = 30  # HBM bytes touched per parameter by a fused Adam step
+ATTN_BWD_FACTOR = 2.5  # FlashAttention backward FLOPs / forward FLOPs
+ELEMENTWISE_BWD_FACTOR = 2.0
+TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm")
+
+
+# ---------------------------------------------------------------------------------------
+# Context: what does not depend on the plan
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    problem: Problem
+    gpu: GPU
+    levels: tuple[Level, ...]
+    graph: ClusterGraph
+
+    @property
+    def model(self):
+        return self.problem.model
+
+    @property
+    def training(self):
+        return self.problem.training
+
+    @property
+    def num_gpus(self) -> int:
+        return self.problem.cluster.num_gpus
+
+    @property
+    def peak(self) -> float:
+        return self.gpu.peak_flops(self.training.precision)
+
+    @property
+    def mm_flops_per_s(self) -> float:
+        p = self.training.precision
+        return self.gpu.peak_flops(p) * self.gpu.matmul_efficiency(p)
+
+    @property
+    def attn_flops_per_s(self) -> float:
+        return self.gpu.peak_flops("bf16") * self.gpu.matmul_efficiency("bf16")
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.gpu.hbm_bytes_per_s * self.gpu.efficiency.hbm
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.gpu.hbm_bytes - RESERVE_GIB * GIB
+
+
+def context(problem: Problem) -> Context:
+    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
+    levels = resolve_levels(problem.cluster, gpu)
+    return Context(problem, gpu, levels, cluster_graph(levels, problem.cluster.num_gpus))
+
+
+# ---------------------------------------------------------------------------------------
+# Global configuration and its validity
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """The global knobs of a plan (everything except per-layer recompute and stage split)."""
+
+    tp: int
+    cp: int
+    ep: int
+    pp: int
+    dp: int
+    vpp: int
+    sp: bool
+    zero: int
+    mbs: int
+    schedule: str
+    placement: str
+
+    @property
+    def microbatches(self) -> int:
+        return 0  # filled by num_microbatches(); kept for symmetry
+
+    @staticmethod
+    def of(plan: Plan, dp: int) -> "Config":
+        return Config(plan.tp, plan.cp, plan.ep, plan.pp, dp, plan.vpp, plan.sp, plan.zero_stage,
+                      plan.micro_batch_size, plan.schedule, plan.placement)
+
+    def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
+        return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
+                    sequence_parallel=self.sp, zero_stage=self.zero, micro_batch_size=self.mbs,
+                    schedule=self.schedule, placement=self.placement, recompute=recompute,
+                    stage_layers=stage_layers)
+
+
+def num_microbatches(problem: Problem, cfg: Config) -> int:
+    return problem.training.global_batch_size // (cfg.dp * cfg.mbs)
+
+
+def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
+    """(dp, reasons the global degrees are invalid); reasons empty means valid."""
+    m, t, n = problem.model, problem.training, problem.cluster.num_gpus
+    reasons: list[str] = []
+    mp = plan.tp * plan.cp * plan.pp
+    dp = plan.dp if plan.dp is not None else (n // mp if n % mp == 0 else 0)
+    if plan.dp is None and n % mp:
+        reasons.append(f"tp*cp*pp = {mp} does not divide the {n} GPUs")
+    elif mp * dp != n:
+        reasons.append(f"tp*cp*pp*dp = {mp * dp} but the cluster has {n} GPUs")
+    if m.num_attention_heads % plan.tp:
+        reasons.append(f"tp={plan.tp} does not divide num_attention_heads={m.num_attention_heads}")
+    kv = m.kv_heads
+    if not m.is_mla and kv % plan.tp and plan.tp % kv:
+        reasons.append(f"tp={plan.tp} and num_key_value_heads={kv}: neither divides the other")
+    if m.intermediate_size % plan.tp:
+        reasons.append(f"tp={plan.tp} does not divide intermediate_size={m.intermediate_size}")
+    if m.is_moe and m.expert_ffn % plan.tp:
+        reasons.append(f"tp={plan.tp} does not divide moe_intermediate_size={m.expert_ffn}")
+    if plan.cp > 1 and t.seq_len % (2 * plan.cp):
+        reasons.append(f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
+    if plan.ep > 1:
+        if not m.is_moe:
+            reasons.append(f"ep={plan.ep} needs a mixture-of-experts model")
+        elif m.num_experts % plan.ep:
+            reasons.append(f"ep={plan.ep} does not divide num_experts={m.num_experts}")
+        if dp and dp % plan.ep:
+            reasons.append(f"ep={plan.ep} must divide dp={dp} (experts are sharded across data-parallel ranks)")
+    if dp:
+        per = dp * plan.micro_batch_size
+        if t.global_batch_size % per:
+            reasons.append(
+                f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per}")
+    chunks = plan.pp * plan.vpp
+    if chunks > m.num_hidden_layers:
+        reasons.append(f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers")
+    if plan.vpp > 1 and plan.schedule != "interleaved":
+        reasons.append(f"vpp={plan.vpp} needs schedule 'interleaved' (got {plan.schedule!r})")
+    if plan.schedule == "interleaved":
+        if plan.vpp < 2 or plan.pp < 2:
+            reasons.append("schedule 'interleaved' needs pp >= 2 and vpp >= 2")
+        elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
+            mb = t.global_batch_size // (dp * plan.micro_batch_size)
+            if mb % plan.pp:
+                reasons.append(f"interleaved schedule: {mb} micro-batches is not a multiple of pp={plan.pp}")
+    if plan.schedule == "zero_bubble" and plan.pp < 2:
+        reasons.append("schedule 'zero_bubble' needs pp >= 2")
+    if plan.stage_layers is not None:
+        if len(plan.stage_layers) != chunks:
+            reasons.append(f"stage_layers has {len(plan.stage_layers)} entries, expected pp*vpp = {chunks}")
+        elif sum(plan.stage_layers) != m.num_hidden_layers:
+            reasons.append(f"stage_layers sum to {sum(plan.stage_layers)}, the model has {m.num_hidden_layers} layers")
+    if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
+        reasons.append(f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
+    return dp, reasons
+
+
+def even_split(num_layers: int, chunks: int) -> list[int]:
+    """Layers per virtual stage as even as possible, the remainder on the middle stages."""
+    base, rem = divmod(num_layers, chunks)
+    out = [base] * chunks
+    order = sorted(range(chunks), key=lambda c: (abs(c - (chunks - 1) / 2), c))
+    for c in order[:rem]:
+        out[c] += 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Per-layer table
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cost:
+    """Time of one micro-batch through one piece (layer, embedding or head), split by category."""
+
+    fwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
+    bwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
+    wgrad_s: float = 0.0  # part of the backward that computes weight gradients (zero-bubble fills)
+    act_bytes: float = 0.0  # activations kept per in-flight micro-batch
+    work_bytes: float = 0.0  # transient working memory while this piece runs backward
+    params: float = 0.0  # parameters held on this GPU (before ZeRO sharding)
+    expert_params: float = 0.0  # of which expert weights (sharded over expert-DP instead of DP)
+    hfu_flops: float = 0.0  # FLOPs executed (incl. recompute), per micro-batch on this GPU
+
+    @property
+    def fwd_s(self) -> float:
+        return sum(self.fwd.values())
+
+    @property
+    def bwd_s(self) -> float:
+        return sum(self.bwd.values())
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+class Shapes:
+    """Per-GPU tensor shapes of one micro-batch under a config."""
+
+    def __init__(self, ctx: Context, cfg: Config):
+        m = ctx.model
+        self.m = m
+        self.tokens = cfg.mbs * ctx.training.seq_len / cfg.cp  # tokens per GPU (before TP)
+        self.seq = ctx.training.seq_len
+        self.h = m.hidden_size
+        self.tp = cfg.tp
+        self.a_local = m.num_attention_heads / cfg.tp
+        self.kv_local = max(1.0, m.kv_heads / cfg.tp)
+        self.d = m.head_size
+        if m.is_mla:
+            self.d_qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            self.d_v = m.v_head_dim
+        else:
+            self.d_qk = self.d_v = m.head_size
+        # Elementwise tokens: the residual stream is sharded over TP only with sequence parallelism.
+        self.res_tokens = self.tokens / cfg.tp if cfg.sp else self.tokens
+
+
+def _gemm_s(ctx: Context, m: float, k: float, n: float, flops_per_s: float | None = None) -> float:
+    """Roofline time of an (m x k) @ (k x n) GEMM in bf16-sized operands."""
+    flops = 2.0 * m * k * n
+    nbytes = BF16 * (m * k + k * n + m * n)
+    return max(flops / (flops_per_s or ctx.mm_flops_per_s), nbytes / ctx.hbm_bytes_per_s)
+
+
+def _mem_s(ctx: Context, nbytes: float) -> float:
+    return nbytes / ctx.hbm_bytes_per_s
+
+
+def _attention_params(m) -> float:
+    h = m.hidden_size
+    if m.is_mla:
+        a = m.num_attention_heads
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q = (h * m.q_lora_rank + m.q_lora_rank * a * qk) if m.q_lora_rank else h * a * qk
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+        return q + kv + a * m.v_head_dim * h
+    d = m.head_size
+    return h * d * (2 * m.num_attention_heads + 2 * m.kv_heads)
+
+
+def _mlp_params(m, ffn: int) -> float:
+    return (3 if m.gated else 2) * m.hidden_size * ffn
+
+
+def layer_params(m, kind: str) -> tuple[float, float]:
+    """(all params, expert params) of one transformer layer (full model, not sharded)."""
+    norms = 2 * m.hidden_size
+    attn = _attention_params(m)
+    if kind == "dense":
+        return attn + _mlp_params(m, m.intermediate_size) + norms, 0.0
+    experts = m.num_experts * _mlp_params(m, m.expert_ffn)
+    shared = m.num_shared_experts * _mlp_params(m, m.expert_ffn)
+    router = m.hidden_size * m.num_experts
+    return attn + experts + shared + router + norms, experts
+
+
+def total_params(m) -> float:
+    emb = m.vocab_size * m.hidden_size
+    head = 0 if m.tie_word_embeddings else emb
+    layers = sum(layer_params(m, k)[0] for k in m.layer_kinds())
+    return emb + head + layers + m.hidden_size
+
+
+def active_matmul_params(m) -> float:
+    """Matmul weights a token passes through (LM head included, input embedding excluded)."""
+    total = m.vocab_size * m.hidden_size
+    for kind in m.layer_kinds():
+        if kind == "dense":
+            total += _attention_params(m) + _mlp_params(m, m.intermediate_size)
+        else:
+            total += _attention_params(m) + (m.num_experts_per_tok + m.num_shared_experts) * _mlp_params(m, m.expert_ffn)
+            total += m.hidden_size * m.num_experts
+    return total
+
+
+def model_flops_per_step(problem: Problem) -> float:
+    """PaLM model FLOPs per step (non-causal attention, no recompute)."""
+    m, t = problem.model, problem.training
+    s = t.seq_len
+    if m.is_mla:
+        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    else:
+        d_qk = d_v = m.head_size
+    per_token = 6 * active_matmul_params(m) + 6 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v)
+    return per_token * t.tokens_per_step
+
+
+def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
+    """Forward/backward of the attention block (projections, core, TP and CP comm).
+
+    Returns (fwd, bwd, core_fwd_s, wgrad_s, flops_fwd).
+    """
+    m, T, h = sh.m, sh.tokens, sh.h
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    a, kv = sh.a_local, sh.kv_local
+    if m.is_mla:
+        gemms = []
+        if m.q_lora_rank:
+            gemms += [(T, h, m.q_lora_rank), (T, m.q_lora_rank, a * sh.d_qk)]
+        else:
+            gemms += [(T, h, a * sh.d_qk)]
+        gemms += [(T, h, m.kv_lora_rank + m.qk_rope_head_dim), (T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v))]
+        gemms += [(T, a * sh.d_v, h)]
+    else:
+        gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
+    proj = sum(_gemm_s(ctx, *g) for g in gemms)
+    flops = sum(2 * x * y * z for x, y, z in gemms)
+    # Core attention: each GPU's T queries attend causally over the full sequence (CP splits queries).
+    core_flops = 2 * T * sh.seq * a * (sh.d_qk + sh.d_v) * 0.5
+    core = core_flops / ctx.attn_flops_per_s
+    if not ctx.training.flash_attention:  # materialized scores: softmax traffic over s^2 per head
+        core += _mem_s(ctx, 3 * BF16 * T * sh.seq * a)
+    flops += core_flops
+    elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
+    fwd["compute"] = proj + core + elem
+    bwd["compute"] = 2 * proj + ATTN_BWD_FACTOR * core + ELEMENTWISE_BWD_FACTOR * elem
+    wgrad = proj
+    # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass.
+    act = BF16 * T * h
+    if cfg.tp > 1:
+        tp_t = (all_gather_s(ctx.levels, pl.tp, act) + reduce_scatter_s(ctx.levels, pl.tp, act)) if cfg.sp \
+            else all_reduce_s(ctx.levels, pl.tp, act)
+        fwd["tp_comm"] += tp_t
+        bwd["tp_comm"] += tp_t
+    # Context parallel: ring exchange of K and V, overlapped with the core attention.
+    if cfg.cp > 1:
+        kv_bytes = BF16 * T * kv * (sh.d_qk + sh.d_v) if not m.is_mla else BF16 * T * (m.kv_lora_rank + m.qk_rope_head_dim)
+        ring = (cfg.cp - 1) * all_to_all_s(ctx.levels, pl.cp, kv_bytes * cfg.cp / max(cfg.cp - 1, 1)) / max(cfg.cp - 1, 1)
+        fwd["cp_comm"] += max(0.0, ring - core)
+        bwd["cp_comm"] += max(0.0, 2 * ring - ATTN_BWD_FACTOR * core)
+    return fwd, bwd, core, wgrad, flops
+
+
+def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -> tuple[dict, dict, float, float]:
+    """Forward/backward of the MLP or MoE block; returns (fwd, bwd, wgrad_s, flops_fwd)."""
+    m, T, h = sh.m, sh.tokens, sh.h
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    mats = 3 if m.gated else 2
+    act = BF16 * T * h
+    tp_t = 0.0
+    if cfg.tp > 1:
+        tp_t = (all_gather_s(ctx.levels, pl.tp, act) + reduce_scatter_s(ctx.levels, pl.tp, act)) if cfg.sp \
+            else all_reduce_s(ctx.levels, pl.tp, act)
+
+    def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0) -> tuple[float, float]:
+        """(time, flops) of `weight_sets` MLPs that together see `tokens` tokens."""
+        per = tokens / weight_sets
+        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local)
+        down = _gemm_s(ctx, per, ffn_local, h)
+        return weight_sets * (up + down), 2 * tokens * h * ffn_local * mats
+
+    if kind == "dense":
+        t_mlp, flops = mlp(T, m.intermediate_size / cfg.tp)
+        ffn_elem = T * m.intermediate_size / cfg.tp * (3 if m.gated else 2)
+    else:
+        k, E = m.num_experts_per_tok, m.num_experts
+        local_experts = E / cfg.ep
+        t_mlp, flops = mlp(T * k, m.expert_ffn / cfg.tp, local_experts)
+        if m.num_shared_experts:
+            ts, fs = mlp(T, m.num_shared_experts * m.expert_ffn / cfg.tp)
+            t_mlp, flops = t_mlp + ts, flops + fs
+        t_mlp += _gemm_s(ctx, T, h, E)  # router
+        flops += 2 * T * h * E
+        ffn_elem = T * k * m.expert_ffn / cfg.tp * (3 if m.gated else 2)
+        # Permute / unpermute of the routed copies (read + write, dispatch and combine).
+        t_mlp += _mem_s(ctx, 4 * BF16 * T * k * h)
+        if cfg.ep > 1:
+            send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h
+            a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send)  # dispatch + combine
+            fwd["ep_comm"] += a2a
+            bwd["ep_comm"] += a2a
+    elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
+    fwd["compute"] = t_mlp + elem
+    bwd["compute"] = 2 * t_mlp + ELEMENTWISE_BWD_FACTOR * elem
+    fwd["tp_comm"] += tp_t
+    bwd["tp_comm"] += tp_t
+    return fwd, bwd, t_mlp, flops
+
+
+def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
+    """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022)."""
+    m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
+    div = t if cfg.sp else 1
+    # Residual-stream tensors: LN1 in, QKV in, LN2 in, MLP in (+ 2 one-byte dropout masks).
+    stream = (8 + (2 if m.dropout else 0)) * T * h / div
+    if m.is_mla:
+        attn = BF16 * T * (m.kv_lora_rank + m.qk_rope_head_dim + (m.q_lora_rank or 0))
+        attn += BF16 * T * sh.a_local * (2 * sh.d_qk + 2 * sh.d_v)  # q, k, v, proj input
+    else:
+        attn = BF16 * T * sh.d * (2 * sh.a_local + 2 * sh.kv_local)  # q, k, v, proj input
+    mats = 6 if m.gated else 4
+    if kind == "dense":
+        mlp = mats * T * m.intermediate_size / t
+    else:
+        k = m.num_experts_per_tok
+        mlp = mats * T * k * m.expert_ffn / t + BF16 * T * k * h + 4 * T * m.num_experts
+        mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
+    if ctx.training.flash_attention:
+        scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
+    else:
+        per = (5 if m.dropout else 2) * cfg.mbs * sh.a_local * (sh.seq / cfg.cp) * sh.seq
+        scores = per
+    none = stream + attn + mlp + scores
+    # Selective recompute drops the attention scores (FlashAttention never stores them).
+    selective = none if ctx.training.flash_attention else none - scores
+    return {"none": none, "selective": selective, "full": BF16 * T * h / div}
+
+
+def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: Recompute) -> Cost:
+    sh = Shapes(ctx, cfg)
+    afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
+    mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, kind)
+    c = Cost()
+    for key in TIME_KEYS:
+        c.fwd[key] = afwd[key] + mfwd[key]
+        c.bwd[key] = abwd[key] + mbwd[key]
+    c.wgrad_s = awgrad + mwgrad
+    params, experts = layer_params(ctx.model, kind)
+    dense_local = (params - experts) / cfg.tp
+    expert_local = experts / (cfg.tp * cfg.ep)
+    c.params = dense_local + expert_local
+    c.expert_params = expert_local
+    acts = _activation_bytes(ctx, cfg, sh, kind)
+    c.act_bytes = acts[recompute]
+    c.work_bytes = acts["none"]
+    flops = aflops + mflops
+    c.hfu_flops = 3 * flops
+    if recompute == "full":
+        c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
+        c.hfu_flops += flops
+    elif recompute == "selective":
+        c.bwd["recompute"] = core
+        c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+    # ZeRO-3: gather this layer's weights before forward and backward, reduce-scatter its gradients.
+    if cfg.zero == 3 and cfg.dp > 1:
+        pl_dp, pl_e = pl.dp_cp, pl.edp
+        w_dense, w_exp = BF16 * dense_local, BF16 * expert_local
+        ag = all_gather_s(ctx.levels, pl_dp, w_dense) + all_gather_s(ctx.levels, pl_e, w_exp)
+        rs = reduce_scatter_s(ctx.levels, pl_dp, w_dense) + reduce_scatter_s(ctx.levels, pl_e, w_exp)
+        c.fwd["zero3_comm"] = max(0.0, ag - c.fwd["compute"])
+        c.bwd["zero3_comm"] = max(0.0, ag + rs - c.bwd["compute"] - c.bwd["recompute"])
+    return c
+
+
+def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
+    """Input embedding (first virtual stage): lookup, and its all-reduce / scatter over TP."""
+    m = ctx.model
+    sh = Shapes(ctx, cfg)
+    c = Cost()
+    c.params = m.vocab_size * m.hidden_size / cfg.tp
+    c.fwd["compute"] = _mem_s(ctx, 2 * BF16 * sh.tokens * sh.h)
+    c.bwd["compute"] = _mem_s(ctx, 3 * BF16 * sh.tokens * sh.h)
+    if cfg.tp > 1:
+        act = BF16 * sh.tokens * sh.h
+        op = reduce_scatter_s if cfg.sp else all_reduce_s
+        c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
+    c.act_bytes = 0.0
+    return c
+
+
+def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
+    """Final norm + LM head + vocab-parallel cross-entropy (last virtual stage)."""
+    m = ctx.model
+    sh = Shapes(ctx, cfg)
+    T, h, V = sh.tokens, sh.h, m.vocab_size / cfg.tp
+    c = Cost()
+    c.params = 0.0 if (m.tie_word_embeddings and cfg.pp == 1) else m.vocab_size * h / cfg.tp
+    head = _gemm_s(ctx, T, h, V)
+    ce = _mem_s(ctx, (BF16 + 4 + 4) * T * V)  # logits -> fp32 softmax -> grad
+    c.fwd["compute"] = head + ce + _mem_s(ctx, 2 * BF16 * sh.res_tokens * h)
+    c.bwd["compute"] = 2 * head + ce
+    c.wgrad_s = head
+    if cfg.tp > 1:
+        act = BF16 * T * h
+        op = all_gather_s if cfg.sp else all_reduce_s
+        c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
+        c.bwd["tp_comm"] = c.fwd["tp_comm"]
+    c.hfu_flops = 3 * 2 * T * h * V
+    c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
+    c.work_bytes = (BF16 + 4) * T * V  # bf16 logits + fp32 softmax of one micro-batch
+    return c
+
+
+@dataclass
+class Table:
+    """Everything about a config that does not depend on per-layer choices."""
+
+    cfg: Config
+    placement: Placement
+    layers: dict[tuple[str, str], Cost]  # (kind, recompute) -> cost
+    embed: Cost
+    head: Cost
+    pp_p2p_s: float  # one send of a micro-batch's activation to the next stage
+    microbatches: int
+
+
+def layer_table(ctx: Context, cfg: Config) -> Table:
+    pl = place(ctx.graph, cfg.plan(), cfg.dp)
+    kinds = sorted(set(ctx.model.layer_kinds()))
+    layers = {(k, r): layer_cost(ctx, cfg, pl, k, r) for k in kinds for r in RECOMPUTES}
+    sh = Shapes(ctx, cfg)
+    p2p_bytes = BF16 * sh.tokens * sh.h / (cfg.tp if cfg.sp else 1)
+    p2p = p2p_s(ctx.levels, pl.pp_level, p2p_bytes) if cfg.pp > 1 else 0.0
+    return Table(cfg, pl, layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), p2p,
+                 num_microbatches(ctx.problem, cfg))
+
+
+# ---------------------------------------------------------------------------------------
+# 2. Per-rank totals and 3. assembly
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RankTotals:
+    fwd: dict[str, float]
+    bwd: dict[str, float]
+    wgrad_s: float
+    act_bytes: float
+    params: float
+    expert_params: float
+    hfu_flops: float
+    layers: int
+    kinds: dict[str, int]
+    recompute: dict[str, int]
+
+    @property
+    def time_s(self) -> float:
+        return sum(self.fwd.values()) + sum(self.bwd.values())
+
+
+def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first: bool, last: bool) -> RankTotals:
+    """Sum the table over the (kind, recompute) of every layer in each chunk of one rank."""
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    tot = RankTotals(fwd, bwd, 0.0, 0.0, 0.0, 0.0, 0.0, 0, {}, {})
+    pieces: list[Cost] = []
+    for chunk in chunks_of_rank:
+        for kind, rc in chunk:
+            pieces.append(table.layers[(kind, rc)])
+            tot.kinds[kind] = tot.kinds.get(kind, 0) + 1
+            tot.recompute[rc] = tot.recompute.get(rc, 0) + 1
+        tot.layers += len(chunk)
+    if first:
+        pieces.append(table.embed)
+    if last:
+        pieces.append(table.head)
+    for c in pieces:
+        for k in TIME_KEYS:
+            fwd[k] += c.fwd[k]
+            bwd[k] += c.bwd[k]
+        tot.wgrad_s += c.wgrad_s
+        tot.act_bytes += c.act_bytes
+        tot.params += c.params
+        tot.expert_params += c.expert_params
+        tot.hfu_flops += c.hfu_flops
+    # Pipeline sends: each chunk sends forward activations and receives gradients once per micro-batch.
+    n_chunks = len(chunks_of_rank)
+    sends = n_chunks - (1 if last else 0)
+    recvs = n_chunks - (1 if first else 0)
+    fwd["pp_comm"] += table.pp_p2p_s * sends
+    bwd["pp_comm"] += table.pp_p2p_s * recvs
+    return tot
+
+
+def inflight_microbatches(cfg: Config, rank: int, microbatches: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak (in units of the
+    rank's full set of layers)."""
+    p, m = cfg.pp, microbatches
+    if cfg.schedule == "gpipe":
+        return float(m)
+    if cfg.schedule == "interleaved":
+        pairs = min(m * cfg.vpp, (p - rank - 1) * 2 + (cfg.vpp - 1) * p + 1)
+        return pairs / cfg.vpp
+    return float(min(m, p - rank))
+
+
+def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float) -> dict[str, float]:
+    """Weights, gradients and optimizer states of one GPU under the ZeRO stage."""
+    dense = params - expert_params
+    dp_dense = cfg.dp * cfg.cp
+    dp_exp = max(1, cfg.dp * cfg.cp // cfg.ep)
+    opt_b = ADAM_STATE_BYTES if ctx.training.optimizer in ("adam", "adamw") else SGD_STATE_BYTES
+
+    def shard(nbytes_per_param: float, sharded: bool) -> float:
+        if not sharded:
+            return nbytes_per_param * params
+        return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
+
+    weights = shard(BF16, cfg.zero >= 3)
+    if ctx.training.precision == "fp8":
+        weights += shard(1, cfg.zero >= 3)  # fp8 copies of the weights
+    return {
+        "weights": weights,
+        "gradients": shard(BF16, cfg.zero >= 2),
+        "optimizer_states": shard(opt_b, cfg.zero >= 1),
+    }
+
+
+def affine(fn, levels: tuple[Level, ...], prof) -> tuple[float, float]:
+    """(seconds per byte, seconds) of a collective: time = slope * bytes + intercept.
+
+    Every collective cost is affine in the message size for a fixed group (bandwidth
+    terms scale, latency does not); evaluate and the solver both price the data-parallel
+    tail through this form so they agree exactly.
+    """
+    if prof.size <= 1:
+        return 0.0, 0.0
+    t1, t2 = fn(levels, prof, 1e9), fn(levels, prof, 2e9)
+    slope = (t2 - t1) / 1e9
+    return slope, t1 - slope * 1e9
+
+
+@dataclass(frozen=True)
+class TailModel:
+    """Affine forms of the data-parallel tail of one rank (see `dp_tail`)."""
+
+    reduce: tuple[float, float, float]  # (s per dense param, s per expert param, s) gradient reduction
+    gather: tuple[float, float, float]  # parameter all-gather after the optimizer (ZeRO-1/2)
+    optimizer_s_per_param: float  # optimizer step, per parameter held (before sharding)
+    reduce_repeats: int  # 1, or the micro-batch count under ZeRO-2
+
+
+def tail_model(ctx: Context, table: "Table") -> TailModel:
+    cfg, pl, lv = table.cfg, table.placement, ctx.levels
+    none = (0.0, 0.0, 0.0)
+    reduce = gather = none
+    has_experts = ctx.model.is_moe
+    if cfg.dp * cfg.cp > 1 and cfg.zero < 3:
+        op = all_reduce_s if cfg.zero == 0 else reduce_scatter_s
+        (sd, cd), (se, ce) = affine(op, lv, pl.dp_cp), affine(op, lv, pl.edp)
+        reduce = (BF16 * sd, BF16 * se, cd + (ce if has_experts else 0.0))
+        if cfg.zero in (1, 2):
+            (sd, cd), (se, ce) = affine(all_gather_s, lv, pl.dp_cp), affine(all_gather_s, lv, pl.edp)
+            gather = (BF16 * sd, BF16 * se, cd + (ce if has_experts else 0.0))
+    shard = 1.0 / (cfg.dp * cfg.cp) if cfg.zero >= 1 else 1.0
+    opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
+    repeats = table.microbatches if cfg.zero == 2 else 1
+    return TailModel(reduce, gather, opt_b * shard / ctx.hbm_bytes_per_s, repeats)
+
+
+def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
+    """Exposed data-parallel communication and the optimizer step of one rank.
+
+    Gradient buckets reduce under the backward of the last micro-batch (overlap-grad-reduce):
+    only what exceeds that backward is exposed; under ZeRO-2 this happens after every
+    micro-batch. ZeRO-1/2 all-gather updated parameters under the next forward
+    (overlap-param-gather). ZeRO-3 traffic is priced per layer instead.
+    """
+    dense = tot.params - tot.expert_params
+    exp = tot.expert_params
+    red = tm.reduce[0] * dense + tm.reduce[1] * exp + tm.reduce[2] if any(tm.reduce) else 0.0
+    gat = tm.gather[0] * dense + tm.gather[1] * exp + tm.gather[2] if any(tm.gather) else 0.0
+    exposed = tm.reduce_repeats * max(0.0, red - sum(tot.bwd.values())) + max(0.0, gat - sum(tot.fwd.values()))
+    return {"dp_comm": exposed, "optimizer": tm.optimizer_s_per_param * tot.params}
+
+
+def working_bytes(table: "Table", last: bool) -> float:
+    """Transient memory of a rank: the largest layer's full activations (its backward
+    working set), or the last stage's logits if larger."""
+    layer = max(c.work_bytes for c in table.layers.values())
+    return max(layer, table.head.work_bytes) if last else layer
+
+
+def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]) -> float:
+    """Time from the first forward to the last backward across the pipeline.
+
+    With per-rank times t_p (one micro-batch through all the rank's layers, forward and
+    backward) and M micro-batches: M max t + c (sum u - max u), where u = t (1F1B,
+    GPipe, interleaved with c = 1/vpp) or t - w (zero-bubble ZB-H1, where weight-gradient
+    work w fills the cool-down). For equal stages this is (M + P - 1) t for 1F1B.
+    """
+    tmax = max(t)
+    if cfg.schedule == "zero_bubble":
+        u = [a - b for a, b in zip(t, w)]
+        return microbatches * tmax + sum(u) - max(u)
+    c = 1.0 / cfg.vpp if cfg.schedule == "interleaved" else 1.0
+    return microbatches * tmax + c * (sum(t) - tmax)
+
+
+class StageEstimate(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    rank: int
+    layers: int
+    dense_layers: int
+    moe_layers: int
+    recompute: dict[str, int]
+    has_embedding: bool
+    has_lm_head: bool
+    forward_s: float
+    backward_s: float
+    inflight_microbatches: float
+    memory_gib: dict[str, float]
+    peak_memory_gib: float
+
+
+class Estimate(BaseModel):
+    """What a plan costs. `fits` is False with every reason when the plan is invalid or
+    does not fit in HBM; times are per training step."""
+
+    model_config = ConfigDict(frozen=True)
+    fits: bool
+    reasons: list[str]
+    warnings: list[str] = []
+    plan: Plan
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    model_tflops_per_gpu: float
+    num_microbatches: int
+    peak_memory_gib: float
+    memory_capacity_gib: float
+    time_breakdown_s: dict[str, float]
+    memory_breakdown_gib: dict[str, float]
+    stages: list[StageEstimate]
+    bottleneck: str
+
+
+def invalid_estimate(plan: Plan, reasons: list[str], ctx: Context | None) -> Estimate:
+    cap = ctx.capacity_bytes / GIB if ctx else 0.0
+    zero_mem = {"weights": 0.0, "gradients": 0.0, "optimizer_states": 0.0, "activations": 0.0}
+    return Estimate(fits=False, reasons=reasons, plan=plan, step_time_s=0.0, tokens_per_s=0.0, mfu=0.0,
+                    hfu=0.0, model_tflops_per_gpu=0.0, num_microbatches=0, peak_memory_gib=0.0,
+                    memory_capacity_gib=cap, time_breakdown_s={}, memory_breakdown_gib=zero_mem,
+                    stages=[], bottleneck="invalid plan")
+
+
+def assign_layers(kinds: list[str], recompute: list[str], stage_layers: list[int], pp: int) -> list[list[list[tuple[str, str]]]]:
+    """Per rank, its chunks, each a list of (kind, recompute) in layer order."""
+    ranks: list[list[list[tuple[str, str]]]] = [[] for _ in range(pp)]
+    start = 0
+    for c, n in enumerate(stage_layers):
+        ranks[c % pp].append(list(zip(kinds[start:start + n], recompute[start:start + n])))
+        start += n
+    return ranks
+
+
+def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: list[str], plan: Plan,
+             warnings: list[str]) -> Estimate:
+    cfg, M = table.cfg, table.microbatches
+    kinds = ctx.model.layer_kinds()
+    per_rank = assign_layers(kinds, recompute, stage_layers, cfg.pp)
+    tots = [rank_totals(table, chunks, r == 0, r == cfg.pp - 1) for r, chunks in enumerate(per_rank)]
+    t = [x.time_s for x in tots]
+    w = [x.wgrad_s for x in tots]
+    t_pipe = pipeline_time(cfg, M, t, w)
+    tm = tail_model(ctx, table)
+    tails = [dp_tail(tm, x) for x in tots]
+    tail_tot = [sum(x.values()) for x in tails]
+    step = t_pipe + max(tail_tot)
+
+    # Memory per rank.
+    stages: list[StageEstimate] = []
+    reasons: list[str] = []
+    cap = ctx.capacity_bytes
+    for r, x in enumerate(tots):
+        mem = static_bytes(ctx, cfg, x.params, x.expert_params)
+        infl = inflight_microbatches(cfg, r, M)
+        mem["activations"] = x.act_bytes * infl
+        mem["working"] = working_bytes(table, r == cfg.pp - 1)
+        if cfg.zero == 3 and cfg.dp > 1:
+            biggest = max(c.params for c in table.layers.values())
+            mem["zero3_gathered"] = 2 * BF16 * biggest
+        peak = sum(mem.values())
+        gib = {k: v / GIB for k, v in mem.items()}
+        stages.append(StageEstimate(
+            rank=r, layers=x.layers, dense_layers=x.kinds.get("dense", 0), moe_layers=x.kinds.get("moe", 0),
+            recompute=x.recompute, has_embedding=r == 0, has_lm_head=r == cfg.pp - 1,
+            forward_s=sum(x.fwd.values()), backward_s=sum(x.bwd.values()), inflight_microbatches=infl,
+            memory_gib=gib, peak_memory_gib=peak / GIB))
+        if peak > cap:
+            reasons.append(f"stage {r} needs {peak / GIB:.1f} GiB of {cap / GIB:.1f} GiB usable "
+                           f"({ctx.gpu.hbm_gib:g} GiB HBM less {RESERVE_GIB:g} GiB reserve)")
+    peak_stage = max(stages, key=lambda s: s.peak_memory_gib)
+
+    # Breakdown along the critical path: the slowest rank's steady state, the bubble, the tail.
+    slow = max(range(cfg.pp), key=lambda r: t[r])
+    bd = {k: M * (tots[slow].fwd[k] + tots[slow].bwd[k]) for k in TIME_KEYS}
+    bd["pipeline_bubble"] = t_pipe - M * t[slow]
+    tail_rank = max(range(cfg.pp), key=lambda r: tail_tot[r])
+    bd.update(tails[tail_rank])
+    tokens = ctx.training.tokens_per_step
+    mflops = model_flops_per_step(ctx.problem)
+    hflops = sum(x.hfu_flops for x in tots) * M * cfg.dp * cfg.cp * cfg.tp
+    peak_all = ctx.peak * ctx.num_gpus
+    memory_bd = dict(peak_stage.memory_gib)
+    bottleneck = max(bd, key=lambda k: bd[k])
+    full_plan = plan.model_copy(update={"dp": cfg.dp, "stage_layers": list(stage_layers)})
+    return Estimate(
+        fits=not reasons, reasons=reasons, warnings=warnings, plan=full_plan,
+        step_time_s=step, tokens_per_s=tokens / step, mfu=mflops / (step * peak_all),
+        hfu=hflops / (step * peak_all), model_tflops_per_gpu=mflops / step / ctx.num_gpus / 1e12,
+        num_microbatches=M, peak_memory_gib=peak_stage.peak_memory_gib,
+        memory_capacity_gib=cap / GIB, time_breakdown_s=bd, memory_breakdown_gib=memory_bd,
+        stages=stages, bottleneck=bottleneck)
+
+
+def placement_warnings(table: Table) -> list[str]:
+    pl = table.placement
+    out = []
+    for axis in ("tp", "cp", "ep"):
+        prof = getattr(pl, axis)
+        if prof.straddles:
+            out.append(f"{axis} group of {prof.size} GPUs spans several {prof.straddles[0]} domains although it "
+                       f"fits inside one (placement {table.cfg.placement}); it is priced at the slower level")
+    return out
+
+
+def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
+    """Step time, throughput, MFU and per-stage memory of `plan` on `problem`.
+
+    Never raises for an invalid plan: `fits=False` and `reasons` lists every problem.
+    """
+    from .loader import load_plan, load_problem  # noqa: PLC0415
+
+    problem = load_problem(problem)
+    plan = load_plan(plan)
+    ctx = context(problem)
+    dp, reasons = config_reasons(problem, plan)
+    if reasons:
+        return invalid_estimate(plan, reasons, ctx)
+    cfg = Config.of(plan, dp)
+    warnings = []
+    if plan.sequence_parallel and plan.tp == 1:
+        warnings.append("sequence_parallel is ignored with tp=1")
+    table = layer_table(ctx, cfg)
+    warnings += placement_warnings(table)
+    n = problem.model.num_hidden_layers
+    stage_layers = plan.stage_layers or even_split(n, cfg.pp * cfg.vpp)
+    return assemble(ctx, table, stage_layers, plan.recompute_per_layer(n), plan, warnings)
+
+
+def candidate_degrees(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in divisors(n) if limit is None or d <= limit]

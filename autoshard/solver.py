@@ -1,0 +1,668 @@
+"""Find the plan with the minimum step time that fits: numpy bounds + CP-SAT.
+
+The decision space splits in two:
+
+- **Global knobs** (tp, cp, ep, pp, dp, vpp, sequence parallel, ZeRO stage, micro-batch,
+  schedule, placement of the mesh axes). `candidates()` enumerates the combinations the
+  divisibility rules and `search:` allow; `bounds()` computes, vectorized with numpy over
+  all of them, a sound lower bound on step time (compute at the achievable matmul rate,
+  perfectly balanced stages, the schedule's warm-up and cool-down) and on peak memory
+  (everything recomputed, ZeRO sharding applied). Candidates whose memory bound exceeds
+  HBM are pruned; the rest are ordered by their time bound.
+- **The combinatorial core** (`StageModel`, a CP-SAT model): for one global configuration,
+  how many layers of each kind (dense, MoE) every virtual pipeline stage holds (contiguous,
+  uneven allowed, dense layers first) and which recompute mode each layer uses, subject to
+  HBM on every rank, minimizing the evaluator's step time: pipeline time with warm-up and
+  cool-down, plus the slowest rank's data-parallel tail. All coefficients come from
+  `cost.layer_table`, the same numbers `evaluate` sums; seconds are scaled to integer
+  units of 0.1 us, bytes to KiB (rounded up, so a plan the model accepts always fits).
+
+Branch and bound ties them together: candidates are visited in order of their bound;
+each CP-SAT solve must beat the incumbent (a cutoff constraint); the search stops when the
+next bound cannot. `OPTIMAL` therefore means every candidate was either pruned by a sound
+bound or solved to optimality by CP-SAT. Every returned plan is re-evaluated with
+`evaluate`, and the CP-SAT objective must match it to within the rounding.
+
+Determinism: candidates are enumerated in a fixed order, CP-SAT runs single-threaded with
+a fixed seed, ties are broken by a second CP-SAT pass (fewest recomputed layers, then
+layers as early as possible) and by candidate order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from .catalog import gpu_ids, get_gpu
+from .cost import (
+    BF16,
+    GIB,
+    Config,
+    Context,
+    Estimate,
+    Table,
+    context,
+    config_reasons,
+    inflight_microbatches,
+    layer_params,
+    layer_table,
+    static_bytes,
+    tail_model,
+    working_bytes,
+)
+from .cost import evaluate as _evaluate
+from .errors import InfeasibleError
+from .loader import load_problem
+from .spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
+from .topology import place
+
+TIME_UNIT_S = 1e-7
+MEM_UNIT_BYTES = 1024
+DEFAULT_MBS = (1, 2, 4, 8, 16)
+DEFAULT_MAX_VPP = 8
+
+
+class SolverStats(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE
+    solve_time_s: float
+    objective_s: float | None  # the CP-SAT objective of the chosen plan, in seconds
+    objective_bound_s: float | None  # proven lower bound on the optimum
+    gap: float | None  # (objective - bound) / objective
+    candidates: int  # global configurations in the declared space (after divisibility)
+    pruned_by_memory: int  # proven not to fit by the numpy memory bound
+    pruned_by_bound: int  # proven no faster than the incumbent by the numpy time bound
+    cp_sat_solves: int
+    rounding_tolerance_s: float  # |objective - evaluated step time| allowed by integer rounding
+
+
+class Alternative(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    plan: Plan
+    estimate: Estimate
+    differs: str  # what distinguishes it from the chosen plan
+    slower_pct: float
+
+
+class Solution(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    plan: Plan
+    estimate: Estimate
+    solver: SolverStats
+    alternatives: list[Alternative] = []
+
+
+# ---------------------------------------------------------------------------------------
+# Global candidates
+# ---------------------------------------------------------------------------------------
+
+
+def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
+    m, t, s = problem.model, problem.training, problem.search
+    n = problem.cluster.num_gpus
+    node = ctx.levels[0].size
+    tp_default = [d for d in divisors(n) if d <= node and m.num_attention_heads % d == 0]
+    cp_default = [c for c in (1, 2, 4, 8, 16, 32) if c <= n and t.seq_len % (2 * c) == 0 or c == 1]
+    ep_default = [e for e in divisors(m.num_experts) if e <= n] if m.is_moe else [1]
+    pp_default = [p for p in divisors(n) if p <= m.num_hidden_layers]
+    return {
+        "tp": s.allowed("tp", tp_default), "cp": s.allowed("cp", cp_default),
+        "ep": s.allowed("ep", ep_default), "pp": s.allowed("pp", pp_default),
+        "dp": s.allowed("dp", divisors(n)),
+        "micro_batch_size": s.allowed("micro_batch_size", DEFAULT_MBS),
+        "vpp": s.allowed("vpp", list(range(1, DEFAULT_MAX_VPP + 1))),
+        "schedule": s.allowed("schedule", ["1f1b", "interleaved", "zero_bubble"]),
+        "zero_stage": s.allowed("zero_stage", [0, 1, 2, 3]),
+        "sequence_parallel": s.allowed("sequence_parallel", [True, False]),
+        "recompute": s.allowed("recompute", list(RECOMPUTES)),
+        "placement": s.allowed("placement", []),
+    }
+
+
+def candidates(problem: Problem, ctx: Context) -> list[Config]:
+    """Every global configuration allowed by `search:` and the divisibility rules, in a
+    fixed order (placement left as the canonical order; placements are expanded later)."""
+    sp_ = _space(problem, ctx)
+    n = problem.cluster.num_gpus
+    gbs = problem.training.global_batch_size
+    out: list[Config] = []
+    for tp, cp, pp in product(sp_["tp"], sp_["cp"], sp_["pp"]):
+        if n % (tp * cp * pp):
+            continue
+        dp = n // (tp * cp * pp)
+        if dp not in sp_["dp"]:
+            continue
+        for ep, mbs in product(sp_["ep"], sp_["micro_batch_size"]):
+            if gbs % (dp * mbs):
+                continue
+            mb = gbs // (dp * mbs)
+            for sched, vpp in product(sp_["schedule"], sp_["vpp"]):
+                if (vpp > 1) != (sched == "interleaved"):
+                    continue
+                if pp == 1 and sched != "1f1b":
+                    continue
+                for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"]):
+                    if tp == 1 and not sp and True in sp_["sequence_parallel"]:
+                        continue  # sp is meaningless at tp=1: keep one of the two
+                    if dp * cp == 1 and zero > 0 and 0 in sp_["zero_stage"]:
+                        continue  # nothing to shard: ZeRO stages are all the same plan
+                    plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, sequence_parallel=sp and tp > 1,
+                                zero_stage=zero, micro_batch_size=mbs, schedule=sched)
+                    if config_reasons(problem, plan)[1]:
+                        continue
+                    if sched == "interleaved" and mb % pp:
+                        continue
+                    out.append(Config.of(plan, dp))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# numpy bounds over all candidates
+# ---------------------------------------------------------------------------------------
+
+
+def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
+    """(time lower bound in s, memory lower bound in bytes) for every candidate.
+
+    Time: per micro-batch, each GPU does at least its share of the matmul and attention
+    FLOPs at the achievable rate (forward + backward = 3x forward); the pipeline adds at
+    least (M - c) max_p t_p + c sum_p t_p >= (M - c) T / P + c T over perfectly balanced stages.
+    Memory: the rank with the most in-flight micro-batches holds at least its share of the
+    sharded weights, gradients and optimizer states and, with every layer recomputed, each
+    micro-batch's layer inputs (the smallest activation the model allows).
+    """
+    m, tr = ctx.model, ctx.training
+    a = np.array([[c.tp, c.cp, c.ep, c.pp, c.dp, c.vpp, c.mbs, c.zero, int(c.sp),
+                   {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}[c.schedule]] for c in cands],
+                 dtype=np.float64)
+    tp, cp, ep, pp, dp, vpp, mbs, zero, sp, sched = a.T
+    L = m.num_hidden_layers
+    tokens = mbs * tr.seq_len / cp
+    kinds = m.layer_kinds()
+    # Matmul FLOPs of one token through all layers (sharded by TP; experts see k copies).
+    dense_params, _ = layer_params(m, "dense")
+    mm = 0.0
+    for k in kinds:
+        p, e = layer_params(m, k)
+        if k == "moe":
+            active = (p - e) + e * m.num_experts_per_tok / m.num_experts
+        else:
+            active = p
+        mm += active
+    mm += m.vocab_size * m.hidden_size  # LM head
+    d_qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.head_size
+    d_v = m.v_head_dim if m.is_mla else m.head_size
+    attn = L * 2 * tr.seq_len * m.num_attention_heads * (d_qk + d_v) * 0.5
+    t_micro = 3 * tokens * (2 * mm / tp / ctx.mm_flops_per_s + attn / tp / ctx.attn_flops_per_s)
+    gbs = tr.global_batch_size
+    M = gbs / (dp * mbs)
+    c = np.where(sched == 1, 1.0 / vpp, 1.0)
+    c = np.where(sched == 2, 0.0, c)  # zero-bubble: no cheap bubble bound, use the steady state only
+    t_lb = (M - c) * t_micro / pp + c * t_micro
+    # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
+    total = sum(layer_params(m, k)[0] for k in kinds)
+    expert = sum(layer_params(m, k)[1] for k in kinds)
+    dense = total - expert + m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
+    dense_gpu = dense / (tp * pp)
+    exp_gpu = expert / (tp * pp * ep)
+    opt_b = 12.0 if tr.optimizer in ("adam", "adamw") else 8.0
+    w_b = BF16 + (1.0 if tr.precision == "fp8" else 0.0)
+    dpc = dp * cp
+    edp = np.maximum(1, dpc / ep)
+
+    def per(nb: float, sharded: np.ndarray) -> np.ndarray:
+        return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
+
+    static = per(w_b, zero >= 3) + per(BF16, zero >= 2) + per(opt_b, zero >= 1)
+    infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
+    infl = np.minimum(infl, M)
+    acts = infl * (L / pp) * BF16 * tokens * m.hidden_size / np.where(sp > 0, tp, 1)
+    return t_lb, static + acts
+
+
+# ---------------------------------------------------------------------------------------
+# The CP-SAT model for one global configuration
+# ---------------------------------------------------------------------------------------
+
+
+def _t(x: float) -> int:
+    return int(round(x / TIME_UNIT_S))
+
+
+def _b(x: float) -> int:
+    return int(math.ceil(x / MEM_UNIT_BYTES))
+
+
+class StageModel:
+    """CP-SAT: layers per virtual stage and recompute mode per layer, for one configuration.
+
+    Variables `n[c][kind][mode]`: how many layers of `kind` in virtual stage `c` use
+    recompute `mode`. Within a stage the order of modes does not change time or memory,
+    so the per-layer assignment is read off the counts.
+    """
+
+    def __init__(self, ctx: Context, table: Table, modes: list[str], uniform: bool, cutoff_units: int | None):
+        from ortools.sat.python import cp_model  # noqa: PLC0415  (lazy: 0.25 s import)
+
+        self.cp_model = cp_model
+        self.ctx, self.table, self.cfg = ctx, table, table.cfg
+        self.model = cp_model.CpModel()
+        kinds = ctx.model.layer_kinds()
+        self.kinds = sorted(set(kinds), key=kinds.index)  # dense before moe
+        self.count = {k: kinds.count(k) for k in self.kinds}
+        self.modes = self._useful_modes(modes)
+        self.V = self.cfg.pp * self.cfg.vpp
+        self.uniform = uniform
+        self.cutoff = cutoff_units
+        self._variables()
+        self._layer_constraints()
+        self._rank_expressions()
+        self._memory_constraints()
+        self._objective()
+
+    def _useful_modes(self, modes: list[str]) -> list[str]:
+        """Drop a recompute mode that is no better in memory and no faster than another for
+        every layer kind (e.g. selective under FlashAttention)."""
+        keep = []
+        for r in modes:
+            dominated = any(
+                all(self.table.layers[(k, o)].act_bytes <= self.table.layers[(k, r)].act_bytes
+                    and self.table.layers[(k, o)].total_s <= self.table.layers[(k, r)].total_s for k in self.kinds)
+                and (o < r) for o in modes if o != r)
+            if not dominated:
+                keep.append(r)
+        return keep
+
+    def _variables(self) -> None:
+        md = self.model
+        self.n = [{k: {r: md.new_int_var(0, self.count[k], f"n_c{c}_{k}_{r}") for r in self.modes}
+                   for k in self.kinds} for c in range(self.V)]
+        self.size = [sum(self.n[c][k][r] for k in self.kinds for r in self.modes) for c in range(self.V)]
+
+    def _layer_constraints(self) -> None:
+        md = self.model
+        for k in self.kinds:
+            md.add(sum(self.n[c][k][r] for c in range(self.V) for r in self.modes) == self.count[k])
+        if self.uniform:
+            from .cost import even_split  # noqa: PLC0415
+
+            for c, want in enumerate(even_split(self.ctx.model.num_hidden_layers, self.V)):
+                md.add(self.size[c] == want)
+        else:
+            for c in range(self.V):
+                md.add(self.size[c] >= 1)
+        # Contiguity: dense layers precede MoE layers, so a stage holding MoE layers ends the dense ones.
+        if len(self.kinds) == 2:
+            dense, moe = self.kinds
+            cum = 0
+            for c in range(self.V):
+                cum = cum + sum(self.n[c][dense][r] for r in self.modes)
+                has_moe = md.new_bool_var(f"moe_in_c{c}")
+                md.add(sum(self.n[c][moe][r] for r in self.modes) <= self.count[moe] * has_moe)
+                md.add(cum >= self.count[dense] * has_moe)
+
+    def _rank_chunks(self, p: int) -> list[int]:
+        return [c for c in range(self.V) if c % self.cfg.pp == p]
+
+    def _piece_sum(self, p: int, attr) -> Any:
+        """Sum over the layers of rank p of attr(cost) as a linear expression."""
+        lay = self.table.layers
+        return sum(attr(lay[(k, r)]) * self.n[c][k][r] for c in self._rank_chunks(p)
+                   for k in self.kinds for r in self.modes)
+
+    def _rank_const(self, p: int, attr) -> float:
+        cfg, tb = self.cfg, self.table
+        val = 0.0
+        if p == 0:
+            val += attr(tb.embed)
+        if p == cfg.pp - 1:
+            val += attr(tb.head)
+        return val
+
+    def _rank_expressions(self) -> None:
+        cfg, tb = self.cfg, self.table
+        self.fwd, self.bwd, self.time, self.wgrad, self.params, self.eparams = [], [], [], [], [], []
+        for p in range(cfg.pp):
+            chunks = len(self._rank_chunks(p))
+            sends = chunks - (1 if p == cfg.pp - 1 else 0)
+            recvs = chunks - (1 if p == 0 else 0)
+            fwd = self._piece_sum(p, lambda c: _t(c.fwd_s)) + _t(self._rank_const(p, lambda c: c.fwd_s) + tb.pp_p2p_s * sends)
+            bwd = self._piece_sum(p, lambda c: _t(c.bwd_s)) + _t(self._rank_const(p, lambda c: c.bwd_s) + tb.pp_p2p_s * recvs)
+            self.fwd.append(fwd)
+            self.bwd.append(bwd)
+            self.time.append(fwd + bwd)
+            self.wgrad.append(self._piece_sum(p, lambda c: _t(c.wgrad_s)) + _t(self._rank_const(p, lambda c: c.wgrad_s)))
+
+    def _memory_constraints(self) -> None:
+        """Static (weights, grads, optimizer under ZeRO) + in-flight activations + working set <= HBM."""
+        ctx, cfg, tb, md = self.ctx, self.cfg, self.table, self.model
+        dense_coef = static_bytes(ctx, cfg, 1.0, 0.0)
+        exp_coef = static_bytes(ctx, cfg, 1.0, 1.0)
+        per_dense = sum(dense_coef.values())
+        per_exp = sum(exp_coef.values()) - per_dense  # extra bytes per expert param beyond dense sharding
+
+        def static(c) -> float:
+            return per_dense * c.params + per_exp * c.expert_params
+
+        z3 = 2 * BF16 * max(c.params for c in tb.layers.values()) if (cfg.zero == 3 and cfg.dp > 1) else 0.0
+        cap = ctx.capacity_bytes
+        scale = cfg.vpp if cfg.schedule == "interleaved" else 1  # in-flight counts are k / vpp
+        for p in range(cfg.pp):
+            infl = inflight_microbatches(cfg, p, tb.microbatches) * scale
+            infl_i = int(round(infl))
+            lhs = (self._piece_sum(p, lambda c: scale * _b(static(c)) + infl_i * _b(c.act_bytes))
+                   + scale * _b(self._rank_const(p, static)) + infl_i * _b(self._rank_const(p, lambda c: c.act_bytes))
+                   + scale * _b(working_bytes(tb, p == cfg.pp - 1) + z3))
+            md.add(lhs <= scale * int(cap // MEM_UNIT_BYTES))
+
+    def _objective(self) -> None:
+        """step = pipeline time + max over ranks of the data-parallel tail (see cost.assemble)."""
+        ctx, cfg, tb, md = self.ctx, self.cfg, self.table, self.model
+        M = tb.microbatches
+        horizon = _t(1e6)
+        tmax = md.new_int_var(0, horizon, "t_max")
+        for t in self.time:
+            md.add(tmax >= t)
+        if cfg.schedule == "zero_bubble":
+            u = [t - w for t, w in zip(self.time, self.wgrad)]
+            umax = md.new_int_var(-horizon, horizon, "u_max")
+            md.add_max_equality(umax, u)
+            pipe = M * tmax + sum(u) - umax
+            scale = 1
+        elif cfg.schedule == "interleaved":
+            scale = cfg.vpp  # pipe * vpp = vpp M tmax + sum t - tmax
+            pipe = scale * M * tmax + sum(self.time) - tmax
+        else:
+            scale = 1
+            pipe = M * tmax + sum(self.time) - tmax
+        tm = tail_model(ctx, tb)
+        tail_max = md.new_int_var(0, horizon, "tail_max")
+        for p in range(cfg.pp):
+            dense = self._piece_sum(p, lambda c: 0) + 0
+            red = (self._piece_sum(p, lambda c: _t(tm.reduce[0] * (c.params - c.expert_params) + tm.reduce[1] * c.expert_params))
+                   + _t(tm.reduce[0] * self._rank_const(p, lambda c: c.params - c.expert_params)
+                        + tm.reduce[1] * self._rank_const(p, lambda c: c.expert_params) + tm.reduce[2])) if any(tm.reduce) else 0
+            gat = (self._piece_sum(p, lambda c: _t(tm.gather[0] * (c.params - c.expert_params) + tm.gather[1] * c.expert_params))
+                   + _t(tm.gather[0] * self._rank_const(p, lambda c: c.params - c.expert_params)
+                        + tm.gather[1] * self._rank_const(p, lambda c: c.expert_params) + tm.gather[2])) if any(tm.gather) else 0
+            ex_red = md.new_int_var(0, horizon, f"exposed_reduce_{p}")
+            ex_gat = md.new_int_var(0, horizon, f"exposed_gather_{p}")
+            md.add(ex_red >= red - self.bwd[p])
+            md.add(ex_gat >= gat - self.fwd[p])
+            opt = self._piece_sum(p, lambda c: _t(tm.optimizer_s_per_param * c.params)) \
+                + _t(tm.optimizer_s_per_param * self._rank_const(p, lambda c: c.params))
+            md.add(tail_max >= tm.reduce_repeats * ex_red + ex_gat + opt + dense)
+        self.scale = scale
+        self.step = pipe + scale * tail_max
+        if self.cutoff is not None:
+            md.add(self.step <= self.cutoff * scale)
+        md.minimize(self.step)
+
+    def tiebreak(self, best_scaled: int) -> None:
+        """Second pass: keep the optimum, prefer fewer recomputed layers, then earlier layers."""
+        md = self.model
+        md.clear_objective()
+        md.add(self.step <= best_scaled)
+        weight = {r: i for i, r in enumerate(RECOMPUTES)}
+        L = self.ctx.model.num_hidden_layers
+        md.minimize(sum((L + 1) * weight[r] * self.n[c][k][r] + c * self.n[c][k][r]
+                        for c in range(self.V) for k in self.kinds for r in self.modes))
+
+    def solve(self, time_limit_s: float) -> tuple[str, int | None, int | None]:
+        cp_model = self.cp_model
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.num_workers = 1
+        prm.random_seed = 7
+        prm.max_time_in_seconds = max(0.05, time_limit_s)
+        status = solver.solve(self.model)
+        self.solver = solver
+        if status == cp_model.OPTIMAL:
+            return "OPTIMAL", int(round(solver.objective_value)), int(round(solver.best_objective_bound))
+        if status == cp_model.FEASIBLE:
+            return "FEASIBLE", int(round(solver.objective_value)), int(round(solver.best_objective_bound))
+        if status == cp_model.INFEASIBLE:
+            return "INFEASIBLE", None, None
+        return "UNKNOWN", None, None
+
+    def read_plan(self) -> tuple[list[int], list[str]]:
+        """stage_layers and per-layer recompute from the solved counts (full, selective, none
+        within each stage, dense layers first)."""
+        sv = self.solver
+        stage_layers, recompute = [], []
+        for c in range(self.V):
+            size = 0
+            for k in self.kinds:
+                for r in ("full", "selective", "none"):
+                    if r in self.modes:
+                        cnt = sv.value(self.n[c][k][r])
+                        recompute += [r] * cnt
+                        size += cnt
+            stage_layers.append(size)
+        return stage_layers, recompute
+
+
+def _with_placement(cfg: Config, placement: str) -> Config:
+    return Config(cfg.tp, cfg.cp, cfg.ep, cfg.pp, cfg.dp, cfg.vpp, cfg.sp, cfg.zero, cfg.mbs, cfg.schedule, placement)
+
+
+def _placements(problem: Problem, ctx: Context, cfg: Config) -> list[Config]:
+    """Placements of cfg's mesh axes, one per distinct set of group profiles, in a fixed
+    order that starts from the canonical tp-cp-ep-dp-pp."""
+    from itertools import permutations  # noqa: PLC0415
+
+    allowed = problem.search.allowed("placement", [])
+    if allowed:
+        orders = ["-".join(Plan(placement=p).axes) for p in allowed]
+    else:
+        sizes = {"tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "dp": max(1, cfg.dp // cfg.ep), "pp": cfg.pp}
+        live = [a for a in MESH_AXES if sizes[a] > 1]
+        orders = ["-".join([*perm, *[a for a in MESH_AXES if a not in perm]]) for perm in permutations(live)]
+        orders = orders or ["-".join(MESH_AXES)]
+    seen: dict[Any, Config] = {}
+    for order in orders:
+        c = _with_placement(cfg, order)
+        key = place(ctx.graph, c.plan(), c.dp)
+        key = (key.tp, key.cp, key.ep, key.dp, key.dp_cp, key.edp, key.pp_level)
+        seen.setdefault(key, c)
+    return list(seen.values())
+
+
+@dataclass(order=True)
+class _Found:
+    step_s: float
+    order: int
+    plan: Plan = None  # type: ignore[assignment]
+    objective_s: float = 0.0
+    tolerance_s: float = 0.0
+
+
+def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
+    """Lower bound of one configuration from its exact table: fastest recompute mode for
+    every layer, perfectly balanced stages (no memory), no data-parallel tail."""
+    cfg = table.cfg
+    kinds = ctx.model.layer_kinds()
+    fast = sum(kinds.count(k) * min(table.layers[(k, r)].total_s for r in modes) for k in set(kinds))
+    fast += table.embed.total_s + table.head.total_s
+    M = table.microbatches
+    if cfg.schedule == "zero_bubble":
+        return M * fast / cfg.pp
+    c = 1.0 / cfg.vpp if cfg.schedule == "interleaved" else 1.0
+    return (M - c) * fast / cfg.pp + c * fast
+
+
+def _optimistic_table(ctx: Context, cfg: Config) -> Table:
+    """The table with every process group on consecutive GPUs: the cheapest profile each group
+    can have, so its bound holds for every placement of cfg."""
+    from .cost import _embedding_cost, _head_cost, layer_cost, num_microbatches  # noqa: PLC0415
+    from .topology import Placement, contiguous_profile  # noqa: PLC0415
+
+    g = ctx.graph
+    edp = max(1, cfg.dp * cfg.cp // cfg.ep)
+    pl = Placement(tp=contiguous_profile(g, cfg.tp), cp=contiguous_profile(g, cfg.cp),
+                   ep=contiguous_profile(g, cfg.ep), dp=contiguous_profile(g, cfg.dp),
+                   dp_cp=contiguous_profile(g, cfg.dp * cfg.cp), edp=contiguous_profile(g, edp),
+                   pp=contiguous_profile(g, cfg.pp), pp_level=0 if cfg.pp > 1 else -1)
+    kinds = sorted(set(ctx.model.layer_kinds()))
+    layers = {(k, r): layer_cost(ctx, cfg, pl, k, r) for k in kinds for r in RECOMPUTES}
+    return Table(cfg, pl, layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), 0.0,
+                 num_microbatches(ctx.problem, cfg))
+
+
+def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3) -> Solution:
+    """The fastest plan that fits, with proof (`solver.status == 'OPTIMAL'`).
+
+    Raises `InfeasibleError` with the binding constraint and the smallest fixes when no
+    plan in the declared space fits.
+    """
+    t0 = time.perf_counter()
+    problem = load_problem(problem)
+    ctx = context(problem)
+    cands = candidates(problem, ctx)
+    if not cands:
+        raise InfeasibleError(*explain_no_candidates(problem, ctx))
+    t_lb, m_lb = bounds(ctx, cands)
+    fits = m_lb <= ctx.capacity_bytes
+    pruned_mem = int((~fits).sum())
+    order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
+    modes = [r for r in RECOMPUTES if r in problem.search.allowed("recompute", list(RECOMPUTES))]
+    keep = max(1, top_k + 1)
+    found: list[_Found] = []  # best per configuration, kept sorted, at most `keep`
+    solves = 0
+    pruned_bound = 0
+    timed_out = False
+    unresolved_bound = math.inf
+    seq = 0
+    for pos, i in enumerate(order):
+        best = found[0].step_s if found else math.inf
+        if t_lb[i] >= best:
+            pruned_bound += len(order) - pos
+            break
+        if time.perf_counter() - t0 > time_limit_s:
+            timed_out = True
+            unresolved_bound = min(unresolved_bound, float(t_lb[i]))
+            break
+        if _table_bound(ctx, _optimistic_table(ctx, cands[i]), modes) >= best:
+            pruned_bound += 1
+            continue
+        tables = [layer_table(ctx, cfg) for cfg in _placements(problem, ctx, cands[i])]
+        ranked = sorted(((_table_bound(ctx, tb, modes), j, tb) for j, tb in enumerate(tables)), key=lambda x: x[:2])
+        for tbound, _, table in ranked:
+            best = found[0].step_s if found else math.inf
+            if tbound >= best:
+                break
+            cutoff = _t(best) if best < math.inf else None
+            sm = StageModel(ctx, table, modes, problem.search.uniform_stages, cutoff)
+            remaining = time_limit_s - (time.perf_counter() - t0)
+            status, obj, bnd = sm.solve(remaining)
+            solves += 1
+            if obj is None:
+                if status == "UNKNOWN":
+                    timed_out = True
+                    unresolved_bound = min(unresolved_bound, tbound)
+                continue
+            if status == "FEASIBLE":
+                timed_out = True
+                unresolved_bound = min(unresolved_bound, bnd * TIME_UNIT_S / sm.scale)
+            sm.tiebreak(obj)
+            sm.solve(max(0.05, time_limit_s - (time.perf_counter() - t0)))
+            stage_layers, recompute = sm.read_plan()
+            rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
+            plan = table.cfg.plan(rc, stage_layers)
+            est = _evaluate(problem, plan)
+            seq += 1
+            found.append(_Found(est.step_time_s, seq, est.plan, obj * TIME_UNIT_S / sm.scale,
+                                _rounding_tolerance(ctx, table)))
+            found.sort()
+            del found[keep:]
+    elapsed = time.perf_counter() - t0
+    if not found:
+        if timed_out:
+            raise InfeasibleError(f"no plan found within the {time_limit_s:g} s time limit",
+                                  ["raise --time-limit", "restrict the search space with `search:`"])
+        raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb))
+    best = found[0]
+    est = _evaluate(problem, best.plan)
+    bound = min(best.step_s, unresolved_bound) if timed_out else best.step_s
+    gap = (best.step_s - bound) / best.step_s if timed_out else 0.0
+    stats = SolverStats(
+        status="FEASIBLE" if timed_out else "OPTIMAL", solve_time_s=elapsed, objective_s=best.objective_s,
+        objective_bound_s=bound, gap=max(0.0, gap), candidates=len(cands), pruned_by_memory=pruned_mem,
+        pruned_by_bound=pruned_bound, cp_sat_solves=solves, rounding_tolerance_s=best.tolerance_s)
+    alts = [Alternative(plan=f.plan, estimate=_evaluate(problem, f.plan), differs=describe_difference(best.plan, f.plan),
+                        slower_pct=100 * (f.step_s / best.step_s - 1)) for f in found[1:top_k + 1]]
+    return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=alts)
+
+
+def _rounding_tolerance(ctx: Context, table: Table) -> float:
+    """Largest |objective - evaluated time| integer rounding can cause: half a unit per
+    rounded coefficient, times how often it is counted."""
+    cfg = table.cfg
+    uses = (table.microbatches + cfg.pp + 2) * (ctx.model.num_hidden_layers + 3) * 3
+    return uses * 0.5 * TIME_UNIT_S
+
+
+def describe_difference(a: Plan, b: Plan) -> str:
+    """What distinguishes plan b from plan a, in knob=value terms."""
+    diffs = []
+    for knob in ("tp", "cp", "ep", "pp", "vpp", "dp", "sequence_parallel", "zero_stage", "micro_batch_size",
+                 "schedule", "placement"):
+        va, vb = getattr(a, knob), getattr(b, knob)
+        if va != vb:
+            diffs.append(f"{knob} {va} -> {vb}")
+    if a.stage_layers != b.stage_layers:
+        diffs.append(f"stage_layers {b.stage_layers}")
+    ra = a.recompute if isinstance(a.recompute, str) else "per-layer"
+    rb = b.recompute if isinstance(b.recompute, str) else "per-layer"
+    if a.recompute != b.recompute:
+        diffs.append(f"recompute {ra} -> {rb}")
+    return ", ".join(diffs) or "same degrees, different layer split"
+
+
+# ---------------------------------------------------------------------------------------
+# Explaining infeasibility
+# ---------------------------------------------------------------------------------------
+
+
+def explain_no_candidates(problem: Problem, ctx: Context) -> tuple[str, list[str]]:
+    n, gbs = problem.cluster.num_gpus, problem.training.global_batch_size
+    reason = (f"no combination of degrees in the search space divides the {n} GPUs, the heads "
+              f"({problem.model.num_attention_heads}) and the global batch ({gbs} sequences)")
+    fixes = [f"use a global_batch_size that is a multiple of {n}", "relax the `search:` restrictions"]
+    return reason, fixes
+
+
+def explain_infeasible(problem: Problem, ctx: Context, cands: list[Config], m_lb: np.ndarray) -> tuple[str, list[str]]:
+    """The binding constraint (the least memory-hungry plan and what it still needs) and
+    the smallest changes that fix it."""
+    i = int(np.argmin(m_lb))
+    cfg = cands[i]
+    plan = cfg.plan("full")
+    est = _evaluate(problem, plan)
+    need_gib = est.peak_memory_gib if est.stages else m_lb[i] / GIB
+    cap_gib = ctx.capacity_bytes / GIB
+    stage = max(est.stages, key=lambda s: s.peak_memory_gib).rank if est.stages else 0
+    reason = (f"even with tp={cfg.tp}, pp={cfg.pp}, cp={cfg.cp}, ep={cfg.ep}, ZeRO-{cfg.zero}, micro-batch "
+              f"{cfg.mbs} and full recompute, stage {stage} needs {need_gib:.1f} GiB of {cap_gib:.1f} GiB usable "
+              f"on {ctx.gpu.id}")
+    fixes = []
+    n = problem.cluster.num_gpus
+    node = ctx.levels[0].size
+    more = int(math.ceil(n * need_gib / cap_gib / node) * node)
+    fixes.append(f"more GPUs (about {max(more, n + node)} instead of {n})")
+    bigger = sorted((g for g in (get_gpu(x) for x in gpu_ids()) if g.hbm_gib - 2 > need_gib), key=lambda g: g.hbm_gib)
+    if bigger:
+        fixes.append(f"a larger-HBM GPU ({', '.join(g.id for g in bigger[:3])})")
+    mem = est.memory_breakdown_gib if est.stages else {}
+    if mem.get("activations", 0) > 0.3 * need_gib:
+        fixes.append(f"a shorter sequence (seq_len {problem.training.seq_len // 2})")
+    if problem.search.model_dump(exclude_defaults=True):
+        fixes.append("relax the `search:` restrictions")
+    return reason, fixes

@@ -1,0 +1,333 @@
+"""The three inputs and the plan: what (model, training), where (cluster), how (plan).
+
+Every schema rejects unknown fields and names its units. A `Problem` is what
+`load_problem` returns; a `Plan` is what `evaluate` prices and `solve` returns.
+Model fields are spelled as in Hugging Face config.json.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Precision = Literal["bf16", "fp8"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
+Recompute = Literal["none", "selective", "full"]
+Optimizer = Literal["adam", "adamw", "sgd"]
+HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
+
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe")
+RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
+MESH_AXES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_PLACEMENT = "tp-cp-ep-dp-pp"
+GATED_ACTS = frozenset({"silu", "swiglu"})
+
+# Absurdity guards: far beyond any real model or cluster, small enough to catch typos.
+MAX_LAYERS = 4096
+MAX_WIDTH = 1 << 20
+MAX_GPUS = 1 << 20
+MAX_SEQ = 1 << 24
+
+Count = Annotated[int, Field(ge=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(Strict):
+    """A decoder-only transformer, fields named as in Hugging Face config.json."""
+
+    name: str = "custom"
+    num_hidden_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+    hidden_size: Annotated[int, Field(ge=1, le=MAX_WIDTH)]
+    intermediate_size: Annotated[int, Field(ge=1, le=8 * MAX_WIDTH)]
+    num_attention_heads: Annotated[int, Field(ge=1, le=65536)]
+    num_key_value_heads: Annotated[int, Field(ge=1, le=65536)] | None = None
+    vocab_size: Annotated[int, Field(ge=1, le=1 << 24)]
+    head_dim: Annotated[int, Field(ge=1, le=65536)] | None = None
+    tie_word_embeddings: bool = False
+    hidden_act: HiddenAct = "silu"
+    # Mixture of experts (num_experts = 0: dense).
+    num_experts: Annotated[int, Field(ge=0, le=65536)] = 0
+    num_experts_per_tok: Annotated[int, Field(ge=0, le=65536)] = 0
+    moe_intermediate_size: Annotated[int, Field(ge=1, le=8 * MAX_WIDTH)] | None = None
+    num_shared_experts: Annotated[int, Field(ge=0, le=1024)] = 0
+    first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
+    # Multi-head latent attention (DeepSeek-V2/V3); all None = standard attention.
+    q_lora_rank: Annotated[int, Field(ge=1)] | None = None
+    kv_lora_rank: Annotated[int, Field(ge=1)] | None = None
+    qk_nope_head_dim: Annotated[int, Field(ge=1)] | None = None
+    qk_rope_head_dim: Annotated[int, Field(ge=1)] | None = None
+    v_head_dim: Annotated[int, Field(ge=1)] | None = None
+    # GPT-2/3 style hidden and attention dropout (stores masks; Llama-family models have none).
+    dropout: bool = False
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        kv = self.num_key_value_heads
+        if kv is not None and self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({kv})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads and not self.is_mla:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({self.num_attention_heads}); give head_dim explicitly"
+            )
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok must be in 1..num_experts ({self.num_experts}), "
+                    f"got {self.num_experts_per_tok}"
+                )
+            if self.first_k_dense_replace > self.num_hidden_layers:
+                raise ValueError("first_k_dense_replace exceeds num_hidden_layers")
+        elif self.num_experts_per_tok or self.num_shared_experts:
+            raise ValueError("num_experts_per_tok / num_shared_experts need num_experts > 0")
+        mla = [self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim]
+        if any(v is not None for v in mla) and not all(v is not None for v in mla):
+            raise ValueError(
+                "multi-head latent attention needs all of kv_lora_rank, qk_nope_head_dim, "
+                "qk_rope_head_dim, v_head_dim"
+            )
+        return self
+
+    # ---- derived shape facts -------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        if self.head_dim:
+            return self.head_dim
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.hidden_act in GATED_ACTS
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.first_k_dense_replace if self.is_moe else self.num_hidden_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_hidden_layers - self.num_dense_layers
+
+    def layer_kinds(self) -> list[str]:
+        """`dense` or `moe` for every layer, first to last."""
+        return ["dense"] * self.num_dense_layers + ["moe"] * self.num_moe_layers
+
+
+class TrainingSpec(Strict):
+    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ)]
+    global_batch_size: Annotated[int, Field(ge=1, le=1 << 24)]  # sequences per step
+    precision: Precision = "bf16"
+    optimizer: Optimizer = "adam"
+    flash_attention: bool = True
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+
+class TopologyLevel(Strict):
+    """One level of the network hierarchy, innermost first.
+
+    `size` is the number of GPUs in one domain of this level (8 for a DGX node,
+    256 for a SuperPod scalable unit...). `bandwidth_gb_per_s` is the
+    unidirectional egress per GPU into this level, in GB/s (1e9 bytes/s).
+    """
+
+    name: str
+    size: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    bandwidth_gb_per_s: Annotated[float, Field(gt=0, le=1e6)]
+    latency_us: Annotated[float, Field(ge=0, le=1e6)] = 5.0
+    sharp: bool = False
+    oversubscription: Annotated[float, Field(ge=1.0, le=64.0)] = 1.0
+    efficiency: Annotated[float, Field(gt=0, le=1.0)] | None = None
+    source: str | None = None
+
+
+class ClusterSpec(Strict):
+    gpu: str
+    num_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    topology: str | list[TopologyLevel] | None = None
+    catalog: str | None = None  # path to a calibrated catalog overlay (autoshard calibrate)
+
+
+IntChoice = int | list[int]
+
+
+class SearchSpec(Strict):
+    """Restrictions of the plan space: a value fixes a knob, a list allows only those values."""
+
+    tp: IntChoice | None = None
+    pp: IntChoice | None = None
+    dp: IntChoice | None = None
+    cp: IntChoice | None = None
+    ep: IntChoice | None = None
+    vpp: IntChoice | None = None
+    micro_batch_size: IntChoice | None = None
+    sequence_parallel: bool | list[bool] | None = None
+    zero_stage: IntChoice | None = None
+    schedule: Schedule | list[Schedule] | None = None
+    recompute: Recompute | list[Recompute] | None = None
+    placement: str | list[str] | None = None
+    uniform_stages: bool = False  # force an even layer split (e.g. for launchers without uneven PP)
+    max_candidates: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size")
+    @classmethod
+    def _positive(cls, v: IntChoice | None) -> IntChoice | None:
+        for x in [v] if isinstance(v, int) else (v or []):
+            if x < 1:
+                raise ValueError(f"degrees must be >= 1, got {x}")
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list allows nothing")
+        return v
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _zero(cls, v: IntChoice | None) -> IntChoice | None:
+        for x in [v] if isinstance(v, int) else (v or []):
+            if x not in (0, 1, 2, 3):
+                raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {x}")
+        return v
+
+    @field_validator("placement")
+    @classmethod
+    def _placement(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for p in [v] if isinstance(v, str) else (v or []):
+            parse_placement(p)
+        return v
+
+    def allowed(self, knob: str, default: list[Any]) -> list[Any]:
+        """The values of `knob` the search may use: the restriction, else `default`."""
+        v = getattr(self, knob)
+        if v is None:
+            return list(default)
+        return list(v) if isinstance(v, list) else [v]
+
+
+def parse_placement(text: str) -> tuple[str, ...]:
+    """`tp-cp-ep-dp-pp` -> ('tp','cp','ep','dp','pp'); axes left out go outermost in default order."""
+    axes = tuple(a.strip().lower() for a in text.replace(",", "-").split("-") if a.strip())
+    bad = [a for a in axes if a not in MESH_AXES]
+    if bad:
+        raise ValueError(f"unknown mesh axis {bad[0]!r} in placement {text!r}; axes are {', '.join(MESH_AXES)}")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"placement {text!r} repeats an axis")
+    return axes + tuple(a for a in MESH_AXES if a not in axes)
+
+
+class Plan(Strict):
+    """How to parallelize: degrees, memory knobs, schedule and the per-layer choices.
+
+    `dp` may be left out (derived from the world size). `recompute` is one mode for
+    every layer or a list with one mode per layer. `stage_layers` gives the number of
+    transformer layers of each virtual pipeline stage in order (length pp * vpp;
+    default: as even as possible). `placement` orders the mesh axes from innermost
+    (consecutive ranks, inside the NVLink domain) to outermost. Expert parallelism
+    is carved out of data parallelism: the `dp` axis of the placement is dp / ep.
+    """
+
+    tp: Count = 1
+    pp: Count = 1
+    dp: Count | None = None
+    cp: Count = 1
+    ep: Count = 1
+    vpp: Count = 1
+    sequence_parallel: bool | None = None  # default: on whenever tp > 1
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    micro_batch_size: Count = 1
+    schedule: Schedule = "1f1b"
+    recompute: Recompute | list[Recompute] = "none"
+    stage_layers: list[Annotated[int, Field(ge=0)]] | None = None
+    placement: str = DEFAULT_PLACEMENT
+
+    @field_validator("placement")
+    @classmethod
+    def _placement(cls, v: str) -> str:
+        return "-".join(parse_placement(v))
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1 if self.sequence_parallel is None else (self.sequence_parallel and self.tp > 1)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return parse_placement(self.placement)
+
+    def recompute_per_layer(self, num_layers: int) -> list[Recompute]:
+        if isinstance(self.recompute, str):
+            return [self.recompute] * num_layers
+        return list(self.recompute)
+
+    def world(self, dp: int | None = None) -> int:
+        return self.tp * self.pp * self.cp * (dp if dp is not None else (self.dp or 1))
+
+    def short(self) -> str:
+        """A compact one-line description, e.g. `tp8 sp pp4 dp20 zero1 mbs1 1f1b`."""
+        parts = [f"tp{self.tp}" + (" sp" if self.sp else ""), f"cp{self.cp}", f"ep{self.ep}",
+                 f"pp{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""), f"dp{self.dp}",
+                 f"zero{self.zero_stage}", f"mbs{self.micro_batch_size}", self.schedule]
+        rc = self.recompute
+        if isinstance(rc, str):
+            parts.append(f"recompute={rc}")
+        else:
+            counts = {m: rc.count(m) for m in RECOMPUTES if rc.count(m)}
+            parts.append("recompute=" + ",".join(f"{m}:{n}" for m, n in counts.items()))
+        return " ".join(p for p in parts if not (p in ("cp1", "ep1")))
+
+
+class Problem(Strict):
+    """Model + training setup + cluster (+ optional search restrictions)."""
+
+    name: str | None = None
+    description: str | None = None
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    search: SearchSpec = SearchSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_model(cls, data: Any) -> Any:
+        # A preset name or {preset: name, ...overrides} becomes explicit fields here,
+        # so that everything downstream sees one ModelSpec.
+        if isinstance(data, dict) and "model" in data:
+            from .catalog import resolve_model
+
+            data = dict(data)
+            data["model"] = resolve_model(data["model"])
+        return data
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.tokens_per_step
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

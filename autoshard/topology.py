@@ -1,0 +1,306 @@
+"""The cluster as a networkx graph, the placement of mesh axes on it, and collective costs.
+
+The graph is a tree: the fabric root, one node per domain of every level (spine
+domain, leaf / scalable unit, NVSwitch domain) and one node per GPU; every edge
+carries the level's per-GPU bandwidth. From the tree we read, for every GPU and
+level, which domain holds it; a process group (the GPUs along one mesh axis)
+then has a *profile*: how many of its members share a domain at each level.
+Collective costs follow REFERENCE §4, level by level, with the slowest level
+dominating (levels run concurrently in hierarchical algorithms):
+
+- AllGather / ReduceScatter of B bytes (the full, gathered size) over G GPUs:
+  level i moves B (1 - m_{i-1}/G) through the aggregate bandwidth m_{i-1} W_i of
+  the m_{i-1} members inside one level-(i-1) domain (m_{-1} = 1); at the
+  innermost level this is the ring formula B (G-1) / (G W).
+- AllReduce = ReduceScatter + AllGather, or one pass (B / W) on a level with
+  in-network reduction (NVLS / SHARP).
+- AllToAll of B bytes sent per GPU: the share of B addressed outside the inner
+  domain crosses the level on the GPU's own link.
+- Point-to-point: B / W of the lowest level that joins the two GPUs.
+
+Each level adds a latency per algorithm step (a tree: 2 log2 of the fan-out).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from .catalog import GPU, get_gpu, get_topology
+from .errors import InputError
+from .spec import MESH_AXES, ClusterSpec, Plan, Problem, TopologyLevel
+
+
+@dataclass(frozen=True)
+class Level:
+    """A resolved network level: sizes in GPUs, effective bandwidth in bytes/s."""
+
+    name: str
+    size: int
+    bytes_per_s: float  # per-GPU egress after efficiency and oversubscription
+    link_bytes_per_s: float  # per-GPU egress as specified
+    latency_s: float
+    sharp: bool
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How a process group of `size` GPUs sits on the levels: `members[i]` GPUs of the
+    group share one level-i domain (innermost first; the top level holds all)."""
+
+    size: int
+    members: tuple[int, ...]
+    straddles: tuple[str, ...] = ()  # levels the group crosses although it would fit inside one domain
+
+    def crossed(self, levels: tuple[Level, ...]) -> list[str]:
+        inner = [1, *self.members[:-1]]
+        return [lv.name for lv, m, m0 in zip(levels, self.members, inner) if m > m0]
+
+
+def resolve_levels(cluster: ClusterSpec, gpu: GPU) -> tuple[Level, ...]:
+    """The levels of a cluster: its preset or explicit list (default: the GPU's standard
+    system), efficiencies from the GPU catalog, the top level widened to hold every GPU."""
+    topo = cluster.topology if cluster.topology is not None else gpu.default_topology
+    specs: list[TopologyLevel] = get_topology(topo).levels if isinstance(topo, str) else list(topo)
+    out: list[Level] = []
+    for i, lv in enumerate(specs):
+        eff = lv.efficiency if lv.efficiency is not None else (
+            gpu.efficiency.scaleup if i == 0 else gpu.efficiency.scaleout)
+        link = lv.bandwidth_gb_per_s * 1e9
+        out.append(Level(lv.name, lv.size, link * eff / lv.oversubscription, link, lv.latency_us * 1e-6, lv.sharp))
+    if out[-1].size < cluster.num_gpus:
+        top = out[-1]
+        out[-1] = Level(top.name, cluster.num_gpus, top.bytes_per_s, top.link_bytes_per_s, top.latency_s, top.sharp)
+    # Levels above the cluster are never crossed: drop them (keep the first that holds all).
+    keep = next(i for i, lv in enumerate(out) if lv.size >= cluster.num_gpus)
+    return tuple(out[: keep + 1])
+
+
+def check_cluster(problem: Problem) -> None:
+    """Resolve the GPU and topology names now, so that a bad name is an input error."""
+    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
+    topo = problem.cluster.topology
+    if isinstance(topo, list):
+        if not topo:
+            raise InputError("an explicit topology needs at least one level", field="cluster.topology")
+        for i in range(1, len(topo)):
+            if topo[i].size <= topo[i - 1].size or topo[i].size % topo[i - 1].size:
+                raise InputError(
+                    f"level sizes must grow and each divide the next ({topo[i - 1].size} -> {topo[i].size})",
+                    field=f"cluster.topology.{i}.size")
+    resolve_levels(problem.cluster, gpu)
+
+
+class ClusterGraph:
+    """The cluster tree on networkx, with the domain of every GPU at every level."""
+
+    def __init__(self, levels: tuple[Level, ...], num_gpus: int):
+        self.levels = levels
+        self.num_gpus = num_gpus
+        g = nx.DiGraph()
+        root = ("fabric", 0)
+        g.add_node(root, level=len(levels))
+        # Build top-down: level i domain j holds GPUs [j*size_i, (j+1)*size_i).
+        parents = {0: root}
+        for li in range(len(levels) - 1, -1, -1):
+            lv = levels[li]
+            ndom = math.ceil(num_gpus / lv.size)
+            nxt = {}
+            for d in range(ndom):
+                node = (lv.name, d)
+                up_size = levels[li + 1].size if li + 1 < len(levels) else num_gpus
+                parent = parents[(d * lv.size) // up_size] if li + 1 < len(levels) else root
+                g.add_node(node, level=li, size=lv.size)
+                g.add_edge(parent, node, level=li)
+                nxt[d] = node
+            parents = nxt
+        inner = levels[0]
+        for r in range(num_gpus):
+            g.add_node(("gpu", r), level=-1)
+            g.add_edge(parents[r // inner.size], ("gpu", r), level=0,
+                       bandwidth_bytes_per_s=inner.bytes_per_s)
+        self.graph = g
+        # domain[i][r]: index of the level-i domain that holds GPU r, read off the tree.
+        self.domain = np.zeros((len(levels), num_gpus), dtype=np.int64)
+        for r in range(num_gpus):
+            node = ("gpu", r)
+            for li in range(len(levels)):
+                (node,) = g.predecessors(node)
+                self.domain[li, r] = node[1]
+
+    def common_level(self, a: int, b: int) -> int:
+        """Index of the lowest level whose domain holds both GPUs (-1: the same GPU)."""
+        if a == b:
+            return -1
+        anc = nx.lowest_common_ancestor(self.graph, ("gpu", a), ("gpu", b))
+        return int(self.graph.nodes[anc]["level"])
+
+    def group_profile(self, ranks: np.ndarray) -> Profile:
+        """Profile of process groups given as rows of GPU ranks (all rows alike in shape).
+
+        The worst row (fewest members sharing a domain) is taken for every level.
+        """
+        ranks = np.atleast_2d(ranks)
+        size = ranks.shape[1]
+        members: list[int] = []
+        straddles: list[str] = []
+        for li, lv in enumerate(self.levels):
+            dom = np.sort(self.domain[li][ranks], axis=1)
+            distinct = 1 + (np.diff(dom, axis=1) != 0).sum(axis=1)
+            worst = int(distinct.max())
+            members.append(max(1, size // worst))
+            if worst > 1 and size <= lv.size and (li == 0 or members[li - 1] < size):
+                if worst > math.ceil(size / lv.size):
+                    straddles.append(lv.name)
+        members[-1] = size
+        return Profile(size, tuple(members), tuple(straddles))
+
+
+@functools.lru_cache(maxsize=64)
+def cluster_graph(levels: tuple[Level, ...], num_gpus: int) -> ClusterGraph:
+    return ClusterGraph(levels, num_gpus)
+
+
+# ---- mesh placement ----------------------------------------------------------------
+
+
+def mesh_sizes(plan: Plan, dp: int) -> dict[str, int]:
+    """Sizes of the five mesh axes; the `dp` axis is what is left of DP after EP."""
+    return {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": max(1, dp // plan.ep), "pp": plan.pp}
+
+
+def axis_ranks(order: tuple[str, ...], sizes: dict[str, int], axes: tuple[str, ...]) -> np.ndarray:
+    """Rows of GPU ranks of the process groups spanning `axes` jointly (innermost first order)."""
+    shape = [sizes[a] for a in order]
+    world = int(np.prod(shape))
+    grid = np.arange(world).reshape(shape[::-1])  # C order: last index = innermost axis
+    rev = list(order[::-1])
+    pos = [rev.index(a) for a in axes]
+    rest = [i for i in range(len(rev)) if i not in pos]
+    moved = np.transpose(grid, rest + sorted(pos, reverse=False))
+    group = int(np.prod([sizes[a] for a in axes])) if axes else 1
+    return moved.reshape(-1, group)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Profiles of every process group a plan needs."""
+
+    tp: Profile
+    cp: Profile
+    ep: Profile
+    dp: Profile  # dense data parallel: ep x dp axes
+    dp_cp: Profile  # gradient reduction of dense weights: dp x ep x cp
+    edp: Profile  # expert data parallel: the dp axis (x cp)
+    pp: Profile
+    pp_level: int  # level crossed by pipeline neighbours (-1 if pp == 1)
+
+
+def place(graph: ClusterGraph, plan: Plan, dp: int) -> Placement:
+    return _place(graph, plan.axes, plan.tp, plan.cp, plan.ep, dp, plan.pp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _place(graph: ClusterGraph, order: tuple[str, ...], tp: int, cp: int, ep: int, dp: int, pp: int) -> Placement:
+    sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": max(1, dp // ep), "pp": pp}
+
+    def prof(*axes: str) -> Profile:
+        return graph.group_profile(axis_ranks(order, sizes, axes))
+
+    pp_rows = axis_ranks(order, sizes, ("pp",))
+    pp_level = graph.common_level(int(pp_rows[0, 0]), int(pp_rows[0, 1])) if pp > 1 else -1
+    return Placement(tp=prof("tp"), cp=prof("cp"), ep=prof("ep"), dp=prof("ep", "dp"),
+                     dp_cp=prof("ep", "dp", "cp"), edp=prof("dp", "cp"), pp=prof("pp"), pp_level=pp_level)
+
+
+def placements(plan_axes_sizes: dict[str, int]) -> list[str]:
+    """Distinct placements for the given axis sizes: orders of the axes larger than 1
+    (size-1 axes do not change any group), in a deterministic order."""
+    import itertools  # noqa: PLC0415
+
+    live = [a for a in MESH_AXES if plan_axes_sizes.get(a, 1) > 1]
+    out = []
+    for perm in itertools.permutations(live):
+        out.append("-".join([*perm, *[a for a in MESH_AXES if a not in perm]]))
+    return out or ["-".join(MESH_AXES)]
+
+
+# ---- collective costs ----------------------------------------------------------------
+
+
+def _latency(levels: tuple[Level, ...], prof: Profile, passes: int) -> float:
+    t = 0.0
+    inner = 1
+    for lv, m in zip(levels, prof.members):
+        if m > inner:
+            t += lv.latency_s * 2 * math.ceil(math.log2(m / inner)) * passes
+        inner = m
+    return t
+
+
+def all_gather_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -> float:
+    """AllGather (or ReduceScatter) of `total_bytes` (the full gathered size) over the group."""
+    g = prof.size
+    if g <= 1 or total_bytes <= 0:
+        return 0.0
+    t, inner = 0.0, 1
+    for lv, m in zip(levels, prof.members):
+        if m > inner:
+            t = max(t, total_bytes * (1 - inner / g) / (inner * lv.bytes_per_s))
+        inner = m
+    return t + _latency(levels, prof, 1)
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_reduce_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -> float:
+    """AllReduce: two passes per level, one on a level with in-network reduction."""
+    g = prof.size
+    if g <= 1 or total_bytes <= 0:
+        return 0.0
+    t, inner = 0.0, 1
+    for lv, m in zip(levels, prof.members):
+        if m > inner:
+            passes = 1 if lv.sharp else 2
+            t = max(t, passes * total_bytes * (1 - inner / g) / (inner * lv.bytes_per_s))
+        inner = m
+    return t + _latency(levels, prof, 2)
+
+
+def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float) -> float:
+    """AllToAll where every GPU sends `bytes_per_gpu` spread evenly over the group."""
+    g = prof.size
+    if g <= 1 or bytes_per_gpu <= 0:
+        return 0.0
+    t, inner = 0.0, 1
+    for i, (lv, m) in enumerate(zip(levels, prof.members)):
+        if m > inner:
+            share = (m - 1) / g if i == 0 else (1 - inner / g)
+            t = max(t, bytes_per_gpu * share / lv.bytes_per_s)
+        inner = m
+    return t + _latency(levels, prof, 1)
+
+
+def p2p_s(levels: tuple[Level, ...], level: int, nbytes: float) -> float:
+    if level < 0 or nbytes <= 0:
+        return 0.0
+    lv = levels[level]
+    return nbytes / lv.bytes_per_s + lv.latency_s
+
+
+def collective_s(op: str, levels: tuple[Level, ...], prof: Profile, nbytes: float) -> float:
+    ops = {"all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s,
+           "all_reduce": all_reduce_s, "all_to_all": all_to_all_s}
+    return ops[op](levels, prof, nbytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def contiguous_profile(graph: ClusterGraph, size: int) -> Profile:
+    """Profile of groups of `size` consecutive GPUs (what `autoshard collective` prices)."""
+    ranks = np.arange((graph.num_gpus // size) * size).reshape(-1, size)
+    return graph.group_profile(ranks)

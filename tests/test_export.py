@@ -1,0 +1,524 @@
+"""Exporters: every plan x every format parses back, multiplies to the world size, keeps the
+batch consistent, keeps every layer, uses only real launcher names, and is byte-stable."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import tomllib
+
+import pytest
+
+from autoshard.errors import InputError
+from autoshard.export import FORMATS, Export, export_plan, megatron_layout, recompute_runs
+from autoshard.spec import Plan, Problem
+
+WORLD = 640
+GBS = 1280
+
+# Megatron-LM flags named in ECOSYSTEM.md §1.1 (parallelism/batch table, model-shape table,
+# "other flags" list and the text around them). The exporter may use nothing else.
+MEGATRON_ALLOWED = frozenset({
+    # parallelism and batch
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--context-parallel-size",
+    "--hierarchical-context-parallel-sizes", "--cp-comm-type", "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size", "--use-distributed-optimizer",
+    "--num-distributed-optimizer-instances", "--use-megatron-fsdp", "--use-torch-fsdp2",
+    "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--tp-comm-overlap", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--recompute-modules", "--recompute-activations", "--distribute-saved-activations",
+    "--micro-batch-size", "--global-batch-size", "--rampup-batch-size",
+    "--microbatch-group-size-per-virtual-pipeline-stage", "--cpu-offloading-num-layers",
+    "--tensor-parallel-num-weight-shards", "--use-tp-pp-dp-mapping", "--seq-length",
+    # model shape (HF -> Megatron table)
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--group-query-attention", "--num-query-groups", "--kv-channels", "--max-position-embeddings",
+    "--vocab-size", "--padded-vocab-size", "--make-vocab-size-divisible-by",
+    "--untie-embeddings-and-output-weights", "--normalization", "--norm-epsilon", "--swiglu",
+    "--position-embedding-type", "--rotary-base", "--disable-bias-linear", "--add-qkv-bias",
+    "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--multi-latent-attention",
+    "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-topk-scaling-factor",
+    "--moe-router-score-function", "--mtp-num-layers", "--qk-layernorm",
+    # other flags the planner needs
+    "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--bf16", "--fp8-format", "--fp8-recipe",
+    "--transformer-impl", "--ckpt-format",
+})
+NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
+
+
+def problem(model, **training) -> Problem:
+    return Problem(**{
+        "model": model,
+        "cluster": {"gpu": "h100-sxm", "num_gpus": WORLD},
+        "training": {"seq_len": 4096, "global_batch_size": GBS, **training},
+    })
+
+
+LLAMA = problem("llama3-70b")
+MIX_IRREGULAR = ["full"] * 3 + ["none"] * 17 + ["full"] * 1 + ["none"] * 19 + ["selective"] * 5 + ["none"] * 35
+
+CASES = {
+    "tp8-sp-pp4-dp20-zero1-1f1b": (LLAMA, Plan(tp=8, pp=4, zero_stage=1, schedule="1f1b")),
+    "interleaved-vpp2": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved", zero_stage=1)),
+    "uneven-first-last-lighter": (LLAMA, Plan(tp=8, pp=4, stage_layers=[18, 22, 22, 18])),
+    "uneven-middle-layout": (LLAMA, Plan(tp=8, pp=4, stage_layers=[17, 22, 23, 18])),
+    "uneven-interleaved-layout": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved",
+                                              stage_layers=[8, 10, 10, 10, 10, 11, 11, 10])),
+    "mixtral-ep8": (problem("mixtral-8x7b"), Plan(tp=4, pp=2, ep=8, zero_stage=1)),
+    "deepseek-v3-mla-ep8": (problem("deepseek-v3"), Plan(tp=2, pp=8, ep=8, stage_layers=[7, 8, 8, 8, 8, 8, 8, 6],
+                                                      recompute="selective")),
+    "deepseek-v3-default-split": (problem("deepseek-v3"), Plan(tp=1, pp=8, ep=16, zero_stage=1)),
+    "zero3-full-recompute": (LLAMA, Plan(tp=8, zero_stage=3, micro_batch_size=2, recompute="full")),
+    "per-layer-recompute-mix": (LLAMA, Plan(tp=8, pp=4, zero_stage=1, recompute=MIX_IRREGULAR)),
+    "cp2-fp8-zero2": (problem("llama3-70b", precision="fp8"), Plan(tp=8, cp=2, pp=4, zero_stage=2)),
+    "zero-bubble": (LLAMA, Plan(tp=8, pp=4, schedule="zero_bubble")),
+    "gpipe-tp-pp-dp-order": (LLAMA, Plan(tp=8, pp=4, schedule="gpipe", placement="tp-cp-ep-pp-dp")),
+    "dense-no-tp": (problem("llama3-8b"), Plan(tp=1, zero_stage=0, micro_batch_size=2)),
+}
+
+MIXED = {"per-layer-recompute-mix"}
+
+
+# ---------------------------------------------------------------------------------------
+# Parsers
+# ---------------------------------------------------------------------------------------
+
+
+def megatron_flags(text: str) -> dict[str, str | bool]:
+    flags: dict[str, str | bool] = {}
+    body = [line for line in text.splitlines() if line and not line.startswith("#")]
+    for i, line in enumerate(body):
+        last = i == len(body) - 1
+        assert line.endswith(" \\") != last, f"line continuation wrong on {line!r}"
+        tokens = shlex.split(line.removesuffix(" \\"))
+        assert tokens[0].startswith("--") and len(tokens) in (1, 2), line
+        assert tokens[0] not in flags, f"duplicate flag {tokens[0]}"
+        flags[tokens[0]] = tokens[1] if len(tokens) == 2 else True
+    return flags
+
+
+def parse_layout(layout: str) -> list[list[str]]:
+    """Megatron's PipelineParallelLayerLayout.parse_str_to_list, for checking."""
+    s = layout.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), s)
+    return [list(stage) for stage in s.split("|")]
+
+
+def parse(fmt: str, text: str):
+    if fmt == "megatron":
+        return megatron_flags(text)
+    if fmt == "torchtitan":
+        return tomllib.loads(text)
+    return json.loads(text)
+
+
+def resolved_dp(prob: Problem, plan: Plan) -> int:
+    return prob.cluster.num_gpus // (plan.tp * plan.pp * plan.cp)
+
+
+# ---------------------------------------------------------------------------------------
+# Every plan x every format
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_export_parses_and_is_consistent(case: str, fmt: str) -> None:
+    prob, plan = CASES[case]
+    out = export_plan(prob, plan, fmt)
+    assert isinstance(out, Export) and out.fmt == fmt
+    assert out.text.endswith("\n")
+    doc = parse(fmt, out.text)
+    L = prob.model.num_hidden_layers
+    dp = resolved_dp(prob, plan)
+    {"megatron": check_megatron, "torchtitan": check_torchtitan, "deepspeed": check_deepspeed,
+     "jax": check_jax}[fmt](doc, prob, plan, dp, L)
+    # Header names autoshard, the plan summary and the target version.
+    short = plan.model_copy(update={"dp": dp}).short()
+    assert "autoshard" in out.text and short in out.text
+    if case in MIXED:
+        assert any("recompute" in w for w in out.warnings), out.warnings
+    # Determinism: byte-identical on a second export.
+    again = export_plan(prob, plan, fmt)
+    assert again.text == out.text and again.warnings == out.warnings
+
+
+def check_megatron(f: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
+    assert set(f) <= MEGATRON_ALLOWED, set(f) - MEGATRON_ALLOWED
+    assert not any(k in f for k in NOT_A_MEGATRON_FLAG)
+    tp = int(f["--tensor-model-parallel-size"])
+    pp = int(f["--pipeline-model-parallel-size"])
+    cp = int(f["--context-parallel-size"])
+    assert (tp, pp, cp) == (plan.tp, plan.pp, plan.cp)
+    assert WORLD % (tp * pp * cp) == 0 and WORLD // (tp * pp * cp) == dp
+    micro, gbs = int(f["--micro-batch-size"]), int(f["--global-batch-size"])
+    assert gbs == GBS and gbs % (micro * dp) == 0
+    assert int(f["--seq-length"]) == prob.training.seq_len
+    assert int(f["--num-layers"]) == L
+    assert ("--sequence-parallel" in f) == (plan.sp and plan.tp > 1)
+    # Layer split.
+    if "--pipeline-model-parallel-layout" in f:
+        stages = parse_layout(str(f["--pipeline-model-parallel-layout"]))
+        assert len(stages) % pp == 0 and len(stages) == pp * plan.vpp
+        flat = [c for s in stages for c in s]
+        assert flat[0] == "E" and flat[-1] == "L" and flat.count("E") == flat.count("L") == 1
+        assert flat.count("t") == L
+        assert not any(k in f for k in ("--num-layers-per-virtual-pipeline-stage",
+                                         "--decoder-first-pipeline-num-layers"))
+    elif "--decoder-first-pipeline-num-layers" in f:
+        first = int(f["--decoder-first-pipeline-num-layers"])
+        last = int(f["--decoder-last-pipeline-num-layers"])
+        assert pp >= 2 and first > 0 and last > 0
+        rest = L - first - last
+        assert (pp == 2 and rest == 0) or rest % (pp - 2) == 0
+        middle = rest // (pp - 2) if pp > 2 else 0
+        assert first + last + middle * (pp - 2) == L
+    elif "--num-layers-per-virtual-pipeline-stage" in f:
+        assert int(f["--num-layers-per-virtual-pipeline-stage"]) * pp * plan.vpp == L
+    else:
+        assert L % pp == 0
+    # ZeRO.
+    assert ("--use-distributed-optimizer" in f) == (plan.zero_stage >= 1)
+    if plan.zero_stage >= 2:
+        assert f["--data-parallel-sharding-strategy"] == ("optim_grads" if plan.zero_stage == 2
+                                                           else "optim_grads_params")
+    # MoE / MLA.
+    m = prob.model
+    if m.is_moe:
+        assert int(f["--expert-model-parallel-size"]) == plan.ep
+        assert int(f["--expert-tensor-parallel-size"]) == plan.tp
+        assert int(f["--num-experts"]) == m.num_experts
+        assert int(f["--moe-router-topk"]) == m.num_experts_per_tok
+        if m.first_k_dense_replace:
+            k = m.first_k_dense_replace
+            assert f["--moe-layer-freq"] == f"[0]*{k}+[1]*{L - k}"
+    else:
+        assert "--num-experts" not in f
+    assert ("--multi-latent-attention" in f) == m.is_mla
+    # Recompute.
+    modes = set(plan.recompute_per_layer(L))
+    if modes == {"none"}:
+        assert "--recompute-granularity" not in f
+    elif modes == {"full"}:
+        assert (f["--recompute-granularity"], f["--recompute-method"]) == ("full", "uniform")
+    elif "full" in modes:
+        assert (f["--recompute-granularity"], f["--recompute-method"]) == ("full", "block")
+    else:
+        assert f["--recompute-granularity"] == "selective" and "--recompute-method" not in f
+
+
+def check_torchtitan(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
+    par, tr = doc["parallelism"], doc["training"]
+    rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
+    tp, pp, cp = par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]
+    assert rep * shard * cp * tp * pp == WORLD
+    assert (tp, pp, cp, rep * shard) == (plan.tp, plan.pp, plan.cp, dp)
+    if plan.zero_stage == 3:
+        assert (rep, shard) == (1, dp)
+    local, gbs = tr["local_batch_size"], tr["global_batch_size"]
+    assert gbs == GBS and gbs % (local * rep * shard) == 0
+    ga = gbs // (local * rep * shard)
+    if pp > 1:
+        micro = par["pipeline_parallel_microbatch_size"]
+        assert local % micro == 0
+        n_micro = local // micro
+        assert micro == plan.micro_batch_size
+        assert micro * n_micro * ga * dp == GBS
+        if "module_fqns_per_model_part" in par:
+            parts = par["module_fqns_per_model_part"]
+            assert len(parts) % pp == 0
+            names = [x for part in parts for x in part]
+            assert names[0] == "tok_embeddings" and names[-2:] == ["norm", "output"]
+            assert [x for x in names if x.startswith("layers.")] == [f"layers.{i}" for i in range(L)]
+        else:
+            lps = par["pipeline_parallel_layers_per_stage"]
+            assert par["pipeline_parallel_first_stage_less_layers"] == 0
+            assert par["pipeline_parallel_last_stage_less_layers"] == 0
+            assert L % lps == 0 and (L // lps) % pp == 0
+        assert par["pipeline_parallel_schedule"] in (
+            "1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble")
+    else:
+        assert local == plan.micro_batch_size and local * ga * dp == GBS
+    assert tr["seq_len"] == prob.training.seq_len
+    if prob.model.is_moe:
+        ep, etp = par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]
+        assert ep == plan.ep and etp in (1, tp)
+        assert (shard * cp * tp) % (etp * ep) == 0  # torchtitan's efsdp must be an integer
+    ac = doc["activation_checkpoint"]
+    assert ac["mode"] in ("none", "selective", "full")
+    if ac["mode"] == "selective":
+        assert ac["selective_ac_option"] == "op" or ac["selective_ac_option"].isdigit()
+    # The torchtitan >= 0.3 override line, as comments.
+    override = [line for line in doc_text_lines(prob, plan, "torchtitan") if line.startswith("#   --")]
+    assert len(override) == 1 and f"--parallelism.tensor_parallel_degree {tp}" in override[0]
+
+
+def doc_text_lines(prob: Problem, plan: Plan, fmt: str) -> list[str]:
+    return export_plan(prob, plan, fmt).text.splitlines()
+
+
+def check_deepspeed(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
+    a = doc["autoshard"]
+    assert a["tp"] * a["pp"] * a["cp"] * a["dp"] == a["world_size"] == WORLD
+    assert (a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]) == (plan.tp, plan.pp, plan.cp, plan.ep, dp)
+    micro, gas = doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]
+    assert doc["train_batch_size"] == micro * gas * dp == GBS
+    assert doc["zero_optimization"]["stage"] == plan.zero_stage
+    assert doc["bf16"]["enabled"] is True
+    assert sum(a["stage_layers"]) == L and len(a["stage_layers"]) == plan.pp * plan.vpp
+    if plan.pp > 1:
+        assert doc["pipeline"]["stages"] == plan.pp
+    else:
+        assert "pipeline" not in doc
+    assert ("activation_checkpointing" in doc) == ("full" in plan.recompute_per_layer(L))
+    if isinstance(plan.recompute, list):
+        assert [m for m, n in a["recompute"] for _ in range(n)] == plan.recompute
+
+
+def check_jax(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
+    shape, names = doc["mesh_shape"], doc["axis_names"]
+    assert len(shape) == len(names) == len(set(names)) == 5
+    assert math.prod(shape) == WORLD
+    size = dict(zip(names, shape))
+    dp_axis = "fsdp" if plan.zero_stage == 3 else "data"
+    assert set(names) == {"stage", dp_axis, "context", "expert", "tensor"}
+    assert (size["tensor"], size["stage"], size["context"], size["expert"]) == (plan.tp, plan.pp, plan.cp, plan.ep)
+    assert size[dp_axis] * size["expert"] == dp
+    # Innermost placement axis is the last mesh axis.
+    inner = {"tp": "tensor", "cp": "context", "ep": "expert", "dp": dp_axis, "pp": "stage"}
+    assert names == [inner[a] for a in reversed(plan.axes)]
+    # ICI x DCN per axis gives the axis size; ICI fits a node.
+    param = {"data": "data", "fsdp": "fsdp", "stage": "pipeline", "context": "context",
+             "expert": "expert", "tensor": "tensor"}
+    ici_total = 1
+    for n in names:
+        ici, dcn = doc[f"ici_{param[n]}_parallelism"], doc[f"dcn_{param[n]}_parallelism"]
+        assert ici * dcn == size[n]
+        ici_total *= ici
+    assert ici_total <= doc["autoshard"]["gpus_per_node"]
+    # Batch.
+    micro, gbs = doc["micro_batch_size"], doc["global_batch_size"]
+    ga = doc["gradient_accumulation_steps"] * doc.get("num_pipeline_microbatches", 1)
+    assert gbs == GBS and micro * ga * dp == GBS
+    assert math.isclose(doc["per_device_batch_size"] * WORLD * doc["gradient_accumulation_steps"], GBS)
+    assert sum(doc["autoshard"]["stage_layers"]) == L
+    if "num_layers_per_pipeline_stage" in doc:
+        assert doc["num_layers_per_pipeline_stage"] * plan.pp * doc["num_pipeline_repeats"] == L
+    # PartitionSpecs use only mesh axes.
+    specs = doc["partition_specs"]
+    for group in specs.values():
+        for spec in group.values():
+            for entry in spec:
+                for ax in (entry if isinstance(entry, list) else [entry]):
+                    assert ax is None or ax in names
+    params = specs["params"]
+    t = "tensor" if plan.tp > 1 else None
+    fs = None
+    if plan.zero_stage == 3:
+        fs = ["fsdp", "expert"] if plan.ep > 1 else "fsdp"
+    lay = ["stage"] if plan.pp > 1 else []
+    assert params["wo"] == lay + [t, fs]
+    if not prob.model.is_mla:
+        assert params["wq"] == lay + [fs, t]
+    assert doc["remat_policy"] in ("full", "minimal", "minimal_with_context")
+
+
+# ---------------------------------------------------------------------------------------
+# Targeted behaviour
+# ---------------------------------------------------------------------------------------
+
+
+def test_unknown_format_lists_valid_ones() -> None:
+    with pytest.raises(InputError) as err:
+        export_plan(LLAMA, Plan(tp=8), "nemo")
+    for fmt in FORMATS:
+        assert fmt in str(err.value)
+
+
+def test_format_name_is_case_insensitive() -> None:
+    assert export_plan(LLAMA, Plan(tp=8), "Megatron").text == export_plan(LLAMA, Plan(tp=8), "megatron").text
+
+
+def test_invalid_plan_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="cannot be exported"):
+        export_plan(LLAMA, Plan(tp=8, pp=3), "megatron")  # 24 does not divide 640
+    with pytest.raises(InputError, match="stage_layers"):
+        export_plan(LLAMA, Plan(tp=8, pp=4, stage_layers=[20, 20, 20]), "jax")
+
+
+def test_megatron_header_and_reference_plan() -> None:
+    out = export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "megatron")
+    head = [line for line in out.text.splitlines() if line.startswith("#")]
+    assert head and "autoshard" in head[0] and "core_r0.16" in out.text
+    f = megatron_flags(out.text)
+    assert f["--tensor-model-parallel-size"] == "8" and f["--pipeline-model-parallel-size"] == "4"
+    assert f["--sequence-parallel"] is True and f["--use-distributed-optimizer"] is True
+    assert f["--overlap-grad-reduce"] is True and f["--overlap-param-gather"] is True
+    assert f["--num-query-groups"] == "8" and f["--swiglu"] is True and f["--bf16"] is True
+    assert out.warnings == []
+
+
+def test_megatron_uneven_first_last() -> None:
+    f = megatron_flags(export_plan(*CASES["uneven-first-last-lighter"], "megatron").text)
+    assert (f["--decoder-first-pipeline-num-layers"], f["--decoder-last-pipeline-num-layers"]) == ("18", "18")
+    assert "--pipeline-model-parallel-layout" not in f
+
+
+def test_megatron_layout_strings() -> None:
+    assert megatron_layout([3, 4, 4, 3]) == "Et*3|t*4|t*4|t*3L"
+    assert megatron_layout([1, 0, 2]) == "Et||t*2L"
+    f = megatron_flags(export_plan(*CASES["uneven-middle-layout"], "megatron").text)
+    assert f["--pipeline-model-parallel-layout"] == "Et*17|t*22|t*23|t*18L"
+    f = megatron_flags(export_plan(*CASES["uneven-interleaved-layout"], "megatron").text)
+    assert [s.count("t") for s in parse_layout(str(f["--pipeline-model-parallel-layout"]))] == \
+        [8, 10, 10, 10, 10, 11, 11, 10]
+    assert "--num-layers-per-virtual-pipeline-stage" not in f
+
+
+def test_megatron_interleaved_even() -> None:
+    f = megatron_flags(export_plan(*CASES["interleaved-vpp2"], "megatron").text)
+    assert f["--num-layers-per-virtual-pipeline-stage"] == "10"
+
+
+def test_megatron_fp8_zero2_cp() -> None:
+    f = megatron_flags(export_plan(*CASES["cp2-fp8-zero2"], "megatron").text)
+    assert (f["--fp8-format"], f["--fp8-recipe"]) == ("hybrid", "delayed")
+    assert f["--use-megatron-fsdp"] is True and f["--data-parallel-sharding-strategy"] == "optim_grads"
+    assert f["--context-parallel-size"] == "2"
+
+
+def test_megatron_deepseek_moe_mla() -> None:
+    f = megatron_flags(export_plan(*CASES["deepseek-v3-mla-ep8"], "megatron").text)
+    assert f["--moe-layer-freq"] == "[0]*3+[1]*58"
+    assert f["--moe-shared-expert-intermediate-size"] == "2048"
+    assert f["--moe-ffn-hidden-size"] == "2048"
+    assert (f["--q-lora-rank"], f["--kv-lora-rank"], f["--qk-head-dim"], f["--qk-pos-emb-head-dim"],
+            f["--v-head-dim"]) == ("1536", "512", "128", "64", "128")
+    assert "--group-query-attention" not in f
+    assert f["--moe-token-dispatcher-type"] == "alltoall" and f["--moe-grouped-gemm"] is True
+    assert f["--recompute-granularity"] == "selective"
+
+
+def test_megatron_schedules_warn() -> None:
+    for case in ("zero-bubble", "gpipe-tp-pp-dp-order"):
+        out = export_plan(*CASES[case], "megatron")
+        assert any("1F1B" in w for w in out.warnings), out.warnings
+    f = megatron_flags(export_plan(*CASES["gpipe-tp-pp-dp-order"], "megatron").text)
+    assert f["--use-tp-pp-dp-mapping"] is True
+
+
+def test_megatron_recompute_block_prefix_is_exact() -> None:
+    # The first 2 layers of every 20-layer stage fully recomputed: exactly --recompute-method block.
+    modes = (["full"] * 2 + ["none"] * 18) * 4
+    out = export_plan(LLAMA, Plan(tp=8, pp=4, recompute=modes), "megatron")
+    f = megatron_flags(out.text)
+    assert (f["--recompute-granularity"], f["--recompute-method"], f["--recompute-num-layers"]) == \
+        ("full", "block", "2")
+    assert not any("recompute" in w for w in out.warnings)
+
+
+def test_megatron_recompute_mix_not_prefix_warns_and_covers() -> None:
+    out = export_plan(*CASES["per-layer-recompute-mix"], "megatron")
+    f = megatron_flags(out.text)
+    assert f["--recompute-method"] == "block" and f["--recompute-num-layers"] == "3"
+    assert any("not exactly expressible" in w for w in out.warnings)
+    assert any("selective layers" in w for w in out.warnings)
+
+
+def test_torchtitan_every_nth_layer_is_exact() -> None:
+    # Every 2nd block on each rank (rank-local count) -> selective_ac_option "2", no warning.
+    modes = (["none", "full"] * 10) * 4
+    out = export_plan(LLAMA, Plan(tp=8, pp=4, recompute=modes), "torchtitan")
+    doc = tomllib.loads(out.text)
+    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}
+    assert not any("recompute" in w for w in out.warnings)
+
+
+def test_torchtitan_zero_mapping() -> None:
+    doc = tomllib.loads(export_plan(*CASES["zero3-full-recompute"], "torchtitan").text)
+    assert doc["parallelism"]["data_parallel_shard_degree"] == 80
+    assert doc["parallelism"]["data_parallel_replicate_degree"] == 1
+    assert doc["activation_checkpoint"]["mode"] == "full"
+    out = export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "torchtitan")
+    doc = tomllib.loads(out.text)
+    assert (doc["parallelism"]["data_parallel_replicate_degree"], doc["parallelism"]["data_parallel_shard_degree"]) \
+        == (20, 1)
+    assert any("ZeRO-1" in w for w in out.warnings)
+    assert doc["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    doc = tomllib.loads(export_plan(*CASES["interleaved-vpp2"], "torchtitan").text)
+    assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert doc["parallelism"]["pipeline_parallel_layers_per_stage"] == 10
+
+
+def test_torchtitan_zero_bubble_keeps_layers_per_rank() -> None:
+    out = export_plan(*CASES["zero-bubble"], "torchtitan")
+    par = tomllib.loads(out.text)["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    if "module_fqns_per_model_part" in par:
+        parts = par["module_fqns_per_model_part"]
+    else:
+        parts = [[None] * par["pipeline_parallel_layers_per_stage"]] * 8
+    sizes = [sum(1 for x in p if x is None or x.startswith("layers.")) for p in parts]
+    pp = 4
+    assert [sizes[r] + sizes[2 * pp - 1 - r] for r in range(pp)] == [20] * pp  # V placement
+
+
+def test_deepspeed_batch_rule_excludes_model_parallel_ranks() -> None:
+    doc = json.loads(export_plan(*CASES["cp2-fp8-zero2"], "deepspeed").text)
+    # dp = 640 / (tp8 * cp2 * pp4) = 10; 1280 = 1 x 128 x 10.
+    assert doc["autoshard"]["dp"] == 10 and doc["gradient_accumulation_steps"] == 128
+    out = export_plan(*CASES["cp2-fp8-zero2"], "deepspeed")
+    assert any("cp=2" in w for w in out.warnings)
+    assert any("ZeRO stage 0 or 1" in w for w in out.warnings)
+
+
+def test_jax_mesh_and_ici_dcn_split() -> None:
+    doc = json.loads(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=8).text)
+    assert doc["axis_names"] == ["stage", "data", "expert", "context", "tensor"]
+    assert doc["mesh_shape"] == [4, 20, 1, 1, 8]
+    assert (doc["ici_tensor_parallelism"], doc["dcn_tensor_parallelism"]) == (8, 1)
+    assert (doc["ici_data_parallelism"], doc["dcn_data_parallelism"]) == (1, 20)
+    assert (doc["ici_pipeline_parallelism"], doc["dcn_pipeline_parallelism"]) == (1, 4)
+    # A wider node holds part of the data axis too.
+    doc = json.loads(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=32).text)
+    assert (doc["ici_data_parallelism"], doc["dcn_data_parallelism"]) == (4, 5)
+    # ZeRO-3 names the data axis fsdp and shards weights over it.
+    doc = json.loads(export_plan(*CASES["zero3-full-recompute"], "jax").text)
+    assert "fsdp" in doc["axis_names"] and doc["partition_specs"]["params"]["wq"] == ["fsdp", "tensor"]
+    assert doc["remat_policy"] == "full"
+    # Expert weights shard their expert dimension over 'expert'.
+    doc = json.loads(export_plan(*CASES["mixtral-ep8"], "jax").text)
+    assert doc["partition_specs"]["params"]["expert_up"][1] == "expert"
+
+
+def test_recompute_runs() -> None:
+    assert recompute_runs(["full", "full", "none", "full"]) == [["full", 2], ["none", 1], ["full", 1]]
+
+
+def test_exports_differ_across_formats_and_plans() -> None:
+    texts = {export_plan(p, pl, f).text for p, pl in CASES.values() for f in FORMATS}
+    assert len(texts) == len(CASES) * len(FORMATS)
+
+
+def test_jax_axis_straddling_nodes_warns() -> None:
+    # tp=8 on 6-GPU nodes cannot be split into whole ICI x DCN factors.
+    out = export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=6)
+    assert any("straddles node boundaries" in w for w in out.warnings)
+    doc = json.loads(out.text)
+    assert doc["ici_tensor_parallelism"] * doc["dcn_tensor_parallelism"] == 8
+    with pytest.raises(InputError):
+        export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=0)
+
+
+def test_default_gpus_per_node_comes_from_the_topology() -> None:
+    doc = json.loads(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax").text)
+    assert doc["autoshard"]["gpus_per_node"] == 8  # h100-sxm: 8-GPU NVLink domain
