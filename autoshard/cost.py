@@ -724,20 +724,36 @@ def working_bytes(table: "Table", last: bool) -> float:
     return max(layer, table.head.work_bytes) if last else layer
 
 
-def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]) -> float:
+def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float], chunk_t: list[float]) -> float:
     """Time from the first forward to the last backward across the pipeline.
 
-    With per-rank times t_p (one micro-batch through all the rank's layers, forward and
-    backward) and M micro-batches: M max t + c (sum u - max u), where u = t (1F1B,
-    GPipe, interleaved with c = 1/vpp) or t - w (zero-bubble ZB-H1, where weight-gradient
-    work w fills the cool-down). For equal stages this is (M + P - 1) t for 1F1B.
+    t_p: one micro-batch through all layers of rank p, forward and backward; M micro-batches.
+    - 1F1B / GPipe: (M - 1) max t + sum t (warm-up and cool-down through every stage once);
+      for P equal stages (M + P - 1) t.
+    - interleaved (vpp chunks per rank): M max t + (P - 1) max chunk time: the bubble shrinks
+      by vpp for equal chunks, and a lopsided chunk split pays for its largest chunk.
+    - zero-bubble (ZB-H1): weight-gradient work w fills the cool-down: M max t + sum u - max u,
+      u = t - w; for equal stages the bubble is (P - 1)(t - w).
     """
     tmax = max(t)
     if cfg.schedule == "zero_bubble":
         u = [a - b for a, b in zip(t, w)]
         return microbatches * tmax + sum(u) - max(u)
-    c = 1.0 / cfg.vpp if cfg.schedule == "interleaved" else 1.0
-    return microbatches * tmax + c * (sum(t) - tmax)
+    if cfg.schedule == "interleaved":
+        return microbatches * tmax + (cfg.pp - 1) * max(chunk_t)
+    return (microbatches - 1) * tmax + sum(t)
+
+
+def chunk_times(table: "Table", chunks: list[list[tuple[str, str]]]) -> list[float]:
+    """Forward + backward time of one micro-batch through each virtual stage, in order."""
+    out = []
+    for c, chunk in enumerate(chunks):
+        t = sum(table.layers[key].total_s for key in chunk)
+        t += table.embed.total_s if c == 0 else 0.0
+        t += table.head.total_s if c == len(chunks) - 1 else 0.0
+        t += table.pp_p2p_s * ((c < len(chunks) - 1) + (c > 0))
+        out.append(t)
+    return out
 
 
 class StageEstimate(BaseModel):
@@ -806,7 +822,8 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     tots = [rank_totals(table, chunks, r == 0, r == cfg.pp - 1) for r, chunks in enumerate(per_rank)]
     t = [x.time_s for x in tots]
     w = [x.wgrad_s for x in tots]
-    t_pipe = pipeline_time(cfg, M, t, w)
+    ordered = [per_rank[c % cfg.pp][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
+    t_pipe = pipeline_time(cfg, M, t, w, chunk_times(table, ordered))
     tm = tail_model(ctx, table)
     tails = [dp_tail(tm, x) for x in tots]
     tail_tot = [sum(x.values()) for x in tails]

@@ -169,47 +169,60 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
 
 
 def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
-    """(time lower bound in s, memory lower bound in bytes) for every candidate.
+    """(time lower bound in s, memory lower bound in bytes) for every candidate, vectorized.
 
-    Time: per micro-batch, each GPU does at least its share of the matmul and attention
-    FLOPs at the achievable rate (forward + backward = 3x forward); the pipeline adds at
-    least (M - c) max_p t_p + c sum_p t_p >= (M - c) T / P + c T over perfectly balanced stages.
-    Memory: the rank with the most in-flight micro-batches holds at least its share of the
-    sharded weights, gradients and optimizer states and, with every layer recomputed, each
-    micro-batch's layer inputs (the smallest activation the model allows).
+    Time, per micro-batch and GPU: the matmul and attention FLOPs at the achievable rate
+    (backward 2x matmul, 2.5x attention), the elementwise HBM traffic of norms, residuals
+    and activation functions, and the TP / EP collectives priced on consecutive GPUs (the
+    cheapest group any placement can have). Each is a term of `cost.layer_cost` with every
+    max(...) replaced by one of its arguments, so the bound never exceeds `evaluate`. The
+    pipeline adds (M - c) T / P + c T over perfectly balanced stages (c = 1, 1/vpp for
+    interleaving, 0 for zero-bubble). The data-parallel tail is bounded by 0.
+    Memory: the first rank holds at least its share of the sharded weights, gradients and
+    optimizer states and, with every layer recomputed, each in-flight micro-batch's layer inputs.
     """
+    from .topology import all_gather_s, all_reduce_s, all_to_all_s, contiguous_profile  # noqa: PLC0415
+
     m, tr = ctx.model, ctx.training
     a = np.array([[c.tp, c.cp, c.ep, c.pp, c.dp, c.vpp, c.mbs, c.zero, int(c.sp),
                    {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}[c.schedule]] for c in cands],
-                 dtype=np.float64)
+                 dtype=np.float64).reshape(-1, 10)
     tp, cp, ep, pp, dp, vpp, mbs, zero, sp, sched = a.T
-    L = m.num_hidden_layers
+    L, h = m.num_hidden_layers, m.hidden_size
     tokens = mbs * tr.seq_len / cp
     kinds = m.layer_kinds()
-    # Matmul FLOPs of one token through all layers (sharded by TP; experts see k copies).
-    dense_params, _ = layer_params(m, "dense")
-    mm = 0.0
+    n_moe = kinds.count("moe")
+    mm = m.vocab_size * h  # LM head
     for k in kinds:
         p, e = layer_params(m, k)
-        if k == "moe":
-            active = (p - e) + e * m.num_experts_per_tok / m.num_experts
-        else:
-            active = p
-        mm += active
-    mm += m.vocab_size * m.hidden_size  # LM head
+        mm += (p - e) + (e * m.num_experts_per_tok / m.num_experts if k == "moe" else 0.0)
     d_qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.head_size
     d_v = m.v_head_dim if m.is_mla else m.head_size
     attn = L * 2 * tr.seq_len * m.num_attention_heads * (d_qk + d_v) * 0.5
-    t_micro = 3 * tokens * (2 * mm / tp / ctx.mm_flops_per_s + attn / tp / ctx.attn_flops_per_s)
-    gbs = tr.global_batch_size
-    M = gbs / (dp * mbs)
+    compute = tokens * (3 * 2 * mm / tp / ctx.mm_flops_per_s + 3.5 * attn / tp / ctx.attn_flops_per_s)
+    res = np.where(sp > 0, tokens / tp, tokens)
+    mats = 3 if m.gated else 2
+    ffn = sum(m.intermediate_size if k == "dense" else m.num_experts_per_tok * m.expert_ffn for k in kinds)
+    elem = BF16 * (res * h * 10 * L + tokens * ffn * mats / tp) * 3 / ctx.hbm_bytes_per_s
+    lv, g = ctx.levels, ctx.graph
+    comm = np.zeros(len(cands))
+    for j in range(len(cands)):
+        if tp[j] > 1:
+            prof, b = contiguous_profile(g, int(tp[j])), BF16 * tokens[j] * h
+            one = 2 * all_gather_s(lv, prof, b) if sp[j] else all_reduce_s(lv, prof, b)
+            comm[j] += 4 * L * one
+        if n_moe and ep[j] > 1:
+            send = BF16 * (tokens[j] / tp[j] if sp[j] else tokens[j]) * m.num_experts_per_tok * h
+            comm[j] += 4 * n_moe * all_to_all_s(lv, contiguous_profile(g, int(ep[j])), send)
+    t_micro = compute + elem + comm
+    M = tr.global_batch_size / (dp * mbs)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
-    c = np.where(sched == 2, 0.0, c)  # zero-bubble: no cheap bubble bound, use the steady state only
+    c = np.where(sched == 2, 0.0, c)
     t_lb = (M - c) * t_micro / pp + c * t_micro
     # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
     total = sum(layer_params(m, k)[0] for k in kinds)
     expert = sum(layer_params(m, k)[1] for k in kinds)
-    dense = total - expert + m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
+    dense = total - expert + m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
     dense_gpu = dense / (tp * pp)
     exp_gpu = expert / (tp * pp * ep)
     opt_b = 12.0 if tr.optimizer in ("adam", "adamw") else 8.0
@@ -222,8 +235,8 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
 
     static = per(w_b, zero >= 3) + per(BF16, zero >= 2) + per(opt_b, zero >= 1)
     infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
-    infl = np.minimum(infl, M)
-    acts = infl * (L / pp) * BF16 * tokens * m.hidden_size / np.where(sp > 0, tp, 1)
+    infl = np.where(sched == 3, M, np.minimum(infl, M))
+    acts = infl * (L / pp) * BF16 * tokens * h / np.where(sp > 0, tp, 1)
     return t_lb, static + acts
 
 
@@ -339,6 +352,19 @@ class StageModel:
             self.bwd.append(bwd)
             self.time.append(fwd + bwd)
             self.wgrad.append(self._piece_sum(p, lambda c: _t(c.wgrad_s)) + _t(self._rank_const(p, lambda c: c.wgrad_s)))
+        # Per virtual stage (chunk) time, for the interleaved bubble.
+        lay = self.table.layers
+        self.chunk_time = []
+        for c in range(self.V):
+            p = c % cfg.pp
+            const = 0.0
+            if c == 0:
+                const += tb.embed.total_s
+            if c == self.V - 1:
+                const += tb.head.total_s
+            const += tb.pp_p2p_s * ((c < self.V - 1) + (c > 0))
+            self.chunk_time.append(sum(_t(lay[(k, r)].total_s) * self.n[c][k][r] for k in self.kinds
+                                       for r in self.modes) + _t(const))
 
     def _memory_constraints(self) -> None:
         """Static (weights, grads, optimizer under ZeRO) + in-flight activations + working set <= HBM."""
@@ -370,18 +396,21 @@ class StageModel:
         tmax = md.new_int_var(0, horizon, "t_max")
         for t in self.time:
             md.add(tmax >= t)
+        md.add(cfg.pp * tmax >= sum(self.time))  # redundant: strengthens the LP relaxation
         if cfg.schedule == "zero_bubble":
             u = [t - w for t, w in zip(self.time, self.wgrad)]
             umax = md.new_int_var(-horizon, horizon, "u_max")
             md.add_max_equality(umax, u)
             pipe = M * tmax + sum(u) - umax
-            scale = 1
         elif cfg.schedule == "interleaved":
-            scale = cfg.vpp  # pipe * vpp = vpp M tmax + sum t - tmax
-            pipe = scale * M * tmax + sum(self.time) - tmax
+            cmax = md.new_int_var(0, horizon, "chunk_max")
+            for ct in self.chunk_time:
+                md.add(cmax >= ct)
+            md.add(self.V * cmax >= sum(self.chunk_time))
+            pipe = M * tmax + (cfg.pp - 1) * cmax
         else:
-            scale = 1
             pipe = M * tmax + sum(self.time) - tmax
+        scale = 1
         tm = tail_model(ctx, tb)
         tail_max = md.new_int_var(0, horizon, "tail_max")
         for p in range(cfg.pp):
@@ -404,16 +433,34 @@ class StageModel:
         if self.cutoff is not None:
             md.add(self.step <= self.cutoff * scale)
         md.minimize(self.step)
+        if not self.uniform:
+            from .cost import even_split  # noqa: PLC0415
+
+            layer_kinds = self.ctx.model.layer_kinds()
+            start = 0
+            for c, size in enumerate(even_split(len(layer_kinds), self.V)):
+                chunk = layer_kinds[start:start + size]
+                start += size
+                for k in self.kinds:
+                    for r in self.modes:
+                        md.add_hint(self.n[c][k][r], chunk.count(k) if r == self.modes[0] else 0)
 
     def tiebreak(self, best_scaled: int) -> None:
-        """Second pass: keep the optimum, prefer fewer recomputed layers, then earlier layers."""
+        """Second pass: keep the optimum, prefer fewer recomputed layers, then earlier layers.
+
+        The first pass's solution is the hint, so the pass starts from a feasible point."""
         md = self.model
+        for var in self._all_vars():
+            md.add_hint(var, self.solver.value(var))
         md.clear_objective()
         md.add(self.step <= best_scaled)
         weight = {r: i for i, r in enumerate(RECOMPUTES)}
         L = self.ctx.model.num_hidden_layers
         md.minimize(sum((L + 1) * weight[r] * self.n[c][k][r] + c * self.n[c][k][r]
                         for c in range(self.V) for k in self.kinds for r in self.modes))
+
+    def _all_vars(self) -> list[Any]:
+        return [self.n[c][k][r] for c in range(self.V) for k in self.kinds for r in self.modes]
 
     def solve(self, time_limit_s: float) -> tuple[str, int | None, int | None]:
         cp_model = self.cp_model
@@ -432,22 +479,23 @@ class StageModel:
             return "INFEASIBLE", None, None
         return "UNKNOWN", None, None
 
-    def read_plan(self) -> tuple[list[int], list[str]]:
-        """stage_layers and per-layer recompute from the solved counts (full, selective, none
+    def read_counts(self) -> dict[tuple[int, str, str], int]:
+        return {(c, k, r): self.solver.value(self.n[c][k][r])
+                for c in range(self.V) for k in self.kinds for r in self.modes}
+
+    def read_plan(self, counts: dict[tuple[int, str, str], int]) -> tuple[list[int], list[str]]:
+        """stage_layers and per-layer recompute from solved counts (full, selective, none
         within each stage, dense layers first)."""
-        sv = self.solver
         stage_layers, recompute = [], []
         for c in range(self.V):
             size = 0
             for k in self.kinds:
                 for r in ("full", "selective", "none"):
-                    if r in self.modes:
-                        cnt = sv.value(self.n[c][k][r])
-                        recompute += [r] * cnt
-                        size += cnt
+                    cnt = counts.get((c, k, r), 0)
+                    recompute += [r] * cnt
+                    size += cnt
             stage_layers.append(size)
         return stage_layers, recompute
-
 
 def _with_placement(cfg: Config, placement: str) -> Config:
     return Config(cfg.tp, cfg.cp, cfg.ep, cfg.pp, cfg.dp, cfg.vpp, cfg.sp, cfg.zero, cfg.mbs, cfg.schedule, placement)
@@ -492,10 +540,31 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     fast = sum(kinds.count(k) * min(table.layers[(k, r)].total_s for r in modes) for k in set(kinds))
     fast += table.embed.total_s + table.head.total_s
     M = table.microbatches
+    # Data-parallel tail: max over ranks >= its value at the mean rank (max(0, .) is convex
+    # and the tail is affine in each rank's parameters and backward window), with the
+    # backward window as long as recompute can make it.
+    from .cost import assign_layers, dp_tail, rank_totals, tail_model  # noqa: PLC0415
+
+    L = ctx.model.num_hidden_layers
+    slow = {k: max(modes, key=lambda r: table.layers[(k, r)].bwd_s) for k in set(kinds)}
+    tot = rank_totals(table, assign_layers(kinds, [slow[k] for k in kinds], [L], 1)[0], True, True)
+    p = cfg.pp
+    tot.params /= p
+    tot.expert_params /= p
+    for key in tot.fwd:
+        tot.fwd[key] /= p
+        tot.bwd[key] /= p
+    hops = (cfg.pp * cfg.vpp - 1) * table.pp_p2p_s / p  # mean pipeline sends / receives per rank
+    tot.fwd["pp_comm"] += hops
+    tot.bwd["pp_comm"] += hops
+    tail = sum(dp_tail(tail_model(ctx, table), tot).values())
+    if cfg.pp == 1:
+        return M * fast + tail
     if cfg.schedule == "zero_bubble":
-        return M * fast / cfg.pp
-    c = 1.0 / cfg.vpp if cfg.schedule == "interleaved" else 1.0
-    return (M - c) * fast / cfg.pp + c * fast
+        return M * fast / cfg.pp + tail
+    if cfg.schedule == "interleaved":
+        return M * fast / cfg.pp + (cfg.pp - 1) * fast / (cfg.pp * cfg.vpp) + tail
+    return (M - 1) * fast / cfg.pp + fast + tail
 
 
 def _optimistic_table(ctx: Context, cfg: Config) -> Table:
@@ -571,9 +640,11 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3)
             if status == "FEASIBLE":
                 timed_out = True
                 unresolved_bound = min(unresolved_bound, bnd * TIME_UNIT_S / sm.scale)
+            counts = sm.read_counts()
             sm.tiebreak(obj)
-            sm.solve(max(0.05, time_limit_s - (time.perf_counter() - t0)))
-            stage_layers, recompute = sm.read_plan()
+            if sm.solve(max(0.05, time_limit_s - (time.perf_counter() - t0)))[1] is not None:
+                counts = sm.read_counts()
+            stage_layers, recompute = sm.read_plan(counts)
             rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
             plan = table.cfg.plan(rc, stage_layers)
             est = _evaluate(problem, plan)

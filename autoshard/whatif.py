@@ -209,6 +209,7 @@ class Workload:
     training: TrainingSpec
     search: SearchSpec
     tokens: float
+    base: str  # the name without the token budget (token scenarios share their solves)
 
     def problem(self, option: "Option", networks: Mapping[str, NetworkSpec]) -> Problem:
         topo: Any = list(networks[option.topology].levels) if option.topology in networks else option.topology
@@ -298,7 +299,7 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
         base = w.name or w.model.name
         for t in budgets:
             name = base if len(budgets) == 1 else f"{base} @ {_fmt_tokens(t)} tokens"
-            workloads.append(Workload(len(workloads), name, w.model, w.training, w.search, float(t)))
+            workloads.append(Workload(len(workloads), name, w.model, w.training, w.search, float(t), base))
     names = [w.name for w in workloads]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -799,12 +800,9 @@ def _money(x: float | None) -> str:
     if x is None:
         return "-"
     a = abs(x)
-    if a >= 1e9:
-        return f"{x / 1e9:.2f}B"
-    if a >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if a >= 1e3:
-        return f"{x / 1e3:.1f}k"
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if a >= div:
+            return f"{x / div:.3g}{unit}"
     return f"{x:.0f}"
 
 
@@ -837,9 +835,11 @@ def explain_decision(cands: Sequence[Candidate], dec: Decision, cons: Constraint
         return "; ".join(lines)
     c = cands[dec.index]
     n_ok = sum(dec.meets)
-    text = (f"{c.id}: {c.time_s / 86400:.1f} days, ${_money(c.cost_usd)}, {c.power_mw:.2f} MW; the {word} of "
-            f"{n_ok} option{'s' if n_ok != 1 else ''} " + (f"that meet {ctext}" if ctext else "(no constraints given)")
-            + f" out of {len(cands)} with a feasible plan")
+    text = (f"{c.id}: {c.time_s / 86400:.1f} days, ${_money(c.cost_usd)}"
+            + (f" (capex ${_money(c.capex_usd)})" if c.capex_usd else "") + f", {c.power_mw:.2f} MW; the {word} "
+            + (f"of the {n_ok} options (of {len(cands)} with a feasible plan) that meet {ctext}" if ctext and n_ok > 1
+               else f"and only option (of {len(cands)} with a feasible plan) that meets {ctext}" if ctext
+               else f"of the {len(cands)} options with a feasible plan (no constraints given)"))
     better = [d for d in cands if key(d) < key(c)]
     if better:
         b = min(better, key=key)
@@ -910,7 +910,7 @@ def _tasks(study: Study, time_limit_s: float, scratch: str) -> dict[str, Task]:
         for o in study.options:
             key = _task_key(w, o)
             if key not in tasks:
-                tasks[key] = Task(key, w.problem(o, study.spec.networks), f"{w.name} on {o.hw_id}", o.num_gpus,
+                tasks[key] = Task(key, w.problem(o, study.spec.networks), f"{w.base} on {o.hw_id}", o.num_gpus,
                                   time_limit_s, study.spec.sensitivity, scratch)
     return tasks
 
@@ -1030,6 +1030,40 @@ def _recommend(study: Study, rows: list[dict[str, Any]], scope: str, group: list
     })
 
 
+def _warnings(study: Study, rows: list[dict[str, Any]]) -> list[str]:
+    """Checks a reader should see: non-monotone scaling (often a solver time limit), unproven plans, errors."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for w in study.workloads:
+        if w.base in seen:
+            continue
+        seen.add(w.base)
+        wr = [r for r in rows if r["workload"] == w.name and r.get("step_time_s") is not None]
+        series: dict[tuple[str, str], dict[int, dict]] = {}
+        for r in wr:
+            series.setdefault((r["gpu"], r["topology"]), {})[r["num_gpus"]] = r
+        for (g, t), pts in series.items():
+            ns = sorted(pts)
+            for a, b in zip(ns, ns[1:]):
+                ra, rb = pts[a], pts[b]
+                if rb["tokens_per_s"] < ra["tokens_per_s"] * 0.999:
+                    why = (f"its plan is {rb['solver_status']}, not proven optimal: a longer time_limit_s may find a "
+                           "better one" if rb.get("solver_status") != "OPTIMAL" else
+                           "more GPUs do not help this global batch size")
+                    out.append(f"{w.base}: {g} x{b} ({t}) is slower than x{a} ({rb['tokens_per_s']:,.0f} vs "
+                               f"{ra['tokens_per_s']:,.0f} tokens/s); {why}")
+        unproven = sorted({f"{r['gpu']} x{r['num_gpus']}" for r in wr if r.get("solver_status") not in (None, "OPTIMAL")})
+        if unproven:
+            out.append(f"{w.base}: {len(unproven)} plan(s) hit the solver time limit (FEASIBLE, not proven optimal): "
+                       + ", ".join(unproven[:12]) + (" ..." if len(unproven) > 12 else ""))
+        errs = [r for r in rows if r["workload"] == w.name and not r.get("feasible")
+                and str(r.get("reason", "")).split(":")[0] in ("MemoryError", "RuntimeError", "ValueError",
+                                                               "KeyError", "IndexError", "TypeError")]
+        for r in errs:
+            out.append(f"{w.base}: {r['option']} failed: {r['reason']}")
+    return out
+
+
 def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: float, jobs: int,
               time_limit_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rows: list[dict[str, Any]] = []
@@ -1059,6 +1093,7 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
                 r["meets_constraints"] = False
         pareto[w.name] = [r["option"] for r in feas if r["pareto"]]
     recs = []
+    warnings = _warnings(study, rows)
     if study.spec.combine == "sum":
         recs.append(_recommend(study, rows, "all workloads on one cluster, one after another", list(study.workloads)))
     else:
@@ -1081,6 +1116,7 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         "constraints": cons.model_dump(exclude_none=True),
         "assumptions": list(study.notes),
         "rows": rows,
+        "warnings": warnings,
         "pareto": pareto,
         "recommended": recommended,
         "recommendations": recs,
@@ -1146,11 +1182,11 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
             raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    errors = [r["reason"] for r in results.values() if r.get("status") == "error"]
-    if results and len(errors) == len(results):
-        raise AutoshardError(f"every option failed to solve; the first: {errors[0]}")
     doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit)
     files = _write_results(out, doc, rows)
+    errors = [r["reason"] for r in results.values() if r.get("status") == "error"]
+    if results and len(errors) == len(results):
+        raise AutoshardError(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]}")
     if report:
         from .report import write_report  # noqa: PLC0415  (matplotlib is imported there, on use)
 

@@ -1,0 +1,63 @@
+"""Solver speed benchmark: prints solve time, status and the chosen plan for the issue's cases.
+
+    python benchmarks/bench_solve.py            # all cases
+    python benchmarks/bench_solve.py --layers   # solve time vs number of layers (24 -> 200)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from autoshard import load_problem
+from autoshard.solver import solve
+
+CASES = {
+    "llama3-405b on 16,384 H100 (seq 8192, 16M tokens)": {
+        "model": "llama3-405b", "training": {"seq_len": 8192, "global_batch_size": 2048},
+        "cluster": {"gpu": "h100-sxm", "num_gpus": 16384}},
+    "deepseek-v3 on 2,048 H800": {
+        "model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 15360},
+        "cluster": {"gpu": "h800-sxm", "num_gpus": 2048}},
+    "gpt3-175b on 1,024 A100": {
+        "model": "gpt3-175b", "training": {"seq_len": 2048, "global_batch_size": 1536},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1024}},
+    "llama3-70b on 640 H100 (seed)": {
+        "model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 960},
+        "cluster": {"gpu": "h100-sxm", "num_gpus": 640}},
+}
+
+
+def run(name: str, doc: dict, limit: float) -> None:
+    p = load_problem(doc)
+    t0 = time.perf_counter()
+    s = solve(p, time_limit_s=limit, top_k=0)
+    dt = time.perf_counter() - t0
+    st = s.solver
+    print(f"{name}: {dt:6.2f} s  {st.status}  step {s.estimate.step_time_s:.3f} s  MFU {s.estimate.mfu:.1%}  "
+          f"candidates {st.candidates}  pruned mem {st.pruned_by_memory} bound {st.pruned_by_bound}  "
+          f"CP-SAT solves {st.cp_sat_solves}\n    plan: {s.plan.short()}  placement {s.plan.placement}  "
+          f"stages {s.plan.stage_layers}", flush=True)
+
+
+def layers_curve(limit: float) -> None:
+    for L in (24, 48, 96, 144, 200):
+        doc = {"model": {"preset": "gpt3-175b", "num_hidden_layers": L},
+               "training": {"seq_len": 2048, "global_batch_size": 1536},
+               "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1024}}
+        run(f"gpt3-style, {L} layers, 1,024 A100", doc, limit)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", action="store_true")
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--time-limit", type=float, default=120)
+    a = ap.parse_args()
+    if a.layers:
+        layers_curve(a.time_limit)
+        sys.exit(0)
+    for name, doc in CASES.items():
+        if a.only is None or a.only in name:
+            run(name, doc, a.time_limit)

@@ -1,0 +1,234 @@
+"""What-if studies: goodput, Pareto front, CP-SAT purchase choice vs brute force, end-to-end report."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+
+import pytest
+
+from autoshard.errors import InputError
+from autoshard.loader import load_problem
+from autoshard.whatif import (
+    Candidate,
+    ConstraintSpec,
+    ReliabilitySpec,
+    _levels_problem,
+    goodput,
+    load_study,
+    optimize_purchase,
+    pareto_front,
+    run_study,
+    violations,
+    young_daly_interval_s,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+SMALL = {
+    "name": "small",
+    "workloads": [{"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64}, "tokens": 5.0e10}],
+    "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16]}, {"gpu": "b200", "num_gpus": 8}],
+    "pricing": {"mode": ["cloud", "own"], "usd_per_gpu_hour": {"h100": 2.5}},
+    "constraints": {"budget_usd": 4000.0, "deadline_days": 8},
+    "time_limit_s": 1.0,
+}
+
+
+# ---- goodput -------------------------------------------------------------------------------------
+
+
+def test_young_daly_interval():
+    assert young_daly_interval_s(3600.0, 50.0) == pytest.approx(math.sqrt(2 * 3600 * 50))
+    # The interval Young's formula gives is where the first-order waste delta/tau + tau/(2M) is least.
+    m, d = 10_000.0, 30.0
+    tau = young_daly_interval_s(m, d)
+    waste = lambda t: d / t + t / (2 * m)  # noqa: E731
+    assert waste(tau) < waste(0.8 * tau) and waste(tau) < waste(1.25 * tau)
+
+
+def test_goodput_falls_as_the_cluster_grows():
+    ratios = [goodput(n, 70e9).ratio for n in (8, 64, 512, 4096, 16384, 65536)]
+    assert all(a > b for a, b in zip(ratios, ratios[1:])), ratios
+    assert ratios[0] > 0.99
+    g = goodput(16384, 405e9)  # Llama 3 405B scale: the paper reports > 90% effective training time
+    assert g.mtbf_s / 3600 == pytest.approx(54 * 24 / 419, rel=0.01)
+    assert 0.85 < g.ratio < 0.97
+    assert g.interval_s == pytest.approx(young_daly_interval_s(g.mtbf_s, g.checkpoint_s))
+    off = goodput(16384, 405e9, ReliabilitySpec(enabled=False))
+    assert off.ratio == 1.0
+
+
+# ---- Pareto front and purchase optimizer ---------------------------------------------------------------
+
+
+def _pareto_by_sweep(points):
+    """Independent check: sort by (time, cost) and keep the points that lower the best cost so far."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    front, best = set(), math.inf
+    for i in order:
+        if points[i][1] < best:
+            front.add(i)
+            best = points[i][1]
+    # exact duplicates of a front point are on the front too
+    for i in range(len(points)):
+        if any(points[i] == points[j] for j in front):
+            front.add(i)
+    return [i in front for i in range(len(points))]
+
+
+def test_pareto_front_matches_a_sweep():
+    rng = random.Random(7)
+    for _ in range(50):
+        pts = [(rng.randint(1, 30), rng.randint(1, 30)) for _ in range(rng.randint(1, 25))]
+        assert pareto_front(pts) == _pareto_by_sweep(pts)
+
+
+def _brute_force(cands, cons: ConstraintSpec, objective: str):
+    ok = [i for i, c in enumerate(cands)
+          if (cons.budget_usd is None or c.cost_usd <= cons.budget_usd)
+          and (cons.capex_budget_usd is None or c.capex_usd <= cons.capex_budget_usd)
+          and (cons.power_cap_mw is None or c.power_mw <= cons.power_cap_mw)
+          and (cons.deadline_days is None or c.time_s <= cons.deadline_days * 86400)]
+    if not ok:
+        return None
+    if objective == "time":
+        return min(ok, key=lambda i: (cands[i].time_s, cands[i].cost_usd, i))
+    return min(ok, key=lambda i: (cands[i].cost_usd, cands[i].time_s, i))
+
+
+def test_purchase_choice_equals_brute_force():
+    rng = random.Random(11)
+    checked = 0
+    for trial in range(60):
+        n = rng.randint(1, 14)
+        cands = [Candidate(f"o{i}", time_s=86400 * rng.randint(5, 200) + rng.randint(1, 999),
+                           cost_usd=rng.randint(1, 400) * 25_000.0 + rng.randint(1, 99) / 100,
+                           capex_usd=rng.choice([0.0, rng.randint(10, 90) * 1e6]),
+                           power_mw=rng.randint(1, 300) / 10) for i in range(n)]
+        cons = ConstraintSpec(
+            budget_usd=rng.choice([None, rng.randint(20, 400) * 25_000.0 + 0.5]),
+            capex_budget_usd=rng.choice([None, None, rng.randint(10, 90) * 1e6 + 1.0]),
+            power_cap_mw=rng.choice([None, rng.randint(1, 300) / 10 + 0.05]),
+            deadline_days=rng.choice([None, rng.randint(5, 200) + 0.5]),
+            objective=rng.choice(["auto", "time", "cost"]))
+        dec = optimize_purchase(cands, cons)
+        want = _brute_force(cands, cons, dec.objective)
+        assert dec.index == want, (trial, dec, want)
+        assert list(dec.meets) == [not violations(c, cons) for c in cands]
+        checked += want is not None
+    assert checked > 10  # the constraints left something to choose in many trials
+
+
+def test_objective_auto():
+    cands = [Candidate("fast", 10 * 86400, 9e6, 0, 1), Candidate("cheap", 50 * 86400, 2e6, 0, 1)]
+    assert cands[optimize_purchase(cands, ConstraintSpec()).index].id == "fast"
+    assert cands[optimize_purchase(cands, ConstraintSpec(deadline_days=60)).index].id == "cheap"
+    assert cands[optimize_purchase(cands, ConstraintSpec(budget_usd=5e6)).index].id == "cheap"
+    assert optimize_purchase(cands, ConstraintSpec(budget_usd=1e6)).index is None
+
+
+# ---- study loading -----------------------------------------------------------------------------------
+
+
+def test_load_study_expands_and_sorts():
+    st = load_study({**SMALL, "options": [{"gpu": ["b200", "h100"], "num_gpus": {"start": 8, "stop": 32}}]})
+    ids = [o.id for o in st.options]
+    assert ids[0] == "h100-sxm/8/dgx-h100-superpod/cloud"  # catalog order, then topology, count, mode
+    assert len(ids) == 2 * 3 * 2
+    assert [o.num_gpus for o in st.options if o.gpu == "b200" and o.mode == "own"] == [8, 16, 32]
+    multi = load_study({**SMALL, "workloads": [{**SMALL["workloads"][0], "tokens": [1e12, 5e12]}]})
+    assert [w.name for w in multi.workloads] == ["llama3-8b @ 1T tokens", "llama3-8b @ 5T tokens"]
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"bogus": 1}, "bogus"),
+    ({"options": [{"gpu": "h1000", "num_gpus": 8}]}, "options.0.gpu"),
+    ({"options": [{"gpu": "h100", "num_gpus": 8, "topology": "nope"}]}, "options.0.topology"),
+    ({"workloads": [{"model": "llama9", "training": {"seq_len": 1, "global_batch_size": 1}, "tokens": 1}]},
+     "workloads.0.model"),
+    ({"pricing": {"usd_per_gpu_hour": {"h1000": 1.0}}}, "pricing.usd_per_gpu_hour.h1000"),
+    ({"constraints": {"budget_usd": -1}}, "constraints.budget_usd"),
+    ({"options": [{"gpu": "h100", "num_gpus": {"start": 64, "stop": 8}}]}, "options.0.num_gpus"),
+])
+def test_load_study_errors_name_the_field(patch, field):
+    with pytest.raises(InputError) as exc:
+        load_study({**SMALL, **patch})
+    assert exc.value.field is not None and exc.value.field.startswith(field), exc.value.line()
+    assert "\n" not in exc.value.line()
+
+
+def test_doubled_levels_baseline_is_identical():
+    from autoshard.cost import evaluate
+    from autoshard.spec import Plan
+
+    p = load_problem({"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64},
+                      "cluster": {"gpu": "h100", "num_gpus": 64}})
+    plan = Plan(tp=2, pp=2, zero_stage=1)
+    base = evaluate(p, plan).step_time_s
+    assert evaluate(_levels_problem(p, lambda i: 1.0), plan).step_time_s == pytest.approx(base, rel=1e-12)
+    assert evaluate(_levels_problem(p, lambda i: 2.0), plan).step_time_s <= base
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+
+
+def test_run_study_writes_results_and_report(tmp_path):
+    seen = []
+    res = run_study(SMALL, tmp_path, jobs=2, progress=lambda d, t, label: seen.append((d, t)))
+    assert seen[0] == (0, 3) and seen[-1] == (3, 3)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["complete"] is True
+    rows = doc["rows"]
+    assert len(rows) == 3 * 2  # 3 hardware options x 2 pricing modes, one workload
+    for key in ("gpu", "num_gpus", "step_time_s", "tokens_per_s", "time_to_train_days", "cost_usd", "energy_mwh",
+                "goodput", "pareto", "feasible"):
+        assert all(key in r for r in rows), key
+    feas = [r for r in rows if r["feasible"]]
+    assert feas, rows
+    flags = pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in feas])
+    assert [r["pareto"] for r in feas] == flags
+    # goodput falls with the GPU count; energy = GPUs x (TDP + overhead) x PUE x hours
+    h100 = {r["num_gpus"]: r for r in feas if r["gpu"] == "h100-sxm" and r["mode"] == "cloud"}
+    if 8 in h100 and 16 in h100:
+        assert h100[16]["goodput"] < h100[8]["goodput"]
+        r = h100[8]
+        assert r["energy_mwh"] == pytest.approx(8 * 700 * 1.3 * 1.3 * r["time_to_train_days"] * 24 / 1e6, rel=1e-9)
+        assert r["cost_usd"] == pytest.approx(2.5 * 8 * r["time_to_train_days"] * 24, rel=1e-9)
+    rec = doc["recommended"]
+    assert rec is not None and "reason" in rec
+    cands = [r for r in feas if r["meets_constraints"]]
+    if cands:
+        best = min(cands, key=lambda r: (r["time_to_train_days"], r["cost_usd"]))
+        assert rec["option"] == best["option"] == res.recommended["option"]
+    with open(tmp_path / "results.csv", newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert len(table) == len(rows) and "goodput" in table[0]
+    for name in ("report.md", "report.html", "time_vs_cost_w1.png", "cost_energy_w1.png", "step_breakdown_w1.png",
+                 "sensitivity_w1.png", "scaling_w1.png"):
+        path = tmp_path / name
+        assert path.exists() and path.stat().st_size > 1000, name
+        if name.endswith(".png"):
+            assert path.read_bytes()[:8] == PNG_MAGIC
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 5
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
+
+
+def test_interrupt_keeps_finished_options(tmp_path):
+    study = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16]}], "pricing": {"mode": "cloud"},
+             "sensitivity": "off"}
+
+    def progress(done, total, label):
+        if done == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(study, tmp_path, jobs=1, progress=progress)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["complete"] is False
+    assert len(doc["rows"]) == 1 and doc["rows"][0]["num_gpus"] == 16  # big clusters run first
+    assert not (tmp_path / "report.html").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
