@@ -12,8 +12,8 @@ dominating (levels run concurrently in hierarchical algorithms):
   level i moves B (1 - m_{i-1}/G) through the aggregate bandwidth m_{i-1} W_i of
   the m_{i-1} members inside one level-(i-1) domain (m_{-1} = 1); at the
   innermost level this is the ring formula B (G-1) / (G W).
-- AllReduce = ReduceScatter + AllGather, or one pass (B / W) on a level with
-  in-network reduction (NVLS / SHARP).
+- AllReduce = ReduceScatter + AllGather, or, on a level with in-network reduction
+  (NVLS / SHARP), one send and one receive of the whole buffer: B / (m_{i-1} W_i).
 - AllToAll of B bytes sent per GPU: the share of B addressed outside the inner
   domain crosses the level on the GPU's own link.
 - Point-to-point: B / W of the lowest level that joins the two GPUs.
@@ -266,8 +266,10 @@ def all_reduce_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -
     t, inner = 0.0, 1
     for lv, m in zip(levels, prof.members):
         if m > inner:
-            passes = 1 if lv.sharp else 2
-            t = max(t, passes * total_bytes * (1 - inner / g) / (inner * lv.bytes_per_s))
+            # Ring: reduce-scatter + all-gather, 2 B (1 - m/G) per domain. In-network reduction
+            # (NVLS / SHARP): each domain sends its data up once and gets the result back: B.
+            share = 1.0 if lv.sharp else 2 * (1 - inner / g)
+            t = max(t, share * total_bytes / (inner * lv.bytes_per_s))
         inner = m
     return t + _latency(levels, prof, 2)
 

@@ -1,0 +1,319 @@
+"""The `autoshard` command line.
+
+Exit codes: 0 ok; 1 the plan does not fit / no feasible plan; 2 bad input (one line on
+stderr: file, field path, what is wrong); 130 interrupted. `--json` prints one JSON object
+on stdout; progress and warnings go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import InfeasibleError, InputError
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _print_json(obj: Any) -> None:
+    from .loader import dumps_json  # noqa: PLC0415
+
+    sys.stdout.write(dumps_json(obj))
+
+
+def _write_or_print(text: str, out: str | None) -> None:
+    if out:
+        from .loader import atomic_write  # noqa: PLC0415
+
+        atomic_write(out, text)
+    else:
+        sys.stdout.write(text)
+
+
+def parse_bytes(text: str) -> float:
+    """`1e9`, `33.5MB`, `1GiB`, `512 KiB` -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", text)
+    if not m:
+        raise InputError(f"not a byte count: {text!r} (examples: 1e9, 33.5MB, 1GiB)", field="BYTES")
+    value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}[unit]
+    if value <= 0:
+        raise InputError("the byte count must be positive", field="BYTES")
+    return value * scale
+
+
+# ---- commands ----------------------------------------------------------------------------
+
+
+def cmd_evaluate(a: argparse.Namespace) -> int:
+    from .cost import evaluate  # noqa: PLC0415
+    from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
+    from .render import estimate_text  # noqa: PLC0415
+
+    problem = load_problem(a.problem)
+    if a.plan:
+        plan = load_plan(a.plan)
+    else:
+        doc = read_document(a.problem)
+        if not isinstance(doc, dict) or "plan" not in doc:
+            raise InputError("no --plan given and the problem file has no `plan:` section", source=a.problem)
+        plan = load_plan(a.problem)
+    est = evaluate(problem, plan)
+    if a.json:
+        _print_json(est.model_dump(mode="json"))
+    else:
+        sys.stdout.write(estimate_text(problem, est))
+    return EXIT_OK if est.fits else EXIT_INFEASIBLE
+
+
+def cmd_solve(a: argparse.Namespace) -> int:
+    from .loader import dumps_json, load_problem  # noqa: PLC0415
+    from .render import estimate_text, solution_markdown, solution_record  # noqa: PLC0415
+    from .solver import solve  # noqa: PLC0415
+
+    problem = load_problem(a.problem)
+    if a.hf_config:
+        from .hf import model_from_hf_config  # noqa: PLC0415
+
+        problem = problem.model_copy(update={"model": model_from_hf_config(a.hf_config)})
+    if a.output:
+        Path(a.output).resolve().parent.mkdir(parents=True, exist_ok=True)
+    try:
+        sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top)
+    except InfeasibleError as exc:
+        if a.json:
+            _print_json({"status": "INFEASIBLE", "reason": exc.reason, "suggestions": exc.suggestions})
+        print(f"{a.problem}: infeasible: {exc}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    record = solution_record(a.problem, problem, sol)
+    if a.output:
+        text = dumps_json(record) if a.output.endswith(".json") else solution_markdown(problem, sol)
+        _write_or_print(text, a.output)
+    if a.json:
+        _print_json(record)
+    else:
+        sys.stdout.write(estimate_text(problem, sol.estimate))
+        st = sol.solver
+        print(f"solver: {st.status} in {st.solve_time_s:.2f} s (gap {100 * (st.gap or 0):.2f}%), "
+              f"{st.candidates} candidate configurations, {st.pruned_by_memory} pruned by memory, "
+              f"{st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
+        for alt in sol.alternatives:
+            print(f"  alternative: +{alt.slower_pct:.1f}% {alt.estimate.step_time_s:.3f} s/step ({alt.differs})")
+    return EXIT_OK
+
+
+def cmd_collective(a: argparse.Namespace) -> int:
+    from .catalog import get_gpu, get_topology  # noqa: PLC0415
+    from .spec import ClusterSpec  # noqa: PLC0415
+    from .topology import cluster_graph, collective_s, contiguous_profile, resolve_levels  # noqa: PLC0415
+
+    nbytes = parse_bytes(a.bytes)
+    if a.gpus < 1:
+        raise InputError("must be >= 1", field="--gpus")
+    get_topology(a.cluster)
+    gpu = get_gpu(a.gpu) if a.gpu else get_gpu("h100-sxm")
+    cluster = ClusterSpec(gpu=gpu.id, num_gpus=a.gpus, topology=a.cluster)
+    levels = resolve_levels(cluster, gpu)
+    if not a.efficiency:
+        levels = tuple(type(lv)(lv.name, lv.size, lv.link_bytes_per_s, lv.link_bytes_per_s, lv.latency_s, lv.sharp)
+                       for lv in levels)
+    prof = contiguous_profile(cluster_graph(levels, a.gpus), a.gpus)
+    t = collective_s(a.op.replace("-", "_"), levels, prof, nbytes)
+    algbw = nbytes / t if t > 0 else float("inf")
+    factor = {"all_reduce": 2 * (a.gpus - 1) / a.gpus}.get(a.op.replace("-", "_"), (a.gpus - 1) / a.gpus)
+    out = {"op": a.op, "bytes": nbytes, "gpus": a.gpus, "cluster": a.cluster, "time_s": t,
+           "algorithm_bandwidth_bytes_per_s": algbw, "bus_bandwidth_bytes_per_s": algbw * factor,
+           "levels_crossed": prof.crossed(levels), "efficiency_applied": bool(a.efficiency)}
+    if a.json:
+        _print_json(out)
+    else:
+        print(f"{a.op} of {nbytes:.4g} B over {a.gpus} GPUs on {a.cluster}: {t * 1e6:.1f} us; "
+              f"algorithm bandwidth {algbw / 1e9:.1f} GB/s, bus bandwidth {algbw * factor / 1e9:.1f} GB/s; "
+              f"crosses {', '.join(out['levels_crossed']) or 'nothing'}")
+    return EXIT_OK
+
+
+def cmd_catalog(a: argparse.Namespace) -> int:
+    from .catalog import _models, get_gpu, get_topology, gpu_ids, model_ids, topology_ids  # noqa: PLC0415
+
+    gpus = [get_gpu(g) for g in gpu_ids()]
+    topos = [get_topology(t) for t in topology_ids()]
+    if a.json:
+        _print_json({"gpus": [g.model_dump() for g in gpus], "topologies": [t.model_dump() for t in topos],
+                     "models": {k: _models()[k] for k in model_ids()}})
+        return EXIT_OK
+    print(f"{'GPU':<15}{'bf16 TF':>9}{'fp8 TF':>9}{'HBM GiB':>9}{'HBM TB/s':>10}{'link GB/s':>10}{'TDP W':>7}"
+          f"{'$/GPU-h':>9}  aliases")
+    for g in gpus:
+        fp8 = g.peak_tflops.get("fp8")
+        print(f"{g.id:<15}{g.peak_tflops['bf16']:>9.0f}{(f'{fp8:.0f}' if fp8 else '-'):>9}{g.hbm_gib:>9.0f}"
+              f"{g.hbm_tb_per_s:>10.2f}{g.scaleup_gb_per_s:>10.0f}{g.tdp_w:>7.0f}{g.price.usd_per_gpu_hour:>9.2f}  "
+              f"{', '.join(g.aliases)}")
+    print("\nTopologies (levels: name size x GB/s per GPU):")
+    for t in topos:
+        lv = " -> ".join(f"{x.name} {x.size}x{x.bandwidth_gb_per_s:g}{' SHARP' if x.sharp else ''}" for x in t.levels)
+        print(f"  {t.id:<20}{lv}")
+    print("\nModel presets: " + ", ".join(model_ids()))
+    print("Sources: `autoshard catalog --json` (every figure carries its source).")
+    return EXIT_OK
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from .export import export_plan  # noqa: PLC0415
+    from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
+
+    doc = read_document(a.solution)
+    problem_path = a.problem or (doc.get("problem_path") if isinstance(doc, dict) else None)
+    if not problem_path:
+        raise InputError("cannot tell which problem this plan is for: pass --problem PROBLEM", source=a.solution)
+    problem = load_problem(problem_path)
+    plan = load_plan(a.solution)
+    exp = export_plan(problem, plan, a.format)
+    for w in exp.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    _write_or_print(exp.text, a.output)
+    return EXIT_OK
+
+
+def cmd_batch(a: argparse.Namespace) -> int:
+    from .batch import ProgressBar, run_batch, summary_table  # noqa: PLC0415
+
+    result = run_batch(a.inputs, a.output, jobs=a.jobs, time_limit_s=a.time_limit, force=a.force, top_k=a.top,
+                       progress=None if a.quiet else ProgressBar())
+    sys.stdout.write(summary_table(result))
+    return result.exit_code
+
+
+def cmd_whatif(a: argparse.Namespace) -> int:
+    from .whatif import run_study  # noqa: PLC0415
+
+    result = run_study(a.study, a.output, jobs=a.jobs, time_limit_s=a.time_limit)
+    text = getattr(result, "summary_text", None)
+    sys.stdout.write(text() if callable(text) else f"wrote {a.output}\n")
+    return EXIT_OK
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    from .validate import format_report, validate  # noqa: PLC0415
+
+    report = validate(a.runs, catalog=a.catalog)
+    if a.json:
+        _print_json(report.to_json())
+    else:
+        sys.stdout.write(format_report(report))
+    return EXIT_OK
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from .calibrate import calibrate  # noqa: PLC0415
+
+    res = calibrate(a.measurements, a.output)
+    summary = getattr(res, "summary", None)
+    sys.stdout.write(summary() if callable(summary) else f"wrote {a.output}\n")
+    return EXIT_OK
+
+
+# ---- parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autoshard",
+        description="Find the fastest way to parallelize LLM training that fits in HBM, and what it costs.",
+        epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input, 130 interrupted.")
+    p.add_argument("--version", action="version", version=f"autoshard {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(func=fn)
+        return sp
+
+    s = add("solve", cmd_solve, "Find the minimum-step-time plan that fits (CP-SAT), with proof of optimality.")
+    s.add_argument("problem", metavar="PROBLEM", help="problem file (YAML or JSON)")
+    s.add_argument("--json", action="store_true", help="print the solution as one JSON object")
+    s.add_argument("-o", "--output", metavar="FILE", help="write the solution (.json: machine record, else markdown)")
+    s.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit in seconds (default 60)")
+    s.add_argument("--top", type=int, default=3, metavar="K", help="alternatives to report (default 3)")
+    s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
+
+    e = add("evaluate", cmd_evaluate, "Step time, MFU and per-stage memory of a given plan.")
+    e.add_argument("problem", metavar="PROBLEM")
+    e.add_argument("--plan", metavar="PLAN", help="plan file (YAML/JSON, or a solution JSON); default: the problem's `plan:`")
+    e.add_argument("--json", action="store_true")
+
+    c = add("collective", cmd_collective, "Time of one collective on a cluster preset (REFERENCE §4 formulas).")
+    c.add_argument("op", choices=["all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+                                  "all-gather", "reduce-scatter", "all-reduce", "all-to-all"], metavar="OP",
+                   help="all_gather | reduce_scatter | all_reduce | all_to_all")
+    c.add_argument("bytes", metavar="BYTES", help="message size: total gathered / reduced bytes (all_to_all: sent per GPU)")
+    c.add_argument("--cluster", required=True, metavar="PRESET", help="topology preset, e.g. dgx-h100-superpod")
+    c.add_argument("--gpus", required=True, type=int, metavar="N", help="GPUs in the group (consecutive ranks)")
+    c.add_argument("--gpu", metavar="GPU", help="GPU type (for its network efficiency; default h100-sxm)")
+    c.add_argument("--efficiency", action="store_true", help="apply the catalog's achievable-bandwidth factors")
+    c.add_argument("--json", action="store_true")
+
+    k = add("catalog", cmd_catalog, "List GPUs, topologies and model presets.")
+    k.add_argument("--json", action="store_true")
+
+    x = add("export", cmd_export, "Write a plan as launcher configuration (megatron, torchtitan, deepspeed, jax).")
+    x.add_argument("solution", metavar="SOLUTION", help="solution JSON (from solve/batch) or a plan file")
+    x.add_argument("--format", required=True, choices=["megatron", "torchtitan", "deepspeed", "jax"])
+    x.add_argument("--problem", metavar="PROBLEM", help="the problem file (default: the one named in the solution)")
+    x.add_argument("-o", "--output", metavar="FILE")
+
+    b = add("batch", cmd_batch, "Solve every problem file in directories / globs, in parallel, incrementally.")
+    b.add_argument("inputs", nargs="+", metavar="DIR_OR_GLOB")
+    b.add_argument("-o", "--output", required=True, metavar="DIR")
+    b.add_argument("--jobs", type=int, default=1, metavar="N")
+    b.add_argument("--time-limit", type=float, default=60.0, metavar="S")
+    b.add_argument("--top", type=int, default=3, metavar="K")
+    b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    w = add("whatif", cmd_whatif, "What-if study of hardware options: time, money, energy, Pareto front, report.")
+    w.add_argument("study", metavar="STUDY")
+    w.add_argument("-o", "--output", required=True, metavar="DIR")
+    w.add_argument("--jobs", type=int, default=1, metavar="N")
+    w.add_argument("--time-limit", type=float, default=30.0, metavar="S")
+
+    v = add("validate", cmd_validate, "Compare predicted step times with published measured runs.")
+    v.add_argument("runs", nargs="?", default=None, metavar="RUNS.json")
+    v.add_argument("--catalog", metavar="CATALOG", help="calibrated catalog overlay to apply")
+    v.add_argument("--json", action="store_true")
+
+    cal = add("calibrate", cmd_calibrate, "Fit the catalog's efficiency factors to your own measured runs.")
+    cal.add_argument("measurements", metavar="MEASUREMENTS", help="runs as JSON (dev_runs shape) or CSV")
+    cal.add_argument("-o", "--output", required=True, metavar="CATALOG.yaml")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if not getattr(a, "func", None):
+        parser.print_help()
+        return EXIT_INPUT
+    try:
+        return a.func(a)
+    except InputError as exc:
+        print(f"autoshard: error: {exc.line()}", file=sys.stderr)
+        return EXIT_INPUT
+    except InfeasibleError as exc:
+        print(f"autoshard: infeasible: {exc}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    except KeyboardInterrupt:
+        print("autoshard: interrupted; finished outputs were kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The solver against brute-force enumeration: OPTIMAL must mean it."""
+
+import itertools
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoshard import Plan, load_problem
+from autoshard.cost import Config, assemble, context, evaluate, layer_table
+from autoshard.errors import InfeasibleError
+from autoshard.solver import solve
+from autoshard.spec import MESH_AXES, divisors
+
+
+def compositions(total, parts):
+    """All ways to split `total` layers into `parts` contiguous stages of >= 1 layer."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield [bounds[i + 1] - bounds[i] for i in range(parts)]
+
+
+def brute_force(problem):
+    """Minimum step time over every plan of the declared space, each priced by the
+    evaluator's own table + assembly (the two halves of `evaluate`)."""
+    s = problem.search
+    n = problem.cluster.num_gpus
+    L = problem.model.num_hidden_layers
+    ctx = context(problem)
+    best = None
+    modes = s.allowed("recompute", ["none", "selective", "full"])
+    for tp, pp, cp, ep, mbs, zero, sched, vpp, sp in itertools.product(
+            s.allowed("tp", [1]), s.allowed("pp", [1]), s.allowed("cp", [1]), s.allowed("ep", [1]),
+            s.allowed("micro_batch_size", [1]), s.allowed("zero_stage", [1]), s.allowed("schedule", ["1f1b"]),
+            s.allowed("vpp", [1]), s.allowed("sequence_parallel", [True])):
+        plan = Plan(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sequence_parallel=sp, zero_stage=zero,
+                    micro_batch_size=mbs, schedule=sched)
+        est = evaluate(problem, plan)
+        if est.reasons and not any("needs" in r and "GiB" in r for r in est.reasons):
+            continue  # invalid degrees
+        if sched == "interleaved" and est.num_microbatches % pp:
+            continue
+        if pp == 1 and sched != "1f1b" or tp == 1 and not sp:
+            continue
+        dp = n // (tp * pp * cp)
+        live = [a for a, v in zip(MESH_AXES, (tp, cp, ep, dp // ep, pp)) if v > 1]
+        for perm in itertools.permutations(live):
+            placement = "-".join([*perm, *[a for a in MESH_AXES if a not in perm]])
+            cfg = Config.of(plan.model_copy(update={"placement": placement}), dp)
+            table = layer_table(ctx, cfg)
+            for split in compositions(L, pp * vpp):
+                for rc in itertools.product(modes, repeat=L):
+                    e = assemble(ctx, table, split, list(rc), cfg.plan(list(rc), split), [])
+                    if e.fits and (best is None or e.step_time_s < best[0] - 1e-12):
+                        best = (e.step_time_s, cfg.plan(list(rc), split))
+    return best
+
+
+SPACE = {"tp": [1, 2], "pp": [1, 2], "cp": [1], "micro_batch_size": [1, 2], "zero_stage": [0, 1, 3],
+         "schedule": ["1f1b", "zero_bubble", "interleaved"], "vpp": [1, 2], "sequence_parallel": [True]}
+
+
+@st.composite
+def small_problems(draw):
+    moe = draw(st.booleans())
+    layers = draw(st.integers(2, 4))
+    hidden = draw(st.sampled_from([1024, 4096, 8192]))
+    heads = draw(st.sampled_from([8, 16]))
+    model = {"name": "rand", "num_hidden_layers": layers, "hidden_size": hidden,
+             "intermediate_size": hidden * draw(st.sampled_from([2, 4])), "num_attention_heads": heads,
+             "num_key_value_heads": draw(st.sampled_from([2, heads])), "vocab_size": draw(st.sampled_from([32000, 128256])),
+             "hidden_act": draw(st.sampled_from(["silu", "gelu"]))}
+    space = dict(SPACE)
+    if moe:
+        model.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden,
+                     first_k_dense_replace=draw(st.integers(0, 1)))
+        space["ep"] = [1, 2]
+    gpus = draw(st.sampled_from([4, 8]))
+    gpu = draw(st.sampled_from(["rtx-4090", "a100-sxm-40gb", "h100-sxm"]))
+    seq = draw(st.sampled_from([1024, 4096, 8192]))
+    return load_problem({"model": model, "training": {"seq_len": seq, "global_batch_size": 16},
+                         "cluster": {"gpu": gpu, "num_gpus": gpus}, "search": space})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(small_problems())
+def test_solver_matches_brute_force(problem):
+    bf = brute_force(problem)
+    if bf is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem, time_limit_s=60)
+        return
+    sol = solve(problem, time_limit_s=60, top_k=0)
+    assert sol.solver.status == "OPTIMAL"
+    assert sol.estimate.fits
+    assert sol.estimate.step_time_s == pytest.approx(bf[0], rel=1e-6, abs=sol.solver.rounding_tolerance_s)
+
+
+def test_objective_equals_evaluate_and_is_deterministic():
+    doc = {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+           "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16},
+           "search": {"tp": [2, 4], "pp": [2, 4], "cp": [1], "zero_stage": [1], "micro_batch_size": [1]}}
+    p = load_problem(doc)
+    a = solve(p, time_limit_s=60)
+    b = solve(load_problem(doc), time_limit_s=60)
+    assert a.solver.status == "OPTIMAL"
+    assert abs(a.solver.objective_s - a.estimate.step_time_s) <= a.solver.rounding_tolerance_s
+    assert a.estimate == evaluate(p, a.plan)
+    dump = lambda s: json.dumps({"plan": s.plan.model_dump(), "est": s.estimate.model_dump()}, sort_keys=True)  # noqa: E731
+    assert dump(a) == dump(b)
+
+
+def test_memory_pressure_forces_per_layer_recompute_and_uneven_stages():
+    # 70B on 16 x 40 GB: only fits with sharding plus recompute on the stages holding more micro-batches.
+    p = load_problem({"model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 64},
+                      "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 32},
+                      "search": {"tp": [8], "pp": [4], "zero_stage": [1], "micro_batch_size": [1],
+                                 "schedule": ["1f1b"]}})
+    sol = solve(p, time_limit_s=60)
+    assert sol.estimate.fits
+    assert sol.estimate.peak_memory_gib <= sol.estimate.memory_capacity_gib
+    full = [s.recompute.get("full", 0) for s in sol.estimate.stages]
+    # Earlier stages hold more in-flight micro-batches, so they recompute at least as many layers.
+    assert full == sorted(full, reverse=True) and full[0] > 0
+
+
+def test_infeasible_names_binding_constraint_and_fix():
+    p = load_problem({"model": "llama3-405b", "training": {"seq_len": 8192, "global_batch_size": 8},
+                      "cluster": {"gpu": "rtx-4090", "num_gpus": 8}})
+    with pytest.raises(InfeasibleError) as exc:
+        solve(p, time_limit_s=30)
+    msg = str(exc.value)
+    assert "even with" in msg and "GiB" in msg and "more GPUs" in msg
