@@ -1,0 +1,404 @@
+"""Fit the catalog's efficiency factors to measured runs: `calibrate(measurements, out)`.
+
+The runs file has the shape of `shared/validation/dev_runs.json` (a JSON list of rows) or
+is a CSV with the same column names; rows become cases through `validate.run_to_case`.
+The result is a catalog overlay (YAML `gpus: {<gpu id>: {efficiency: {...}}}`) that a
+problem uses with `cluster: {catalog: my-catalog.yaml}`.
+
+Procedure (deterministic: fixed grid, fixed iteration counts, fixed order):
+
+1. Per GPU type (catalog id, sorted), the cases of that GPU whose plan is valid and fits
+   in memory (a plan that does not fit is not what ran: fitting it would bend the factors
+   to explain a different configuration).
+2. Start point: the base catalog's factors (the built-in catalog, or `base_catalog`, an
+   overlay file).
+3. Identification: the elasticity of every run's predicted step time to every factor,
+   d log(step) / d log(factor), by a finite difference of 10 %. In the fixed order
+   matmul.<precision> (bf16, then fp8), hbm, scaleup, scaleout, a factor is fitted when
+   the part of its elasticity column that the factors chosen before it cannot reproduce
+   (least-squares residual) has an RMS over the runs of at least 0.02 and at least 25 % of
+   the column's norm; otherwise the runs cannot tell it apart from the others and it keeps
+   its base value. matmul.fp8 needs fp8 runs. At most one factor per two runs is fitted
+   (at least one), so a handful of runs cannot be matched exactly by as many factors.
+4. Objective: sum over the runs of (log(predicted step / measured step))^2.
+5. Coordinate descent, 3 sweeps over the chosen factors in that order; each factor is
+   minimized alone on a 17-point log-spaced grid over [0.2, 1.0], then by 12 golden-section
+   steps on log(factor) between the grid neighbours of the best grid point.
+6. The factors are rounded to 4 decimals, written atomically with a header stating the
+   procedure, the runs used and the factors before/after, and the "after" errors are those
+   of the written file.
+
+Every trial writes a fresh overlay file in a temporary directory (the overlay cache keys on
+path and modification time) and points the problems at it through `cluster.catalog`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import tempfile
+import textwrap
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .errors import InputError
+from .loader import atomic_write
+from .validate import Case, convert, load_runs, with_catalog
+
+LO, HI = 0.2, 1.0
+GRID_POINTS = 17
+GOLDEN_STEPS = 12
+SWEEPS = 3
+FD_STEP = 0.9  # finite-difference factor for the elasticities
+MIN_RESIDUAL_RMS = 0.02
+MIN_RESIDUAL_SHARE = 0.25
+RUNS_PER_FACTOR = 2  # at most one fitted factor per two runs (at least one)
+DECIMALS = 4
+FACTOR_ORDER = ("matmul.bf16", "matmul.fp8", "hbm", "scaleup", "scaleout")
+
+
+@dataclass
+class ErrorSummary:
+    n: int
+    median_abs_error_pct: float
+    worst_id: str
+    worst_error_pct: float
+
+
+@dataclass
+class GpuFit:
+    gpu: str
+    runs: list[str]
+    fitted: list[str]  # factors fitted, in order
+    kept: dict[str, str]  # factor -> why it kept its base value
+    elasticity_rms: dict[str, float]  # RMS over runs of d log step / d log factor
+    before: dict[str, Any]  # efficiency mapping (Efficiency fields)
+    after: dict[str, Any]
+    objective_before: float
+    objective_after: float
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CalibrationResult:
+    out_path: str
+    measurements_path: str
+    runs_used: list[str]
+    excluded: list[dict[str, str]]  # {id, reason}
+    fits: list[GpuFit]
+    before: ErrorSummary
+    after: ErrorSummary
+    errors_before_pct: dict[str, float] = field(default_factory=dict)  # run id -> signed error %
+    errors_after_pct: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------
+
+
+def _get(eff: dict[str, Any], name: str) -> float:
+    if name.startswith("matmul."):
+        return float(eff["matmul"][name.split(".", 1)[1]])
+    return float(eff[name])
+
+
+def _set(eff: dict[str, Any], name: str, value: float) -> dict[str, Any]:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in eff.items()}
+    if name.startswith("matmul."):
+        out["matmul"][name.split(".", 1)[1]] = value
+    else:
+        out[name] = value
+    return out
+
+
+def _base_efficiencies(base_catalog: str | None) -> dict[str, dict[str, Any]]:
+    """The entries of the base overlay file as plain dicts ({} for the built-in catalog)."""
+    from .catalog import load_overlay  # noqa: PLC0415
+
+    if base_catalog is None:
+        return {}
+    return {gid: e.model_dump() for gid, e in load_overlay(base_catalog).items()}
+
+
+def _efficiency_of(gpu: str, base: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    from .catalog import get_gpu  # noqa: PLC0415
+
+    if gpu in base:
+        return _copy(base[gpu])
+    return get_gpu(gpu).efficiency.model_dump()
+
+
+def _copy(eff: dict[str, Any]) -> dict[str, Any]:
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in eff.items()}
+
+
+def _overlay_text(entries: dict[str, dict[str, Any]]) -> str:
+    doc = {"gpus": {g: {"efficiency": _copy(e)} for g, e in sorted(entries.items())}}
+    return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)
+
+
+class _Trials:
+    """Evaluates cases under trial efficiency factors through fresh overlay files."""
+
+    def __init__(self, tmpdir: str, cases: list[Case]):
+        self.dir = Path(tmpdir)
+        self.cases = cases
+        self.count = 0
+
+    def steps(self, gpu: str, eff: dict[str, Any]) -> np.ndarray:
+        from .cost import evaluate  # noqa: PLC0415
+
+        self.count += 1
+        path = self.dir / f"trial-{self.count:06d}.yaml"
+        path.write_text(_overlay_text({gpu: eff}), encoding="utf-8")
+        out = []
+        for c in self.cases:
+            est = evaluate(with_catalog(c, path).problem, c.plan)
+            out.append(est.step_time_s)
+        return np.array(out, dtype=float)
+
+    def objective(self, gpu: str, eff: dict[str, Any], measured: np.ndarray) -> float:
+        s = self.steps(gpu, eff)
+        if not np.all(s > 0):
+            return math.inf
+        return float(np.sum(np.log(s / measured) ** 2))
+
+
+def _identify(trials: _Trials, gpu: str, eff: dict[str, Any], candidates: list[str]) -> tuple[list[str], dict[str, str], dict[str, float]]:
+    """Factors the runs can identify (see module docstring, step 3)."""
+    s0 = trials.steps(gpu, eff)
+    cols: dict[str, np.ndarray] = {}
+    for name in candidates:
+        v = _get(eff, name)
+        trial = v * FD_STEP if v * FD_STEP >= LO else min(HI, v / FD_STEP)
+        s = trials.steps(gpu, _set(eff, name, trial))
+        cols[name] = (np.log(s) - np.log(s0)) / math.log(trial / v)
+    chosen: list[str] = []
+    kept: dict[str, str] = {}
+    n = len(s0)
+    for name in candidates:
+        col = cols[name]
+        if chosen:
+            basis = np.stack([cols[c] for c in chosen], axis=1)
+            coef, *_ = np.linalg.lstsq(basis, col, rcond=None)
+            resid = col - basis @ coef
+        else:
+            resid = col
+        rms = float(np.linalg.norm(resid) / math.sqrt(n))
+        share = float(np.linalg.norm(resid) / max(np.linalg.norm(col), 1e-300))
+        if len(chosen) >= max(1, n // RUNS_PER_FACTOR):
+            kept[name] = f"{n} runs identify at most {max(1, n // RUNS_PER_FACTOR)} factor(s)"
+        elif rms >= MIN_RESIDUAL_RMS and share >= MIN_RESIDUAL_SHARE:
+            chosen.append(name)
+        else:
+            kept[name] = (f"not identified by these runs (independent elasticity RMS {rms:.3f}, "
+                          f"{share:.0%} of its column)")
+    rms_all = {k: float(np.linalg.norm(v) / math.sqrt(n)) for k, v in cols.items()}
+    return chosen, kept, rms_all
+
+
+def _minimize_factor(f, lo: float = LO, hi: float = HI) -> float:
+    """Minimize f(x) for x in [lo, hi]: log grid, then golden section on log x."""
+    grid = [math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i / (GRID_POINTS - 1))
+            for i in range(GRID_POINTS)]
+    vals = [f(x) for x in grid]
+    best = min(range(GRID_POINTS), key=lambda i: (vals[i], i))
+    a = math.log(grid[max(0, best - 1)])
+    b = math.log(grid[min(GRID_POINTS - 1, best + 1)])
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(math.exp(c)), f(math.exp(d))
+    for _ in range(GOLDEN_STEPS):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(math.exp(d))
+    x, fx = (math.exp(c), fc) if fc <= fd else (math.exp(d), fd)
+    if vals[best] < fx:
+        x = grid[best]
+    return min(hi, max(lo, x))
+
+
+def _summary(errs: dict[str, float]) -> ErrorSummary:
+    if not errs:
+        return ErrorSummary(0, math.nan, "", math.nan)
+    worst = max(errs, key=lambda k: (abs(errs[k]), k))
+    return ErrorSummary(len(errs), statistics.median(abs(v) for v in errs.values()), worst, errs[worst])
+
+
+def _errors(cases: list[Case], catalog: str | None) -> dict[str, float]:
+    from .cost import evaluate  # noqa: PLC0415
+
+    out = {}
+    for c in cases:
+        est = evaluate(with_catalog(c, catalog).problem, c.plan)
+        out[c.id] = (est.step_time_s - c.measured_step_s) / c.measured_step_s * 100.0
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------------------
+
+
+def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
+              base_catalog: str | os.PathLike[str] | None = None, verbose: bool = False) -> CalibrationResult:
+    """Fit per-GPU efficiency factors to measured step times and write a catalog overlay."""
+    from .cost import evaluate  # noqa: PLC0415
+
+    base_path = str(base_catalog) if base_catalog is not None else None
+    base = _base_efficiencies(base_path)
+    rows = load_runs(measurements_path)
+    cases, skipped = convert(rows)
+    excluded: list[dict[str, str]] = [{"id": s.id, "reason": s.reason} for s in skipped]
+    usable: list[Case] = []
+    for c in cases:
+        est = evaluate(with_catalog(c, base_path).problem, c.plan)
+        if not est.step_time_s > 0:
+            excluded.append({"id": c.id, "reason": "plan rejected by the cost model: " + "; ".join(est.reasons)})
+        elif not est.fits:
+            excluded.append({"id": c.id, "reason": f"priced plan does not fit in memory (peak "
+                                                     f"{est.peak_memory_gib:.1f} GiB): not what ran"})
+        else:
+            usable.append(c)
+    if not usable:
+        raise InputError("no run of the file can be used for calibration "
+                         f"({len(excluded)} excluded: {excluded[0]['reason'] if excluded else 'empty'})",
+                         source=str(measurements_path))
+
+    by_gpu: dict[str, list[Case]] = {}
+    for c in usable:
+        by_gpu.setdefault(c.gpu, []).append(c)
+
+    fits: list[GpuFit] = []
+    entries: dict[str, dict[str, Any]] = {g: _copy(e) for g, e in base.items()}
+    with tempfile.TemporaryDirectory(prefix="autoshard-calibrate-") as tmp:
+        for gpu in sorted(by_gpu):
+            gcases = by_gpu[gpu]
+            trials = _Trials(tmp, gcases)
+            measured = np.array([c.measured_step_s for c in gcases])
+            eff0 = _efficiency_of(gpu, base)
+            precisions = {c.precision for c in gcases}
+            candidates = []
+            for name in FACTOR_ORDER:
+                if name.startswith("matmul."):
+                    if name.split(".", 1)[1] not in precisions and name != "matmul.bf16":
+                        continue
+                    if name.split(".", 1)[1] not in eff0["matmul"]:
+                        continue
+                candidates.append(name)
+            chosen, kept, rms = _identify(trials, gpu, eff0, candidates)
+            for name in FACTOR_ORDER:
+                if name not in candidates:
+                    kept[name] = "no runs of this precision" if name.startswith("matmul.") else "not a candidate"
+            eff = _copy(eff0)
+            obj0 = trials.objective(gpu, eff, measured)
+            for _ in range(SWEEPS):
+                for name in chosen:
+                    current = eff
+
+                    def f(x: float, name: str = name, current: dict = current) -> float:
+                        return trials.objective(gpu, _set(current, name, x), measured)
+
+                    eff = _set(eff, name, _minimize_factor(f))
+            for name in chosen:
+                eff = _set(eff, name, round(_get(eff, name), DECIMALS))
+            obj1 = trials.objective(gpu, eff, measured)
+            if obj1 > obj0:  # never write something worse than the start point
+                eff, obj1 = _copy(eff0), obj0
+            entries[gpu] = eff
+            warnings = [f"{name} = {_get(eff, name):g} is at the bound of the search [{LO}, {HI}]: the fit may be "
+                        "compensating a term the cost model misprices rather than measuring this efficiency"
+                        for name in chosen if min(_get(eff, name) - LO, HI - _get(eff, name)) < 1e-3]
+            fits.append(GpuFit(gpu=gpu, runs=[c.id for c in gcases], fitted=chosen,
+                               kept={k: kept[k] for k in FACTOR_ORDER if k in kept}, elasticity_rms=rms,
+                               before=eff0, after=eff, objective_before=obj0, objective_after=obj1,
+                               warnings=warnings))
+
+    errs_before = _errors(usable, base_path)
+    result = CalibrationResult(
+        out_path=str(out_path), measurements_path=str(measurements_path), runs_used=[c.id for c in usable],
+        excluded=excluded, fits=fits, before=_summary(errs_before), after=_summary({}),
+        errors_before_pct=errs_before)
+    # Write once with a provisional header, measure the written file, then write the final header.
+    atomic_write(out_path, _header(result) + _overlay_text(entries))
+    result.errors_after_pct = _errors(usable, str(out_path))
+    result.after = _summary(result.errors_after_pct)
+    atomic_write(out_path, _header(result) + _overlay_text(entries))
+    if verbose:
+        print(format_calibration(result))
+    return result
+
+
+def _fmt_eff(eff: dict[str, Any]) -> str:
+    mm = ", ".join(f"{k} {v:.4g}" for k, v in sorted(eff["matmul"].items()))
+    return f"matmul {{{mm}}}, hbm {eff['hbm']:.4g}, scaleup {eff['scaleup']:.4g}, scaleout {eff['scaleout']:.4g}"
+
+
+def _header(r: CalibrationResult) -> str:
+    lines = [
+        "autoshard calibrated catalog overlay, written by autoshard.calibrate.",
+        "Use it from a problem with `cluster: {catalog: <this file>}`; entries replace the efficiency",
+        "factors of the named GPUs (see autoshard/catalog.py).",
+        "",
+        "Procedure: per GPU type, minimize the sum over runs of (log(predicted / measured step time))^2;",
+        f"coordinate descent, {SWEEPS} sweeps in the order {', '.join(FACTOR_ORDER)}; per factor a "
+        f"{GRID_POINTS}-point log grid",
+        f"on [{LO}, {HI}] then {GOLDEN_STEPS} golden-section steps on log(factor); factors rounded to "
+        f"{DECIMALS} decimals.",
+        "A factor is fitted only when the runs identify it: the part of its elasticity column",
+        f"(d log step / d log factor) not explained by the factors before it has RMS >= {MIN_RESIDUAL_RMS} and",
+        f">= {MIN_RESIDUAL_SHARE:.0%} of the column norm, and at most one factor per {RUNS_PER_FACTOR} runs; other "
+        "factors keep",
+        "their base values. Runs whose priced plan is invalid or does not fit in memory are excluded.",
+        "",
+        f"Measurements: {Path(r.measurements_path).name} ({len(r.runs_used)} runs used, "
+        f"{len(r.excluded)} excluded)",
+    ]
+    for fit in r.fits:
+        lines.append(f"{fit.gpu}: {len(fit.runs)} runs:")
+        lines.extend(textwrap.wrap(", ".join(fit.runs), width=96, initial_indent="  ", subsequent_indent="  ",
+                                   break_on_hyphens=False))
+        lines.append(f"  fitted: {', '.join(fit.fitted) or 'none'}")
+        lines.append(f"  before: {_fmt_eff(fit.before)}")
+        lines.append(f"  after:  {_fmt_eff(fit.after)}")
+        lines.append(f"  sum of squared log errors: {fit.objective_before:.5f} -> {fit.objective_after:.5f}")
+        lines.extend(f"  warning: {w}" for w in fit.warnings)
+    for e in r.excluded:
+        lines.append(f"excluded {e['id']}: {e['reason']}")
+    b, a = r.before, r.after
+    if a.n:
+        lines.append(f"median |error| {b.median_abs_error_pct:.1f}% -> {a.median_abs_error_pct:.1f}%; worst "
+                     f"{b.worst_id} {b.worst_error_pct:+.1f}% -> {a.worst_id} {a.worst_error_pct:+.1f}%")
+    return "".join(f"# {ln}".rstrip() + "\n" for ln in lines)
+
+
+def format_calibration(r: CalibrationResult) -> str:
+    lines = [f"calibrated catalog written to {r.out_path}"]
+    for fit in r.fits:
+        lines.append(f"{fit.gpu} ({len(fit.runs)} runs): fitted {', '.join(fit.fitted) or 'nothing'}")
+        lines.append(f"  before: {_fmt_eff(fit.before)}")
+        lines.append(f"  after:  {_fmt_eff(fit.after)}")
+        for k, why in fit.kept.items():
+            lines.append(f"  kept {k}: {why}")
+        lines.extend(f"  warning: {w}" for w in fit.warnings)
+    if r.excluded:
+        lines.append(f"excluded ({len(r.excluded)}):")
+        lines.extend(f"  {e['id']}: {e['reason']}" for e in r.excluded)
+    b, a = r.before, r.after
+    lines.append(f"median |error|: {b.median_abs_error_pct:.1f}% -> {a.median_abs_error_pct:.1f}% (n={a.n})")
+    lines.append(f"worst: {b.worst_id} {b.worst_error_pct:+.1f}% -> {a.worst_id} {a.worst_error_pct:+.1f}%")
+    return "\n".join(lines)

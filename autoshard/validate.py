@@ -1,0 +1,659 @@
+"""Check `evaluate` against published, measured training runs (`shared/validation/dev_runs.json`).
+
+    from autoshard.validate import validate, format_report
+    print(format_report(validate()))
+
+Every row of the runs file becomes a `Case` (a Problem, a Plan and the measured step time)
+or a `Skip` with the reason. We compare **step times** (sources count FLOPs differently,
+so MFU is not comparable): `step_time_s` where the source gives it; for Narayanan et al.
+2021 Table 1, which gives only TFLOP/s per GPU computed with their eq. (3),
+``step = F / (tflops_per_gpu * 1e12 * gpu_count)`` with
+``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))``.
+
+Mapping of a row to a Problem and a Plan
+----------------------------------------
+
+=========================  ===========================================================================
+row field / situation      autoshard
+=========================  ===========================================================================
+gpu                        'A100-SXM4-80GB' -> a100-sxm-80gb; 'H100 80GB HBM3' -> h100-sxm
+topology                   A100 rows -> dgx-a100-superpod (Selene); H100 rows -> dgx-h100-400g (EOS)
+precision                  'fp16 mixed' -> bf16 (same tensor rate on A100); 'BF16' -> bf16;
+                           'FP8' -> fp8
+model (GPT rows)           hidden_act gelu, dropout true, tie_word_embeddings true,
+                           num_key_value_heads = heads
+model (Llama-2 70B)        hidden_act silu, num_key_value_heads from the row (8), untied,
+                           no dropout
+heads / ffn null           filled only when `model` names GPT-3 175B: 96 heads of 128,
+                           ffn = 4 h (Megatron default); the fill is stated in the case notes;
+                           otherwise skipped ("model dimensions not published")
+hidden / vocab null, MoE   skipped ("model dimensions not published"; Grok-1 rows)
+  without experts/top-k
+training                   seq_len, global_batch_size = global_batch_seqs, optimizer adam;
+                           flash_attention false for Narayanan 2021 (predates FlashAttention,
+                           Megatron's fused softmax materializes the scores), true for DGXC rows
+tp, pp, cp, ep             as given, null -> 1
+dp                         as given, else gpu_count / (tp pp cp)
+micro_batch                micro_batch_size
+vpp                        vpp_chunks (or (layers/pp) / layers_per_virtual_stage); schedule
+                           'interleaved' when vpp > 1, else '1f1b'
+sequence_parallel          `sp` if given; else true when tp > 1 for DGXC rows (NeMo/Megatron
+                           recipes), false for Narayanan 2021 (predates SP)
+zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); else `zero_stage`
+                           if given (Narayanan: 0, no distributed optimizer); else 1 for DGXC
+                           Megatron rows (distributed optimizer)
+recompute                  'full ...' -> full (Narayanan: 'full (uniform, every layer)');
+                           'selective ...' -> selective; null -> none
+measured step              step_time_s; else Narayanan eq. (3) as above; else
+                           global_batch_tokens / tokens_per_sec
+=========================  ===========================================================================
+
+Source groups: 'Narayanan 2021', 'DGXC <framework> <model>' with the framework read from
+the model string ('(NeMo)' -> Megatron, '(MaxText/JAX)' -> MaxText, '(PaxML/JAX)' -> PaxML).
+
+`korthikanti_check()` compares the activation memory of the cost model with Korthikanti
+et al. 2022 (Table 2) for a GPT-3 175B layer.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import InputError
+
+RUNS_ENV = "AUTOSHARD_VALIDATION"
+
+GPU_MAP = {
+    "a100-sxm4-80gb": "a100-sxm-80gb",
+    "h100 80gb hbm3": "h100-sxm",
+}
+TOPOLOGY_MAP = {
+    "a100-sxm-80gb": "dgx-a100-superpod",
+    "h100-sxm": "dgx-h100-400g",
+}
+PRECISION_MAP = {
+    "fp16 mixed": "bf16",
+    "fp16": "bf16",
+    "bf16": "bf16",
+    "bf16 mixed": "bf16",
+    "fp8": "fp8",
+}
+GPT3_175B = {"heads": 96, "head_dim": 128}
+
+
+# ---------------------------------------------------------------------------------------
+# Rows -> cases
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured run, ready for `evaluate`."""
+
+    id: str
+    source_group: str
+    gpu: str
+    precision: str
+    gpu_count: int
+    problem: Any  # autoshard.spec.Problem
+    plan: Any  # autoshard.spec.Plan
+    measured_step_s: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Skip:
+    id: str
+    source_group: str
+    reason: str
+
+
+def _is_narayanan(row: Mapping[str, Any]) -> bool:
+    return str(row.get("id", "")).startswith("narayanan2021") or str(row.get("source", "")).startswith(
+        "Narayanan et al. 2021")
+
+
+def _is_dgxc(row: Mapping[str, Any]) -> bool:
+    return str(row.get("id", "")).startswith("dgxc") or "DGX Cloud" in str(row.get("source", ""))
+
+
+def _model_short(model: str) -> str:
+    name = model.split("(")[0].strip()
+    name = name.replace("Llama 2", "Llama-2").replace("Llama 3", "Llama-3")
+    if name.endswith(" MoE"):
+        name = name[: -len(" MoE")]
+    return name
+
+
+def source_group(row: Mapping[str, Any]) -> str:
+    """'Narayanan 2021', 'DGXC Megatron GPT-3 175B', 'DGXC MaxText Llama-2 70B', ..."""
+    if _is_narayanan(row):
+        return "Narayanan 2021"
+    model = str(row.get("model") or "")
+    if _is_dgxc(row):
+        low = model.lower()
+        if "maxtext" in low:
+            fw = "MaxText"
+        elif "paxml" in low:
+            fw = "PaxML"
+        else:
+            fw = "Megatron"  # '(NeMo)' and unlabelled DGXC rows: NeMo runs on Megatron-core
+        return f"DGXC {fw} {_model_short(model)}"
+    src = str(row.get("source") or "unknown").split(",")[0].strip()
+    return f"{src} {_model_short(model)}".strip()
+
+
+def _is_gpt3_175b(row: Mapping[str, Any]) -> bool:
+    return "gpt-3 175b" in str(row.get("model") or "").lower()
+
+
+def _is_gpt(row: Mapping[str, Any]) -> bool:
+    m = str(row.get("model") or "").lower()
+    return m.startswith("gpt")
+
+
+def _is_llama(row: Mapping[str, Any]) -> bool:
+    return "llama" in str(row.get("model") or "").lower()
+
+
+def narayanan_flops(row: Mapping[str, Any]) -> float:
+    """FLOPs per iteration of Narayanan et al. 2021 eq. (3) (counts the recompute forward)."""
+    B, s, l, h, V = (float(row[k]) for k in ("global_batch_seqs", "seq_len", "layers", "hidden", "vocab"))
+    return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+
+
+def measured_step(row: Mapping[str, Any]) -> tuple[float | None, str]:
+    """(measured step time in s, how it was obtained) or (None, why not)."""
+    if row.get("step_time_s"):
+        return float(row["step_time_s"]), "step_time_s as published"
+    if _is_narayanan(row) and row.get("tflops_per_gpu") and row.get("gpu_count"):
+        if any(row.get(k) in (None, 0) for k in ("global_batch_seqs", "seq_len", "layers", "hidden", "vocab")):
+            return None, "eq. (3) needs B, s, l, h, V"
+        f = narayanan_flops(row)
+        return f / (float(row["tflops_per_gpu"]) * 1e12 * int(row["gpu_count"])), \
+            f"derived: eq.(3) F={f:.4g} / ({row['tflops_per_gpu']} TFLOP/s x {row['gpu_count']} GPUs)"
+    if row.get("tokens_per_sec") and row.get("global_batch_tokens"):
+        return float(row["global_batch_tokens"]) / float(row["tokens_per_sec"]), \
+            "derived: global_batch_tokens / tokens_per_sec"
+    return None, "no measured step time (no step_time_s, tflops_per_gpu or tokens_per_sec)"
+
+
+def _int(v: Any, default: int | None = None) -> int | None:
+    if v is None or v == "":
+        return default
+    return int(v)
+
+
+def _recompute(value: Any) -> str | None:
+    if value is None:
+        return "none"
+    text = str(value).strip().lower()
+    if text in ("", "none", "no", "off", "false"):
+        return "none"
+    if text.startswith("full"):
+        return "full"
+    if text.startswith("selective"):
+        return "selective"
+    return None
+
+
+def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
+    """One dev_runs row -> a Case (Problem, Plan, measured step) or a Skip with the reason."""
+    from .loader import load_problem  # noqa: PLC0415
+    from .spec import Plan  # noqa: PLC0415
+
+    rid = str(row.get("id") or "?")
+    group = source_group(row)
+    notes: list[str] = []
+
+    def skip(reason: str) -> Skip:
+        return Skip(rid, group, reason)
+
+    # ---- measured step
+    meas, how = measured_step(row)
+    if meas is None or not meas > 0:
+        return skip(how)
+    notes.append(f"measured step {how}")
+
+    # ---- hardware
+    gpu_name = str(row.get("gpu") or "").strip()
+    gpu = GPU_MAP.get(gpu_name.lower())
+    if gpu is None:
+        return skip(f"GPU {gpu_name!r} has no mapping to the catalog")
+    prec_name = str(row.get("precision") or "").strip()
+    precision = PRECISION_MAP.get(prec_name.lower())
+    if precision is None:
+        return skip(f"precision {prec_name!r} has no mapping")
+    n = _int(row.get("gpu_count"))
+    if not n:
+        return skip("gpu_count not published")
+
+    # ---- model
+    if row.get("moe_experts") is None and ("moe" in str(row.get("model") or "").lower()
+                                           or row.get("ep") not in (None, 1)):
+        return skip("model dimensions not published (MoE expert count / top-k missing)")
+    if row.get("moe_experts"):
+        return skip("MoE rows are not mapped (expert FFN size not in the row)")
+    missing = [k for k in ("layers", "hidden", "vocab", "seq_len") if row.get(k) in (None, "")]
+    if missing:
+        return skip(f"model dimensions not published ({', '.join(missing)} null)")
+    layers, hidden = int(row["layers"]), int(row["hidden"])
+    heads, ffn = _int(row.get("heads")), _int(row.get("ffn"))
+    if heads is None:
+        if _is_gpt3_175b(row):
+            heads = GPT3_175B["heads"]
+            notes.append(f"heads filled: GPT-3 175B has {heads} heads of {GPT3_175B['head_dim']} (Brown et al. 2020)")
+        else:
+            return skip("model dimensions not published (heads null)")
+    if ffn is None:
+        if _is_gpt3_175b(row):
+            ffn = 4 * hidden
+            notes.append(f"ffn filled: 4 x hidden = {ffn} (Megatron default, GPT-3 175B)")
+        else:
+            return skip("model dimensions not published (ffn null)")
+    if _is_gpt(row):
+        model = dict(hidden_act="gelu", dropout=True, tie_word_embeddings=True,
+                     num_key_value_heads=_int(row.get("kv_heads"), heads))
+    elif _is_llama(row):
+        model = dict(hidden_act="silu", dropout=False, tie_word_embeddings=False,
+                     num_key_value_heads=_int(row.get("kv_heads"), 8))
+    else:
+        return skip(f"model family of {row.get('model')!r} has no mapping (activation, tying unknown)")
+    model.update(name=str(row.get("model") or rid), num_hidden_layers=layers, hidden_size=hidden,
+                 intermediate_size=ffn, num_attention_heads=heads, vocab_size=int(row["vocab"]),
+                 source=f"dev_runs {rid}")
+
+    # ---- parallel plan
+    narayanan, dgxc = _is_narayanan(row), _is_dgxc(row)
+    fsdp = bool(row.get("fsdp"))
+    tp, pp = _int(row.get("tp"), 1), _int(row.get("pp"), 1)
+    cp, ep = _int(row.get("cp"), 1), _int(row.get("ep"), 1)
+    if fsdp:
+        if tp != 1 or pp != 1:
+            notes.append(f"fsdp row with tp={tp} pp={pp}: priced as tp=pp=1")
+        tp = pp = 1
+        dp = n // cp
+        zero = 3
+    else:
+        dp = _int(row.get("dp"))
+        if dp is None:
+            if n % (tp * pp * cp):
+                return skip(f"tp*pp*cp = {tp * pp * cp} does not divide gpu_count = {n}")
+            dp = n // (tp * pp * cp)
+            notes.append(f"dp derived: {dp}")
+        zs = _int(row.get("zero_stage"))
+        zero = zs if zs is not None else (0 if narayanan else 1 if dgxc else 0)
+    mbs = _int(row.get("micro_batch"), 1)
+    gbs = _int(row.get("global_batch_seqs"))
+    if gbs is None:
+        if row.get("global_batch_tokens"):
+            gbs = int(row["global_batch_tokens"]) // int(row["seq_len"])
+        else:
+            return skip("global batch not published")
+    vpp = _int(row.get("vpp_chunks"))
+    if vpp is None and row.get("layers_per_virtual_stage"):
+        vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
+    vpp = vpp or 1
+    schedule = "interleaved" if vpp > 1 else "1f1b"
+    if row.get("sp") is not None:
+        sp = bool(row["sp"])
+    elif narayanan:
+        sp = False
+    else:
+        sp = dgxc and tp > 1
+    rc = _recompute(row.get("activation_recompute"))
+    if rc is None:
+        return skip(f"activation_recompute {row.get('activation_recompute')!r} has no mapping")
+    if row.get("activation_recompute") is None:
+        notes.append("activation_recompute not published: priced as none")
+    ga = _int(row.get("grad_accum"))
+    if ga is not None and dp * mbs * ga != gbs:
+        notes.append(f"dp*mbs*grad_accum = {dp * mbs * ga} != global batch {gbs}")
+
+    problem_doc = {
+        "name": rid,
+        "model": model,
+        "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
+                     "optimizer": "adam", "flash_attention": not narayanan},
+        "cluster": {"gpu": gpu, "num_gpus": n, "topology": TOPOLOGY_MAP[gpu]},
+    }
+    try:
+        problem = load_problem(problem_doc)
+        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, schedule=schedule, sequence_parallel=sp,
+                    zero_stage=zero, micro_batch_size=mbs, recompute=rc)
+    except (InputError, ValidationError, ValueError) as exc:
+        return skip(f"does not convert: {str(exc).splitlines()[0]}")
+    return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes))
+
+
+# ---------------------------------------------------------------------------------------
+# Reading runs
+# ---------------------------------------------------------------------------------------
+
+
+def default_runs_path() -> Path:
+    """`<repo>/../shared/validation/dev_runs.json`, else $AUTOSHARD_VALIDATION."""
+    p = Path(__file__).resolve().parents[2] / "shared" / "validation" / "dev_runs.json"
+    if p.is_file():
+        return p
+    env = os.environ.get(RUNS_ENV)
+    if env:
+        q = Path(env)
+        if q.is_dir():
+            q = q / "dev_runs.json"
+        if q.is_file():
+            return q
+        raise InputError(f"${RUNS_ENV} points to no runs file", source=str(q))
+    raise InputError(f"validation runs not found at {p}; set ${RUNS_ENV} to a dev_runs.json", source=str(p))
+
+
+def _csv_value(text: str) -> Any:
+    t = text.strip()
+    if t == "" or t.lower() in ("null", "none", "nan"):
+        return None
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        return t
+
+
+def load_runs(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """Rows from a dev_runs-shaped JSON file (a list, or {runs: [...]}) or a CSV with the same columns."""
+    p = Path(path) if path is not None else default_runs_path()
+    src = str(p)
+    if not p.is_file():
+        raise InputError("runs file not found", source=src)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read runs file: {exc}", source=src) from None
+    if p.suffix.lower() == ".csv":
+        rows = [{k.strip(): _csv_value(v or "") for k, v in r.items() if k} for r in csv.DictReader(text.splitlines())]
+    else:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+                             source=src) from None
+        rows = doc.get("runs") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise InputError("expected a list of run objects", source=src)
+    if not rows:
+        raise InputError("no runs in the file", source=src)
+    return rows
+
+
+def with_catalog(case: Case, catalog: str | os.PathLike[str] | None) -> Case:
+    """The case with its problem pointing at a calibrated catalog overlay."""
+    if catalog is None:
+        return case
+    problem = case.problem
+    cluster = problem.cluster.model_copy(update={"catalog": str(catalog)})
+    return Case(case.id, case.source_group, case.gpu, case.precision, case.gpu_count,
+                problem.model_copy(update={"cluster": cluster}), case.plan, case.measured_step_s, case.notes)
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    id: str
+    source_group: str
+    gpu: str
+    precision: str
+    gpu_count: int
+    plan: str
+    measured_step_s: float
+    predicted_step_s: float
+    error_pct: float  # signed: (predicted - measured) / measured, in %
+    abs_error_pct: float
+    fits: bool
+    reasons: list[str]
+    time_breakdown_s: dict[str, float]
+    peak_memory_gib: float
+    notes: list[str]
+
+
+@dataclass
+class GroupSummary:
+    source_group: str
+    runs: int
+    median_abs_error_pct: float
+    median_error_pct: float  # signed: the systematic bias of the group
+    worst_id: str
+    worst_error_pct: float
+
+
+@dataclass
+class Summary:
+    n: int
+    median_abs_error_pct: float
+    p90_abs_error_pct: float
+    worst_id: str
+    worst_error_pct: float
+
+
+@dataclass
+class Report:
+    runs_path: str
+    catalog: str | None
+    results: list[RunResult]
+    skipped: list[Skip]
+    summary: Summary
+    by_source: list[GroupSummary] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runs_path": self.runs_path,
+            "catalog": self.catalog,
+            "summary": asdict(self.summary),
+            "by_source": [asdict(g) for g in self.by_source],
+            "results": [asdict(r) for r in self.results],
+            "skipped": [asdict(s) for s in self.skipped],
+        }
+
+
+def p90(values: list[float]) -> float:
+    """90th percentile, linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=10, method="inclusive")[8]
+
+
+def summarize(results: list[RunResult]) -> Summary:
+    if not results:
+        return Summary(0, math.nan, math.nan, "", math.nan)
+    errs = [r.abs_error_pct for r in results]
+    worst = max(results, key=lambda r: (r.abs_error_pct, r.id))
+    return Summary(len(results), statistics.median(errs), p90(errs), worst.id, worst.error_pct)
+
+
+def summarize_groups(results: list[RunResult]) -> list[GroupSummary]:
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(r.source_group, []).append(r)
+    out = []
+    for g, rs in groups.items():
+        worst = max(rs, key=lambda r: (r.abs_error_pct, r.id))
+        out.append(GroupSummary(g, len(rs), statistics.median(r.abs_error_pct for r in rs),
+                                statistics.median(r.error_pct for r in rs), worst.id, worst.error_pct))
+    return out
+
+
+def evaluate_case(case: Case) -> RunResult | Skip:
+    from .cost import evaluate  # noqa: PLC0415
+
+    est = evaluate(case.problem, case.plan)
+    if not est.step_time_s > 0:
+        return Skip(case.id, case.source_group, "plan rejected by the cost model: " + "; ".join(est.reasons))
+    err = (est.step_time_s - case.measured_step_s) / case.measured_step_s * 100.0
+    return RunResult(
+        id=case.id, source_group=case.source_group, gpu=case.gpu, precision=case.precision,
+        gpu_count=case.gpu_count, plan=est.plan.short(), measured_step_s=case.measured_step_s,
+        predicted_step_s=est.step_time_s, error_pct=err, abs_error_pct=abs(err), fits=est.fits,
+        reasons=list(est.reasons), time_breakdown_s=dict(est.time_breakdown_s),
+        peak_memory_gib=est.peak_memory_gib, notes=list(case.notes))
+
+
+def convert(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Case], list[Skip]]:
+    cases: list[Case] = []
+    skipped: list[Skip] = []
+    for row in rows:
+        c = run_to_case(row)
+        (cases if isinstance(c, Case) else skipped).append(c)  # type: ignore[arg-type]
+    return cases, skipped
+
+
+def report_from_cases(cases: list[Case], skipped: list[Skip], *, runs_path: str = "",
+                      catalog: str | None = None) -> Report:
+    results: list[RunResult] = []
+    skipped = list(skipped)
+    for case in cases:
+        r = evaluate_case(with_catalog(case, catalog))
+        (results if isinstance(r, RunResult) else skipped).append(r)  # type: ignore[arg-type]
+    return Report(runs_path, catalog, results, skipped, summarize(results), summarize_groups(results))
+
+
+def validate(runs_path: str | os.PathLike[str] | None = None, *,
+             catalog: str | os.PathLike[str] | None = None) -> Report:
+    """Predict every run of the file and compare with the measured step times.
+
+    `catalog`: a calibrated catalog overlay (from `calibrate`) applied to every run.
+    """
+    path = Path(runs_path) if runs_path is not None else default_runs_path()
+    if catalog is not None and not Path(catalog).is_file():
+        raise InputError("calibrated catalog not found", source=str(catalog))
+    cases, skipped = convert(load_runs(path))
+    return report_from_cases(cases, skipped, runs_path=str(path),
+                             catalog=str(catalog) if catalog is not None else None)
+
+
+BREAKDOWN_COLS = (("compute", "comp"), ("recompute", "recomp"), ("tp_comm", "tp"), ("pp_comm", "pp"),
+                  ("zero3_comm", "z3"), ("pipeline_bubble", "bubble"), ("dp_comm", "dp"),
+                  ("optimizer", "opt"))
+
+
+def format_report(report: Report) -> str:
+    """A readable text table: every run, the skipped rows, the summary and the per-source table."""
+    lines: list[str] = []
+    head = (f"{'run':<44} {'gpu':<13} {'prec':<4} {'N':>5} {'meas s':>7} {'pred s':>7} {'err %':>7} "
+            f"{'fits':<4} " + " ".join(f"{short:>6}" for _, short in BREAKDOWN_COLS) + "  other")
+    lines.append(f"runs: {report.runs_path}" + (f"   catalog: {report.catalog}" if report.catalog else ""))
+    lines.append("time breakdown columns: seconds per step on the critical path "
+                 "(comp=compute, recomp=recompute, tp/pp=TP/PP comm, z3=ZeRO-3 comm, dp=exposed DP comm)")
+    lines.append(head)
+    lines.append("-" * len(head))
+    group = None
+    for r in sorted(report.results, key=lambda r: (r.source_group, r.precision, r.gpu_count, r.id)):
+        if r.source_group != group:
+            group = r.source_group
+            lines.append(f"[{group}]")
+        bd = r.time_breakdown_s
+        other = sum(v for k, v in bd.items() if k not in dict(BREAKDOWN_COLS))
+        lines.append(
+            f"{r.id:<44} {r.gpu:<13} {r.precision:<4} {r.gpu_count:>5} {r.measured_step_s:>7.3f} "
+            f"{r.predicted_step_s:>7.3f} {r.error_pct:>+7.1f} {'yes' if r.fits else 'NO':<4} "
+            + " ".join(f"{bd.get(k, 0.0):>6.2f}" for k, _ in BREAKDOWN_COLS) + f"  {other:.2f}")
+    if report.skipped:
+        lines.append("")
+        lines.append(f"skipped ({len(report.skipped)}):")
+        for s in report.skipped:
+            lines.append(f"  {s.id:<44} {s.reason}")
+    not_fit = [r for r in report.results if not r.fits]
+    if not_fit:
+        lines.append("")
+        lines.append(f"runs whose priced plan does not fit in memory ({len(not_fit)}; the source must use "
+                     "memory savings the row does not state):")
+        for r in not_fit:
+            lines.append(f"  {r.id:<44} peak {r.peak_memory_gib:.1f} GiB")
+    s = report.summary
+    lines.append("")
+    lines.append(f"summary: n={s.n}  median |err| {s.median_abs_error_pct:.1f}%  p90 |err| "
+                 f"{s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)")
+    lines.append("")
+    gh = f"{'source':<32} {'runs':>4} {'median |err| %':>15} {'median err %':>13}  worst"
+    lines.append(gh)
+    lines.append("-" * len(gh))
+    for g in report.by_source:
+        lines.append(f"{g.source_group:<32} {g.runs:>4} {g.median_abs_error_pct:>15.1f} "
+                     f"{g.median_error_pct:>+13.1f}  {g.worst_id} ({g.worst_error_pct:+.1f}%)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Activation memory vs Korthikanti et al. 2022
+# ---------------------------------------------------------------------------------------
+
+
+def _gpt3_layer_problem(s: int, h: int, a: int, layers: int, vocab: int, b: int, num_gpus: int):
+    from .loader import load_problem  # noqa: PLC0415
+
+    return load_problem({
+        "name": "korthikanti-check",
+        "model": {"name": "gpt3-style", "num_hidden_layers": layers, "hidden_size": h,
+                  "intermediate_size": 4 * h, "num_attention_heads": a, "num_key_value_heads": a,
+                  "vocab_size": vocab, "hidden_act": "gelu", "dropout": True, "tie_word_embeddings": True},
+        "training": {"seq_len": s, "global_batch_size": b * num_gpus, "precision": "bf16",
+                     "flash_attention": False},
+        "cluster": {"gpu": "h100-sxm", "num_gpus": num_gpus},
+    })
+
+
+def korthikanti_check(s: int = 2048, h: int = 12288, a: int = 96, b: int = 1, t: int = 8) -> list[dict[str, Any]]:
+    """Per-layer activation bytes of `cost._activation_bytes` vs Korthikanti et al. 2022 Table 2.
+
+    GPT-3 style layer (gelu MLP of 4h, dropout, materialized attention scores: FlashAttention
+    off). Rows: configuration, formula, cost-model bytes, formula bytes, ratio.
+    """
+    from . import cost  # noqa: PLC0415
+
+    problem = _gpt3_layer_problem(s, h, a, layers=max(8, t), vocab=51200, b=b, num_gpus=t)
+    ctx = cost.context(problem)
+
+    def acts(tp: int, sp: bool) -> dict[str, float]:
+        cfg = cost.Config(tp=tp, cp=1, ep=1, pp=1, dp=t // tp, vpp=1, sp=sp, zero=1, mbs=b,
+                          schedule="1f1b", placement="tp-cp-ep-dp-pp")
+        return cost._activation_bytes(ctx, cfg, cost.Shapes(ctx, cfg), "dense")
+
+    sbh = s * b * h
+    rows = [
+        ("no parallelism", "sbh(34 + 5as/h)", acts(1, False)["none"], sbh * (34 + 5 * a * s / h)),
+        (f"TP t={t}", "sbh(10 + 24/t + 5as/(ht))", acts(t, False)["none"],
+         sbh * (10 + 24 / t + 5 * a * s / (h * t))),
+        (f"TP+SP t={t}", "sbh(34/t + 5as/(ht))", acts(t, True)["none"], sbh * (34 / t + 5 * a * s / (h * t))),
+        (f"TP+SP t={t}, selective recompute", "34 sbh/t", acts(t, True)["selective"], 34 * sbh / t),
+        ("full recompute, no SP", "2 sbh", acts(1, False)["full"], 2 * sbh),
+        (f"full recompute, TP+SP t={t}", "2 sbh/t", acts(t, True)["full"], 2 * sbh / t),
+    ]
+    return [{"config": c, "formula": f, "cost_model_bytes": m, "korthikanti_bytes": k, "ratio": m / k}
+            for c, f, m, k in rows]
+
+
+def format_korthikanti(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'configuration':<36} {'formula':<28} {'autoshard GiB':>13} {'paper GiB':>10} {'ratio':>7}"]
+    for r in rows:
+        lines.append(f"{r['config']:<36} {r['formula']:<28} {r['cost_model_bytes'] / 2**30:>13.3f} "
+                     f"{r['korthikanti_bytes'] / 2**30:>10.3f} {r['ratio']:>7.3f}")
+    return "\n".join(lines)
