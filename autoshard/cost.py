@@ -240,6 +240,7 @@ class Cost:
     params: float = 0.0  # parameters held on this GPU (before ZeRO sharding)
     expert_params: float = 0.0  # of which expert weights (sharded over expert-DP instead of DP)
     hfu_flops: float = 0.0  # FLOPs executed (incl. recompute), per micro-batch on this GPU
+    base_flops: float = 0.0  # FLOPs a step needs without recompute (forward + backward)
 
     @property
     def fwd_s(self) -> float:
@@ -487,7 +488,7 @@ def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: R
     c.act_bytes = acts[recompute]
     c.work_bytes = acts["none"]
     flops = aflops + mflops
-    c.hfu_flops = 3 * flops
+    c.hfu_flops = c.base_flops = 3 * flops
     if recompute == "full":
         c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
         c.hfu_flops += flops
@@ -495,7 +496,7 @@ def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: R
         c.bwd["recompute"] = core
         c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
     # ZeRO-3: gather this layer's weights before forward and backward, reduce-scatter its gradients.
-    if cfg.zero == 3 and cfg.dp > 1:
+    if cfg.zero == 3 and cfg.dp * cfg.cp > 1:
         pl_dp, pl_e = pl.dp_cp, pl.edp
         w_dense, w_exp = BF16 * dense_local, BF16 * expert_local
         ag = all_gather_s(ctx.levels, pl_dp, w_dense) + all_gather_s(ctx.levels, pl_e, w_exp)
@@ -538,7 +539,7 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         op = all_gather_s if cfg.sp else all_reduce_s
         c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
         c.bwd["tp_comm"] = c.fwd["tp_comm"]
-    c.hfu_flops = 3 * 2 * T * h * V
+    c.hfu_flops = c.base_flops = 3 * 2 * T * h * V
     c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
     c.work_bytes = (BF16 + 4) * T * V  # bf16 logits + fp32 softmax of one micro-batch
     return c
@@ -582,6 +583,7 @@ class RankTotals:
     params: float
     expert_params: float
     hfu_flops: float
+    base_flops: float
     layers: int
     kinds: dict[str, int]
     recompute: dict[str, int]
@@ -595,7 +597,7 @@ def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first
     """Sum the table over the (kind, recompute) of every layer in each chunk of one rank."""
     fwd = dict.fromkeys(TIME_KEYS, 0.0)
     bwd = dict.fromkeys(TIME_KEYS, 0.0)
-    tot = RankTotals(fwd, bwd, 0.0, 0.0, 0.0, 0.0, 0.0, 0, {}, {})
+    tot = RankTotals(fwd, bwd, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, {}, {})
     pieces: list[Cost] = []
     for chunk in chunks_of_rank:
         for kind, rc in chunk:
@@ -616,6 +618,7 @@ def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first
         tot.params += c.params
         tot.expert_params += c.expert_params
         tot.hfu_flops += c.hfu_flops
+        tot.base_flops += c.base_flops
     # Pipeline sends: each chunk sends forward activations and receives gradients once per micro-batch.
     n_chunks = len(chunks_of_rank)
     sends = n_chunks - (1 if last else 0)
@@ -838,7 +841,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         infl = inflight_microbatches(cfg, r, M)
         mem["activations"] = x.act_bytes * infl
         mem["working"] = working_bytes(table, r == cfg.pp - 1)
-        if cfg.zero == 3 and cfg.dp > 1:
+        if cfg.zero == 3 and cfg.dp * cfg.cp > 1:
             biggest = max(c.params for c in table.layers.values())
             mem["zero3_gathered"] = 2 * BF16 * biggest
         peak = sum(mem.values())
@@ -861,7 +864,8 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     bd.update(tails[tail_rank])
     tokens = ctx.training.tokens_per_step
     mflops = model_flops_per_step(ctx.problem)
-    hflops = sum(x.hfu_flops for x in tots) * M * cfg.dp * cfg.cp * cfg.tp
+    # HFU: MFU scaled by executed / needed FLOPs (recompute), so HFU >= MFU always.
+    recompute_ratio = sum(x.hfu_flops for x in tots) / max(1e-30, sum(x.base_flops for x in tots))
     peak_all = ctx.peak * ctx.num_gpus
     memory_bd = dict(peak_stage.memory_gib)
     bottleneck = max(bd, key=lambda k: bd[k])
@@ -869,7 +873,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     return Estimate(
         fits=not reasons, reasons=reasons, warnings=warnings, plan=full_plan,
         step_time_s=step, tokens_per_s=tokens / step, mfu=mflops / (step * peak_all),
-        hfu=hflops / (step * peak_all), model_tflops_per_gpu=mflops / step / ctx.num_gpus / 1e12,
+        hfu=recompute_ratio * mflops / (step * peak_all), model_tflops_per_gpu=mflops / step / ctx.num_gpus / 1e12,
         num_microbatches=M, peak_memory_gib=peak_stage.peak_memory_gib,
         memory_capacity_gib=cap / GIB, time_breakdown_s=bd, memory_breakdown_gib=memory_bd,
         stages=stages, bottleneck=bottleneck)

@@ -141,6 +141,7 @@ def atomic_write(path: str | os.PathLike[str], text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, p)
     except BaseException:
         try:

@@ -377,7 +377,7 @@ class StageModel:
         def static(c) -> float:
             return per_dense * c.params + per_exp * c.expert_params
 
-        z3 = 2 * BF16 * max(c.params for c in tb.layers.values()) if (cfg.zero == 3 and cfg.dp > 1) else 0.0
+        z3 = 2 * BF16 * max(c.params for c in tb.layers.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
         cap = ctx.capacity_bytes
         scale = cfg.vpp if cfg.schedule == "interleaved" else 1  # in-flight counts are k / vpp
         for p in range(cfg.pp):
@@ -468,6 +468,7 @@ class StageModel:
         prm = solver.parameters
         prm.num_workers = 1
         prm.random_seed = 7
+        prm.catch_sigint_signal = False  # Ctrl-C interrupts autoshard, not just one CP-SAT search
         prm.max_time_in_seconds = max(0.05, time_limit_s)
         status = solver.solve(self.model)
         self.solver = solver

@@ -1,0 +1,450 @@
+"""Rendering a solved (or failed) problem: machine JSON records, a Markdown report, terminal text.
+
+- `solution_record(path, problem, solution)`: the JSON document of a solved problem (what
+  `autoshard solve --json` prints and `autoshard batch` writes as `<name>.json`). Every
+  value is deterministic except `solver.solve_time_s`; `strip_timing` removes it (and the
+  matching line of the Markdown report) so that two runs compare byte for byte.
+- `error_record(path, kind, message)`: the same document shape for a problem that could not
+  be solved: `kind` is `input` (bad input, exit code 2), `infeasible` (exit code 1, with the
+  binding constraint and suggestions) or `internal` (a bug; exit code 2).
+- `solution_markdown(problem, solution)`: the human report.
+- `estimate_text(problem, estimate)` / `solution_text(problem, solution)`: compact terminal text.
+
+Nothing here imports CP-SAT: records are built from the pydantic models' dumps.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ERROR_KINDS = {"input": 2, "infeasible": 1, "internal": 2}
+TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
+               "ep_comm": "EP comm", "pp_comm": "PP comm", "zero3_comm": "ZeRO-3 gathers",
+               "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
+MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "grads"), ("optimizer_states", "optimizer"),
+                  ("activations", "activations"))
+PLAN_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "dp", "sequence_parallel", "zero_stage", "micro_batch_size",
+              "schedule", "recompute", "stage_layers", "placement")
+SOLVE_TIME_ROW = "| solve time |"
+
+
+def autoshard_version() -> str:
+    from . import __version__  # noqa: PLC0415
+
+    return str(__version__)
+
+
+# ---- hashing -------------------------------------------------------------------------------------
+
+
+def input_hash(data: bytes, settings: Mapping[str, Any] | None = None, extra: Iterable[bytes] = ()) -> str:
+    """sha256 of a problem file's bytes, the autoshard version and the solver settings (and
+    the bytes of files it refers to, `extra`): equal hashes give equal solutions."""
+    h = hashlib.sha256()
+    h.update(b"autoshard-input\0" + autoshard_version().encode() + b"\0")
+    h.update(json.dumps(dict(settings or {}), sort_keys=True).encode() + b"\0")
+    h.update(len(data).to_bytes(8, "big") + data)
+    for blob in extra:
+        h.update(b"\0" + len(blob).to_bytes(8, "big") + blob)
+    return h.hexdigest()
+
+
+def file_hash(path: str | os.PathLike[str] | None, settings: Mapping[str, Any] | None = None) -> str | None:
+    """`input_hash` of a file (None when there is no readable file)."""
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    return input_hash(data, settings)
+
+
+# ---- JSON records --------------------------------------------------------------------------------
+
+
+def _finite(x: Any) -> Any:
+    """JSON-safe: NaN and infinities become null (json would write invalid `NaN`)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _gpu_id(problem: Any) -> str:
+    try:
+        from .catalog import get_gpu  # noqa: PLC0415
+
+        return get_gpu(problem.cluster.gpu, problem.cluster.catalog).id
+    except Exception:  # noqa: BLE001  (a label only; the solver reports a bad GPU properly)
+        return str(problem.cluster.gpu)
+
+
+def problem_info(path: str | os.PathLike[str] | None, problem: Any | None = None, name: str | None = None) -> dict:
+    """The `problem` section of a record: name, path, model, gpu, num_gpus."""
+    stem = Path(path).stem if path is not None else None
+    info: dict[str, Any] = {"name": name or (problem.name if problem is not None else None) or stem or "problem",
+                            "path": None if path is None else str(path)}
+    if problem is not None:
+        info.update(model=problem.model.name, gpu=_gpu_id(problem), num_gpus=problem.cluster.num_gpus)
+    return info
+
+
+def status_of(solution: Any) -> str:
+    return str(solution.solver.status).lower()
+
+
+def solution_record(problem_path: str | os.PathLike[str] | None, problem: Any, solution: Any, *,
+                    input_sha256: str | None = None, settings: Mapping[str, Any] | None = None,
+                    name: str | None = None) -> dict[str, Any]:
+    """The machine JSON of a solved problem.
+
+    `input_sha256` defaults to `input_hash` of the file at `problem_path` with `settings`
+    (None when there is no file). Only `solver.solve_time_s` depends on timing.
+    """
+    if input_sha256 is None:
+        input_sha256 = file_hash(problem_path, settings)
+    est = solution.estimate
+    rec: dict[str, Any] = {
+        "autoshard_version": autoshard_version(),
+        "status": status_of(solution),
+        "problem": problem_info(problem_path, problem, name),
+        "input_sha256": input_sha256,
+        "plan": solution.plan.model_dump(mode="json"),
+        "plan_summary": solution.plan.short(),
+        "estimate": est.model_dump(mode="json"),
+        "solver": solution.solver.model_dump(mode="json"),
+        "alternatives": [{
+            "plan": alt.plan.model_dump(mode="json"), "plan_summary": alt.plan.short(), "differs": alt.differs,
+            "slower_pct": alt.slower_pct, "step_time_s": alt.estimate.step_time_s,
+            "tokens_per_s": alt.estimate.tokens_per_s, "mfu": alt.estimate.mfu, "hfu": alt.estimate.hfu,
+            "peak_memory_gib": alt.estimate.peak_memory_gib, "fits": alt.estimate.fits,
+        } for alt in solution.alternatives],
+    }
+    if settings is not None:
+        rec["settings"] = dict(settings)
+    return _finite(rec)
+
+
+def error_record(path: str | os.PathLike[str] | None, kind: str, message: str, suggestions: Iterable[str] = (), *,
+                 problem: Any | None = None, input_sha256: str | None = None,
+                 settings: Mapping[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:
+    """The JSON of a problem that has no solution: kind `input` (exit code 2), `infeasible`
+    (exit code 1; `suggestions` are the smallest fixes) or `internal` (exit code 2)."""
+    if kind not in ERROR_KINDS:
+        raise ValueError(f"error kind must be one of {', '.join(ERROR_KINDS)}, got {kind!r}")
+    rec: dict[str, Any] = {
+        "autoshard_version": autoshard_version(),
+        "status": "infeasible" if kind == "infeasible" else "error",
+        "problem": problem_info(path, problem, name),
+        "input_sha256": input_sha256,
+        "error": {"kind": kind, "message": str(message), "suggestions": list(suggestions),
+                  "exit_code": ERROR_KINDS[kind]},
+    }
+    if settings is not None:
+        rec["settings"] = dict(settings)
+    return rec
+
+
+def record_exit_code(record: Mapping[str, Any]) -> int:
+    """0 for a solution, else the error's exit code (1 infeasible, 2 bad input)."""
+    err = record.get("error")
+    if not err:
+        return 0
+    return int(err.get("exit_code", ERROR_KINDS.get(err.get("kind", "input"), 2)))
+
+
+def strip_timing(record: Any) -> Any:
+    """A copy without the values that depend on timing: `solver.solve_time_s` of a record
+    (dict), or the solve-time row of a Markdown report (str)."""
+    if isinstance(record, str):
+        return "".join(line for line in record.splitlines(keepends=True) if not line.startswith(SOLVE_TIME_ROW))
+    rec = copy.deepcopy(record)
+    if isinstance(rec, dict) and isinstance(rec.get("solver"), dict):
+        rec["solver"].pop("solve_time_s", None)
+    return rec
+
+
+# ---- number formatting ---------------------------------------------------------------------------
+
+
+def fmt_s(x: float | None) -> str:
+    """Seconds, with a unit that keeps 3-4 significant digits: `1.23 s`, `45.6 ms`, `789 us`."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    a = abs(x)
+    if a == 0:
+        return "0 s"
+    if a >= 100:
+        return f"{x:,.0f} s"
+    if a >= 1:
+        return f"{x:.3g} s" if a < 10 else f"{x:.1f} s"
+    if a >= 1e-3:
+        return f"{x * 1e3:.3g} ms"
+    return f"{x * 1e6:.3g} us"
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x * 1e3:.2f}"
+
+
+def fmt_num(x: float | None) -> str:
+    """`1.23M`, `45.6k`, `789`."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    a = abs(x)
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if a >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def fmt_pct(x: float | None, scale: float = 100.0) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{scale * x:.1f}%"
+
+
+def fmt_gib(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def _md_cell(x: Any) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[Any]], align: str | None = None) -> list[str]:
+    """A Markdown table; `align` one char per column (`l` / `r`), right by default for numbers."""
+    align = align or "l" + "r" * (len(header) - 1)
+    sep = ["---:" if a == "r" else ":---" for a in align]
+    out = ["| " + " | ".join(_md_cell(h) for h in header) + " |", "| " + " | ".join(sep) + " |"]
+    out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def _recompute_counts(counts: Mapping[str, int]) -> str:
+    parts = [f"{m} {n}" for m, n in counts.items() if n]
+    return ", ".join(parts) or "-"
+
+
+def _plan_value(plan: Any, knob: str) -> str:
+    v = getattr(plan, knob)
+    if knob == "sequence_parallel":
+        return "on" if plan.sp else "off"
+    if knob == "recompute" and not isinstance(v, str):
+        from .spec import RECOMPUTES  # noqa: PLC0415
+
+        return "per layer: " + ", ".join(f"{m} {v.count(m)}" for m in RECOMPUTES if v.count(m))
+    if knob == "stage_layers":
+        return "even" if v is None else ", ".join(str(x) for x in v)
+    return str(v)
+
+
+def plan_short(plan: Any) -> str:
+    """`Plan.short()`, with an undetermined dp (an invalid plan) spelled `dp?`."""
+    return plan.short().replace("dpNone", "dp?")
+
+
+def _title(problem: Any) -> str:
+    name = problem.name or problem.model.name
+    return f"{name}: {problem.model.name} on {problem.cluster.num_gpus}x {_gpu_id(problem)}"
+
+
+def _tightest_stage(est: Any) -> tuple[Any, float] | None:
+    """The stage closest to its HBM limit and its headroom (fraction of capacity left)."""
+    if not est.stages:
+        return None
+    st = max(est.stages, key=lambda s: (s.peak_memory_gib, -s.rank))
+    cap = est.memory_capacity_gib
+    return st, ((cap - st.peak_memory_gib) / cap if cap else 0.0)
+
+
+def _time_rows(est: Any) -> list[tuple[str, float, float]]:
+    """(label, seconds, fraction of step) for every non-zero part of the step."""
+    step = est.step_time_s
+    keys = list(TIME_LABELS) + [k for k in est.time_breakdown_s if k not in TIME_LABELS]
+    rows = []
+    for k in keys:
+        v = est.time_breakdown_s.get(k, 0.0)
+        if v > 0:
+            rows.append((TIME_LABELS.get(k, k), v, v / step if step else 0.0))
+    return rows
+
+
+def binding_text(est: Any) -> str:
+    """`bottleneck: compute (96.6% of the step); tightest memory: stage 0, 51.1 of 78.0 GiB (34.5% headroom)`."""
+    parts = []
+    if est.time_breakdown_s:
+        b = est.bottleneck
+        share = est.time_breakdown_s.get(b, 0.0) / est.step_time_s if est.step_time_s else 0.0
+        parts.append(f"bottleneck: {TIME_LABELS.get(b, b)} ({fmt_pct(share)} of the step)")
+    tight = _tightest_stage(est)
+    if tight:
+        st, head = tight
+        parts.append(f"tightest memory: stage {st.rank}, {st.peak_memory_gib:.1f} of {est.memory_capacity_gib:.1f} "
+                      f"GiB ({fmt_pct(head)} headroom)")
+    return "; ".join(parts)
+
+
+# ---- Markdown ------------------------------------------------------------------------------------
+
+
+def _estimate_markdown(est: Any) -> list[str]:
+    out: list[str] = []
+    out += ["## Performance", ""]
+    out += _table(["metric", "value"], [
+        ["step time", fmt_s(est.step_time_s)],
+        ["tokens / s", f"{est.tokens_per_s:,.0f}"],
+        ["MFU", fmt_pct(est.mfu)],
+        ["HFU", fmt_pct(est.hfu)],
+        ["model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:.1f}"],
+        ["micro-batches per step", str(est.num_microbatches)],
+        ["peak memory", f"{est.peak_memory_gib:.2f} GiB of {est.memory_capacity_gib:.2f} GiB usable "
+                        f"({fmt_pct(est.peak_memory_gib / est.memory_capacity_gib if est.memory_capacity_gib else 0)})"],
+    ])
+    if est.warnings:
+        out += ["", "Warnings:", ""] + [f"- {w}" for w in est.warnings]
+    if est.reasons:
+        out += ["", "**Does not fit:**", ""] + [f"- {r}" for r in est.reasons]
+    out += ["", "## Where the step time goes", ""]
+    rows = [[label, fmt_s(v), fmt_pct(share)] for label, v, share in _time_rows(est)]
+    rows.append(["**total**", f"**{fmt_s(est.step_time_s)}**", "**100.0%**"])
+    out += _table(["part", "time", "% of step"], rows)
+    if est.stages:
+        out += ["", "## Pipeline stages", "",
+                "Forward and backward times are per micro-batch; memory in GiB per GPU "
+                "(`other`: working buffers and ZeRO-3 gathered weights).", ""]
+        header = ["rank", "layers", "dense / moe", "recompute", "fwd ms", "bwd ms", "in-flight micro-batches",
+                  *[c for _, c in MEMORY_COLUMNS], "other", "peak GiB"]
+        rows = []
+        for st in est.stages:
+            mem = st.memory_gib
+            shown = sum(mem.get(k, 0.0) for k, _ in MEMORY_COLUMNS)
+            extra = [("emb" if st.has_embedding else ""), ("head" if st.has_lm_head else "")]
+            layers = str(st.layers) + (f" (+{'+'.join(e for e in extra if e)})" if any(extra) else "")
+            rows.append([st.rank, layers, f"{st.dense_layers} / {st.moe_layers}", _recompute_counts(st.recompute),
+                         fmt_ms(st.forward_s), fmt_ms(st.backward_s), f"{st.inflight_microbatches:.3g}",
+                         *[fmt_gib(mem.get(k, 0.0)) for k, _ in MEMORY_COLUMNS],
+                         fmt_gib(max(0.0, st.peak_memory_gib - shown)), fmt_gib(st.peak_memory_gib)])
+        out += _table(header, rows, "rlll" + "r" * (len(header) - 4))
+    out += ["", "## Binding constraint", ""]
+    if est.time_breakdown_s:
+        b = est.bottleneck
+        share = est.time_breakdown_s.get(b, 0.0) / est.step_time_s if est.step_time_s else 0.0
+        out.append(f"- Bottleneck: **{TIME_LABELS.get(b, b)}**, {fmt_s(est.time_breakdown_s.get(b, 0.0))} "
+                   f"({fmt_pct(share)} of the step).")
+    tight = _tightest_stage(est)
+    if tight:
+        st, head = tight
+        out.append(f"- Memory: stage {st.rank} is closest to its HBM limit: {st.peak_memory_gib:.2f} of "
+                   f"{est.memory_capacity_gib:.2f} GiB usable, {fmt_pct(head)} headroom.")
+    return out
+
+
+def solution_markdown(problem: Any, solution: Any) -> str:
+    """The human report of a solved problem (Markdown)."""
+    plan, est, st = solution.plan, solution.estimate, solution.solver
+    out = [f"# {_title(problem)}", ""]
+    if getattr(problem, "description", None):
+        out += [problem.description.strip(), ""]
+    out += [f"**Plan:** `{plan.short()}`: {fmt_s(est.step_time_s)} per step, {fmt_num(est.tokens_per_s)} tokens/s, "
+            f"MFU {fmt_pct(est.mfu)}, peak {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB "
+            f"({st.status.lower()}).", ""]
+    t = problem.training
+    out += [f"Training: sequence length {t.seq_len}, global batch {t.global_batch_size} sequences "
+            f"({t.tokens_per_step:,} tokens), {t.precision}, {t.optimizer}.", ""]
+    out += ["## Plan", ""]
+    out += _table(["knob", "value"], [[k, _plan_value(plan, k)] for k in PLAN_KNOBS], "ll")
+    out += [""] + _estimate_markdown(est)
+    out += ["", "## Alternatives", ""]
+    if solution.alternatives:
+        rows = [[i + 1, fmt_s(a.estimate.step_time_s), f"+{a.slower_pct:.2f}%", f"`{a.plan.short()}`", a.differs]
+                for i, a in enumerate(solution.alternatives)]
+        out += _table(["#", "step time", "slower", "plan", "differs"], rows, "rrrll")
+    else:
+        out.append("None: every other configuration was proven slower by its bound, or none fits.")
+    out += ["", "## Solver", ""]
+    gap = "-" if st.gap is None else f"{100 * st.gap:.3f}%"
+    out += _table(["statistic", "value"], [
+        ["status", st.status],
+        ["objective", fmt_s(st.objective_s)],
+        ["lower bound", fmt_s(st.objective_bound_s)],
+        ["gap", gap],
+        ["candidate configurations", st.candidates],
+        ["pruned by memory bound", st.pruned_by_memory],
+        ["pruned by time bound", st.pruned_by_bound],
+        ["CP-SAT solves", st.cp_sat_solves],
+        ["solve time", f"{st.solve_time_s:.2f} s"],
+    ], "lr")
+    return "\n".join(out) + "\n"
+
+
+def error_markdown(record: Mapping[str, Any]) -> str:
+    """The human report of an error record (bad input or infeasible)."""
+    info, err = record.get("problem", {}), record.get("error", {})
+    title = info.get("name") or "problem"
+    if info.get("model"):
+        title += f": {info['model']} on {info.get('num_gpus')}x {info.get('gpu')}"
+    what = "Infeasible" if err.get("kind") == "infeasible" else ("Internal error" if err.get("kind") == "internal"
+                                                                else "Input error")
+    out = [f"# {title}", "", f"**{what}** (exit code {err.get('exit_code')}): {err.get('message', '')}", ""]
+    if info.get("path"):
+        out += [f"Input: `{info['path']}`", ""]
+    if err.get("suggestions"):
+        out += ["To fix it, any of:", ""] + [f"- {s}" for s in err["suggestions"]]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+# ---- terminal text -------------------------------------------------------------------------------
+
+
+def estimate_text(problem: Any, estimate: Any) -> str:
+    """Compact terminal summary of an estimate (ends with a newline)."""
+    est = estimate
+    out = [f"{_title(problem)}", f"plan: {plan_short(est.plan)}"]
+    if not est.fits:
+        out.append("DOES NOT FIT:" if est.stages else "INVALID PLAN:")
+        out += [f"  - {r}" for r in est.reasons]
+    if est.stages:
+        out.append(f"step time {fmt_s(est.step_time_s)}  tokens/s {est.tokens_per_s:,.0f}  MFU {fmt_pct(est.mfu)}  "
+                   f"HFU {fmt_pct(est.hfu)}  ({est.num_microbatches} micro-batches)")
+        out.append(f"peak memory {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB usable")
+        parts = [f"{label} {fmt_pct(share)}" for label, _, share in sorted(_time_rows(est), key=lambda r: -r[1])]
+        out.append("time: " + ", ".join(parts))
+        out.append(binding_text(est))
+        if len(est.stages) > 1:
+            out.append("stages: rank layers(dense/moe) recompute  fwd/bwd ms per micro-batch  in-flight  peak GiB")
+            for st in est.stages:
+                out.append(f"  {st.rank:>3} {st.layers:>4} ({st.dense_layers}/{st.moe_layers})  "
+                           f"{_recompute_counts(st.recompute)}  {fmt_ms(st.forward_s)}/{fmt_ms(st.backward_s)}  "
+                           f"{st.inflight_microbatches:.3g}  {st.peak_memory_gib:.1f}")
+    for w in est.warnings:
+        out.append(f"warning: {w}")
+    return "\n".join(out) + "\n"
+
+
+def solution_text(problem: Any, solution: Any) -> str:
+    """`estimate_text` plus the solver statistics and the alternatives (ends with a newline)."""
+    st = solution.solver
+    out = [estimate_text(problem, solution.estimate).rstrip("\n")]
+    gap = "-" if st.gap is None else f"{100 * st.gap:.2f}%"
+    out.append(f"solver: {st.status} in {st.solve_time_s:.2f} s (gap {gap}), {st.candidates} candidates, "
+               f"{st.pruned_by_memory} pruned by memory, {st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
+    for a in solution.alternatives:
+        out.append(f"  alternative: +{a.slower_pct:.1f}% {fmt_s(a.estimate.step_time_s)}/step ({a.differs})")
+    return "\n".join(out) + "\n"
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe version of text: [A-Za-z0-9._-] kept, the rest `_`, no leading dot."""
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
+    return s.lstrip(".") or "problem"
