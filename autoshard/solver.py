@@ -562,7 +562,12 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     if cfg.pp == 1:
         return M * fast + tail
     if cfg.schedule == "zero_bubble":
-        return M * fast / cfg.pp + tail
+        # One micro-batch's forward and input-gradient backward cross every stage in turn:
+        # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
+        serial = sum(kinds.count(k) * min(table.layers[(k, r)].total_s - table.layers[(k, r)].wgrad_s
+                                          for r in modes) for k in set(kinds))
+        serial += table.embed.total_s + table.head.total_s - table.head.wgrad_s
+        return max(M * fast / cfg.pp, serial) + tail
     if cfg.schedule == "interleaved":
         return M * fast / cfg.pp + (cfg.pp - 1) * fast / (cfg.pp * cfg.vpp) + tail
     return (M - 1) * fast / cfg.pp + fast + tail
