@@ -23,9 +23,10 @@ vanishes under selective recompute or FlashAttention; full recompute keeps 2sbh
 (/t with SP).
 
 Model FLOPs for MFU follow PaLM (Chowdhery et al. 2022, App. B): 6 N_active per token
-plus 6 a s (d_qk + d_v) per layer per token for attention, **non-causal** (as NVIDIA's
-and PaLM's published MFU figures count it); N_active counts every matmul weight a
-token passes through, LM head included, input embedding excluded.
+plus attention, counted **causal**: 3 a s (d_qk + d_v) per layer per token (PaLM's and
+NVIDIA's published MFU count it non-causal, 6 a s (d_qk + d_v), which exceeds 100% at
+long context); N_active counts every matmul weight a token passes through, LM head
+included, input embedding excluded. Validation compares step times, never MFU.
 """
 
 from __future__ import annotations
@@ -336,14 +337,16 @@ def active_matmul_params(m) -> float:
 
 
 def model_flops_per_step(problem: Problem) -> float:
-    """PaLM model FLOPs per step (non-causal attention, no recompute)."""
+    """Model FLOPs per step: PaLM's 6 N + attention, with attention counted **causal** (half the
+    score matrix; what a causal kernel must compute), no recompute. PaLM and NVIDIA count it
+    non-causal, which overstates long-context MFU (past 100% at 128k tokens)."""
     m, t = problem.model, problem.training
     s = t.seq_len
     if m.is_mla:
         d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
     else:
         d_qk = d_v = m.head_size
-    per_token = 6 * active_matmul_params(m) + 6 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v)
+    per_token = 6 * active_matmul_params(m) + 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v)
     return per_token * t.tokens_per_step
 
 
