@@ -183,8 +183,8 @@ def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: 
     if constraints.get("capex_budget_usd"):
         off.append(f"capex budget {money(constraints['capex_budget_usd'])}")
     if off:
-        ax.text(0.99, 0.01, "constraints: " + "; ".join(off), transform=ax.transAxes, ha="right", va="bottom",
-                fontsize=7.5, color="0.3", bbox={"boxstyle": "round", "fc": "white", "ec": "0.8"})
+        ax.text(1.02, 0.0, "constraints:\n" + "\n".join(off), transform=ax.transAxes, ha="left", va="bottom",
+                fontsize=8, color="0.3", bbox={"boxstyle": "round", "fc": "white", "ec": "0.8"})
     ax.set_xlabel("time to train (days, incl. failure losses)")
     ax.set_ylabel("cost to train (USD)")
     ax.yaxis.set_major_formatter(_money_formatter())
@@ -226,7 +226,8 @@ def plot_cost_energy(rows: list[dict], title: str, with_topology: bool) -> bytes
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 0.32 * len(sel) + 1.8), sharey=True,
                                    gridspec_kw={"width_ratios": [1.4, 1]})
     y = list(range(len(sel)))
-    parts = (("cloud_usd", "cloud rental", "tab:blue"), ("amortized_capex_usd", "capex (amortized share)", "tab:orange"),
+    parts = (("cloud_usd", "cloud rental", "tab:blue"),
+             ("amortized_capex_usd", "capex (amortized share)", "tab:orange"),
              ("power_usd", "electricity", "tab:green"))
     left = [0.0] * len(sel)
     for key, name, color in parts:
@@ -342,10 +343,12 @@ def plot_scaling(rows: list[dict], title: str, gpu_order: list[str]) -> bytes:
         _log_if_wide(ax, "x", allg, ratio=6.0)
         ax.set_xlabel("GPUs")
     if axes[0].get_xscale() == "log":
-        from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: PLC0415
 
         for ax in axes:
+            ax.xaxis.set_major_locator(LogLocator(base=2, subs=(1.0,)))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
     _log_if_wide(axes[0], "y", [r["tokens_per_s"] for r in hw])
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
@@ -539,7 +542,8 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
         if feas:
             fastest = min(feas, key=lambda r: r["time_to_train_days"])
             cheapest = min(feas, key=lambda r: r["cost_usd"])
-            d.ul([f"fastest: {fastest['option']}, {fastest['time_to_train_days']:.1f} days, {money(fastest['cost_usd'])}",
+            d.ul([f"fastest: {fastest['option']}, {fastest['time_to_train_days']:.1f} days, "
+                  f"{money(fastest['cost_usd'])}",
                   f"cheapest: {cheapest['option']}, {cheapest['time_to_train_days']:.1f} days, "
                   f"{money(cheapest['cost_usd'])}",
                   f"Pareto front (time vs cost): {', '.join(doc['pareto'].get(w['name'], [])) or '-'}"])

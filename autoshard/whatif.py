@@ -141,6 +141,13 @@ class WorkloadSpec(Strict):
     tokens: Positive | list[Positive]
     search: SearchSpec = SearchSpec()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_model(cls, data: Any) -> Any:  # a preset name or {preset: ..., overrides} -> explicit fields
+        if isinstance(data, dict) and "model" in data:
+            data = {**data, "model": resolve_model(data["model"])}
+        return data
+
 
 class OptionSpec(Strict):
     """One or more hardware options: every combination of the listed values."""
@@ -233,7 +240,8 @@ class Option:
 
     @property
     def hw_id(self) -> str:
-        return f"{self.gpu}/{self.num_gpus}/{self.topology}"
+        cal = f"+{Path(self.catalog).stem}" if self.catalog else ""
+        return f"{self.gpu}/{self.num_gpus}/{self.topology}{cal}"
 
     @property
     def id(self) -> str:
@@ -349,7 +357,7 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                 for n in counts:
                     for m in modes:
                         opt = Option(gid, int(n), t, m, o.catalog)
-                        options.setdefault(opt.id + (f"@{o.catalog}" if o.catalog else ""), opt)
+                        options.setdefault(opt.id, opt)
     opts = tuple(sorted(options.values(), key=Option.sort_key))
     return Study(spec, tuple(workloads), opts, src, tuple(_default_notes(spec, opts)))
 
@@ -529,7 +537,7 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
     hbm_bw_only = None
     if sib:
         out["hbm_plus_gpu"] = sib
-        vp = problem.model_copy(update={"cluster": problem.cluster.model_copy(update={"gpu": sib, "catalog": None})})
+        vp = problem.model_copy(update={"cluster": problem.cluster.model_copy(update={"gpu": sib})})
         out["gains_pct"]["hbm_plus"] = gain(best(vp))
         hbm_bw_only = gain(_step(vp, plan))
     else:
@@ -572,10 +580,13 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
     util = est.peak_memory_gib / est.memory_capacity_gib if est.memory_capacity_gib else 0.0
     out["memory_utilization"] = util
     binding = max(shares, key=lambda k: (shares[k], k)) if shares else "unknown"
-    pays = (plan.zero_stage == 3 or (plan.recompute != "none"))
+    pays = plan.zero_stage == 3 or plan.recompute != "none"  # the plan trades time for memory
     hp = out["gains_pct"].get("hbm_plus")
-    if util >= 0.9 and ((hp is not None and hbm_bw_only is not None and hp - hbm_bw_only >= 2.0)
-                        or (hp is None and pays)):
+    if mode == "solve" and hp is not None and hbm_bw_only is not None:
+        capacity = hp - hbm_bw_only >= 2.0  # the re-solve on more HBM gains beyond the faster HBM
+    else:
+        capacity = pays
+    if util >= 0.9 and capacity:
         binding = "hbm_capacity"
     out["binding"] = binding
     return out
@@ -864,6 +875,20 @@ class StudyResult:
     elapsed_s: float
     document: dict[str, Any]
 
+    def summary_text(self) -> str:
+        """A few lines for a terminal: the recommendation(s), warnings and where the files are."""
+        lines = []
+        for rec in self.recommendations:
+            lines.append(f"{rec['scope']}: {rec['option'] or 'no option meets the constraints'}")
+            lines.append(f"  {rec['reason']}")
+        feas = sum(1 for r in self.rows if r.get("feasible"))
+        lines.append(f"{feas} of {len(self.rows)} rows have a feasible plan; {len(self.document.get('warnings', []))} "
+                     f"warning(s); {self.elapsed_s:.1f} s")
+        lines.append(f"wrote {self.out_dir / 'results.json'}, results.csv"
+                     + (", report.md, report.html" if any(p.name == "report.html" for p in self.files) else "")
+                     + f" and {sum(1 for p in self.files if p.suffix == '.png')} plot(s) in {self.out_dir}")
+        return "\n".join(lines) + "\n"
+
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -896,8 +921,10 @@ def _default_notes(spec: StudySpec, options: Sequence[Option]) -> list[str]:
                         if rel.failures_per_gpu_hour is None else " (study)")
                      + f"; restart {_rel(rel, 'restart_s'):g} s + checkpoint read; checkpoint "
                      f"{_rel(rel, 'checkpoint_bytes_per_param'):g} B/param at "
-                     f"{_rel(rel, 'storage_gb_per_s_per_gpu'):g} GB/s per GPU (min {_rel(rel, 'storage_min_gb_per_s'):g} GB/s)"
-                     + ("" if rel.storage_gb_per_s_per_gpu is not None else f" ({d['storage_source'].strip()[:60]}...)"))
+                     f"{_rel(rel, 'storage_gb_per_s_per_gpu'):g} GB/s per GPU "
+                     f"(min {_rel(rel, 'storage_min_gb_per_s'):g} GB/s)"
+                     + ("" if rel.storage_gb_per_s_per_gpu is not None else
+                        f" ({d['storage_source'].strip()[:60]}...)"))
     else:
         notes.append("reliability disabled: no failure losses")
     notes.append("one purchase per decision: a mix of GPU types is not modelled")
@@ -954,9 +981,11 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
     row: dict[str, Any] = {"workload": w.name, "option": o.id, "gpu": o.gpu, "num_gpus": o.num_gpus,
                            "topology": o.topology, "mode": o.mode, "tokens": w.tokens}
     if res is None or res.get("status") != "ok":
-        row.update(feasible=False, reason=(res or {}).get("reason", "not run"),
+        row.update(feasible=False, status=(res or {}).get("status", "not run"),
+                   reason=(res or {}).get("reason", "not run"),
                    suggestions=(res or {}).get("suggestions", []))
         return row
+    row["status"] = "ok"
     gp = goodput(o.num_gpus, total_params(w.model), study.spec.reliability, o.gpu)
     steps = math.ceil(w.tokens / w.training.tokens_per_step)
     ideal_s = steps * res["step_time_s"]
@@ -1052,20 +1081,20 @@ def _warnings(study: Study, rows: list[dict[str, Any]]) -> list[str]:
                            "more GPUs do not help this global batch size")
                     out.append(f"{w.base}: {g} x{b} ({t}) is slower than x{a} ({rb['tokens_per_s']:,.0f} vs "
                                f"{ra['tokens_per_s']:,.0f} tokens/s); {why}")
-        unproven = sorted({f"{r['gpu']} x{r['num_gpus']}" for r in wr if r.get("solver_status") not in (None, "OPTIMAL")})
+        unproven = sorted({f"{r['gpu']} x{r['num_gpus']}" for r in wr
+                           if r.get("solver_status") not in (None, "OPTIMAL")})
         if unproven:
             out.append(f"{w.base}: {len(unproven)} plan(s) hit the solver time limit (FEASIBLE, not proven optimal): "
                        + ", ".join(unproven[:12]) + (" ..." if len(unproven) > 12 else ""))
-        errs = [r for r in rows if r["workload"] == w.name and not r.get("feasible")
-                and str(r.get("reason", "")).split(":")[0] in ("MemoryError", "RuntimeError", "ValueError",
-                                                               "KeyError", "IndexError", "TypeError")]
-        for r in errs:
-            out.append(f"{w.base}: {r['option']} failed: {r['reason']}")
+        errs = {r["option"].rsplit("/", 1)[0]: r for r in rows
+                if r["workload"] == w.name and r.get("status") == "error"}
+        for r in errs.values():
+            out.append(f"{w.base}: {r['gpu']} x{r['num_gpus']} ({r['topology']}) failed: {r['reason']}")
     return out
 
 
 def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: float, jobs: int,
-              time_limit_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+              time_limit_s: float, *, recommend: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rows: list[dict[str, Any]] = []
     for w in study.workloads:
         for o in study.options:
@@ -1094,7 +1123,9 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         pareto[w.name] = [r["option"] for r in feas if r["pareto"]]
     recs = []
     warnings = _warnings(study, rows)
-    if study.spec.combine == "sum":
+    if not recommend:
+        pass
+    elif study.spec.combine == "sum":
         recs.append(_recommend(study, rows, "all workloads on one cluster, one after another", list(study.workloads)))
     else:
         for w in study.workloads:
@@ -1172,18 +1203,21 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
     t0 = time.perf_counter()
     scratch = tempfile.mkdtemp(prefix="autoshard-whatif-")
     results: dict[str, dict] = {}
+    written = False
     try:
         tasks = _tasks(st, limit, scratch)
-        try:
-            _execute(list(tasks.values()), jobs, progress, results)
-        except KeyboardInterrupt:
-            doc, rows = _document(st, results, False, time.perf_counter() - t0, jobs, limit)
+        _execute(list(tasks.values()), jobs, progress, results)
+        doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit)
+        files = _write_results(out, doc, rows)
+        written = True
+    except KeyboardInterrupt:
+        # Keep what finished: rows and Pareto flags, no purchase decision (complete: false).
+        if not written:
+            doc, rows = _document(st, results, False, time.perf_counter() - t0, jobs, limit, recommend=False)
             _write_results(out, doc, rows)
-            raise
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit)
-    files = _write_results(out, doc, rows)
     errors = [r["reason"] for r in results.values() if r.get("status") == "error"]
     if results and len(errors) == len(results):
         raise AutoshardError(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]}")

@@ -29,11 +29,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 SMALL = {
     "name": "small",
-    "workloads": [{"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64}, "tokens": 5.0e10}],
+    # A restricted plan space keeps every solve well under a second and proven optimal (deterministic).
+    "workloads": [{"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64}, "tokens": 5.0e10,
+                   "search": {"tp": [1, 2], "pp": [1, 2], "cp": 1}}],
     "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16]}, {"gpu": "b200", "num_gpus": 8}],
     "pricing": {"mode": ["cloud", "own"], "usd_per_gpu_hour": {"h100": 2.5}},
     "constraints": {"budget_usd": 4000.0, "deadline_days": 8},
-    "time_limit_s": 1.0,
+    "time_limit_s": 5.0,
 }
 
 
@@ -232,3 +234,61 @@ def test_interrupt_keeps_finished_options(tmp_path):
     assert len(doc["rows"]) == 1 and doc["rows"][0]["num_gpus"] == 16  # big clusters run first
     assert not (tmp_path / "report.html").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
+
+
+CONTRACT = """
+workloads:
+  - model: llama3-70b
+    training: {seq_len: 8192, global_batch_size: 1024, precision: bf16}
+    tokens: 15.0e12
+options:
+  - {gpu: h100-sxm, num_gpus: [512, 1024]}
+  - {gpu: b200, num_gpus: [512], topology: dgx-b200}
+pricing: {mode: cloud, usd_per_gpu_hour: {h100-sxm: 2.5, b200: 4.5}}
+constraints: {budget_usd: 5.0e6, deadline_days: 120}
+"""
+
+
+def test_contract_study_file_loads(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text(CONTRACT)
+    st = load_study(path)
+    assert [o.id for o in st.options] == ["h100-sxm/512/dgx-h100-superpod/cloud",
+                                          "h100-sxm/1024/dgx-h100-superpod/cloud", "b200/512/dgx-b200/cloud"]
+    assert st.workloads[0].tokens == 15.0e12 and st.spec.constraints.budget_usd == 5.0e6
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONTRACT.replace("deadline_days", "deadline_dayz"))
+    with pytest.raises(InputError) as exc:
+        load_study(bad)
+    assert exc.value.line().startswith(str(bad)) and "constraints.deadline_dayz" in exc.value.line()
+
+
+def test_results_json_is_byte_stable_apart_from_timing(tmp_path):
+    study = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": 8}], "sensitivity": "off"}
+
+    def strip(d):
+        if isinstance(d, dict):
+            return {k: strip(v) for k, v in d.items() if k not in ("solve_time_s", "timing")}
+        if isinstance(d, list):
+            return [strip(v) for v in d]
+        return d
+
+    a = run_study(study, tmp_path / "a", report=False).document
+    b = run_study(study, tmp_path / "b", report=False).document
+    assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
+
+
+def test_combine_sum_buys_one_cluster_for_every_workload(tmp_path):
+    wl = SMALL["workloads"][0]
+    study = {**SMALL, "workloads": [{**wl, "name": "a", "tokens": 2e10}, {**wl, "name": "b", "tokens": 3e10}],
+             "combine": "sum", "sensitivity": "off", "constraints": {}}
+    res = run_study(study, tmp_path, report=False)
+    rec = res.recommended
+    assert rec["workloads"] == ["a", "b"] and len(res.recommendations) == 1
+    rows = {(r["workload"], r["option"]): r for r in res.rows}
+    total = {o: (rows[("a", o)]["time_to_train_days"] + rows[("b", o)]["time_to_train_days"],
+                 rows[("a", o)]["cost_usd"] + rows[("b", o)]["cost_usd"])
+             for (_, o) in rows if rows[("a", o)]["feasible"]}
+    assert rec["option"] == min(total, key=lambda o: total[o])  # fastest, then cheapest
+    assert rec["time_to_train_days"] == pytest.approx(total[rec["option"]][0])
+    assert rec["cost_usd"] == pytest.approx(total[rec["option"]][1])
