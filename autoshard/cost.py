@@ -738,13 +738,14 @@ def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]
       for P equal stages (M + P - 1) t.
     - interleaved (vpp chunks per rank): M max t + (P - 1) max chunk time: the bubble shrinks
       by vpp for equal chunks, and a lopsided chunk split pays for its largest chunk.
-    - zero-bubble (ZB-H1): weight-gradient work w fills the cool-down: M max t + sum u - max u,
-      u = t - w; for equal stages the bubble is (P - 1)(t - w).
+    - zero-bubble (ZB-H1): weight-gradient work w fills the bubbles: M max t + (P - 1) max u,
+      u = t - w; for equal stages the bubble is (P - 1)(t - w) as in Qi et al. 2023, and an
+      uneven split pays for its slowest stage.
     """
     tmax = max(t)
     if cfg.schedule == "zero_bubble":
         u = [a - b for a, b in zip(t, w)]
-        return microbatches * tmax + sum(u) - max(u)
+        return microbatches * tmax + (cfg.pp - 1) * max(u)
     if cfg.schedule == "interleaved":
         return microbatches * tmax + (cfg.pp - 1) * max(chunk_t)
     return (microbatches - 1) * tmax + sum(t)

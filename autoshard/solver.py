@@ -219,6 +219,11 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
     c = np.where(sched == 2, 0.0, c)
     t_lb = (M - c) * t_micro / pp + c * t_micro
+    # Zero-bubble: one micro-batch's forward and input-gradient backward cross every stage in
+    # turn, so the pipeline takes at least t minus the weight-gradient GEMMs (one of the three
+    # matmul passes, each at least its FLOPs at the achievable rate).
+    serial = t_micro - tokens * 2 * mm / tp / ctx.mm_flops_per_s
+    t_lb = np.where(sched == 2, np.maximum(t_lb, serial), t_lb)
     # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
     total = sum(layer_params(m, k)[0] for k in kinds)
     expert = sum(layer_params(m, k)[1] for k in kinds)
@@ -397,11 +402,18 @@ class StageModel:
         for t in self.time:
             md.add(tmax >= t)
         md.add(cfg.pp * tmax >= sum(self.time))  # redundant: strengthens the LP relaxation
+        # Redundant: whole layers, so the fullest rank holds ceil(L / P) of the cheapest layer.
+        lay = tb.layers
+        cheapest = min(_t(lay[(k, r)].total_s) for k in self.kinds for r in self.modes)
+        md.add(tmax >= math.ceil(ctx.model.num_hidden_layers / cfg.pp) * cheapest)
         if cfg.schedule == "zero_bubble":
-            u = [t - w for t, w in zip(self.time, self.wgrad)]
-            umax = md.new_int_var(-horizon, horizon, "u_max")
-            md.add_max_equality(umax, u)
-            pipe = M * tmax + sum(u) - umax
+            umax = md.new_int_var(0, horizon, "u_max")
+            for t, w in zip(self.time, self.wgrad):
+                md.add(umax >= t - w)
+            md.add(cfg.pp * umax >= sum(self.time) - sum(self.wgrad))  # redundant LP cuts
+            cheapest_u = min(_t(lay[(k, r)].total_s - lay[(k, r)].wgrad_s) for k in self.kinds for r in self.modes)
+            md.add(umax >= math.ceil(ctx.model.num_hidden_layers / cfg.pp) * cheapest_u)
+            pipe = M * tmax + (cfg.pp - 1) * umax
         elif cfg.schedule == "interleaved":
             cmax = md.new_int_var(0, horizon, "chunk_max")
             for ct in self.chunk_time:
@@ -561,16 +573,24 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     tail = sum(dp_tail(tail_model(ctx, table), tot).values())
     if cfg.pp == 1:
         return M * fast + tail
+    # Layers are whole: some rank holds ceil(L / P) layers, some chunk ceil(L / V).
+    L = len(kinds)
+    tau = min(table.layers[(k, r)].total_s for k in set(kinds) for r in modes)
+    tmax = max(fast / cfg.pp, math.ceil(L / cfg.pp) * tau)
     if cfg.schedule == "zero_bubble":
         # One micro-batch's forward and input-gradient backward cross every stage in turn:
         # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
-        serial = sum(kinds.count(k) * min(table.layers[(k, r)].total_s - table.layers[(k, r)].wgrad_s
-                                          for r in modes) for k in set(kinds))
+        u = {k: min(table.layers[(k, r)].total_s - table.layers[(k, r)].wgrad_s for r in modes) for k in set(kinds)}
+        serial = sum(kinds.count(k) * u[k] for k in set(kinds))
         serial += table.embed.total_s + table.head.total_s - table.head.wgrad_s
-        return max(M * fast / cfg.pp, serial) + tail
+        umax = max(serial / cfg.pp, math.ceil(L / cfg.pp) * min(u.values()))
+        # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
+        return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
     if cfg.schedule == "interleaved":
-        return M * fast / cfg.pp + (cfg.pp - 1) * fast / (cfg.pp * cfg.vpp) + tail
-    return (M - 1) * fast / cfg.pp + fast + tail
+        V = cfg.pp * cfg.vpp
+        chunk = max(fast / V, math.ceil(L / V) * tau)
+        return M * tmax + (cfg.pp - 1) * chunk + tail
+    return (M - 1) * tmax + fast + tail
 
 
 def _optimistic_table(ctx: Context, cfg: Config) -> Table:
@@ -636,7 +656,8 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3)
             cutoff = _t(best) if best < math.inf else None
             sm = StageModel(ctx, table, modes, problem.search.uniform_stages, cutoff)
             remaining = time_limit_s - (time.perf_counter() - t0)
-            status, obj, bnd = sm.solve(remaining)
+            # One hard configuration must not eat the whole budget: cap each proof, keep its bound.
+            status, obj, bnd = sm.solve(min(remaining, max(1.0, time_limit_s / 10)))
             solves += 1
             if obj is None:
                 if status == "UNKNOWN":
