@@ -34,6 +34,8 @@ path and modification time) and points the problems at it through `cluster.catal
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import statistics
@@ -48,7 +50,7 @@ import yaml
 
 from .errors import InputError
 from .loader import atomic_write
-from .validate import Case, convert, load_runs, with_catalog
+from .validate import Case, completed_plan, convert, load_runs, with_catalog
 
 LO, HI = 0.2, 1.0
 GRID_POINTS = 17
@@ -98,6 +100,18 @@ class CalibrationResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def summary(self) -> str:
+        """What `autoshard calibrate` prints: factors and errors before / after."""
+        lines = [f"calibrated on {len(self.runs_used)} runs ({len(self.excluded)} excluded); wrote {self.out_path}"]
+        for f in self.fits:
+            lines.append(f"  {f.gpu}: fitted {', '.join(f.fitted) or 'nothing'}")
+            lines.append(f"    before {f.before}")
+            lines.append(f"    after  {f.after}")
+        b, a = self.before, self.after
+        lines.append(f"median |error| {b.median_abs_error_pct:.1f}% -> {a.median_abs_error_pct:.1f}%; "
+                     f"worst {b.worst_id} {b.worst_error_pct:+.1f}% -> {a.worst_id} {a.worst_error_pct:+.1f}%")
+        return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,6 +277,10 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     base = _base_efficiencies(base_path)
     rows = load_runs(measurements_path)
     cases, skipped = convert(rows)
+    # Runs that do not publish their recompute get it chosen once, under the base catalog;
+    # the fit then prices those fixed plans.
+    cases = [dataclasses.replace(c, plan=completed_plan(with_catalog(c, base_path)), recompute_published=True)
+             for c in cases]
     excluded: list[dict[str, str]] = [{"id": s.id, "reason": s.reason} for s in skipped]
     usable: list[Case] = []
     for c in cases:

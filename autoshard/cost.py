@@ -61,6 +61,21 @@ SGD_STATE_BYTES = 8  # fp32 master + momentum
 OPT_TRAFFIC_BYTES = 30  # HBM bytes touched per parameter by a fused Adam step
 ATTN_BWD_FACTOR = 2.5  # FlashAttention backward FLOPs / forward FLOPs
 ELEMENTWISE_BWD_FACTOR = 2.0
+# While a collective overlaps computation, its NCCL kernels occupy SMs (16-32 channels of 132 on
+# H100) and HBM bandwidth: overlapped work slows by this fraction of the overlapped time.
+# Calculon's system files use the same notion (`processor_usage: 0.15`).
+COMM_INTERFERENCE = 0.15
+INTERFERENCE_DENOM = 20  # COMM_INTERFERENCE = 3 / 20, kept rational for the integer solver model
+# Materialized (non-Flash) attention moves per score element: write QK^T, read it for softmax,
+# write softmax, read it for AV (8 B); dropout adds read, mask and output (5 B).
+SCORE_BYTES = 8.0
+SCORE_DROPOUT_BYTES = 5.0
+
+
+def overlapped(comm_s: float, compute_s: float) -> float:
+    """Exposed time of communication overlapped with computation: what does not fit under the
+    computation, plus the slowdown it inflicts while it runs."""
+    return max(0.0, comm_s - compute_s) + COMM_INTERFERENCE * min(comm_s, compute_s)
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm")
 
 
@@ -374,12 +389,15 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     # Core attention: each GPU's T queries attend causally over the full sequence (CP splits queries).
     core_flops = 2 * T * sh.seq * a * (sh.d_qk + sh.d_v) * 0.5
     core = core_flops / ctx.attn_flops_per_s
-    if not ctx.training.flash_attention:  # materialized scores: softmax traffic over s^2 per head
-        core += _mem_s(ctx, 3 * BF16 * T * sh.seq * a)
+    scores = 0.0
+    if not ctx.training.flash_attention:  # materialized s x s scores per head
+        per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if m.dropout else 0.0)
+        scores = _mem_s(ctx, per * T * sh.seq * a)
     flops += core_flops
     elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
-    fwd["compute"] = proj + core + elem
-    bwd["compute"] = 2 * proj + ATTN_BWD_FACTOR * core + ELEMENTWISE_BWD_FACTOR * elem
+    fwd["compute"] = proj + core + scores + elem
+    bwd["compute"] = 2 * proj + ATTN_BWD_FACTOR * core + ELEMENTWISE_BWD_FACTOR * (elem + scores)
+    core += scores  # what selective recompute re-runs
     wgrad = proj
     # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass.
     act = BF16 * T * h
@@ -392,8 +410,8 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     if cfg.cp > 1:
         kv_bytes = BF16 * T * kv * (sh.d_qk + sh.d_v) if not m.is_mla else BF16 * T * (m.kv_lora_rank + m.qk_rope_head_dim)
         ring = (cfg.cp - 1) * all_to_all_s(ctx.levels, pl.cp, kv_bytes * cfg.cp / max(cfg.cp - 1, 1)) / max(cfg.cp - 1, 1)
-        fwd["cp_comm"] += max(0.0, ring - core)
-        bwd["cp_comm"] += max(0.0, 2 * ring - ATTN_BWD_FACTOR * core)
+        fwd["cp_comm"] += overlapped(ring, core)
+        bwd["cp_comm"] += overlapped(2 * ring, ATTN_BWD_FACTOR * core)
     return fwd, bwd, core, wgrad, flops
 
 
@@ -504,8 +522,8 @@ def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: R
         w_dense, w_exp = BF16 * dense_local, BF16 * expert_local
         ag = all_gather_s(ctx.levels, pl_dp, w_dense) + all_gather_s(ctx.levels, pl_e, w_exp)
         rs = reduce_scatter_s(ctx.levels, pl_dp, w_dense) + reduce_scatter_s(ctx.levels, pl_e, w_exp)
-        c.fwd["zero3_comm"] = max(0.0, ag - c.fwd["compute"])
-        c.bwd["zero3_comm"] = max(0.0, ag + rs - c.bwd["compute"] - c.bwd["recompute"])
+        c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
+        c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
     return c
 
 
@@ -566,7 +584,9 @@ def layer_table(ctx: Context, cfg: Config) -> Table:
     kinds = sorted(set(ctx.model.layer_kinds()))
     layers = {(k, r): layer_cost(ctx, cfg, pl, k, r) for k in kinds for r in RECOMPUTES}
     sh = Shapes(ctx, cfg)
-    p2p_bytes = BF16 * sh.tokens * sh.h / (cfg.tp if cfg.sp else 1)
+    # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
+    # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.
+    p2p_bytes = BF16 * sh.tokens * sh.h / cfg.tp
     p2p = p2p_s(ctx.levels, pl.pp_level, p2p_bytes) if cfg.pp > 1 else 0.0
     return Table(cfg, pl, layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), p2p,
                  num_microbatches(ctx.problem, cfg))
@@ -719,7 +739,8 @@ def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
     exp = tot.expert_params
     red = tm.reduce[0] * dense + tm.reduce[1] * exp + tm.reduce[2] if any(tm.reduce) else 0.0
     gat = tm.gather[0] * dense + tm.gather[1] * exp + tm.gather[2] if any(tm.gather) else 0.0
-    exposed = tm.reduce_repeats * max(0.0, red - sum(tot.bwd.values())) + max(0.0, gat - sum(tot.fwd.values()))
+    exposed = (tm.reduce_repeats * overlapped(red, sum(tot.bwd.values()))
+               + overlapped(gat, sum(tot.fwd.values())))
     return {"dp_comm": exposed, "optimizer": tm.optimizer_s_per_param * tot.params}
 
 

@@ -43,6 +43,8 @@ from pydantic import BaseModel, ConfigDict
 from .catalog import gpu_ids, get_gpu
 from .cost import (
     BF16,
+    COMM_INTERFERENCE,
+    INTERFERENCE_DENOM,
     GIB,
     Config,
     Context,
@@ -439,7 +441,10 @@ class StageModel:
             md.add(ex_gat >= gat - self.fwd[p])
             opt = self._piece_sum(p, lambda c: _t(tm.optimizer_s_per_param * c.params)) \
                 + _t(tm.optimizer_s_per_param * self._rank_const(p, lambda c: c.params))
-            md.add(tail_max >= tm.reduce_repeats * ex_red + ex_gat + opt + dense)
+            # overlapped(x, w) = max(0, x - w) + k min(x, w) = (1 - k) max(0, x - w) + k x, k = a / d.
+            a_, d_ = round(COMM_INTERFERENCE * INTERFERENCE_DENOM), INTERFERENCE_DENOM
+            md.add(d_ * tail_max >= tm.reduce_repeats * ((d_ - a_) * ex_red + a_ * red)
+                   + (d_ - a_) * ex_gat + a_ * gat + d_ * (opt + dense))
         self.scale = scale
         self.step = pipe + scale * tail_max
         if self.cutoff is not None:

@@ -18,7 +18,9 @@ dominating (levels run concurrently in hierarchical algorithms):
   domain crosses the level on the GPU's own link.
 - Point-to-point: B / W of the lowest level that joins the two GPUs.
 
-Each level adds a latency per algorithm step (a tree: 2 log2 of the fan-out).
+Each level adds a latency per algorithm step: AllGather / ReduceScatter are rings (G - 1
+steps, each paying the latency of the level it crosses), AllReduce and AllToAll trees or
+direct exchanges (2 log2 of the fan-out per level).
 """
 
 from __future__ import annotations
@@ -233,11 +235,23 @@ def placements(plan_axes_sizes: dict[str, int]) -> list[str]:
 
 
 def _latency(levels: tuple[Level, ...], prof: Profile, passes: int) -> float:
+    """Tree latency (AllReduce: NCCL uses trees / NVLS / SHARP at scale): 2 log2 of the
+    fan-out at every level crossed, per pass."""
     t = 0.0
     inner = 1
     for lv, m in zip(levels, prof.members):
         if m > inner:
             t += lv.latency_s * 2 * math.ceil(math.log2(m / inner)) * passes
+        inner = m
+    return t
+
+
+def _ring_latency(levels: tuple[Level, ...], prof: Profile) -> float:
+    """Ring latency (AllGather / ReduceScatter run as rings in NCCL): G - 1 steps, of which
+    G/m_{i-1} - G/m_i cross level i and pay its latency."""
+    g, t, inner = prof.size, 0.0, 1
+    for lv, m in zip(levels, prof.members):
+        t += lv.latency_s * (g / inner - g / m)
         inner = m
     return t
 
@@ -252,7 +266,7 @@ def all_gather_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -
         if m > inner:
             t = max(t, total_bytes * (1 - inner / g) / (inner * lv.bytes_per_s))
         inner = m
-    return t + _latency(levels, prof, 1)
+    return t + _ring_latency(levels, prof)
 
 
 reduce_scatter_s = all_gather_s

@@ -57,6 +57,8 @@ et al. 2022 (Table 2) for a GPT-3 175B layer.
 
 from __future__ import annotations
 
+import dataclasses
+
 import csv
 import json
 import math
@@ -109,6 +111,7 @@ class Case:
     plan: Any  # autoshard.spec.Plan
     measured_step_s: float
     notes: tuple[str, ...] = ()
+    recompute_published: bool = True
 
 
 @dataclass(frozen=True)
@@ -314,8 +317,10 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     rc = _recompute(row.get("activation_recompute"))
     if rc is None:
         return skip(f"activation_recompute {row.get('activation_recompute')!r} has no mapping")
-    if row.get("activation_recompute") is None:
-        notes.append("activation_recompute not published: priced as none")
+    published_rc = row.get("activation_recompute") is not None
+    if not published_rc:
+        notes.append("activation_recompute not published: the least recompute that fits, chosen per layer "
+                     "by the solver with every published degree fixed")
     ga = _int(row.get("grad_accum"))
     if ga is not None and dp * mbs * ga != gbs:
         notes.append(f"dp*mbs*grad_accum = {dp * mbs * ga} != global batch {gbs}")
@@ -333,7 +338,27 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
                     zero_stage=zero, micro_batch_size=mbs, recompute=rc)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
-    return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes))
+    return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc)
+
+
+def completed_plan(case: Case) -> Any:
+    """The case's plan, with recompute chosen per layer by the solver when the source does not
+    publish it (a run recomputes what it must to fit; the degrees, micro-batch and schedule
+    stay as published and the stages even)."""
+    if case.recompute_published:
+        return case.plan
+    from .errors import InfeasibleError  # noqa: PLC0415
+    from .solver import solve  # noqa: PLC0415
+
+    p = case.plan
+    fixed = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
+             "sequence_parallel": p.sp, "zero_stage": p.zero_stage, "micro_batch_size": p.micro_batch_size,
+             "schedule": p.schedule, "placement": p.placement, "uniform_stages": True}
+    problem = case.problem.model_copy(update={"search": case.problem.search.model_copy(update=fixed)})
+    try:
+        return solve(problem, time_limit_s=60, top_k=0).plan
+    except InfeasibleError:
+        return p.model_copy(update={"recompute": "full"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -405,8 +430,7 @@ def with_catalog(case: Case, catalog: str | os.PathLike[str] | None) -> Case:
         return case
     problem = case.problem
     cluster = problem.cluster.model_copy(update={"catalog": str(catalog)})
-    return Case(case.id, case.source_group, case.gpu, case.precision, case.gpu_count,
-                problem.model_copy(update={"cluster": cluster}), case.plan, case.measured_step_s, case.notes)
+    return dataclasses.replace(case, problem=problem.model_copy(update={"cluster": cluster}))
 
 
 # ---------------------------------------------------------------------------------------
@@ -505,7 +529,7 @@ def summarize_groups(results: list[RunResult]) -> list[GroupSummary]:
 def evaluate_case(case: Case) -> RunResult | Skip:
     from .cost import evaluate  # noqa: PLC0415
 
-    est = evaluate(case.problem, case.plan)
+    est = evaluate(case.problem, completed_plan(case))
     if not est.step_time_s > 0:
         return Skip(case.id, case.source_group, "plan rejected by the cost model: " + "; ".join(est.reasons))
     err = (est.step_time_s - case.measured_step_s) / case.measured_step_s * 100.0
