@@ -77,7 +77,8 @@ class SolverStats(BaseModel):
     solve_time_s: float
     objective_s: float | None  # the CP-SAT objective of the chosen plan, in seconds
     objective_bound_s: float | None  # proven lower bound on the optimum
-    gap: float | None  # (objective - bound) / objective
+    gap: float | None  # proven (objective - bound) / objective
+    gap_limit: float = 0.0  # OPTIMAL means gap <= gap_limit
     candidates: int  # global configurations in the declared space (after divisibility)
     pruned_by_memory: int  # proven not to fit by the numpy memory bound
     pruned_by_bound: int  # proven no faster than the incumbent by the numpy time bound
@@ -318,6 +319,14 @@ class StageModel:
         else:
             for c in range(self.V):
                 md.add(self.size[c] >= 1)
+            if self.cfg.schedule == "interleaved":
+                # Declared space: interleaved virtual stages are near-even (Megatron needs equal
+                # stages unless given an explicit layout); one layer either way absorbs the
+                # embedding and the LM head.
+                L = self.ctx.model.num_hidden_layers
+                for c in range(self.V):
+                    md.add(self.size[c] >= max(1, L // self.V - 1))
+                    md.add(self.size[c] <= -(-L // self.V) + 1)
         # Contiguity: dense layers precede MoE layers, so a stage holding MoE layers ends the dense ones.
         if len(self.kinds) == 2:
             dense, moe = self.kinds
@@ -404,23 +413,36 @@ class StageModel:
         for t in self.time:
             md.add(tmax >= t)
         md.add(cfg.pp * tmax >= sum(self.time))  # redundant: strengthens the LP relaxation
-        # Redundant: whole layers, so the fullest rank holds ceil(L / P) of the cheapest layer.
+        # Redundant cuts from the whole-layer balance bound (see `balanced_max`), rounded down.
         lay = tb.layers
-        cheapest = min(_t(lay[(k, r)].total_s) for k in self.kinds for r in self.modes)
-        md.add(tmax >= math.ceil(ctx.model.num_hidden_layers / cfg.pp) * cheapest)
+        L = ctx.model.num_hidden_layers
+        tau = min(lay[(k, r)].total_s for k in self.kinds for r in self.modes)
+        t_ex, u_ex = _stage_extras(tb, self.V, per_rank=True)
+        if cfg.vpp == 1:
+            md.add(tmax >= int(balanced_max(tau, t_ex, L) / TIME_UNIT_S) - (L + 2))
         if cfg.schedule == "zero_bubble":
             umax = md.new_int_var(0, horizon, "u_max")
             for t, w in zip(self.time, self.wgrad):
                 md.add(umax >= t - w)
             md.add(cfg.pp * umax >= sum(self.time) - sum(self.wgrad))  # redundant LP cuts
-            cheapest_u = min(_t(lay[(k, r)].total_s - lay[(k, r)].wgrad_s) for k in self.kinds for r in self.modes)
-            md.add(umax >= math.ceil(ctx.model.num_hidden_layers / cfg.pp) * cheapest_u)
+            u_tau = min(lay[(k, r)].total_s - lay[(k, r)].wgrad_s for k in self.kinds for r in self.modes)
+            md.add(umax >= int(balanced_max(u_tau, u_ex, L) / TIME_UNIT_S) - (L + 2))
             pipe = M * tmax + (cfg.pp - 1) * umax
         elif cfg.schedule == "interleaved":
+            if len(self.kinds) == 1:
+                # Symmetry: with identical layers, a rank's chunks (other than the first and last
+                # virtual stage) can be permuted without changing rank totals, the largest chunk,
+                # memory or sends; keep them sorted by time.
+                for p in range(cfg.pp):
+                    free = [c for c in self._rank_chunks(p) if 0 < c < self.V - 1]
+                    for a, b in zip(free, free[1:]):
+                        md.add(self.chunk_time[a] >= self.chunk_time[b])
             cmax = md.new_int_var(0, horizon, "chunk_max")
             for ct in self.chunk_time:
                 md.add(cmax >= ct)
             md.add(self.V * cmax >= sum(self.chunk_time))
+            c_ex, _ = _stage_extras(tb, self.V, per_rank=False)
+            md.add(cmax >= int(balanced_max(tau, c_ex, L) / TIME_UNIT_S) - (L + 2))
             pipe = M * tmax + (cfg.pp - 1) * cmax
         else:
             pipe = M * tmax + sum(self.time) - tmax
@@ -550,11 +572,55 @@ class _Found:
     tolerance_s: float = 0.0
 
 
+def balanced_max(per_layer: float, extras: list[float], layers: int) -> float:
+    """The smallest possible time of the fullest stage when `layers` layers of `per_layer`
+    seconds each are split over stages with fixed `extras` (>= 1 layer per stage): the least
+    T with sum_p floor((T - extra_p) / per_layer) >= layers. A relaxation of the stage split
+    (every layer at its cheapest), so a lower bound of max_p t_p."""
+    ex = np.asarray(extras, dtype=float)
+    n = np.arange(1, layers + 1, dtype=float)
+    cand = np.unique((ex[:, None] + per_layer * n[None, :]).ravel())
+
+    def ok(t: float) -> bool:
+        cnt = np.floor((t - ex) / per_layer + 1e-9)
+        return bool(cnt.min() >= 1 and cnt.sum() >= layers)
+
+    lo, hi = 0, len(cand) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(cand[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(cand[lo])
+
+
+def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float], list[float]]:
+    """Fixed (time, time - weight-gradient time) of each stage besides its layers: embedding on
+    the first, LM head on the last, pipeline sends and receives."""
+    cfg = table.cfg
+    n = cfg.pp if per_rank else chunks
+    t, u = [0.0] * n, [0.0] * n
+    for c in range(chunks):
+        s = c % cfg.pp if per_rank else c
+        hops = table.pp_p2p_s * ((c < chunks - 1) + (c > 0))
+        t[s] += hops
+        u[s] += hops
+    t[0] += table.embed.total_s
+    u[0] += table.embed.total_s
+    last = (chunks - 1) % cfg.pp if per_rank else chunks - 1
+    t[last] += table.head.total_s
+    u[last] += table.head.total_s - table.head.wgrad_s
+    return t, u
+
+
 def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
-    """Lower bound of one configuration from its exact table: fastest recompute mode for
-    every layer, perfectly balanced stages (no memory), no data-parallel tail."""
+    """Lower bound of one configuration from its exact table: every layer at its fastest
+    recompute mode, stages as balanced as whole layers allow (`balanced_max`), memory ignored;
+    plus the data-parallel tail at the mean rank."""
     cfg = table.cfg
     kinds = ctx.model.layer_kinds()
+    L = len(kinds)
     fast = sum(kinds.count(k) * min(table.layers[(k, r)].total_s for r in modes) for k in set(kinds))
     fast += table.embed.total_s + table.head.total_s
     M = table.microbatches
@@ -563,7 +629,6 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     # backward window as long as recompute can make it.
     from .cost import assign_layers, dp_tail, rank_totals, tail_model  # noqa: PLC0415
 
-    L = ctx.model.num_hidden_layers
     slow = {k: max(modes, key=lambda r: table.layers[(k, r)].bwd_s) for k in set(kinds)}
     tot = rank_totals(table, assign_layers(kinds, [slow[k] for k in kinds], [L], 1)[0], True, True)
     p = cfg.pp
@@ -578,22 +643,24 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     tail = sum(dp_tail(tail_model(ctx, table), tot).values())
     if cfg.pp == 1:
         return M * fast + tail
-    # Layers are whole: some rank holds ceil(L / P) layers, some chunk ceil(L / V).
-    L = len(kinds)
     tau = min(table.layers[(k, r)].total_s for k in set(kinds) for r in modes)
-    tmax = max(fast / cfg.pp, math.ceil(L / cfg.pp) * tau)
+    V = cfg.pp * cfg.vpp
+    t_ex, u_ex = _stage_extras(table, V, per_rank=True)
+    if cfg.vpp == 1:
+        tmax = balanced_max(tau, t_ex, L)
+    else:  # a rank holds vpp chunks of >= 1 layer each
+        tmax = max(fast / cfg.pp, balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau)
     if cfg.schedule == "zero_bubble":
         # One micro-batch's forward and input-gradient backward cross every stage in turn:
         # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
         u = {k: min(table.layers[(k, r)].total_s - table.layers[(k, r)].wgrad_s for r in modes) for k in set(kinds)}
-        serial = sum(kinds.count(k) * u[k] for k in set(kinds))
-        serial += table.embed.total_s + table.head.total_s - table.head.wgrad_s
-        umax = max(serial / cfg.pp, math.ceil(L / cfg.pp) * min(u.values()))
+        serial = sum(kinds.count(k) * u[k] for k in set(kinds)) + sum(u_ex) - (V - 1) * table.pp_p2p_s
+        umax = balanced_max(min(u.values()), u_ex, L)
         # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
         return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
     if cfg.schedule == "interleaved":
-        V = cfg.pp * cfg.vpp
-        chunk = max(fast / V, math.ceil(L / V) * tau)
+        c_ex, _ = _stage_extras(table, V, per_rank=False)
+        chunk = balanced_max(tau, c_ex, L)
         return M * tmax + (cfg.pp - 1) * chunk + tail
     return (M - 1) * tmax + fast + tail
 
@@ -616,8 +683,14 @@ def _optimistic_table(ctx: Context, cfg: Config) -> Table:
                  num_microbatches(ctx.problem, cfg))
 
 
-def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3) -> Solution:
-    """The fastest plan that fits, with proof (`solver.status == 'OPTIMAL'`).
+def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
+          gap_limit: float = 1e-3) -> Solution:
+    """The fastest plan that fits, with proof.
+
+    `solver.status == 'OPTIMAL'` means no plan in the declared space is faster than the one
+    returned by more than `gap_limit` (relative; default 0.1%, far below the cost model's
+    own accuracy; `gap_limit=0` proves exact optimality). `solver.gap` is the proven gap.
+    'FEASIBLE' means the time limit stopped the proof; the gap is still proven.
 
     Raises `InfeasibleError` with the binding constraint and the smallest fixes when no
     plan in the declared space fits.
@@ -635,43 +708,51 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3)
     modes = [r for r in RECOMPUTES if r in problem.search.allowed("recompute", list(RECOMPUTES))]
     keep = max(1, top_k + 1)
     found: list[_Found] = []  # best per configuration, kept sorted, at most `keep`
-    solves = 0
-    pruned_bound = 0
+    solves = pruned_bound = seq = 0
     timed_out = False
-    unresolved_bound = math.inf
-    seq = 0
+    lower = math.inf  # proven lower bound of every configuration not solved to optimality
+
+    def target() -> float:
+        return found[0].step_s * (1 - gap_limit) if found else math.inf
+
     for pos, i in enumerate(order):
-        best = found[0].step_s if found else math.inf
-        if t_lb[i] >= best:
+        if t_lb[i] >= target():
             pruned_bound += len(order) - pos
+            lower = min(lower, float(t_lb[i]))
             break
         if time.perf_counter() - t0 > time_limit_s:
             timed_out = True
-            unresolved_bound = min(unresolved_bound, float(t_lb[i]))
+            lower = min(lower, float(t_lb[i]))
             break
-        if _table_bound(ctx, _optimistic_table(ctx, cands[i]), modes) >= best:
+        opt_bound = _table_bound(ctx, _optimistic_table(ctx, cands[i]), modes)
+        if opt_bound >= target():
             pruned_bound += 1
+            lower = min(lower, opt_bound)
             continue
         tables = [layer_table(ctx, cfg) for cfg in _placements(problem, ctx, cands[i])]
         ranked = sorted(((_table_bound(ctx, tb, modes), j, tb) for j, tb in enumerate(tables)), key=lambda x: x[:2])
         for tbound, _, table in ranked:
-            best = found[0].step_s if found else math.inf
-            if tbound >= best:
+            goal = target()
+            if tbound >= goal:
+                lower = min(lower, tbound)
                 break
-            cutoff = _t(best) if best < math.inf else None
+            cutoff = _t(goal) if goal < math.inf else None
             sm = StageModel(ctx, table, modes, problem.search.uniform_stages, cutoff)
             remaining = time_limit_s - (time.perf_counter() - t0)
             # One hard configuration must not eat the whole budget: cap each proof, keep its bound.
             status, obj, bnd = sm.solve(min(remaining, max(1.0, time_limit_s / 10)))
             solves += 1
+            tol = _rounding_tolerance(ctx, table)
             if obj is None:
                 if status == "UNKNOWN":
                     timed_out = True
-                    unresolved_bound = min(unresolved_bound, tbound)
+                    lower = min(lower, tbound)
+                elif cutoff is not None:  # proven: nothing in this configuration reaches the goal
+                    lower = min(lower, goal)  # (up to the integer rounding, reported separately)
                 continue
             if status == "FEASIBLE":
                 timed_out = True
-                unresolved_bound = min(unresolved_bound, bnd * TIME_UNIT_S / sm.scale)
+                lower = min(lower, bnd * TIME_UNIT_S / sm.scale)
             counts = sm.read_counts()
             sm.tiebreak(obj)
             if sm.solve(max(0.05, time_limit_s - (time.perf_counter() - t0)))[1] is not None:
@@ -681,8 +762,7 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3)
             plan = table.cfg.plan(rc, stage_layers)
             est = _evaluate(problem, plan)
             seq += 1
-            found.append(_Found(est.step_time_s, seq, est.plan, obj * TIME_UNIT_S / sm.scale,
-                                _rounding_tolerance(ctx, table)))
+            found.append(_Found(est.step_time_s, seq, est.plan, obj * TIME_UNIT_S / sm.scale, tol))
             found.sort()
             del found[keep:]
     elapsed = time.perf_counter() - t0
@@ -693,12 +773,16 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3)
         raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb))
     best = found[0]
     est = _evaluate(problem, best.plan)
-    bound = min(best.step_s, unresolved_bound) if timed_out else best.step_s
-    gap = (best.step_s - bound) / best.step_s if timed_out else 0.0
+    bound = min(best.step_s, lower)
+    gap = max(0.0, (best.step_s - bound) / best.step_s)
+    # Every configuration not solved to optimality contributed a proven bound to `lower`
+    # (numpy, table, CP-SAT bound or cutoff), so the gap is proven even when limits fired.
+    optimal = gap <= gap_limit + 1e-12
     stats = SolverStats(
-        status="FEASIBLE" if timed_out else "OPTIMAL", solve_time_s=elapsed, objective_s=best.objective_s,
-        objective_bound_s=bound, gap=max(0.0, gap), candidates=len(cands), pruned_by_memory=pruned_mem,
-        pruned_by_bound=pruned_bound, cp_sat_solves=solves, rounding_tolerance_s=best.tolerance_s)
+        status="OPTIMAL" if optimal else "FEASIBLE", solve_time_s=elapsed, objective_s=best.objective_s,
+        objective_bound_s=bound, gap=gap, gap_limit=gap_limit, candidates=len(cands),
+        pruned_by_memory=pruned_mem, pruned_by_bound=pruned_bound, cp_sat_solves=solves,
+        rounding_tolerance_s=best.tolerance_s)
     alts = [Alternative(plan=f.plan, estimate=_evaluate(problem, f.plan), differs=describe_difference(best.plan, f.plan),
                         slower_pct=100 * (f.step_s / best.step_s - 1)) for f in found[1:top_k + 1]]
     return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=alts)

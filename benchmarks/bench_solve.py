@@ -37,7 +37,7 @@ def run(name: str, doc: dict, limit: float) -> None:
     st = s.solver
     print(f"{name}: {dt:6.2f} s  {st.status}  step {s.estimate.step_time_s:.3f} s  MFU {s.estimate.mfu:.1%}  "
           f"candidates {st.candidates}  pruned mem {st.pruned_by_memory} bound {st.pruned_by_bound}  "
-          f"CP-SAT solves {st.cp_sat_solves}\n    plan: {s.plan.short()}  placement {s.plan.placement}  "
+          f"CP-SAT solves {st.cp_sat_solves}  gap {100 * st.gap:.2f}%\n    plan: {s.plan.short()}  placement {s.plan.placement}  "
           f"stages {s.plan.stage_layers}", flush=True)
 
 

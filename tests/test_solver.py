@@ -91,10 +91,15 @@ def test_solver_matches_brute_force(problem):
         with pytest.raises(InfeasibleError):
             solve(problem, time_limit_s=60)
         return
-    sol = solve(problem, time_limit_s=60, top_k=0)
+    sol = solve(problem, time_limit_s=60, top_k=0, gap_limit=0.0)  # exact proof
     assert sol.solver.status == "OPTIMAL"
     assert sol.estimate.fits
     assert sol.estimate.step_time_s == pytest.approx(bf[0], rel=1e-6, abs=sol.solver.rounding_tolerance_s)
+    # Default: OPTIMAL within the 0.1% gap limit, and the proven bound really is below the optimum.
+    fast = solve(problem, time_limit_s=60, top_k=0)
+    assert fast.solver.status == "OPTIMAL" and fast.solver.gap <= fast.solver.gap_limit
+    assert fast.estimate.step_time_s <= bf[0] * (1 + fast.solver.gap_limit) + fast.solver.rounding_tolerance_s
+    assert fast.solver.objective_bound_s <= bf[0] + fast.solver.rounding_tolerance_s
 
 
 def test_objective_equals_evaluate_and_is_deterministic():
