@@ -153,6 +153,7 @@ def resolve_model(value: Any) -> Any:
     if "hf_config" in value:
         from .hf import model_from_hf_config  # noqa: PLC0415  (optional path, imported on use)
 
+        not_a_fifo(value["hf_config"])
         rest = {k: v for k, v in value.items() if k != "hf_config"}
         base = model_from_hf_config(value["hf_config"]).model_dump(exclude_none=True)
         return {**base, **rest}
@@ -165,6 +166,14 @@ def resolve_model(value: Any) -> Any:
     return value
 
 
+def not_a_fifo(path: Any) -> None:
+    """Refuse a FIFO, socket or device given as a file: reading it could block forever."""
+    if isinstance(path, (str, Path)) and path:
+        p = Path(path)
+        if p.exists() and not p.is_dir() and not p.is_file():
+            raise InputError("not a regular file (a FIFO, socket or device)", source=str(path))
+
+
 def get_model(name: str) -> ModelSpec:
     return ModelSpec(**resolve_model(name))
 
@@ -173,16 +182,29 @@ def get_model(name: str) -> ModelSpec:
 def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
     try:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot read calibrated catalog: {exc}", source=path) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"cannot read calibrated catalog: {what}", source=path) from None
+    out: dict[str, Efficiency] = {}
     try:
-        return {_aliases().get(_norm(k), k): Efficiency(**v["efficiency"]) for k, v in (doc.get("gpus") or {}).items()}
-    except (ValidationError, KeyError, TypeError, AttributeError) as exc:
+        for k, v in (doc.get("gpus") or {}).items():
+            try:
+                out[_aliases().get(_norm(k), k)] = Efficiency(**v["efficiency"])
+            except ValidationError as exc:
+                # Not str(exc): it would repr the whole input, which a YAML alias bomb makes endless.
+                from .loader import format_validation_error  # noqa: PLC0415
+
+                loc, msg = format_validation_error(exc, Efficiency)
+                raise InputError(f"malformed calibrated catalog: {msg}", source=path,
+                                 field=".".join(x for x in ("gpus", str(k), "efficiency", loc) if x)) from None
+    except (KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"malformed calibrated catalog ({exc.__class__.__name__}: {exc})".splitlines()[0], source=path) from None
+    return out
 
 
 def load_overlay(path: str) -> dict[str, Efficiency]:
     p = Path(path)
     if not p.is_file():
-        raise InputError("calibrated catalog not found", source=path, field="cluster.catalog")
+        # No source: the error is attributed to the problem file that names the catalog.
+        raise InputError(f"calibrated catalog {path!r} not found", field="cluster.catalog")
     return _overlay_cached(str(p.resolve()), p.stat().st_mtime)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import InfeasibleError, InputError
+from .errors import AutoshardError, InfeasibleError, InputError
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -31,7 +33,10 @@ def _write_or_print(text: str, out: str | None) -> None:
     if out:
         from .loader import atomic_write  # noqa: PLC0415
 
-        atomic_write(out, text)
+        try:
+            atomic_write(out, text)
+        except OSError as exc:
+            raise InputError(f"cannot write: {exc.strerror or exc}", source=out, field="--output") from None
     else:
         sys.stdout.write(text)
 
@@ -46,6 +51,34 @@ def parse_bytes(text: str) -> float:
     if value <= 0:
         raise InputError("the byte count must be positive", field="BYTES")
     return value * scale
+
+
+def _check_limits(a: argparse.Namespace) -> None:
+    """Bad option values are bad input (exit 2), not an infeasible problem."""
+    limit = getattr(a, "time_limit", None)
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise InputError(f"must be a number of seconds > 0, got {limit:g}", field="--time-limit")
+    top = getattr(a, "top", None)
+    if top is not None and top < 0:
+        raise InputError(f"must be >= 0, got {top}", field="--top")
+
+
+def _nearest_existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_out_dir(path: str) -> None:
+    """Fail before any work when the output directory cannot be created or written."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError("output path exists and is not a directory", source=path)
+    probe = _nearest_existing(p)
+    if not probe.is_dir():
+        raise InputError(f"cannot create the output directory: {probe} is not a directory", source=path)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"cannot create the output directory: {probe} is not writable", source=path)
 
 
 # ---- commands ----------------------------------------------------------------------------
@@ -79,11 +112,22 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
     problem = load_problem(a.problem)
     if a.hf_config:
+        from .catalog import not_a_fifo  # noqa: PLC0415
         from .hf import model_from_hf_config  # noqa: PLC0415
 
+        not_a_fifo(a.hf_config)
         problem = problem.model_copy(update={"model": model_from_hf_config(a.hf_config)})
     if a.output:
-        Path(a.output).resolve().parent.mkdir(parents=True, exist_ok=True)
+        if Path(a.output).is_dir():
+            raise InputError("is a directory, expected an output file name", source=a.output, field="--output")
+        probe = _nearest_existing(Path(a.output).parent)
+        if not probe.is_dir():
+            raise InputError(f"cannot write here: {probe} is not a directory", source=a.output, field="--output")
+        try:
+            Path(a.output).resolve().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create the output directory: {exc.strerror or exc}", source=a.output,
+                             field="--output") from None
     try:
         sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top)
     except InfeasibleError as exc:
@@ -169,10 +213,15 @@ def cmd_export(a: argparse.Namespace) -> int:
     from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
 
     doc = read_document(a.solution)
-    problem_path = a.problem or (doc.get("problem_path") if isinstance(doc, dict) else None)
+    info = doc.get("problem") if isinstance(doc, dict) and isinstance(doc.get("problem"), dict) else {}
+    problem_path = a.problem or info.get("path")
     if not problem_path:
         raise InputError("cannot tell which problem this plan is for: pass --problem PROBLEM", source=a.solution)
     problem = load_problem(problem_path)
+    if not a.problem and info.get("model") not in (None, problem.model.name):
+        raise InputError(f"the plan is for model {info['model']!r} but {problem_path} now describes "
+                         f"{problem.model.name!r} (solved with --hf-config?): pass --problem PROBLEM",
+                         source=a.solution)
     plan = load_plan(a.solution)
     exp = export_plan(problem, plan, a.format)
     for w in exp.warnings:
@@ -191,9 +240,11 @@ def cmd_batch(a: argparse.Namespace) -> int:
 
 
 def cmd_whatif(a: argparse.Namespace) -> int:
-    from .whatif import run_study  # noqa: PLC0415
+    from .whatif import load_study, run_study  # noqa: PLC0415
 
-    result = run_study(a.study, a.output, jobs=a.jobs, time_limit_s=a.time_limit)
+    study = load_study(a.study)  # a bad study file is reported before the output directory
+    _check_out_dir(a.output)
+    result = run_study(study, a.output, jobs=a.jobs, time_limit_s=a.time_limit)
     text = getattr(result, "summary_text", None)
     sys.stdout.write(text() if callable(text) else f"wrote {a.output}\n")
     return EXIT_OK
@@ -222,8 +273,15 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 # ---- parser ------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are bad input too: exit 2 and one line on stderr (the usage is in --help)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="autoshard",
         description="Find the fastest way to parallelize LLM training that fits in HBM, and what it costs.",
         epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input, 130 interrupted.")
@@ -301,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_INPUT
     try:
+        _check_limits(a)
         return a.func(a)
     except InputError as exc:
         print(f"autoshard: error: {exc.line()}", file=sys.stderr)
@@ -308,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     except InfeasibleError as exc:
         print(f"autoshard: infeasible: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    except AutoshardError as exc:  # e.g. every option of a what-if study failed
+        print(f"autoshard: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_INPUT
     except KeyboardInterrupt:
         print("autoshard: interrupted; finished outputs were kept", file=sys.stderr)
         return EXIT_INTERRUPTED

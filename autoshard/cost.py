@@ -884,7 +884,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     # Breakdown along the critical path: the slowest rank's steady state, the bubble, the tail.
     slow = max(range(cfg.pp), key=lambda r: t[r])
     bd = {k: M * (tots[slow].fwd[k] + tots[slow].bwd[k]) for k in TIME_KEYS}
-    bd["pipeline_bubble"] = t_pipe - M * t[slow]
+    bd["pipeline_bubble"] = max(0.0, t_pipe - M * t[slow])  # (round-off can make 1-stage pipelines -1e-20)
     tail_rank = max(range(cfg.pp), key=lambda r: tail_tot[r])
     bd.update(tails[tail_rank])
     tokens = ctx.training.tokens_per_step

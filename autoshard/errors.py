@@ -27,7 +27,9 @@ class InputError(AutoshardError, ValueError):
 
     def line(self) -> str:
         parts = [p for p in (self.source, self.field) if p]
-        return ": ".join([*parts, self.message])
+        text = ": ".join([*parts, self.message])
+        # One line whatever a file name or a quoted value holds.
+        return text.replace("\r", "\\r").replace("\n", "\\n")
 
     def at(self, source: str | None) -> "InputError":
         """The same error, attributed to a file (if it was not already)."""

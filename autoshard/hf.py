@@ -145,6 +145,8 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError("no such file (expected a Hugging Face config.json)", source=src)
     if p.is_dir():
         raise InputError("is a directory without a config.json", source=src)
+    if not p.is_file():
+        raise InputError("not a regular file (a FIFO or device?)", source=src)
     try:
         raw = p.read_bytes()
     except OSError as exc:

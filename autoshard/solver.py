@@ -552,8 +552,13 @@ def _placements(problem: Problem, ctx: Context, cfg: Config) -> list[Config]:
     else:
         sizes = {"tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "dp": max(1, cfg.dp // cfg.ep), "pp": cfg.pp}
         live = [a for a in MESH_AXES if sizes[a] > 1]
-        orders = ["-".join([*perm, *[a for a in MESH_AXES if a not in perm]]) for perm in permutations(live)]
-        orders = orders or ["-".join(MESH_AXES)]
+        slots = [i for i, a in enumerate(MESH_AXES) if a in live]
+        orders = []
+        for perm in permutations(live):  # size-1 axes stay where the canonical order has them
+            order = list(MESH_AXES)
+            for i, a in zip(slots, perm):
+                order[i] = a
+            orders.append("-".join(order))
     seen: dict[Any, Config] = {}
     for order in orders:
         c = _with_placement(cfg, order)
@@ -799,11 +804,17 @@ def _rounding_tolerance(ctx: Context, table: Table) -> float:
 def describe_difference(a: Plan, b: Plan) -> str:
     """What distinguishes plan b from plan a, in knob=value terms."""
     diffs = []
-    for knob in ("tp", "cp", "ep", "pp", "vpp", "dp", "sequence_parallel", "zero_stage", "micro_batch_size",
-                 "schedule", "placement"):
+    for knob in ("tp", "cp", "ep", "pp", "vpp", "dp", "sp", "zero_stage", "micro_batch_size", "schedule"):
         va, vb = getattr(a, knob), getattr(b, knob)
         if va != vb:
-            diffs.append(f"{knob} {va} -> {vb}")
+            diffs.append(f"{'sequence_parallel' if knob == 'sp' else knob} {va} -> {vb}")
+
+    def live(p: Plan) -> list[str]:  # the order of the axes larger than 1 is all a placement decides
+        sizes = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": (p.dp or 1) // p.ep, "pp": p.pp}
+        return [x for x in p.axes if sizes[x] > 1]
+
+    if live(a) != live(b):
+        diffs.append(f"placement {a.placement} -> {b.placement}")
     if a.stage_layers != b.stage_layers:
         diffs.append(f"stage_layers {b.stage_layers}")
     ra = a.recompute if isinstance(a.recompute, str) else "per-layer"

@@ -7,10 +7,11 @@ Model fields are spelled as in Hugging Face config.json.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 Precision = Literal["bf16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
@@ -35,6 +36,29 @@ Count = Annotated[int, Field(ge=1)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads `true` as 1: `num_gpus: true` would plan for one GPU.
+        if (isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v))) \
+                and not _takes_bool(cls, info.field_name):
+            raise ValueError(f"expected a number, not true/false (got {v!r})")
+        return v
+
+
+@functools.cache
+def _takes_bool(cls: type[BaseModel], field: str | None) -> bool:
+    """Whether a field may hold true/false: it accepts bool, or is not a number at all."""
+    def kinds(ann: Any) -> set[str]:
+        if ann is bool:
+            return {"bool"}
+        if ann in (int, float) or (isinstance(ann, int) and not isinstance(ann, bool)):
+            return {"number"}  # int, float, or a Literal of ints
+        return set().union(*(kinds(a) for a in get_args(ann))) if get_args(ann) else set()
+    info = cls.model_fields.get(field or "")
+    found = kinds(info.annotation) if info is not None else {"bool"}
+    return "bool" in found or "number" not in found
 
 
 class ModelSpec(Strict):

@@ -138,8 +138,10 @@ class ClusterGraph:
         """Index of the lowest level whose domain holds both GPUs (-1: the same GPU)."""
         if a == b:
             return -1
-        anc = nx.lowest_common_ancestor(self.graph, ("gpu", a), ("gpu", b))
-        return int(self.graph.nodes[anc]["level"])
+        # The lowest common ancestor in the tree, read from the per-level domains taken off the
+        # graph at construction (networkx's LCA re-checks acyclicity on every call).
+        same = np.flatnonzero(self.domain[:, a] == self.domain[:, b])
+        return int(same[0]) if len(same) else len(self.levels)
 
     def group_profile(self, ranks: np.ndarray) -> Profile:
         """Profile of process groups given as rows of GPU ranks (all rows alike in shape).

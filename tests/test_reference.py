@@ -145,3 +145,12 @@ def test_seed_plan_is_plausible():
     assert 2.0 < per_mb < 3.5
     assert est.peak_memory_gib < 80
     assert math.isclose(sum(est.time_breakdown_s.values()), est.step_time_s, rel_tol=1e-9)
+
+
+def test_common_level_agrees_with_networkx_lca():
+    import networkx as nx
+
+    levels, g = ideal_superpod(1024)
+    for a, b in [(0, 7), (0, 8), (0, 255), (0, 256), (5, 1000), (300, 301)]:
+        anc = nx.lowest_common_ancestor(g.graph, ("gpu", a), ("gpu", b))
+        assert g.common_level(a, b) == g.graph.nodes[anc]["level"]
