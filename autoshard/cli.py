@@ -61,6 +61,9 @@ def _check_limits(a: argparse.Namespace) -> None:
     top = getattr(a, "top", None)
     if top is not None and top < 0:
         raise InputError(f"must be >= 0, got {top}", field="--top")
+    gap = getattr(a, "gap", None)
+    if gap is not None and not (math.isfinite(gap) and 0 <= gap < 1):
+        raise InputError(f"must be a fraction in [0, 1), got {gap:g}", field="--gap")
 
 
 def _nearest_existing(p: Path) -> Path:
@@ -129,7 +132,7 @@ def cmd_solve(a: argparse.Namespace) -> int:
             raise InputError(f"cannot create the output directory: {exc.strerror or exc}", source=a.output,
                              field="--output") from None
     try:
-        sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top)
+        sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top, gap_limit=a.gap)
     except InfeasibleError as exc:
         if a.json:
             _print_json({"status": "INFEASIBLE", "reason": exc.reason, "suggestions": exc.suggestions})
@@ -244,9 +247,13 @@ def cmd_whatif(a: argparse.Namespace) -> int:
 
     study = load_study(a.study)  # a bad study file is reported before the output directory
     _check_out_dir(a.output)
-    result = run_study(study, a.output, jobs=a.jobs, time_limit_s=a.time_limit)
-    text = getattr(result, "summary_text", None)
-    sys.stdout.write(text() if callable(text) else f"wrote {a.output}\n")
+    def progress(done: int, total: int, label: str) -> None:
+        if total and not a.quiet:
+            end = "\n" if done == total or not sys.stderr.isatty() else ""
+            print(f"\r[{done}/{total}] {label}"[:200], end=end, file=sys.stderr, flush=True)
+
+    result = run_study(study, a.output, jobs=a.jobs, time_limit_s=a.time_limit, progress=progress)
+    sys.stdout.write(result.summary_text())
     return EXIT_OK
 
 
@@ -299,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", metavar="FILE", help="write the solution (.json: machine record, else markdown)")
     s.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit in seconds (default 60)")
     s.add_argument("--top", type=int, default=3, metavar="K", help="alternatives to report (default 3)")
+    s.add_argument("--gap", type=float, default=1e-3, metavar="G",
+                   help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
 
     e = add("evaluate", cmd_evaluate, "Step time, MFU and per-stage memory of a given plan.")
@@ -339,7 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("study", metavar="STUDY")
     w.add_argument("-o", "--output", required=True, metavar="DIR")
     w.add_argument("--jobs", type=int, default=1, metavar="N")
-    w.add_argument("--time-limit", type=float, default=30.0, metavar="S")
+    w.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="solver limit per option (default: the study's time_limit_s, else 10 s)")
+    w.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     v = add("validate", cmd_validate, "Compare predicted step times with published measured runs.")
     v.add_argument("runs", nargs="?", default=None, metavar="RUNS.json")
