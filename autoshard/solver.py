@@ -203,6 +203,11 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
     d_v = m.v_head_dim if m.is_mla else m.head_size
     attn = L * 2 * tr.seq_len * m.num_attention_heads * (d_qk + d_v) * 0.5
     compute = tokens * (3 * 2 * mm / tp / ctx.mm_flops_per_s + 3.5 * attn / tp / ctx.attn_flops_per_s)
+    # Roofline: sum_i max(flops_i, bytes_i) >= max(sum flops, sum bytes); every matmul weight a GPU
+    # holds is read by the forward, the input-gradient and the weight-gradient GEMMs.
+    held = sum(layer_params(m, k)[0] - layer_params(m, k)[1] + layer_params(m, k)[1] / ep for k in kinds) / tp
+    held = held + m.vocab_size * h / tp
+    compute = np.maximum(compute, 3 * BF16 * held / ctx.hbm_bytes_per_s)
     res = np.where(sp > 0, tokens / tp, tokens)
     mats = 3 if m.gated else 2
     ffn = sum(m.intermediate_size if k == "dense" else m.num_experts_per_tok * m.expert_ffn for k in kinds)
@@ -577,18 +582,20 @@ class _Found:
     tolerance_s: float = 0.0
 
 
-def balanced_max(per_layer: float, extras: list[float], layers: int) -> float:
+def balanced_max(per_layer: float, extras: list[float], layers: int, min_per: int = 1) -> float:
     """The smallest possible time of the fullest stage when `layers` layers of `per_layer`
     seconds each are split over stages with fixed `extras` (>= 1 layer per stage): the least
     T with sum_p floor((T - extra_p) / per_layer) >= layers. A relaxation of the stage split
     (every layer at its cheapest), so a lower bound of max_p t_p."""
     ex = np.asarray(extras, dtype=float)
-    n = np.arange(1, layers + 1, dtype=float)
+    if layers <= 0:
+        return float(ex.max())
+    n = np.arange(min_per, layers + 1, dtype=float)
     cand = np.unique((ex[:, None] + per_layer * n[None, :]).ravel())
 
     def ok(t: float) -> bool:
         cnt = np.floor((t - ex) / per_layer + 1e-9)
-        return bool(cnt.min() >= 1 and cnt.sum() >= layers)
+        return bool(cnt.min() >= min_per and cnt.sum() >= layers)
 
     lo, hi = 0, len(cand) - 1
     while lo < hi:
@@ -654,13 +661,19 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     if cfg.vpp == 1:
         tmax = balanced_max(tau, t_ex, L)
     else:  # a rank holds vpp chunks of >= 1 layer each
-        tmax = max(fast / cfg.pp, balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau)
+        tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
+    # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
+    for k in set(kinds):
+        tk = min(table.layers[(k, r)].total_s for r in modes)
+        tmax = max(tmax, balanced_max(tk, t_ex, kinds.count(k), min_per=0))
+    tmax = max(tmax, fast / cfg.pp)
     if cfg.schedule == "zero_bubble":
         # One micro-batch's forward and input-gradient backward cross every stage in turn:
         # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
         u = {k: min(table.layers[(k, r)].total_s - table.layers[(k, r)].wgrad_s for r in modes) for k in set(kinds)}
         serial = sum(kinds.count(k) * u[k] for k in set(kinds)) + sum(u_ex) - (V - 1) * table.pp_p2p_s
-        umax = balanced_max(min(u.values()), u_ex, L)
+        umax = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
+                   *(balanced_max(u[k], u_ex, kinds.count(k), min_per=0) for k in set(kinds)))
         # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
         return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
     if cfg.schedule == "interleaved":
