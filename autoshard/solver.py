@@ -584,27 +584,37 @@ class _Found:
 
 def balanced_max(per_layer: float, extras: list[float], layers: int, min_per: int = 1) -> float:
     """The smallest possible time of the fullest stage when `layers` layers of `per_layer`
-    seconds each are split over stages with fixed `extras` (>= 1 layer per stage): the least
-    T with sum_p floor((T - extra_p) / per_layer) >= layers. A relaxation of the stage split
-    (every layer at its cheapest), so a lower bound of max_p t_p."""
-    ex = np.asarray(extras, dtype=float)
-    if layers <= 0:
-        return float(ex.max())
-    n = np.arange(min_per, layers + 1, dtype=float)
-    cand = np.unique((ex[:, None] + per_layer * n[None, :]).ravel())
+    seconds each are split over stages with fixed `extras` (>= `min_per` layers per stage):
+    the least T with sum_p floor((T - extra_p) / per_layer) >= layers. A relaxation of the
+    stage split (every layer at its cheapest), so a lower bound of max_p t_p."""
+    groups: dict[float, int] = {}
+    for e in extras:
+        groups[e] = groups.get(e, 0) + 1
+    if layers <= 0 or per_layer <= 0:
+        return max(extras) + per_layer * min_per
 
-    def ok(t: float) -> bool:
-        cnt = np.floor((t - ex) / per_layer + 1e-9)
-        return bool(cnt.min() >= min_per and cnt.sum() >= layers)
+    def enough(t: float) -> bool:
+        total = 0
+        for e, cnt in groups.items():
+            k = math.floor((t - e) / per_layer + 1e-9)
+            if k < min_per:
+                return False
+            total += k * cnt
+        return total >= layers
 
-    lo, hi = 0, len(cand) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(cand[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(cand[lo])
+    best = math.inf
+    for e in groups:  # the answer is e + n * per_layer for some stage extra e and count n
+        lo, hi = min_per, layers
+        if not enough(e + hi * per_layer):
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if enough(e + mid * per_layer):
+                hi = mid
+            else:
+                lo = mid + 1
+        best = min(best, e + lo * per_layer)
+    return best
 
 
 def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float], list[float]]:
@@ -626,6 +636,28 @@ def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float
     return t, u
 
 
+def _mean_rank(table: Table, kinds: list[str], modes: list[str], p: int) -> Any:
+    """The mean pipeline rank's totals (params, forward, backward with the slowest recompute
+    mode per kind, i.e. the longest backward window), summed per kind rather than per layer."""
+    from .cost import RankTotals, TIME_KEYS  # noqa: PLC0415
+
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    params = eparams = 0.0
+    pieces = [(kinds.count(k), table.layers[(k, max(modes, key=lambda r: table.layers[(k, r)].bwd_s))])
+              for k in set(kinds)] + [(1, table.embed), (1, table.head)]
+    for n, c in pieces:
+        for key in TIME_KEYS:
+            fwd[key] += n * c.fwd[key] / p
+            bwd[key] += n * c.bwd[key] / p
+        params += n * c.params / p
+        eparams += n * c.expert_params / p
+    hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
+    fwd["pp_comm"] += hops
+    bwd["pp_comm"] += hops
+    return RankTotals(fwd, bwd, 0.0, 0.0, params, eparams, 0.0, 0.0, len(kinds), {}, {})
+
+
 def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     """Lower bound of one configuration from its exact table: every layer at its fastest
     recompute mode, stages as balanced as whole layers allow (`balanced_max`), memory ignored;
@@ -639,19 +671,10 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     # Data-parallel tail: max over ranks >= its value at the mean rank (max(0, .) is convex
     # and the tail is affine in each rank's parameters and backward window), with the
     # backward window as long as recompute can make it.
-    from .cost import assign_layers, dp_tail, rank_totals, tail_model  # noqa: PLC0415
+    from .cost import dp_tail, tail_model  # noqa: PLC0415
 
-    slow = {k: max(modes, key=lambda r: table.layers[(k, r)].bwd_s) for k in set(kinds)}
-    tot = rank_totals(table, assign_layers(kinds, [slow[k] for k in kinds], [L], 1)[0], True, True)
     p = cfg.pp
-    tot.params /= p
-    tot.expert_params /= p
-    for key in tot.fwd:
-        tot.fwd[key] /= p
-        tot.bwd[key] /= p
-    hops = (cfg.pp * cfg.vpp - 1) * table.pp_p2p_s / p  # mean pipeline sends / receives per rank
-    tot.fwd["pp_comm"] += hops
-    tot.bwd["pp_comm"] += hops
+    tot = _mean_rank(table, kinds, modes, p)
     tail = sum(dp_tail(tail_model(ctx, table), tot).values())
     if cfg.pp == 1:
         return M * fast + tail
@@ -733,6 +756,14 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
     def target() -> float:
         return found[0].step_s * (1 - gap_limit) if found else math.inf
 
+    # Warm start: even splits with one recompute mode for every layer, on the most promising
+    # configurations (no CP-SAT); a strong incumbent early makes every cutoff and bound bite.
+    warm = _warm_start(problem, ctx, [cands[i] for i in order[:WARM_START_CONFIGS]], modes,
+                       deadline=t0 + time_limit_s / 4)
+    if warm is not None:
+        seq += 1
+        found.append(_Found(warm.step_time_s, seq, warm.plan, warm.step_time_s, 0.0))
+
     for pos, i in enumerate(order):
         if t_lb[i] >= target():
             pruned_bound += len(order) - pos
@@ -804,6 +835,32 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
     alts = [Alternative(plan=f.plan, estimate=_evaluate(problem, f.plan), differs=describe_difference(best.plan, f.plan),
                         slower_pct=100 * (f.step_s / best.step_s - 1)) for f in found[1:top_k + 1]]
     return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=alts)
+
+
+WARM_START_CONFIGS = 3000
+
+
+def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[str], deadline: float) -> Estimate | None:
+    """The best plan among even stage splits with a uniform recompute mode (fastest mode that
+    fits), placement canonical, over `cfgs`: a real, evaluated plan to start branch and bound."""
+    from .cost import assemble, even_split  # noqa: PLC0415
+
+    best: Estimate | None = None
+    L = ctx.model.num_hidden_layers
+    for cfg in cfgs:
+        if time.perf_counter() > deadline:
+            break
+        table = layer_table(ctx, cfg)
+        split = even_split(L, cfg.pp * cfg.vpp)
+        for mode in sorted(modes, key=lambda r: table.layers[(ctx.model.layer_kinds()[-1], r)].total_s):
+            if best is not None and _table_bound(ctx, table, modes) >= best.step_time_s:
+                break
+            est = assemble(ctx, table, split, [mode] * L, cfg.plan(mode, split), [])
+            if est.fits:
+                if best is None or est.step_time_s < best.step_time_s:
+                    best = est
+                break
+    return best
 
 
 def _rounding_tolerance(ctx: Context, table: Table) -> float:
