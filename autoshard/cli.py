@@ -252,7 +252,11 @@ def cmd_whatif(a: argparse.Namespace) -> int:
             end = "\n" if done == total or not sys.stderr.isatty() else ""
             print(f"\r[{done}/{total}] {label}"[:200], end=end, file=sys.stderr, flush=True)
 
-    result = run_study(study, a.output, jobs=a.jobs, time_limit_s=a.time_limit, progress=progress)
+    if a.scheduler and a.executor == "local":
+        raise InputError("a scheduler address needs --executor dask", field="--scheduler")
+    executor = a.executor or ("dask" if a.scheduler else "local")
+    result = run_study(study, a.output, jobs=a.jobs, time_limit_s=a.time_limit, progress=progress,
+                       executor=executor, scheduler=a.scheduler)
     sys.stdout.write(result.summary_text())
     return EXIT_OK
 
@@ -347,9 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     w = add("whatif", cmd_whatif, "What-if study of hardware options: time, money, energy, Pareto front, report.")
     w.add_argument("study", metavar="STUDY")
     w.add_argument("-o", "--output", required=True, metavar="DIR")
-    w.add_argument("--jobs", type=int, default=1, metavar="N")
+    w.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="worker processes (0: one per CPU); with --executor dask and no --scheduler, "
+                        "the workers of the local Dask cluster")
     w.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="solver limit per option (default: the study's time_limit_s, else 10 s)")
+    w.add_argument("--executor", choices=["local", "dask"], default=None,
+                   help="local: a process pool on this machine (default); dask: a Dask cluster "
+                        "(needs pip install 'autoshard[dask]')")
+    w.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask; default: "
+                        "a local cluster of --jobs workers started for the run)")
     w.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     v = add("validate", cmd_validate, "Compare predicted step times with published measured runs.")

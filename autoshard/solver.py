@@ -522,7 +522,8 @@ class StageModel:
             return "FEASIBLE", int(round(solver.objective_value)), int(round(solver.best_objective_bound))
         if status == cp_model.INFEASIBLE:
             return "INFEASIBLE", None, None
-        return "UNKNOWN", None, None
+        bound = solver.best_objective_bound  # a proven bound even when no solution was found
+        return "UNKNOWN", None, (int(bound) if math.isfinite(bound) else None)
 
     def read_counts(self) -> dict[tuple[int, str, str], int]:
         return {(c, k, r): self.solver.value(self.n[c][k][r])
@@ -795,7 +796,8 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
             if obj is None:
                 if status == "UNKNOWN":
                     timed_out = True
-                    lower = min(lower, tbound)
+                    cp_bound = bnd * TIME_UNIT_S / sm.scale if bnd is not None else -math.inf
+                    lower = min(lower, max(tbound, cp_bound))
                 elif cutoff is not None:  # proven: nothing in this configuration reaches the goal
                     lower = min(lower, goal)  # (up to the integer rounding, reported separately)
                 continue

@@ -6,7 +6,8 @@ $/GPU-hour, or capex + power) and constraints (budget, power cap, deadline). `ru
 solves the best plan of every option (in parallel), adds goodput (failures, checkpoints,
 restarts), cost and energy, sensitivities to faster hardware, the Pareto front of time vs
 cost, and a purchase decision made with CP-SAT; it writes `results.json`, `results.csv`,
-`report.md`, `report.html` and PNG plots.
+`report.md`, `report.html` and PNG plots. The options are solved by a local process pool, or
+(`executor="dask"`, the `autoshard[dask]` extra) on a Dask cluster for sweeps larger than one machine.
 
 Assumptions (all overridable in the study file, all written into results.json):
 
@@ -32,6 +33,7 @@ Public API: `load_study`, `run_study`, `optimize_purchase`, `pareto_front`, `goo
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -43,7 +45,9 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -613,9 +617,14 @@ def _ignore_sigint() -> None:
 
 
 def run_task(task: Task) -> dict[str, Any]:
-    """Solve one (workload, hardware) pair: JSON-ready dict, never raises for a bad option."""
+    """Solve one (workload, hardware) pair: JSON-ready dict, never raises for a bad option.
+
+    Module-level and picklable: the process pool and the Dask executor both run it."""
     t0 = time.perf_counter()
     out: dict[str, Any] = {"key": task.key}
+    # A worker on another machine (Dask scheduler) does not see the client's scratch directory:
+    # the sensitivities then use a temporary directory of their own.
+    scratch = task.scratch if task.scratch and os.path.isdir(task.scratch) else None
     try:
         solved = solve_option(task.problem, time_limit_s=task.time_limit_s)
     except InfeasibleError as exc:
@@ -632,7 +641,7 @@ def run_task(task: Task) -> dict[str, Any]:
             solver_status=solved.status, solve_time_s=solved.solve_time_s)
         try:
             out["sensitivity"] = sensitivities(task.problem, solved, mode=task.sensitivity,
-                                               time_limit_s=task.time_limit_s, scratch=task.scratch)
+                                               time_limit_s=task.time_limit_s, scratch=scratch)
         except Exception as exc:  # noqa: BLE001
             out["sensitivity"] = {"gains_pct": {}, "shares": {}, "binding": "unknown",
                                   "notes": [f"sensitivity failed: {type(exc).__name__}: {exc}"[:300]]}
@@ -947,12 +956,16 @@ def _task_key(w: Workload, o: Option) -> str:
     return f"{h}:{o.hw_id}:{o.catalog or ''}"
 
 
-def _execute(tasks: Sequence[Task], jobs: int, progress: ProgressFn | None, done: dict[str, dict]) -> None:
+def _execute(tasks: Sequence[Task], jobs: int, progress: ProgressFn | None, done: dict[str, dict], *,
+             executor: str = "local", scheduler: str | None = None) -> None:
     """Run tasks, filling `done` as they finish (so an interrupt keeps what finished)."""
     total = len(tasks)
     order = sorted(tasks, key=lambda t: (-t.num_gpus, t.key))  # big clusters first: better balance
     if progress:
         progress(0, total, "")
+    if executor == "dask":
+        _execute_dask(order, jobs, progress, done, scheduler)
+        return
     if jobs <= 1 or total <= 1:
         for t in order:
             done[t.key] = run_task(t)
@@ -973,6 +986,122 @@ def _execute(tasks: Sequence[Task], jobs: int, progress: ProgressFn | None, done
         raise
     finally:
         pool.join()
+
+
+# ---- Dask executor (optional extra: pip install 'autoshard[dask]') ------------------------------
+
+EXECUTORS = ("local", "dask")
+DASK_EXTRA_HINT = "the dask executor needs `pip install 'autoshard[dask]'`"
+
+
+def _import_distributed() -> Any:
+    """The `distributed` module, or a one-line InputError naming the extra."""
+    try:
+        import distributed  # noqa: PLC0415
+    except ImportError:
+        raise InputError(DASK_EXTRA_HINT) from None
+    return distributed
+
+
+# Run by each worker of a LocalCluster started here (a Dask "preload" given as source text), in the
+# worker's main thread: the workers ignore Ctrl-C, like the local pool's workers, and the interrupt
+# is handled by the client (cancel, close) instead of by a traceback from every worker.
+_WORKER_PRELOAD = """
+import signal
+
+
+def dask_setup(worker):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+"""
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Any:
+    """Hold a Ctrl-C that arrives inside the block and raise it on exit: a cluster being started is
+    assigned first, so the caller can close it."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None or previous == signal.SIG_IGN or previous == signal.SIG_DFL:
+        yield
+        return
+    hit: list[Any] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: hit.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if hit:
+            if previous is signal.default_int_handler or not callable(previous):
+                raise KeyboardInterrupt
+            previous(signal.SIGINT, hit[0])
+
+
+def _local_cluster(distributed: Any, n_workers: int) -> Any:
+    import logging  # noqa: PLC0415
+
+    # On 127.0.0.1, no dashboard, the scheduler's HTTP routes (health, metrics) on a free port instead of
+    # 8787 (which another cluster may hold); worker logs only at ERROR (a cancel logs warnings).
+    return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                    dashboard_address=None,
+                                    scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
+                                    silence_logs=logging.ERROR, preload=[_WORKER_PRELOAD])
+
+
+def _dask_failure(task: Task, exc: BaseException) -> dict[str, Any]:
+    """A task that the cluster could not run (worker lost, autoshard missing on a worker): an error row."""
+    return {"key": task.key, "status": "error",
+            "reason": f"dask: {type(exc).__name__}: {exc}".splitlines()[0][:300]}
+
+
+def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None, done: dict[str, dict],
+                  scheduler: str | None) -> None:
+    """Run tasks on a Dask cluster: the scheduler at `scheduler`, else a LocalCluster of `jobs`
+    single-threaded worker processes started for this run. The same `run_task` as the local pool;
+    results are gathered as they complete. On an interrupt the pending futures are cancelled and the
+    client (and a cluster started here) closed; what finished stays in `done`."""
+    distributed = _import_distributed()
+    total = len(order)
+    cluster = client = None
+    futures: list[Any] = []
+    by_key: dict[str, Task] = {}
+    try:
+        if scheduler:
+            try:
+                client = distributed.Client(scheduler, set_as_default=False)
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
+                                 source=scheduler) from None
+        else:
+            with _sigint_deferred():  # a Ctrl-C while it starts is raised after `cluster` is set
+                cluster = _local_cluster(distributed, min(jobs, total))
+            client = distributed.Client(cluster, set_as_default=False)
+        run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other sweeps too
+        for i, t in enumerate(order):  # big clusters first, as in the local pool
+            key = f"autoshard-whatif-{run_id}-{i}"
+            by_key[key] = t
+            futures.append(client.submit(run_task, t, key=key, pure=False, priority=total - i))
+        for fut in distributed.as_completed(futures, loop=client.loop):
+            task = by_key[fut.key]
+            try:
+                res = fut.result()
+            except Exception as exc:  # noqa: BLE001  (a lost worker must not sink the sweep; reported per row)
+                res = _dask_failure(task, exc)
+            done[res["key"]] = res
+            if progress:
+                progress(len(done), total, task.label)
+    except BaseException:
+        if client is not None and futures:
+            try:
+                client.cancel(futures)
+            except Exception:  # noqa: BLE001, S110  (closing below releases them anyway)
+                pass
+        raise
+    finally:  # a failure to close must not hide the result or the interrupt
+        for closable in (client, cluster):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:  # noqa: BLE001, S110
+                    pass
 
 
 def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> dict[str, Any]:
@@ -1094,7 +1223,8 @@ def _warnings(study: Study, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: float, jobs: int,
-              time_limit_s: float, *, recommend: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+              time_limit_s: float, *, recommend: bool = True,
+              executor: str = "local") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rows: list[dict[str, Any]] = []
     for w in study.workloads:
         for o in study.options:
@@ -1151,7 +1281,7 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         "pareto": pareto,
         "recommended": recommended,
         "recommendations": recs,
-        "timing": {"elapsed_s": elapsed, "jobs": jobs, "time_limit_s": time_limit_s,
+        "timing": {"elapsed_s": elapsed, "jobs": jobs, "executor": executor, "time_limit_s": time_limit_s,
                    "tasks_done": len(results)},
     }
     return _jsonable(doc), rows
@@ -1185,7 +1315,7 @@ def _write_results(out_dir: Path, doc: dict[str, Any], rows: Sequence[dict[str, 
 
 def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | Study, out_dir: str | os.PathLike[str],
               *, jobs: int = 1, time_limit_s: float | None = None, progress: ProgressFn | None = None,
-              report: bool = True) -> StudyResult:
+              report: bool = True, executor: str = "local", scheduler: str | None = None) -> StudyResult:
     """Run a what-if study and write its results and report into `out_dir`.
 
     `jobs`: worker processes (0: one per CPU). `time_limit_s`: per solve (default: the
@@ -1193,7 +1323,20 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
     done=0 before the first task and after each finished task (label: "workload on
     gpu/num_gpus/topology"). On KeyboardInterrupt the finished rows are written to
     results.json (`complete: false`) and results.csv, and the interrupt is re-raised.
+
+    `executor`: "local" (default: a process pool on this machine) or "dask" (needs the
+    `autoshard[dask]` extra): the options are solved on the Dask scheduler at `scheduler`
+    (e.g. "tcp://host:8786"; `jobs` is then unused: the cluster's workers decide), else on a
+    `distributed.LocalCluster` of `jobs` single-threaded worker processes started for this run.
+    Remote workers need the same autoshard installed and any catalog files a study names at the
+    same paths. The results are the same as the local executor's (timing fields aside).
     """
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r} (valid: {', '.join(EXECUTORS)})", field="executor")
+    if scheduler and executor != "dask":
+        raise InputError("a scheduler address needs the dask executor", field="scheduler")
+    if executor == "dask":
+        _import_distributed()  # fail on the missing extra before any work
     st = study if isinstance(study, Study) else load_study(study)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -1206,14 +1349,15 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
     written = False
     try:
         tasks = _tasks(st, limit, scratch)
-        _execute(list(tasks.values()), jobs, progress, results)
-        doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit)
+        _execute(list(tasks.values()), jobs, progress, results, executor=executor, scheduler=scheduler)
+        doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit, executor=executor)
         files = _write_results(out, doc, rows)
         written = True
     except KeyboardInterrupt:
         # Keep what finished: rows and Pareto flags, no purchase decision (complete: false).
         if not written:
-            doc, rows = _document(st, results, False, time.perf_counter() - t0, jobs, limit, recommend=False)
+            doc, rows = _document(st, results, False, time.perf_counter() - t0, jobs, limit, recommend=False,
+                                  executor=executor)
             _write_results(out, doc, rows)
         raise
     finally:
