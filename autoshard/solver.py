@@ -30,7 +30,6 @@ layers as early as possible) and by candidate order.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from dataclasses import dataclass
@@ -455,7 +454,6 @@ class StageModel:
         tm = tail_model(ctx, tb)
         tail_max = md.new_int_var(0, horizon, "tail_max")
         for p in range(cfg.pp):
-            dense = self._piece_sum(p, lambda c: 0) + 0
             red = (self._piece_sum(p, lambda c: _t(tm.reduce[0] * (c.params - c.expert_params) + tm.reduce[1] * c.expert_params))
                    + _t(tm.reduce[0] * self._rank_const(p, lambda c: c.params - c.expert_params)
                         + tm.reduce[1] * self._rank_const(p, lambda c: c.expert_params) + tm.reduce[2])) if any(tm.reduce) else 0
@@ -471,7 +469,7 @@ class StageModel:
             # overlapped(x, w) = max(0, x - w) + k min(x, w) = (1 - k) max(0, x - w) + k x, k = a / d.
             a_, d_ = round(COMM_INTERFERENCE * INTERFERENCE_DENOM), INTERFERENCE_DENOM
             md.add(d_ * tail_max >= tm.reduce_repeats * ((d_ - a_) * ex_red + a_ * red)
-                   + (d_ - a_) * ex_gat + a_ * gat + d_ * (opt + dense))
+                   + (d_ - a_) * ex_gat + a_ * gat + d_ * opt)
         self.scale = scale
         self.step = pipe + scale * tail_max
         if self.cutoff is not None:
