@@ -491,40 +491,50 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     return {"none": none, "selective": selective, "full": BF16 * T * h / div}
 
 
-def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: Recompute) -> Cost:
+def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str, Cost]:
+    """One layer of `kind` under every recompute mode (the forward pass, communication and
+    activations are priced once and shared by the modes)."""
     sh = Shapes(ctx, cfg)
     afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
     mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, kind)
-    c = Cost()
-    for key in TIME_KEYS:
-        c.fwd[key] = afwd[key] + mfwd[key]
-        c.bwd[key] = abwd[key] + mbwd[key]
-    c.wgrad_s = awgrad + mwgrad
     params, experts = layer_params(ctx.model, kind)
     dense_local = (params - experts) / cfg.tp
     expert_local = experts / (cfg.tp * cfg.ep)
-    c.params = dense_local + expert_local
-    c.expert_params = expert_local
     acts = _activation_bytes(ctx, cfg, sh, kind)
-    c.act_bytes = acts[recompute]
-    c.work_bytes = acts["none"]
     flops = aflops + mflops
-    c.hfu_flops = c.base_flops = 3 * flops
-    if recompute == "full":
-        c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
-        c.hfu_flops += flops
-    elif recompute == "selective":
-        c.bwd["recompute"] = core
-        c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
-    # ZeRO-3: gather this layer's weights before forward and backward, reduce-scatter its gradients.
-    if cfg.zero == 3 and cfg.dp * cfg.cp > 1:
-        pl_dp, pl_e = pl.dp_cp, pl.edp
+    zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
+    if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
         w_dense, w_exp = BF16 * dense_local, BF16 * expert_local
-        ag = all_gather_s(ctx.levels, pl_dp, w_dense) + all_gather_s(ctx.levels, pl_e, w_exp)
-        rs = reduce_scatter_s(ctx.levels, pl_dp, w_dense) + reduce_scatter_s(ctx.levels, pl_e, w_exp)
-        c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
-        c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
-    return c
+        ag = all_gather_s(ctx.levels, pl.dp_cp, w_dense) + all_gather_s(ctx.levels, pl.edp, w_exp)
+        rs = reduce_scatter_s(ctx.levels, pl.dp_cp, w_dense) + reduce_scatter_s(ctx.levels, pl.edp, w_exp)
+    out = {}
+    for recompute in RECOMPUTES:
+        c = Cost()
+        for key in TIME_KEYS:
+            c.fwd[key] = afwd[key] + mfwd[key]
+            c.bwd[key] = abwd[key] + mbwd[key]
+        c.wgrad_s = awgrad + mwgrad
+        c.params = dense_local + expert_local
+        c.expert_params = expert_local
+        c.act_bytes = acts[recompute]
+        c.work_bytes = acts["none"]
+        c.hfu_flops = c.base_flops = 3 * flops
+        if recompute == "full":
+            c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
+            c.hfu_flops += flops
+        elif recompute == "selective":
+            c.bwd["recompute"] = core
+            c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+        if zero3:
+            c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
+            c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
+        out[recompute] = c
+    return out
+
+
+def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: Recompute) -> Cost:
+    """One layer of `kind` with one recompute mode (see `layer_costs`)."""
+    return layer_costs(ctx, cfg, pl, kind)[recompute]
 
 
 def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
@@ -582,7 +592,7 @@ class Table:
 def layer_table(ctx: Context, cfg: Config) -> Table:
     pl = place(ctx.graph, cfg.plan(), cfg.dp)
     kinds = sorted(set(ctx.model.layer_kinds()))
-    layers = {(k, r): layer_cost(ctx, cfg, pl, k, r) for k in kinds for r in RECOMPUTES}
+    layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
     # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.

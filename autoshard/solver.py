@@ -150,18 +150,17 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
                     continue
                 if pp == 1 and sched != "1f1b":
                     continue
+                # The validity rules do not depend on the ZeRO stage or SP: check once.
+                probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched)
+                if config_reasons(problem, probe)[1] or (sched == "interleaved" and mb % pp):
+                    continue
                 for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"]):
                     if tp == 1 and not sp and True in sp_["sequence_parallel"]:
                         continue  # sp is meaningless at tp=1: keep one of the two
                     if dp * cp == 1 and zero > 0 and 0 in sp_["zero_stage"]:
                         continue  # nothing to shard: ZeRO stages are all the same plan
-                    plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, sequence_parallel=sp and tp > 1,
-                                zero_stage=zero, micro_batch_size=mbs, schedule=sched)
-                    if config_reasons(problem, plan)[1]:
-                        continue
-                    if sched == "interleaved" and mb % pp:
-                        continue
-                    out.append(Config.of(plan, dp))
+                    out.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched,
+                                      probe.placement))
     return out
 
 
@@ -685,7 +684,7 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     else:  # a rank holds vpp chunks of >= 1 layer each
         tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
     # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
-    for k in set(kinds):
+    for k in (set(kinds) if len(set(kinds)) > 1 else ()):
         tk = min(table.layers[(k, r)].total_s for r in modes)
         tmax = max(tmax, balanced_max(tk, t_ex, kinds.count(k), min_per=0))
     tmax = max(tmax, fast / cfg.pp)
@@ -695,7 +694,7 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
         u = {k: min(table.layers[(k, r)].total_s - table.layers[(k, r)].wgrad_s for r in modes) for k in set(kinds)}
         serial = sum(kinds.count(k) * u[k] for k in set(kinds)) + sum(u_ex) - (V - 1) * table.pp_p2p_s
         umax = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
-                   *(balanced_max(u[k], u_ex, kinds.count(k), min_per=0) for k in set(kinds)))
+                   *(balanced_max(u[k], u_ex, kinds.count(k), min_per=0) for k in u if len(u) > 1))
         # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
         return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
     if cfg.schedule == "interleaved":
@@ -708,7 +707,7 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
 def _optimistic_table(ctx: Context, cfg: Config) -> Table:
     """The table with every process group on consecutive GPUs: the cheapest profile each group
     can have, so its bound holds for every placement of cfg."""
-    from .cost import _embedding_cost, _head_cost, layer_cost, num_microbatches  # noqa: PLC0415
+    from .cost import _embedding_cost, _head_cost, layer_costs, num_microbatches  # noqa: PLC0415
     from .topology import Placement, contiguous_profile  # noqa: PLC0415
 
     g = ctx.graph
@@ -718,7 +717,7 @@ def _optimistic_table(ctx: Context, cfg: Config) -> Table:
                    dp_cp=contiguous_profile(g, cfg.dp * cfg.cp), edp=contiguous_profile(g, edp),
                    pp=contiguous_profile(g, cfg.pp), pp_level=0 if cfg.pp > 1 else -1)
     kinds = sorted(set(ctx.model.layer_kinds()))
-    layers = {(k, r): layer_cost(ctx, cfg, pl, k, r) for k in kinds for r in RECOMPUTES}
+    layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
     return Table(cfg, pl, layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), 0.0,
                  num_microbatches(ctx.problem, cfg))
 
