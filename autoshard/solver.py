@@ -600,19 +600,15 @@ def balanced_max(per_layer: float, extras: list[float], layers: int, min_per: in
             total += k * cnt
         return total >= layers
 
-    best = math.inf
-    for e in groups:  # the answer is e + n * per_layer for some stage extra e and count n
-        lo, hi = min_per, layers
-        if not enough(e + hi * per_layer):
-            continue
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if enough(e + mid * per_layer):
-                hi = mid
-            else:
-                lo = mid + 1
-        best = min(best, e + lo * per_layer)
-    return best
+    # The answer is e + n * per_layer for some stage extra e; it lies in [lo, lo + per_layer] with lo
+    # the continuous optimum (or the least feasible value), since floor(x + 1) >= x.
+    stages = len(extras)
+    lo = max((layers * per_layer + sum(extras)) / stages, max(extras) + min_per * per_layer)
+    cands = sorted(e + (math.ceil((lo - e) / per_layer - 1e-9) + j) * per_layer for e in groups for j in (0, 1))
+    for t in cands:
+        if t >= lo - 1e-12 and enough(t):
+            return t
+    return max(cands)
 
 
 def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float], list[float]]:

@@ -137,3 +137,22 @@ def test_infeasible_names_binding_constraint_and_fix():
         solve(p, time_limit_s=30)
     msg = str(exc.value)
     assert "even with" in msg and "GiB" in msg and "more GPUs" in msg
+
+
+def test_balanced_max_equals_enumeration():
+    """The whole-layer balance bound is exactly the best split's fullest stage."""
+    import math
+    import random
+
+    from autoshard.solver import balanced_max
+
+    rng = random.Random(5)
+    for _ in range(400):
+        P, tau, mp = rng.randint(1, 4), rng.uniform(0.1, 2), rng.choice([0, 1])
+        L = rng.randint(P, 12)
+        ex = [rng.choice([0.0, 0.3, 1.7, rng.uniform(0, 3)]) for _ in range(P)]
+        best = math.inf
+        for split in itertools.product(range(mp, L + 1), repeat=P):
+            if sum(split) == L:
+                best = min(best, max(e + n * tau for e, n in zip(ex, split)))
+        assert balanced_max(tau, ex, L, mp) == pytest.approx(best, abs=1e-9)
