@@ -225,6 +225,18 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
     c = np.where(sched == 2, 0.0, c)
     t_lb = (M - c) * t_micro / pp + c * t_micro
+    if len(set(kinds)) == 1:
+        # Whole layers: the fullest stage holds ceil(L / P) identical layers (chunk: ceil(L / V)),
+        # each at least its FLOPs at the achievable rate plus its share of traffic and comm.
+        flops_layer = tokens * (3 * 2 * (mm - m.vocab_size * h) / tp / ctx.mm_flops_per_s
+                                + 3.5 * attn / tp / ctx.attn_flops_per_s) / L
+        tau = flops_layer + (elem + comm) / L
+        tmax = np.maximum(t_micro / pp, np.ceil(L / pp) * tau)
+        chunk = np.maximum(t_micro / (pp * vpp), np.ceil(L / (pp * vpp)) * tau)
+        lb_1f1b = (M - 1) * tmax + t_micro
+        lb_inter = M * tmax + (pp - 1) * chunk
+        lb_zb = M * tmax
+        t_lb = np.maximum(t_lb, np.where(sched == 1, lb_inter, np.where(sched == 2, lb_zb, lb_1f1b)))
     # Zero-bubble: one micro-batch's forward and input-gradient backward cross every stage in
     # turn, so the pipeline takes at least t minus the weight-gradient GEMMs (one of the three
     # matmul passes, each at least its FLOPs at the achievable rate).
