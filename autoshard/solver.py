@@ -211,32 +211,41 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
     ffn = sum(m.intermediate_size if k == "dense" else m.num_experts_per_tok * m.expert_ffn for k in kinds)
     elem = BF16 * (res * h * 10 * L + tokens * ffn * mats / tp) * 3 / ctx.hbm_bytes_per_s
     lv, g = ctx.levels, ctx.graph
-    comm = np.zeros(len(cands))
+    comm_tp = np.zeros(len(cands))
+    comm_ep = np.zeros(len(cands))
     for j in range(len(cands)):
         if tp[j] > 1:
             prof, b = contiguous_profile(g, int(tp[j])), BF16 * tokens[j] * h
             one = 2 * all_gather_s(lv, prof, b) if sp[j] else all_reduce_s(lv, prof, b)
-            comm[j] += 4 * L * one
+            comm_tp[j] = 4 * L * one
         if n_moe and ep[j] > 1:
             send = BF16 * (tokens[j] / tp[j] if sp[j] else tokens[j]) * m.num_experts_per_tok * h
-            comm[j] += 4 * n_moe * all_to_all_s(lv, contiguous_profile(g, int(ep[j])), send)
+            comm_ep[j] = 4 * n_moe * all_to_all_s(lv, contiguous_profile(g, int(ep[j])), send)
+    comm = comm_tp + comm_ep
     t_micro = compute + elem + comm
     M = tr.global_batch_size / (dp * mbs)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
     c = np.where(sched == 2, 0.0, c)
     t_lb = (M - c) * t_micro / pp + c * t_micro
-    if len(set(kinds)) == 1:
-        # Whole layers: the fullest stage holds ceil(L / P) identical layers (chunk: ceil(L / V)),
-        # each at least its FLOPs at the achievable rate plus its share of traffic and comm.
-        flops_layer = tokens * (3 * 2 * (mm - m.vocab_size * h) / tp / ctx.mm_flops_per_s
-                                + 3.5 * attn / tp / ctx.attn_flops_per_s) / L
-        tau = flops_layer + (elem + comm) / L
-        tmax = np.maximum(t_micro / pp, np.ceil(L / pp) * tau)
-        chunk = np.maximum(t_micro / (pp * vpp), np.ceil(L / (pp * vpp)) * tau)
-        lb_1f1b = (M - 1) * tmax + t_micro
-        lb_inter = M * tmax + (pp - 1) * chunk
-        lb_zb = M * tmax
-        t_lb = np.maximum(t_lb, np.where(sched == 1, lb_inter, np.where(sched == 2, lb_zb, lb_1f1b)))
+    # Whole layers: for every kind, some stage holds ceil(L_k / P) of its layers (a chunk
+    # ceil(L_k / V)), each costing at least its FLOPs at the achievable rate, its elementwise
+    # traffic and its TP / EP collectives (other layers taken as free).
+    tmax = t_micro / pp
+    chunk = t_micro / (pp * vpp)
+    for kind in sorted(set(kinds)):
+        p_k, e_k = layer_params(m, kind)
+        active = (p_k - e_k) + (e_k * m.num_experts_per_tok / m.num_experts if kind == "moe" else 0.0)
+        ffn_k = m.intermediate_size if kind == "dense" else m.num_experts_per_tok * m.expert_ffn
+        n_k = kinds.count(kind)
+        tau = (tokens * (3 * 2 * active / tp / ctx.mm_flops_per_s + 3.5 * attn / L / tp / ctx.attn_flops_per_s)
+               + BF16 * (res * h * 10 + tokens * ffn_k * mats / tp) * 3 / ctx.hbm_bytes_per_s
+               + comm_tp / L + (comm_ep / n_moe if kind == "moe" and n_moe else 0.0))
+        tmax = np.maximum(tmax, np.ceil(n_k / pp) * tau)
+        chunk = np.maximum(chunk, np.ceil(n_k / (pp * vpp)) * tau)
+    lb_1f1b = (M - 1) * tmax + t_micro
+    lb_inter = M * tmax + (pp - 1) * chunk
+    lb_zb = M * tmax
+    t_lb = np.maximum(t_lb, np.where(sched == 1, lb_inter, np.where(sched == 2, lb_zb, lb_1f1b)))
     # Zero-bubble: one micro-batch's forward and input-gradient backward cross every stage in
     # turn, so the pipeline takes at least t minus the weight-gradient GEMMs (one of the three
     # matmul passes, each at least its FLOPs at the achievable rate).
