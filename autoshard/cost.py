@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .catalog import GPU, get_gpu
-from .spec import RECOMPUTES, Plan, Problem, Recompute, divisors
+from .spec import RECOMPUTES, Plan, Problem, Recompute
 from .topology import (
     ClusterGraph,
     Level,
@@ -151,10 +151,6 @@ class Config:
     mbs: int
     schedule: str
     placement: str
-
-    @property
-    def microbatches(self) -> int:
-        return 0  # filled by num_microbatches(); kept for symmetry
 
     @staticmethod
     def of(plan: Plan, dp: int) -> "Config":
@@ -948,6 +944,3 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
     stage_layers = plan.stage_layers or even_split(n, cfg.pp * cfg.vpp)
     return assemble(ctx, table, stage_layers, plan.recompute_per_layer(n), plan, warnings)
 
-
-def candidate_degrees(n: int, limit: int | None = None) -> list[int]:
-    return [d for d in divisors(n) if limit is None or d <= limit]

@@ -256,17 +256,20 @@ def load_plan(source: str | os.PathLike[str] | Mapping[str, Any] | Plan) -> Plan
     return validate(Plan, data, source=src, root=root)
 
 
-def atomic_write(path: str | os.PathLike[str], text: str) -> None:
-    """Write a file so that readers see the old content or the new, never a part."""
+def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write a file (text as UTF-8, or bytes) so that readers see the old content or the new,
+    never a part. Permissions follow the umask like any new file (mkstemp alone makes 0600)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, p)
     except BaseException:
         try:

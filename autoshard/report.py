@@ -14,7 +14,6 @@ import html
 import io
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -74,31 +73,6 @@ def label(row: dict[str, Any], with_topology: bool = False, with_mode: bool = Tr
     if with_mode:
         s += f" ({row['mode']})"
     return s
-
-
-# ---- atomic binary write (PNG) -------------------------------------------------------------------
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Binary twin of `loader.atomic_write`: readers see the old file or the new, never a part."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a plot is as readable as any new file
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 # ---- plots ------------------------------------------------------------------------------------
@@ -282,13 +256,19 @@ def _hardware_rows(rows: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
-def plot_step_breakdown(rows: list[dict], title: str, with_topology: bool, gpu_order: list[str]) -> bytes:
-    plt = _plt()
+def _bar_rows(rows: list[dict], gpu_order: list[str]) -> list[dict]:
+    """One row per hardware option (at most MAX_BARS), ordered by GPU, topology and count."""
     hw = _hardware_rows(rows)
     if len(hw) > MAX_BARS:
         keep = {id(r) for r in select_bars(hw, MAX_BARS)}
         hw = [r for r in hw if id(r) in keep]
     hw.sort(key=lambda r: (gpu_order.index(r["gpu"]) if r["gpu"] in gpu_order else 99, r["topology"], r["num_gpus"]))
+    return hw
+
+
+def plot_step_breakdown(rows: list[dict], title: str, with_topology: bool, gpu_order: list[str]) -> bytes:
+    plt = _plt()
+    hw = _bar_rows(rows, gpu_order)
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(hw) + 1.9))
     y = list(range(len(hw)))
     cmap = plt.get_cmap("tab10")
@@ -375,11 +355,7 @@ def plot_scaling(rows: list[dict], title: str, gpu_order: list[str]) -> bytes:
 
 def plot_sensitivity(rows: list[dict], title: str, with_topology: bool, gpu_order: list[str]) -> bytes:
     plt = _plt()
-    hw = _hardware_rows(rows)
-    if len(hw) > MAX_BARS:
-        keep = {id(r) for r in select_bars(hw, MAX_BARS)}
-        hw = [r for r in hw if id(r) in keep]
-    hw.sort(key=lambda r: (gpu_order.index(r["gpu"]) if r["gpu"] in gpu_order else 99, r["topology"], r["num_gpus"]))
+    hw = _bar_rows(rows, gpu_order)
     data = [[r.get(k) for k, _ in GAINS] for r in hw]
     vals = [v for row in data for v in row if v is not None]
     vmax = max([abs(v) for v in vals] + [1.0])
@@ -607,7 +583,7 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
     d.p("`results.json` (every row, the Pareto fronts, the recommendation), `results.csv` (one row per option and "
         "workload), and the PNG plots next to this report.")
     for name, png in images:
-        atomic_write_bytes(out / name, png)
+        atomic_write(out / name, png)
         files.append(out / name)
     atomic_write(out / "report.md", d.markdown())
     atomic_write(out / "report.html", d.html(title))

@@ -13,17 +13,8 @@ from autoshard.cli import main as cli_main
 from autoshard.errors import InputError
 from autoshard.whatif import DASK_EXTRA_HINT, run_study
 
-# The small fast study of tests/test_whatif.py: a restricted plan space keeps every solve well under a
-# second and proven optimal (deterministic), 3 hardware options x 2 pricing modes.
-SMALL = {
-    "name": "small",
-    "workloads": [{"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64}, "tokens": 5.0e10,
-                   "search": {"tp": [1, 2], "pp": [1, 2], "cp": 1}}],
-    "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16]}, {"gpu": "b200", "num_gpus": 8}],
-    "pricing": {"mode": ["cloud", "own"], "usd_per_gpu_hour": {"h100": 2.5}},
-    "constraints": {"budget_usd": 4000.0, "deadline_days": 8},
-    "time_limit_s": 5.0,
-}
+from tests.test_whatif import SMALL  # the small fast study: restricted plan space, proven optimal solves
+
 TIMING = ("solve_time_s", "task_time_s", "elapsed_s", "timing")
 
 
