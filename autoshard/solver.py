@@ -903,10 +903,13 @@ def describe_difference(a: Plan, b: Plan) -> str:
         diffs.append(f"placement {a.placement} -> {b.placement}")
     if a.stage_layers != b.stage_layers:
         diffs.append(f"stage_layers {b.stage_layers}")
-    ra = a.recompute if isinstance(a.recompute, str) else "per-layer"
-    rb = b.recompute if isinstance(b.recompute, str) else "per-layer"
-    if a.recompute != b.recompute:
-        diffs.append(f"recompute {ra} -> {rb}")
+    def rc(p: Plan) -> str:  # "none", or the per-layer mix as counts
+        if isinstance(p.recompute, str):
+            return p.recompute
+        return ",".join(f"{m}:{p.recompute.count(m)}" for m in RECOMPUTES if p.recompute.count(m))
+
+    if rc(a) != rc(b):
+        diffs.append(f"recompute {rc(a)} -> {rc(b)}")
     return ", ".join(diffs) or "same degrees, different layer split"
 
 
