@@ -48,7 +48,7 @@ from .topology import (
     all_to_all_s,
     cluster_graph,
     p2p_s,
-    place,
+    place_axes,
     reduce_scatter_s,
     resolve_levels,
 )
@@ -361,6 +361,17 @@ def model_flops_per_step(problem: Problem) -> float:
     return per_token * t.tokens_per_step
 
 
+def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
+    """(time, materialized-score traffic time, FLOPs) of the core attention of one layer's
+    forward: each GPU's queries attend causally over the full sequence (CP splits queries)."""
+    flops = 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+    scores = 0.0
+    if not ctx.training.flash_attention:  # materialized s x s scores per head
+        per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
+        scores = _mem_s(ctx, per * sh.tokens * sh.seq * sh.a_local)
+    return flops / ctx.attn_flops_per_s, scores, flops
+
+
 def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
     """Forward/backward of the attention block (projections, core, TP and CP comm).
 
@@ -382,13 +393,7 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
     proj = sum(_gemm_s(ctx, *g) for g in gemms)
     flops = sum(2 * x * y * z for x, y, z in gemms)
-    # Core attention: each GPU's T queries attend causally over the full sequence (CP splits queries).
-    core_flops = 2 * T * sh.seq * a * (sh.d_qk + sh.d_v) * 0.5
-    core = core_flops / ctx.attn_flops_per_s
-    scores = 0.0
-    if not ctx.training.flash_attention:  # materialized s x s scores per head
-        per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if m.dropout else 0.0)
-        scores = _mem_s(ctx, per * T * sh.seq * a)
+    core, scores, core_flops = core_attention_s(ctx, sh)
     flops += core_flops
     elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
     fwd["compute"] = proj + core + scores + elem
@@ -404,11 +409,20 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         bwd["tp_comm"] += tp_t
     # Context parallel: ring exchange of K and V, overlapped with the core attention.
     if cfg.cp > 1:
-        kv_bytes = BF16 * T * kv * (sh.d_qk + sh.d_v) if not m.is_mla else BF16 * T * (m.kv_lora_rank + m.qk_rope_head_dim)
-        ring = (cfg.cp - 1) * all_to_all_s(ctx.levels, pl.cp, kv_bytes * cfg.cp / max(cfg.cp - 1, 1)) / max(cfg.cp - 1, 1)
-        fwd["cp_comm"] += overlapped(ring, core)
-        bwd["cp_comm"] += overlapped(2 * ring, ATTN_BWD_FACTOR * core)
+        fwd["cp_comm"], bwd["cp_comm"] = cp_comm_s(ctx, cfg.cp, pl.cp, sh, core)
     return fwd, bwd, core, wgrad, flops
+
+
+def cp_comm_s(ctx: Context, cp: int, prof, sh: Shapes, core_s: float) -> tuple[float, float]:
+    """Exposed (forward, backward) time of the context-parallel ring exchange of K and V
+    (cp - 1 steps around the group), overlapped with the core attention of `core_s`."""
+    m = sh.m
+    if m.is_mla:
+        kv_bytes = BF16 * sh.tokens * (m.kv_lora_rank + m.qk_rope_head_dim)
+    else:
+        kv_bytes = BF16 * sh.tokens * sh.kv_local * (sh.d_qk + sh.d_v)
+    ring = all_to_all_s(ctx.levels, prof, kv_bytes * cp / (cp - 1))
+    return overlapped(ring, core_s), overlapped(2 * ring, ATTN_BWD_FACTOR * core_s)
 
 
 def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -> tuple[dict, dict, float, float]:
@@ -586,7 +600,7 @@ class Table:
 
 
 def layer_table(ctx: Context, cfg: Config) -> Table:
-    pl = place(ctx.graph, cfg.plan(), cfg.dp)
+    pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp)
     kinds = sorted(set(ctx.model.layer_kinds()))
     layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
     sh = Shapes(ctx, cfg)

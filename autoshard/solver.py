@@ -62,7 +62,7 @@ from .cost import evaluate as _evaluate
 from .errors import InfeasibleError
 from .loader import load_problem
 from .spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
-from .topology import place
+from .topology import place_axes
 
 TIME_UNIT_S = 1e-7
 MEM_UNIT_BYTES = 1024
@@ -200,28 +200,24 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
     d_qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.head_size
     d_v = m.v_head_dim if m.is_mla else m.head_size
     attn = L * 2 * tr.seq_len * m.num_attention_heads * (d_qk + d_v) * 0.5
-    compute = tokens * (3 * 2 * mm / tp / ctx.mm_flops_per_s + 3.5 * attn / tp / ctx.attn_flops_per_s)
     # Roofline: sum_i max(flops_i, bytes_i) >= max(sum flops, sum bytes); every matmul weight a GPU
-    # holds is read by the forward, the input-gradient and the weight-gradient GEMMs.
+    # holds is read by the forward GEMMs (the input- and weight-gradient GEMMs take 2x as long).
     held = sum(layer_params(m, k)[0] - layer_params(m, k)[1] + layer_params(m, k)[1] / ep for k in kinds) / tp
     held = held + m.vocab_size * h / tp
-    compute = np.maximum(compute, 3 * BF16 * held / ctx.hbm_bytes_per_s)
+    gemm = np.maximum(tokens * 2 * mm / tp / ctx.mm_flops_per_s, BF16 * held / ctx.hbm_bytes_per_s)
+    compute = 3 * gemm + tokens * 3.5 * attn / tp / ctx.attn_flops_per_s
     res = np.where(sp > 0, tokens / tp, tokens)
     mats = 3 if m.gated else 2
     ffn = sum(m.intermediate_size if k == "dense" else m.num_experts_per_tok * m.expert_ffn for k in kinds)
     elem = BF16 * (res * h * 10 * L + tokens * ffn * mats / tp) * 3 / ctx.hbm_bytes_per_s
-    lv, g = ctx.levels, ctx.graph
-    comm_tp = np.zeros(len(cands))
-    comm_ep = np.zeros(len(cands))
-    for j in range(len(cands)):
-        if tp[j] > 1:
-            prof, b = contiguous_profile(g, int(tp[j])), BF16 * tokens[j] * h
-            one = 2 * all_gather_s(lv, prof, b) if sp[j] else all_reduce_s(lv, prof, b)
-            comm_tp[j] = 4 * L * one
-        if n_moe and ep[j] > 1:
-            send = BF16 * (tokens[j] / tp[j] if sp[j] else tokens[j]) * m.num_experts_per_tok * h
-            comm_ep[j] = 4 * n_moe * all_to_all_s(lv, contiguous_profile(g, int(ep[j])), send)
-    comm = comm_tp + comm_ep
+    comm_tp, comm_cp, comm_ep = np.zeros((3, len(cands)))
+    memo: dict[tuple, tuple[float, float, float]] = {}
+    for j, c in enumerate(cands):
+        key = (c.tp, c.cp, c.ep, c.mbs, c.sp)
+        if key not in memo:
+            memo[key] = _comm_lower_bounds(ctx, c, n_moe)
+        comm_tp[j], comm_cp[j], comm_ep[j] = memo[key]
+    comm = comm_tp + comm_cp + comm_ep
     t_micro = compute + elem + comm
     M = tr.global_batch_size / (dp * mbs)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
@@ -239,18 +235,17 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
         n_k = kinds.count(kind)
         tau = (tokens * (3 * 2 * active / tp / ctx.mm_flops_per_s + 3.5 * attn / L / tp / ctx.attn_flops_per_s)
                + BF16 * (res * h * 10 + tokens * ffn_k * mats / tp) * 3 / ctx.hbm_bytes_per_s
-               + comm_tp / L + (comm_ep / n_moe if kind == "moe" and n_moe else 0.0))
+               + (comm_tp + comm_cp) / L + (comm_ep / n_moe if kind == "moe" and n_moe else 0.0))
         tmax = np.maximum(tmax, np.ceil(n_k / pp) * tau)
         chunk = np.maximum(chunk, np.ceil(n_k / (pp * vpp)) * tau)
     lb_1f1b = (M - 1) * tmax + t_micro
     lb_inter = M * tmax + (pp - 1) * chunk
-    lb_zb = M * tmax
+    # Zero-bubble: M max t + (P - 1) max u, u = t minus the weight-gradient GEMMs (one of the
+    # three matmul passes); max u >= sum u / P, and one micro-batch's forward and input-gradient
+    # backward cross every stage in turn, so the pipeline also takes at least sum u.
+    serial = t_micro - gemm
+    lb_zb = np.maximum(M * tmax + (pp - 1) * serial / pp, serial)
     t_lb = np.maximum(t_lb, np.where(sched == 1, lb_inter, np.where(sched == 2, lb_zb, lb_1f1b)))
-    # Zero-bubble: one micro-batch's forward and input-gradient backward cross every stage in
-    # turn, so the pipeline takes at least t minus the weight-gradient GEMMs (one of the three
-    # matmul passes, each at least its FLOPs at the achievable rate).
-    serial = t_micro - tokens * 2 * mm / tp / ctx.mm_flops_per_s
-    t_lb = np.where(sched == 2, np.maximum(t_lb, serial), t_lb)
     # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
     total = sum(layer_params(m, k)[0] for k in kinds)
     expert = sum(layer_params(m, k)[1] for k in kinds)
@@ -266,6 +261,13 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
         return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
 
     static = per(w_b, zero >= 3) + per(BF16, zero >= 2) + per(opt_b, zero >= 1)
+    # The data-parallel tail includes the optimizer step of the rank holding the most
+    # parameters, at least the mean rank's (see `cost.tail_model`).
+    from .cost import OPT_TRAFFIC_BYTES  # noqa: PLC0415
+
+    opt_traffic = OPT_TRAFFIC_BYTES * (1.0 if tr.optimizer in ("adam", "adamw") else 2 / 3)
+    shard = np.where(zero >= 1, 1.0 / dpc, 1.0)
+    t_lb = t_lb + opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
     infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
     infl = np.where(sched == 3, M, np.minimum(infl, M))
     acts = infl * (L / pp) * BF16 * tokens * h / np.where(sp > 0, tp, 1)
@@ -275,6 +277,30 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------------------
 # The CP-SAT model for one global configuration
 # ---------------------------------------------------------------------------------------
+
+
+def _comm_lower_bounds(ctx: Context, cfg: Config, n_moe: int) -> tuple[float, float, float]:
+    """(TP, CP, EP) communication of one micro-batch through every layer, forward and
+    backward, each group on consecutive GPUs (the cheapest profile any placement gives it):
+    the same functions `cost.layer_costs` prices them with."""
+    from .cost import Shapes, core_attention_s, cp_comm_s  # noqa: PLC0415
+    from .topology import all_gather_s, all_reduce_s, all_to_all_s, contiguous_profile  # noqa: PLC0415
+
+    m, lv, g = ctx.model, ctx.levels, ctx.graph
+    sh = Shapes(ctx, cfg)
+    L, h = m.num_hidden_layers, m.hidden_size
+    tp = cp = ep = 0.0
+    if cfg.tp > 1:
+        prof, b = contiguous_profile(g, cfg.tp), BF16 * sh.tokens * h
+        one = 2 * all_gather_s(lv, prof, b) if cfg.sp else all_reduce_s(lv, prof, b)
+        tp = 4 * L * one
+    if cfg.cp > 1:
+        core, scores, _ = core_attention_s(ctx, sh)
+        cp = L * sum(cp_comm_s(ctx, cfg.cp, contiguous_profile(g, cfg.cp), sh, core + scores))
+    if n_moe and cfg.ep > 1:
+        send = BF16 * (sh.tokens / cfg.tp if cfg.sp else sh.tokens) * m.num_experts_per_tok * h
+        ep = 4 * n_moe * all_to_all_s(lv, contiguous_profile(g, cfg.ep), send)
+    return tp, cp, ep
 
 
 def _t(x: float) -> int:
@@ -589,7 +615,7 @@ def _placements(problem: Problem, ctx: Context, cfg: Config) -> list[Config]:
     seen: dict[Any, Config] = {}
     for order in orders:
         c = _with_placement(cfg, order)
-        key = place(ctx.graph, c.plan(), c.dp)
+        key = place_axes(ctx.graph, order, c.tp, c.cp, c.ep, c.dp, c.pp)
         key = (key.tp, key.cp, key.ep, key.dp, key.dp_cp, key.edp, key.pp_level)
         seen.setdefault(key, c)
     return list(seen.values())
@@ -637,18 +663,21 @@ def balanced_max(per_layer: float, extras: list[float], layers: int, min_per: in
 
 def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float], list[float]]:
     """Fixed (time, time - weight-gradient time) of each stage besides its layers: embedding on
-    the first, LM head on the last, pipeline sends and receives."""
+    the first, LM head on the last, pipeline sends and receives (each chunk sends to the
+    next and receives from the previous, except at the two ends)."""
     cfg = table.cfg
     n = cfg.pp if per_rank else chunks
-    t, u = [0.0] * n, [0.0] * n
-    for c in range(chunks):
-        s = c % cfg.pp if per_rank else c
-        hops = table.pp_p2p_s * ((c < chunks - 1) + (c > 0))
-        t[s] += hops
-        u[s] += hops
+    per = 2 * (chunks // n) * table.pp_p2p_s  # chunks // n: chunks per stage
+    t = [per] * n
+    last = (chunks - 1) % cfg.pp if per_rank else chunks - 1
+    if chunks > 1:
+        t[0] -= table.pp_p2p_s
+        t[last] -= table.pp_p2p_s
+    else:
+        t[0] = 0.0
+    u = list(t)
     t[0] += table.embed.total_s
     u[0] += table.embed.total_s
-    last = (chunks - 1) % cfg.pp if per_rank else chunks - 1
     t[last] += table.head.total_s
     u[last] += table.head.total_s - table.head.wgrad_s
     return t, u
@@ -676,10 +705,14 @@ def _mean_rank(table: Table, kinds: list[str], modes: list[str], p: int) -> Any:
     return RankTotals(fwd, bwd, 0.0, 0.0, params, eparams, 0.0, 0.0, len(kinds), {}, {})
 
 
-def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
+def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bool = True) -> float:
     """Lower bound of one configuration from its exact table: every layer at its fastest
     recompute mode, stages as balanced as whole layers allow (`balanced_max`), memory ignored;
-    plus the data-parallel tail at the mean rank."""
+    plus the data-parallel tail at the mean rank.
+
+    `exact_windows=False` for a table that stands for several placements (`_optimistic_table`):
+    its shorter forward / backward windows would overstate how much data-parallel traffic
+    is exposed, so only the part no window hides (interference and the optimizer) counts."""
     cfg = table.cfg
     kinds = ctx.model.layer_kinds()
     L = len(kinds)
@@ -689,11 +722,17 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     # Data-parallel tail: max over ranks >= its value at the mean rank (max(0, .) is convex
     # and the tail is affine in each rank's parameters and backward window), with the
     # backward window as long as recompute can make it.
-    from .cost import dp_tail, tail_model  # noqa: PLC0415
+    from .cost import RankTotals, dp_tail, tail_model  # noqa: PLC0415
 
     p = cfg.pp
     tot = _mean_rank(table, kinds, modes, p)
-    tail = sum(dp_tail(tail_model(ctx, table), tot).values())
+    tm = tail_model(ctx, table)
+    if exact_windows:
+        tail = sum(dp_tail(tm, tot).values())
+    else:  # overlapped(x, w) >= COMM_INTERFERENCE * x for every window w
+        big = dict.fromkeys(tot.fwd, math.inf)
+        hidden = RankTotals(big, big, 0.0, 0.0, tot.params, tot.expert_params, 0.0, 0.0, 0, {}, {})
+        tail = sum(dp_tail(tm, hidden).values())
     if cfg.pp == 1:
         return M * fast + tail
     tau = min(table.layers[(k, r)].total_s for k in set(kinds) for r in modes)
@@ -724,9 +763,11 @@ def _table_bound(ctx: Context, table: Table, modes: list[str]) -> float:
     return (M - 1) * tmax + fast + tail
 
 
-def _optimistic_table(ctx: Context, cfg: Config) -> Table:
+def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     """The table with every process group on consecutive GPUs: the cheapest profile each group
-    can have, so its bound holds for every placement of cfg."""
+    can have, so its bound holds for every placement of cfg. `cache` (one per solve) shares
+    the per-layer costs between configurations that differ only in what they do not depend
+    on (pipeline degree and schedule, and the ZeRO stage below 3)."""
     from .cost import _embedding_cost, _head_cost, layer_costs, num_microbatches  # noqa: PLC0415
     from .topology import Placement, contiguous_profile  # noqa: PLC0415
 
@@ -736,10 +777,16 @@ def _optimistic_table(ctx: Context, cfg: Config) -> Table:
                    ep=contiguous_profile(g, cfg.ep), dp=contiguous_profile(g, cfg.dp),
                    dp_cp=contiguous_profile(g, cfg.dp * cfg.cp), edp=contiguous_profile(g, edp),
                    pp=contiguous_profile(g, cfg.pp), pp_level=0 if cfg.pp > 1 else -1)
-    kinds = sorted(set(ctx.model.layer_kinds()))
-    layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
-    return Table(cfg, pl, layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), 0.0,
-                 num_microbatches(ctx.problem, cfg))
+    zero3 = cfg.zero == 3
+    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, zero3, cfg.dp if zero3 else 0, cfg.pp == 1)
+    if cache is None or key not in cache:
+        kinds = sorted(set(ctx.model.layer_kinds()))
+        layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
+        got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl))
+        if cache is None:
+            return Table(cfg, pl, *got, 0.0, num_microbatches(ctx.problem, cfg))
+        cache[key] = got
+    return Table(cfg, pl, *cache[key], 0.0, num_microbatches(ctx.problem, cfg))
 
 
 def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
@@ -770,6 +817,7 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
     solves = pruned_bound = seq = 0
     timed_out = False
     lower = math.inf  # proven lower bound of every configuration not solved to optimality
+    opt_cache: dict = {}
 
     def target() -> float:
         return found[0].step_s * (1 - gap_limit) if found else math.inf
@@ -791,13 +839,16 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
             timed_out = True
             lower = min(lower, float(t_lb[i]))
             break
-        opt_bound = _table_bound(ctx, _optimistic_table(ctx, cands[i]), modes)
+        optimistic = _optimistic_table(ctx, cands[i], opt_cache)
+        opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False)
         if opt_bound >= target():
             pruned_bound += 1
             lower = min(lower, opt_bound)
             continue
-        tables = [layer_table(ctx, cfg) for cfg in _placements(problem, ctx, cands[i])]
-        ranked = sorted(((_table_bound(ctx, tb, modes), j, tb) for j, tb in enumerate(tables)), key=lambda x: x[:2])
+        configs = _placements(problem, ctx, cands[i])
+        tables = [layer_table(ctx, cfg) for cfg in configs]
+        ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
+                        key=lambda x: x[:2])
         for tbound, _, table in ranked:
             goal = target()
             if tbound >= goal:

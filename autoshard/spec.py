@@ -254,6 +254,7 @@ class SearchSpec(Strict):
         return list(v) if isinstance(v, list) else [v]
 
 
+@functools.lru_cache(maxsize=256)
 def parse_placement(text: str) -> tuple[str, ...]:
     """`tp-cp-ep-dp-pp` -> ('tp','cp','ep','dp','pp'); axes left out go outermost in default order."""
     axes = tuple(a.strip().lower() for a in text.replace(",", "-").split("-") if a.strip())

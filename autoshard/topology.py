@@ -34,7 +34,7 @@ import numpy as np
 
 from .catalog import GPU, get_gpu, get_topology
 from .errors import InputError
-from .spec import MESH_AXES, ClusterSpec, Plan, Problem, TopologyLevel
+from .spec import MESH_AXES, ClusterSpec, Plan, Problem, TopologyLevel, parse_placement
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,11 @@ class Placement:
 
 def place(graph: ClusterGraph, plan: Plan, dp: int) -> Placement:
     return _place(graph, plan.axes, plan.tp, plan.cp, plan.ep, dp, plan.pp)
+
+
+def place_axes(graph: ClusterGraph, placement: str, tp: int, cp: int, ep: int, dp: int, pp: int) -> Placement:
+    """`place` from the degrees and the placement text (no Plan: the solver's hot path)."""
+    return _place(graph, parse_placement(placement), tp, cp, ep, dp, pp)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -156,3 +156,61 @@ def test_balanced_max_equals_enumeration():
             if sum(split) == L:
                 best = min(best, max(e + n * tau for e, n in zip(ex, split)))
         assert balanced_max(tau, ex, L, mp) == pytest.approx(best, abs=1e-9)
+
+
+def _random_problem(rng):
+    """A small random problem over a wide space (CP, EP, every schedule and ZeRO stage,
+    materialized attention, tiny token counts where weight reads bound the GEMMs)."""
+    moe = rng.random() < 0.5
+    hidden = rng.choice([512, 1024, 4096])
+    heads = rng.choice([8, 16])
+    model = {"name": "rand", "num_hidden_layers": rng.randint(2, 6), "hidden_size": hidden,
+             "intermediate_size": hidden * rng.choice([2, 4]), "num_attention_heads": heads,
+             "num_key_value_heads": rng.choice([2, heads]), "vocab_size": rng.choice([32000, 128256]),
+             "hidden_act": rng.choice(["silu", "gelu"]), "tie_word_embeddings": rng.random() < 0.3}
+    if moe:
+        model.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=hidden // 2,
+                     first_k_dense_replace=rng.randint(0, 1), num_shared_experts=rng.randint(0, 1))
+    training = {"seq_len": rng.choice([128, 1024, 4096]), "global_batch_size": rng.choice([16, 64]),
+                "flash_attention": rng.random() < 0.7, "optimizer": rng.choice(["adamw", "sgd"])}
+    cluster = {"gpu": rng.choice(["rtx-4090", "a100-sxm-40gb", "h100-sxm"]), "num_gpus": rng.choice([8, 16, 32])}
+    return load_problem({"model": model, "training": training, "cluster": cluster})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bounds_never_exceed_evaluate(seed):
+    """Every pruning bound (numpy over all candidates, the optimistic-table bound that
+    stands for every placement, each placement's own table bound) is at most the step time
+    `evaluate` gives any plan of that configuration, and the memory bound at most its peak."""
+    import random
+
+    from autoshard.cost import even_split
+    from autoshard.solver import StageModel, _optimistic_table, _placements, _table_bound, bounds, candidates
+
+    rng = random.Random(seed)
+    p = _random_problem(rng)
+    ctx = context(p)
+    cands = candidates(p, ctx)
+    t_lb, m_lb = bounds(ctx, cands)
+    modes = ["none", "selective", "full"]
+    L = p.model.num_hidden_layers
+    checked = 0
+    for i in rng.sample(range(len(cands)), min(40, len(cands))):
+        cfg0 = cands[i]
+        opt = _table_bound(ctx, _optimistic_table(ctx, cfg0), modes, exact_windows=False)
+        for cfg in _placements(p, ctx, cfg0):
+            table = layer_table(ctx, cfg)
+            own = _table_bound(ctx, table, modes)
+            V = cfg.pp * cfg.vpp
+            plans = [(split, [rng.choice(modes) for _ in range(L)])
+                     for split in [even_split(L, V)] + [rng.choice(list(compositions(L, V))) for _ in range(2)]]
+            sm = StageModel(ctx, table, modes, False, None)
+            if sm.solve(10)[0] == "OPTIMAL":  # the configuration's own optimum: where the bounds are tight
+                plans.append(sm.read_plan(sm.read_counts()))
+            for split, rc in plans:
+                e = assemble(ctx, table, split, rc, cfg.plan(rc, split), [])
+                for name, b in (("numpy", t_lb[i]), ("optimistic", opt), ("table", own)):
+                    assert b <= e.step_time_s * (1 + 1e-9), (cfg, name)
+                assert m_lb[i] <= e.peak_memory_gib * 2**30 * (1 + 1e-9), (cfg, "memory bound")
+                checked += 1
+    assert checked > 50
