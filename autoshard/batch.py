@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import InfeasibleError, InputError
-from .loader import atomic_write, dumps_json, read_document
+from .loader import atomic_write, dumps_json, file_folder, problem_paths, read_document, resolve_path
 from .render import (
     error_markdown,
     error_record,
@@ -325,7 +325,10 @@ def _settings(time_limit_s: float, top_k: int) -> dict[str, Any]:
 
 def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int) -> str | None:
     """The incremental-skip hash of a problem file (None when it cannot be read): its bytes,
-    the calibrated catalog / HF config files it names, the version and the solver settings."""
+    the calibrated catalog / HF config files it names, the version and the solver settings.
+
+    A named file counts by its path as written and its bytes, read where the solve reads it
+    (relative to the problem file's folder): the hash does not depend on the working directory."""
     try:
         data = Path(path).read_bytes()
     except OSError:
@@ -336,15 +339,14 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int) -> 
             doc = read_document(path)
         except InputError:
             doc = None
-        refs: list[Any] = []
-        if isinstance(doc, dict):
-            cl, md = doc.get("cluster"), doc.get("model")
-            refs.append(cl.get("catalog") if isinstance(cl, dict) else None)
-            refs.append(md.get("hf_config") if isinstance(md, dict) else None)
-        for ref in refs:
+        folder = file_folder(path)
+        for _, ref in problem_paths(doc):
             if isinstance(ref, str):
+                where = Path(resolve_path(ref, folder))
+                if where.is_dir():  # an HF model folder: its config.json is what is read
+                    where = where / "config.json"
                 try:
-                    extra.append(ref.encode() + b"\0" + Path(ref).read_bytes())
+                    extra.append(ref.encode() + b"\0" + where.read_bytes())
                 except OSError:
                     extra.append(ref.encode() + b"\0(unreadable)")
     return input_hash(data, _settings(time_limit_s, top_k), extra)

@@ -3,6 +3,13 @@
 Every failure becomes one `InputError` line: `file: field.path: what is wrong`.
 YAML is read with the safe loader only: tags such as `!!python/object` are
 rejected, never executed.
+
+Paths inside a file (`model.hf_config`, `cluster.catalog`; in a what-if study
+`workloads[].model.hf_config` and `options[].catalog`) are resolved against the
+folder of that file (symbolic links followed), like docker-compose or tsconfig,
+so that a problem works from any working directory; absolute paths are kept. A
+problem given as a dict has no file: its paths are read against the working
+directory, when used.
 """
 
 from __future__ import annotations
@@ -80,6 +87,62 @@ def read_document(path: str | os.PathLike[str]) -> Any:
         raise InputError(f"YAML syntax error{where}: {what}", source=src) from None
     except RecursionError:
         raise InputError(f"nested too deeply (more than about {sys.getrecursionlimit()} levels)", source=src) from None
+
+
+def file_folder(path: str | os.PathLike[str]) -> str:
+    """The folder that relative paths inside the file at `path` are resolved against:
+    the file's own folder, symbolic links followed (absolute)."""
+    return os.path.dirname(os.path.realpath(path))
+
+
+def resolve_path(ref: Any, folder: str | os.PathLike[str] | None) -> Any:
+    """A path named inside a file, made absolute against that file's folder (`file_folder`).
+
+    Absolute paths, empty strings and values that are not text (reported by validation)
+    are returned unchanged, and so is everything when `folder` is None (no file: the
+    path is read against the working directory when used).
+    """
+    if folder is None or not isinstance(ref, str) or not ref or os.path.isabs(ref):
+        return ref
+    return os.path.join(os.fspath(folder), ref)
+
+
+# The paths a problem document names: (section, key).
+PROBLEM_PATH_FIELDS = (("model", "hf_config"), ("cluster", "catalog"))
+
+
+def problem_paths(data: Any) -> list[tuple[str, Any]]:
+    """[(field path, value)] of the paths a problem document names (`model.hf_config`,
+    `cluster.catalog`), as written."""
+    out = []
+    if isinstance(data, Mapping):
+        for section, key in PROBLEM_PATH_FIELDS:
+            sub = data.get(section)
+            if isinstance(sub, Mapping) and key in sub:
+                out.append((f"{section}.{key}", sub[key]))
+    return out
+
+
+def resolve_problem_paths(data: Any, folder: str | os.PathLike[str] | None) -> Any:
+    """A problem document with its relative `model.hf_config` and `cluster.catalog` made
+    absolute against `folder` (see `resolve_path`); anything else unchanged."""
+    if folder is None or not isinstance(data, Mapping):
+        return data
+    out = dict(data)
+    for section, key in PROBLEM_PATH_FIELDS:
+        sub = out.get(section)
+        if isinstance(sub, Mapping) and key in sub:
+            out[section] = {**sub, key: resolve_path(sub[key], folder)}
+    return out
+
+
+def named_file_error(exc: InputError, source: str | None, field: str) -> InputError:
+    """An error in a file that `source` names at `field` (a calibrated catalog, a Hugging
+    Face config.json), as one line naming both: `source: field: named file: its field: what`.
+    An error without a file of its own is attributed to `source` as it is."""
+    if not exc.source or exc.source == source:
+        return exc.at(source)
+    return InputError(exc.message, source=": ".join(p for p in (source, field, exc.source) if p), field=exc.field)
 
 
 _REPR = reprlib.Repr()
@@ -191,6 +254,7 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
         data, src = dict(source), None
     elif isinstance(source, (str, os.PathLike)):
         data, src = read_document(source), str(source)
+        data = resolve_problem_paths(data, file_folder(source))  # relative to the file, not the working directory
     else:  # already-parsed data that is not a mapping (a list, a number, None): reported by validate
         data, src = source, None
     if isinstance(data, dict):
@@ -198,16 +262,21 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
         if "model" not in data and ("model_type" in data or "architectures" in data):
             raise InputError("this is a Hugging Face config.json, not a problem file: pass it with --hf-config, "
                              "or as `model: {hf_config: PATH}` in a problem file", source=src, field="model")
+        if "model" in data and all(isinstance(k, str) for k in data):
+            from .catalog import resolve_model  # noqa: PLC0415
+
+            try:  # here rather than in Problem's validator, so that an error in the config.json names both files
+                data["model"] = resolve_model(data["model"])
+            except InputError as exc:
+                raise named_file_error(exc, src, "model.hf_config") from None
     problem = validate(Problem, data, source=src)
     from .topology import check_cluster  # noqa: PLC0415
 
     try:
         check_cluster(problem)
         check_search(problem)
-    except InputError as exc:
-        if exc.source and src and exc.source != src:  # a file the problem names (calibrated catalog): name both
-            raise InputError(exc.message, source=f"{src}: {exc.source}", field=exc.field) from None
-        raise exc.at(src) from None
+    except InputError as exc:  # one with a file of its own is in the calibrated catalog the problem names
+        raise named_file_error(exc, src, "cluster.catalog") from None
     return problem
 
 

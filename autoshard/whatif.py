@@ -56,9 +56,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from .catalog import get_gpu, get_topology, gpu_ids, resolve_model
+from .catalog import get_gpu, get_topology, gpu_ids, load_overlay, resolve_model
 from .errors import AutoshardError, InfeasibleError, InputError
-from .loader import atomic_write, dumps_json, read_document, validate
+from .loader import atomic_write, dumps_json, file_folder, named_file_error, read_document, resolve_path, validate
 from .spec import MAX_GPUS, ModelSpec, Plan, Problem, SearchSpec, Strict, TopologyLevel, TrainingSpec
 
 Mode = Literal["cloud", "own"]
@@ -285,21 +285,31 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
     if isinstance(source, StudySpec):
         spec = source
     else:
+        folder: str | None = None  # paths in a study file are relative to its folder; in a dict, to the working dir
         if isinstance(source, Mapping):
             data: Any = dict(source)
         else:
             src = str(source)
             data = read_document(source)
+            folder = file_folder(source)
         if isinstance(data, dict) and isinstance(data.get("workloads"), list):
             wls = []
             for i, w in enumerate(data["workloads"]):
                 if isinstance(w, dict) and "model" in w:
+                    model = w["model"]
+                    if isinstance(model, dict) and "hf_config" in model:
+                        model = {**model, "hf_config": resolve_path(model["hf_config"], folder)}
                     try:
-                        w = {**w, "model": resolve_model(w["model"])}
+                        w = {**w, "model": resolve_model(model)}
                     except InputError as exc:
+                        if exc.source:  # in the config.json the workload names
+                            raise named_file_error(exc, src, f"workloads.{i}.model.hf_config") from None
                         raise InputError(exc.message, source=src, field=f"workloads.{i}.model") from None
                 wls.append(w)
             data = {**data, "workloads": wls}
+        if folder is not None and isinstance(data, dict) and isinstance(data.get("options"), list):
+            data = {**data, "options": [{**o, "catalog": resolve_path(o["catalog"], folder)}
+                                        if isinstance(o, dict) and "catalog" in o else o for o in data["options"]]}
         spec = validate(StudySpec, data, source=src)
 
     # Workloads: one per token budget.
@@ -346,6 +356,13 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
         modes = default_modes if o.mode is None else (o.mode if isinstance(o.mode, list) else [o.mode])
         if not gpus or not counts or not modes:
             raise InputError("an empty list allows nothing", source=src, field=f"options.{i}")
+        if o.catalog:  # a missing or malformed calibrated catalog is bad input, reported before any solve
+            try:
+                load_overlay(o.catalog)
+            except InputError as exc:
+                if exc.source:
+                    raise named_file_error(exc, src, f"options.{i}.catalog") from None
+                raise InputError(exc.message, source=src, field=f"options.{i}.catalog") from None
         for g in gpus:
             gid = _norm_gpu(g, f"options.{i}.gpu", src)
             topos = [get_gpu(gid).default_topology] if o.topology is None else (

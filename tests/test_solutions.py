@@ -63,8 +63,8 @@ def stale(detail: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _in_repo_root(monkeypatch):
-    # `autoshard batch problems/` runs from the repository root: paths inside problem files
-    # (hf_config, catalog) are hashed and resolved relative to it.
+    # `autoshard batch problems/` runs from the repository root (paths inside problem files,
+    # hf_config and catalog, are read relative to the problem file, whatever the working directory).
     monkeypatch.chdir(REPO)
 
 
