@@ -58,6 +58,14 @@ def num(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def fixed(x: float | None, spec: str) -> str:
+    """`format(x, spec)`, with "-" for a missing value and "never" for an infinite one
+    (a cluster that does not fail has no MTBF or checkpoint interval)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return "never" if math.isinf(x) else format(x, spec)
+
+
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -547,8 +555,8 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
             hw = sorted(_hardware_rows(rows), key=lambda r: (r["num_gpus"], r["gpu"], r["topology"]))
             d.table(["hardware", "cluster MTBF h", "checkpoint GB", "write s", "interval (Young/Daly) s", "restart s",
                      "goodput"],
-                    [[label(r, with_topo, with_mode=False), f"{r['mtbf_h']:.3g}", f"{r['checkpoint_gb']:,.0f}",
-                      f"{r['checkpoint_s']:.3g}", f"{r['checkpoint_interval_s']:,.0f}", f"{r['restart_s']:.0f}",
+                    [[label(r, with_topo, with_mode=False), fixed(r["mtbf_h"], ".3g"), fixed(r["checkpoint_gb"], ",.0f"),
+                      fixed(r["checkpoint_s"], ".3g"), fixed(r["checkpoint_interval_s"], ",.0f"), fixed(r["restart_s"], ".0f"),
                       pct(r["goodput"])] for r in hw[:60]])
             group = dumps_json([w["model"], w["training"]])
             if group not in done_groups:

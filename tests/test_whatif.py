@@ -292,3 +292,17 @@ def test_combine_sum_buys_one_cluster_for_every_workload(tmp_path):
     assert rec["option"] == min(total, key=lambda o: total[o])  # fastest, then cheapest
     assert rec["time_to_train_days"] == pytest.approx(total[rec["option"]][0])
     assert rec["cost_usd"] == pytest.approx(total[rec["option"]][1])
+
+
+def test_report_without_failures(tmp_path):
+    """reliability.enabled: false means a cluster that never fails: goodput 1, no MTBF or
+    checkpoint interval; the report shows "-" for them instead of crashing."""
+    study = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": 8}], "pricing": {"mode": "cloud"},
+             "reliability": {"enabled": False}}
+    run_study(study, tmp_path, jobs=1)
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert rows and all(r["goodput"] == 1.0 for r in rows if r["feasible"])
+    md = (tmp_path / "report.md").read_text()
+    goodput_table = md[md.index("### Goodput"):]
+    row = goodput_table.splitlines()[4]
+    assert row.startswith("| h100-sxm x8 | - |") and row.endswith("| 100.0% |")
