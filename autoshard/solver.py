@@ -470,6 +470,12 @@ class StageModel:
         t_ex, u_ex = _stage_extras(tb, self.V, per_rank=True)
         if cfg.vpp == 1:
             md.add(tmax >= int(balanced_max(tau, t_ex, L) / TIME_UNIT_S) - (L + 2))
+        else:  # a rank holds vpp chunks of >= 1 layer each (as in `_table_bound`)
+            lb = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
+            md.add(tmax >= int(lb / TIME_UNIT_S) - (L + 2))
+        forced = _memory_tmax(ctx, tb, self.modes)  # the recompute HBM forces on the fullest rank
+        if math.isfinite(forced) and forced > 0:
+            md.add(tmax >= int(forced / TIME_UNIT_S) - (L + 2))
         if cfg.schedule == "zero_bubble":
             umax = md.new_int_var(0, horizon, "u_max")
             for t, w in zip(self.time, self.wgrad):
@@ -705,14 +711,77 @@ def _mean_rank(table: Table, kinds: list[str], modes: list[str], p: int) -> Any:
     return RankTotals(fwd, bwd, 0.0, 0.0, params, eparams, 0.0, 0.0, len(kinds), {}, {})
 
 
-def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bool = True) -> float:
+def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
+    """Lower bound of the slowest rank's time per micro-batch when HBM forces recompute;
+    inf if no split fits.
+
+    Rank p holding n layers of a kind needs fixed_p + n (static + infl_p act_fast) bytes
+    with every layer at its fastest mode; each byte over the capacity costs at least the
+    best seconds per activation byte any leaner mode trades, / infl_p (an LP relaxation),
+    and past n infl_p (act_fast - act_leanest) no mix fits. t_p(n) is increasing in n, so
+    the bound is the least T at which the ranks together can hold every layer of the kind
+    (each >= vpp layers with one kind; with several, each kind alone, the others taken as free)."""
+    kinds = ctx.model.layer_kinds()
+    cfg, lay = table.cfg, table.layers
+    P = cfg.pp
+    per_dense = sum(static_bytes(ctx, cfg, 1.0, 0.0).values())
+    per_exp = sum(static_bytes(ctx, cfg, 1.0, 1.0).values()) - per_dense
+
+    def static(c) -> float:
+        return per_dense * (c.params - c.expert_params) + (per_dense + per_exp) * c.expert_params
+
+    z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
+    t_ex, _ = _stage_extras(table, P * cfg.vpp, per_rank=True) if P > 1 else ([table.embed.total_s + table.head.total_s], [])
+    infl = np.array([inflight_microbatches(cfg, p, table.microbatches) for p in range(P)])[:, None]
+    ends = [([table.embed] if p == 0 else []) + ([table.head] if p == P - 1 else []) for p in range(P)]
+    fixed = np.array([sum(static(c) for c in e) + working_bytes(table, p == P - 1) + z3 for p, e in enumerate(ends)])[:, None]
+    fixed = fixed + infl * np.array([sum(c.act_bytes for c in e) for e in ends])[:, None]
+    min_per = cfg.vpp if len(set(kinds)) == 1 else 0
+    best = 0.0
+    for k in sorted(set(kinds)):
+        fast = min(modes, key=lambda r: (lay[(k, r)].total_s, lay[(k, r)].act_bytes))
+        c0 = lay[(k, fast)]
+        trades = [((c0.act_bytes - lay[(k, r)].act_bytes), lay[(k, r)].total_s - c0.total_s) for r in modes]
+        trades = [(b, max(0.0, t)) for b, t in trades if b > 0]
+        save_max = max((b for b, _ in trades), default=0.0)
+        s_per_byte = min((t / b for b, t in trades), default=math.inf)
+        L = kinds.count(k)
+        n = np.arange(L + 1, dtype=np.float64)[None, :]
+        need = fixed + n * (static(c0) + infl * c0.act_bytes) - ctx.capacity_bytes
+        with np.errstate(invalid="ignore"):
+            extra = np.where(need > 0, need / infl * s_per_byte, 0.0)  # a layer frees infl x its bytes
+        t = n * c0.total_s + np.array(t_ex)[:, None] + extra
+        t = np.where(need > n * infl * save_max, np.inf, t)
+        floor = t[:, min_per].max()  # every rank holds at least min_per layers
+        if not math.isfinite(floor):
+            return math.inf
+        t[:, :min_per] = -np.inf  # (so each row stays sorted)
+        levels = np.unique(t[np.isfinite(t) & (t >= floor)])
+        # held(T) = sum over ranks of the most layers with t_p(n) <= T (t_p increasing in n).
+        held = lambda T: int((t <= T).sum()) - P  # noqa: E731
+        lo, hi = 0, len(levels) - 1
+        if held(levels[hi]) < L:
+            return math.inf
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if held(levels[mid]) >= L:
+                hi = mid
+            else:
+                lo = mid + 1
+        best = max(best, float(levels[lo]))
+    return best
+
+
+def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bool = True,
+                 memory: bool = False) -> float:
     """Lower bound of one configuration from its exact table: every layer at its fastest
     recompute mode, stages as balanced as whole layers allow (`balanced_max`), memory ignored;
     plus the data-parallel tail at the mean rank.
 
     `exact_windows=False` for a table that stands for several placements (`_optimistic_table`):
     its shorter forward / backward windows would overstate how much data-parallel traffic
-    is exposed, so only the part no window hides (interference and the optimizer) counts."""
+    is exposed, so only the part no window hides (interference and the optimizer) counts.
+    `memory=True` adds the recompute HBM forces (`_memory_tmax`; costlier to compute)."""
     cfg = table.cfg
     kinds = ctx.model.layer_kinds()
     L = len(kinds)
@@ -733,8 +802,9 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
         big = dict.fromkeys(tot.fwd, math.inf)
         hidden = RankTotals(big, big, 0.0, 0.0, tot.params, tot.expert_params, 0.0, 0.0, 0, {}, {})
         tail = sum(dp_tail(tm, hidden).values())
+    forced = _memory_tmax(ctx, table, modes) if memory else 0.0
     if cfg.pp == 1:
-        return M * fast + tail
+        return M * max(fast, forced) + tail
     tau = min(table.layers[(k, r)].total_s for k in set(kinds) for r in modes)
     V = cfg.pp * cfg.vpp
     t_ex, u_ex = _stage_extras(table, V, per_rank=True)
@@ -746,7 +816,7 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
     for k in (set(kinds) if len(set(kinds)) > 1 else ()):
         tk = min(table.layers[(k, r)].total_s for r in modes)
         tmax = max(tmax, balanced_max(tk, t_ex, kinds.count(k), min_per=0))
-    tmax = max(tmax, fast / cfg.pp)
+    tmax = max(tmax, fast / cfg.pp, forced)
     if cfg.schedule == "zero_bubble":
         # One micro-batch's forward and input-gradient backward cross every stage in turn:
         # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
@@ -841,6 +911,8 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
             break
         optimistic = _optimistic_table(ctx, cands[i], opt_cache)
         opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False)
+        if opt_bound < target():  # the costlier bound only where the cheap one does not prune
+            opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
         if opt_bound >= target():
             pruned_bound += 1
             lower = min(lower, opt_bound)
@@ -854,6 +926,10 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
             if tbound >= goal:
                 lower = min(lower, tbound)
                 break
+            with_memory = _table_bound(ctx, table, modes, memory=True)
+            if with_memory >= goal:  # HBM forces enough recompute to lose: no CP-SAT needed
+                lower = min(lower, with_memory)
+                continue
             cutoff = _t(goal) if goal < math.inf else None
             sm = StageModel(ctx, table, modes, problem.search.uniform_stages, cutoff)
             remaining = time_limit_s - (time.perf_counter() - t0)
