@@ -51,6 +51,7 @@ from typing import Any, TextIO
 
 from .errors import InfeasibleError, InputError
 from .loader import atomic_write, dumps_json, file_folder, problem_paths, read_document, resolve_path
+from .spec import DEFAULT_GAP_LIMIT
 from .render import (
     error_markdown,
     error_record,
@@ -317,13 +318,15 @@ class _Task:
     key: str | None
     time_limit_s: float
     top_k: int
+    gap_limit: float = DEFAULT_GAP_LIMIT
 
 
-def _settings(time_limit_s: float, top_k: int) -> dict[str, Any]:
-    return {"time_limit_s": float(time_limit_s), "top_k": int(top_k)}
+def _settings(time_limit_s: float, top_k: int, gap_limit: float = DEFAULT_GAP_LIMIT) -> dict[str, Any]:
+    return {"time_limit_s": float(time_limit_s), "top_k": int(top_k), "gap_limit": float(gap_limit)}
 
 
-def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int) -> str | None:
+def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
+              gap_limit: float = DEFAULT_GAP_LIMIT) -> str | None:
     """The incremental-skip hash of a problem file (None when it cannot be read): its bytes,
     the calibrated catalog / HF config files it names, the version and the solver settings.
 
@@ -349,21 +352,21 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int) -> 
                     extra.append(ref.encode() + b"\0" + where.read_bytes())
                 except OSError:
                     extra.append(ref.encode() + b"\0(unreadable)")
-    return input_hash(data, _settings(time_limit_s, top_k), extra)
+    return input_hash(data, _settings(time_limit_s, top_k, gap_limit), extra)
 
 
 def solve_task(task: _Task) -> tuple[str, dict[str, Any], str]:
     """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt)."""
     from .loader import load_problem  # noqa: PLC0415
 
-    settings = _settings(task.time_limit_s, task.top_k)
+    settings = _settings(task.time_limit_s, task.top_k, task.gap_limit)
     common = {"input_sha256": task.key, "settings": settings, "name": task.name}
     problem = None
     try:
         problem = load_problem(task.path)
         from .solver import solve  # noqa: PLC0415
 
-        sol = solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k)
+        sol = solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit)
     except InputError as exc:
         rec = error_record(task.path, "input", exc.at(task.path).line(), problem=problem, **common)
     except InfeasibleError as exc:
@@ -532,12 +535,12 @@ def _result_of(record: dict[str, Any]) -> str:
 
 
 def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.PathLike[str], *, jobs: int = 1,
-              time_limit_s: float = 30, force: bool = False, top_k: int = 3,
+              time_limit_s: float = 30, force: bool = False, top_k: int = 3, gap_limit: float = DEFAULT_GAP_LIMIT,
               progress: ProgressFn | None = None) -> BatchResult:
     """Solve every problem of `inputs` into `out_dir` (see the module docstring).
 
-    `jobs`: worker processes (1: in this process; 0: one per CPU). `time_limit_s`, `top_k`:
-    per solve. `progress(done, total, name, status)` is called once with (0, total, "", "")
+    `jobs`: worker processes (1: in this process; 0: one per CPU). `time_limit_s`, `top_k`,
+    `gap_limit`: per solve (see `autoshard.solve`). `progress(done, total, name, status)` is called once with (0, total, "", "")
     and after every problem (skipped ones included). Raises InputError before solving
     anything when `out_dir` is not writable, no problem file is found or an argument is
     out of range; re-raises KeyboardInterrupt (SIGINT, or SIGTERM during the batch) after
@@ -557,6 +560,8 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
         raise InputError(f"the time limit must be > 0 s, got {time_limit_s}", field="time_limit")
     if top_k < 0:
         raise InputError(f"top_k must be >= 0, got {top_k}", field="top")
+    if not 0 <= gap_limit < 1:
+        raise InputError(f"the gap limit must be a fraction in [0, 1), got {gap_limit}", field="gap")
     out = _prepare_out_dir(out_dir)
     found, notes = find_problems(list(inputs), exclude=out)
     if not found:
@@ -564,7 +569,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
                          source=", ".join(os.fspath(i) for i in inputs))
     total = len(found)
     done: dict[str, ProblemResult] = {}
-    settings = _settings(time_limit_s, top_k)
+    settings = _settings(time_limit_s, top_k, gap_limit)
 
     def report(pr: ProblemResult) -> None:
         done[pr.name] = pr
@@ -592,7 +597,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
                 rec = error_record(path, "input", f"{path}: {err}", settings=settings, name=name)
                 finish(name, path, rec, error_markdown(rec))
                 continue
-            key = input_key(path, time_limit_s, top_k)
+            key = input_key(path, time_limit_s, top_k, gap_limit)
             jp, mp = out / f"{name}.json", out / f"{name}.md"
             old = None if force or key is None else _read_record(jp)
             if (old is not None and old.get("input_sha256") == key and mp.is_file()
@@ -600,7 +605,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
                 report(ProblemResult(name, path, "skipped-unchanged", _result_of(old), record_exit_code(old), old,
                                      str(jp), str(mp)))
                 continue
-            tasks.append(_Task(name, path, key, float(time_limit_s), int(top_k)))
+            tasks.append(_Task(name, path, key, float(time_limit_s), int(top_k), float(gap_limit)))
         if jobs <= 1 or len(tasks) <= 1:
             with _CpSatKeepsSigint():
                 for t in tasks:
@@ -640,7 +645,7 @@ def _run_pool(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
                 _, rec, md = fut.result()
             except Exception as exc:  # noqa: BLE001  (a worker died: killed, out of memory)
                 rec = error_record(t.path, "internal", f"the worker process failed: {type(exc).__name__}: {exc}"[:500],
-                                   input_sha256=t.key, settings=_settings(t.time_limit_s, t.top_k), name=t.name)
+                                   input_sha256=t.key, settings=_settings(t.time_limit_s, t.top_k, t.gap_limit), name=t.name)
                 md = error_markdown(rec)
             finish(t.name, t.path, rec, md)
     except BaseException:

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import __version__
 from .errors import AutoshardError, InfeasibleError, InputError
+from .spec import DEFAULT_GAP_LIMIT
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -237,7 +238,7 @@ def cmd_batch(a: argparse.Namespace) -> int:
     from .batch import ProgressBar, run_batch, summary_table  # noqa: PLC0415
 
     result = run_batch(a.inputs, a.output, jobs=a.jobs, time_limit_s=a.time_limit, force=a.force, top_k=a.top,
-                       progress=None if a.quiet else ProgressBar())
+                       gap_limit=a.gap, progress=None if a.quiet else ProgressBar())
     sys.stdout.write(summary_table(result))
     return result.exit_code
 
@@ -310,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", metavar="FILE", help="write the solution (.json: machine record, else markdown)")
     s.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit in seconds (default 60)")
     s.add_argument("--top", type=int, default=3, metavar="K", help="alternatives to report (default 3)")
-    s.add_argument("--gap", type=float, default=1e-3, metavar="G",
+    s.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
 
@@ -345,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=int, default=1, metavar="N")
     b.add_argument("--time-limit", type=float, default=60.0, metavar="S")
     b.add_argument("--top", type=int, default=3, metavar="K")
+    b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
+                   help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -61,7 +61,7 @@ from .cost import (
 from .cost import evaluate as _evaluate
 from .errors import InfeasibleError
 from .loader import load_problem
-from .spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
+from .spec import DEFAULT_GAP_LIMIT, MESH_AXES, RECOMPUTES, Plan, Problem, divisors
 from .topology import place_axes
 
 TIME_UNIT_S = 1e-7
@@ -859,8 +859,110 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
     return Table(cfg, pl, *cache[key], 0.0, num_microbatches(ctx.problem, cfg))
 
 
+class _Search:
+    """Branch-and-bound state: the incumbents, the proven bounds, the configurations whose
+    proof a time cap stopped (retried with the time left at the end)."""
+
+    def __init__(self, problem: Problem, ctx: Context, modes: list[str], keep: int, gap_limit: float,
+                 time_limit_s: float, t0: float):
+        self.problem, self.ctx, self.modes, self.keep, self.gap_limit = problem, ctx, modes, keep, gap_limit
+        self.time_limit_s, self.t0 = time_limit_s, t0
+        self.found: list[_Found] = []  # best per configuration, kept sorted, at most `keep`
+        self.lower = math.inf  # proven lower bound of every closed configuration not solved to optimality
+        self.open: list[tuple[float, int, Table]] = []  # stopped by a time cap: (proven bound, order, table)
+        self.solves = self.seq = 0
+        self.timed_out = False
+
+    def target(self) -> float:
+        """What a configuration must beat to matter: the incumbent less the gap limit."""
+        return self.found[0].step_s * (1 - self.gap_limit) if self.found else math.inf
+
+    def left(self) -> float:
+        return self.time_limit_s - (time.perf_counter() - self.t0)
+
+    def close(self, bound: float) -> None:
+        self.lower = min(self.lower, bound)
+
+    def bound(self) -> float:
+        return min([self.lower] + [b for b, _, _ in self.open])
+
+    def add(self, plan: Plan, step_s: float, objective_s: float, tolerance_s: float) -> None:
+        if any(f.plan == plan for f in self.found):
+            return
+        self.seq += 1
+        self.found.append(_Found(step_s, self.seq, plan, objective_s, tolerance_s))
+        self.found.sort()
+        del self.found[self.keep:]
+
+    def attempt(self, table: Table, tbound: float, cap_s: float) -> None:
+        """CP-SAT on one configuration and placement, with the incumbent as cutoff."""
+        goal = self.target()
+        cutoff = _t(goal) if goal < math.inf else None
+        sm = StageModel(self.ctx, table, self.modes, self.problem.search.uniform_stages, cutoff)
+        status, obj, bnd = sm.solve(min(self.left(), cap_s))
+        self.solves += 1
+        if obj is None:
+            if status == "UNKNOWN":
+                self.timed_out = True
+                cp_bound = bnd * TIME_UNIT_S / sm.scale if bnd is not None else -math.inf
+                self.seq += 1
+                self.open.append((max(tbound, cp_bound), self.seq, table))
+            elif cutoff is not None:  # proven: nothing in this configuration reaches the goal
+                self.close(goal)  # (up to the integer rounding, reported separately)
+            return
+        if status == "FEASIBLE":
+            self.timed_out = True
+            self.seq += 1
+            self.open.append((max(tbound, bnd * TIME_UNIT_S / sm.scale), self.seq, table))
+        counts = sm.read_counts()
+        sm.tiebreak(obj)
+        if sm.solve(max(0.05, self.left()))[1] is not None:
+            counts = sm.read_counts()
+        stage_layers, recompute = sm.read_plan(counts)
+        rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
+        est = _evaluate(self.problem, table.cfg.plan(rc, stage_layers))
+        self.add(est.plan, est.step_time_s, obj * TIME_UNIT_S / sm.scale, _rounding_tolerance(self.ctx, table))
+
+    def visit(self, cfg: Config, opt_cache: dict) -> bool:
+        """Bound, then solve, every placement of one configuration. False if it was pruned."""
+        ctx, modes = self.ctx, self.modes
+        optimistic = _optimistic_table(ctx, cfg, opt_cache)
+        opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False)
+        if opt_bound < self.target():  # the costlier bound only where the cheap one does not prune
+            opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
+        if opt_bound >= self.target():
+            self.close(opt_bound)
+            return False
+        tables = [layer_table(ctx, c) for c in _placements(self.problem, ctx, cfg)]
+        ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
+                        key=lambda x: x[:2])
+        for tbound, _, table in ranked:
+            if tbound >= self.target():
+                self.close(tbound)
+                break
+            with_memory = _table_bound(ctx, table, modes, memory=True)
+            if with_memory >= self.target():  # HBM forces enough recompute to lose: no CP-SAT needed
+                self.close(with_memory)
+                continue
+            # One hard configuration must not eat the whole budget: cap each proof, keep its bound.
+            self.attempt(table, with_memory, max(1.0, self.time_limit_s / 10))
+        return True
+
+    def retry(self) -> None:
+        """With the time left, resume the proofs a cap stopped, the weakest bound first."""
+        pending, self.open = sorted(self.open, key=lambda x: x[:2]), []
+        for k, (bnd, _, table) in enumerate(pending):
+            if bnd >= self.target():
+                self.close(bnd)
+            elif self.left() < 0.1:
+                self.open += pending[k:]
+                return
+            else:
+                self.attempt(table, bnd, self.left())
+
+
 def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
-          gap_limit: float = 1e-3) -> Solution:
+          gap_limit: float = DEFAULT_GAP_LIMIT) -> Solution:
     """The fastest plan that fits, with proof.
 
     `solver.status == 'OPTIMAL'` means no plan in the declared space is faster than the one
@@ -882,101 +984,46 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
     modes = [r for r in RECOMPUTES if r in problem.search.allowed("recompute", list(RECOMPUTES))]
-    keep = max(1, top_k + 1)
-    found: list[_Found] = []  # best per configuration, kept sorted, at most `keep`
-    solves = pruned_bound = seq = 0
-    timed_out = False
-    lower = math.inf  # proven lower bound of every configuration not solved to optimality
+    search = _Search(problem, ctx, modes, max(1, top_k + 1), gap_limit, time_limit_s, t0)
     opt_cache: dict = {}
+    pruned_bound = 0
 
-    def target() -> float:
-        return found[0].step_s * (1 - gap_limit) if found else math.inf
-
-    # Warm start: even splits with one recompute mode for every layer, on the most promising
-    # configurations (no CP-SAT); a strong incumbent early makes every cutoff and bound bite.
+    # Warm start: greedy recompute mixes and stage splits on the most promising configurations
+    # (no CP-SAT); a strong incumbent early makes every cutoff and bound bite.
     warm = _warm_start(problem, ctx, [cands[i] for i in order[:WARM_START_CONFIGS]], modes,
-                       deadline=t0 + time_limit_s / 4)
+                       deadline=t0 + time_limit_s / 4, opt_cache=opt_cache)
     if warm is not None:
-        seq += 1
-        found.append(_Found(warm.step_time_s, seq, warm.plan, warm.step_time_s, 0.0))
+        search.add(warm.plan, warm.step_time_s, warm.step_time_s, 0.0)
 
     for pos, i in enumerate(order):
-        if t_lb[i] >= target():
+        if t_lb[i] >= search.target():  # candidates come in order of their numpy bound
             pruned_bound += len(order) - pos
-            lower = min(lower, float(t_lb[i]))
+            search.close(float(t_lb[i]))
             break
-        if time.perf_counter() - t0 > time_limit_s:
-            timed_out = True
-            lower = min(lower, float(t_lb[i]))
+        if search.left() <= 0:
+            search.timed_out = True
+            search.close(float(t_lb[i]))
             break
-        optimistic = _optimistic_table(ctx, cands[i], opt_cache)
-        opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False)
-        if opt_bound < target():  # the costlier bound only where the cheap one does not prune
-            opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
-        if opt_bound >= target():
-            pruned_bound += 1
-            lower = min(lower, opt_bound)
-            continue
-        configs = _placements(problem, ctx, cands[i])
-        tables = [layer_table(ctx, cfg) for cfg in configs]
-        ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
-                        key=lambda x: x[:2])
-        for tbound, _, table in ranked:
-            goal = target()
-            if tbound >= goal:
-                lower = min(lower, tbound)
-                break
-            with_memory = _table_bound(ctx, table, modes, memory=True)
-            if with_memory >= goal:  # HBM forces enough recompute to lose: no CP-SAT needed
-                lower = min(lower, with_memory)
-                continue
-            cutoff = _t(goal) if goal < math.inf else None
-            sm = StageModel(ctx, table, modes, problem.search.uniform_stages, cutoff)
-            remaining = time_limit_s - (time.perf_counter() - t0)
-            # One hard configuration must not eat the whole budget: cap each proof, keep its bound.
-            status, obj, bnd = sm.solve(min(remaining, max(1.0, time_limit_s / 10)))
-            solves += 1
-            tol = _rounding_tolerance(ctx, table)
-            if obj is None:
-                if status == "UNKNOWN":
-                    timed_out = True
-                    cp_bound = bnd * TIME_UNIT_S / sm.scale if bnd is not None else -math.inf
-                    lower = min(lower, max(tbound, cp_bound))
-                elif cutoff is not None:  # proven: nothing in this configuration reaches the goal
-                    lower = min(lower, goal)  # (up to the integer rounding, reported separately)
-                continue
-            if status == "FEASIBLE":
-                timed_out = True
-                lower = min(lower, bnd * TIME_UNIT_S / sm.scale)
-            counts = sm.read_counts()
-            sm.tiebreak(obj)
-            if sm.solve(max(0.05, time_limit_s - (time.perf_counter() - t0)))[1] is not None:
-                counts = sm.read_counts()
-            stage_layers, recompute = sm.read_plan(counts)
-            rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
-            plan = table.cfg.plan(rc, stage_layers)
-            est = _evaluate(problem, plan)
-            seq += 1
-            found.append(_Found(est.step_time_s, seq, est.plan, obj * TIME_UNIT_S / sm.scale, tol))
-            found.sort()
-            del found[keep:]
+        pruned_bound += not search.visit(cands[i], opt_cache)
+    search.retry()
+    found = search.found
     elapsed = time.perf_counter() - t0
     if not found:
-        if timed_out:
+        if search.timed_out:
             raise InfeasibleError(f"no plan found within the {time_limit_s:g} s time limit",
                                   ["raise --time-limit", "restrict the search space with `search:`"])
         raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb))
     best = found[0]
     est = _evaluate(problem, best.plan)
-    bound = min(best.step_s, lower)
+    bound = min(best.step_s, search.bound())
     gap = max(0.0, (best.step_s - bound) / best.step_s)
-    # Every configuration not solved to optimality contributed a proven bound to `lower`
-    # (numpy, table, CP-SAT bound or cutoff), so the gap is proven even when limits fired.
+    # Every configuration not solved to optimality contributed a proven bound (numpy, table,
+    # memory, CP-SAT bound or cutoff), so the gap is proven even when limits fired.
     optimal = gap <= gap_limit + 1e-12
     stats = SolverStats(
         status="OPTIMAL" if optimal else "FEASIBLE", solve_time_s=elapsed, objective_s=best.objective_s,
         objective_bound_s=bound, gap=gap, gap_limit=gap_limit, candidates=len(cands),
-        pruned_by_memory=pruned_mem, pruned_by_bound=pruned_bound, cp_sat_solves=solves,
+        pruned_by_memory=pruned_mem, pruned_by_bound=pruned_bound, cp_sat_solves=search.solves,
         rounding_tolerance_s=best.tolerance_s)
     alts = [Alternative(plan=f.plan, estimate=_evaluate(problem, f.plan), differs=describe_difference(best.plan, f.plan),
                         slower_pct=100 * (f.step_s / best.step_s - 1)) for f in found[1:top_k + 1]]
@@ -989,17 +1036,22 @@ WARM_START_CONFIGS = 3000
 WARM_SPLIT_CONFIGS = 24
 
 
-def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[str], deadline: float) -> Estimate | None:
-    """A real, evaluated plan to start branch and bound (no CP-SAT), placement canonical.
+def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[str], deadline: float,
+                opt_cache: dict) -> Estimate | None:
+    """A real, evaluated plan to start branch and bound (no CP-SAT).
 
-    Pass 1, over `cfgs`: even stage splits, each rank's recompute mix chosen greedily to fit
-    its HBM. Pass 2, on the `WARM_SPLIT_CONFIGS` configurations with the lowest table bound:
-    the stage split too (`_Greedy.split`: the least max stage time, memory-aware)."""
+    Pass 1, over `cfgs`, canonical placement: even stage splits, each rank's recompute mix
+    chosen greedily to fit its HBM. Pass 2, on the `WARM_SPLIT_CONFIGS` configurations with
+    the lowest placement-free bound (memory-aware): the two placements with the lowest table
+    bounds, and the stage split too (`_Greedy.split`: the least max stage time, memory-aware)."""
     from .cost import assemble, even_split  # noqa: PLC0415
 
     best: Estimate | None = None
     L = ctx.model.num_hidden_layers
-    promising: list[tuple[float, int, Table]] = []
+    promising: list[tuple[float, int, Config]] = []
+
+    def beaten(bound: float) -> bool:
+        return best is not None and bound >= best.step_time_s
 
     def consider(table: Table, split: list[int] | None, recompute: list[str] | None) -> None:
         nonlocal best
@@ -1013,18 +1065,30 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
     for j, cfg in enumerate(cfgs):
         if time.perf_counter() > deadline:
             break
-        table = layer_table(ctx, cfg)
-        bound = _table_bound(ctx, table, modes)
-        if best is not None and bound >= best.step_time_s:
+        optimistic = _optimistic_table(ctx, cfg, opt_cache)
+        if beaten(_table_bound(ctx, optimistic, modes, exact_windows=False)):
             continue
+        bound = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
+        if beaten(bound):
+            continue
+        table = layer_table(ctx, cfg)
         split = even_split(L, cfg.pp * cfg.vpp)
         consider(table, split, _Greedy(ctx, table, modes).recompute(split))
-        if cfg.vpp == 1 and cfg.pp > 1:
-            promising.append((bound, j, table))
-    for bound, _, table in sorted(promising, key=lambda x: x[:2])[:WARM_SPLIT_CONFIGS]:
-        if time.perf_counter() > deadline or (best is not None and bound >= best.step_time_s):
+        promising.append((bound, j, cfg))
+    for bound, _, cfg in sorted(promising, key=lambda x: x[:2])[:WARM_SPLIT_CONFIGS]:
+        if time.perf_counter() > deadline or beaten(bound):
             break
-        consider(table, *_Greedy(ctx, table, modes).split())
+        tables = [layer_table(ctx, c) for c in _placements(problem, ctx, cfg)]
+        ranked = sorted(((_table_bound(ctx, tb, modes, memory=True), k, tb) for k, tb in enumerate(tables)),
+                        key=lambda x: x[:2])
+        for tbound, _, table in ranked[:2]:
+            if beaten(tbound):
+                break
+            if cfg.vpp == 1 and cfg.pp > 1:
+                consider(table, *_Greedy(ctx, table, modes).split())
+            else:
+                split = even_split(L, cfg.pp * cfg.vpp)
+                consider(table, split, _Greedy(ctx, table, modes).recompute(split))
     return best
 
 
@@ -1170,7 +1234,7 @@ def describe_difference(a: Plan, b: Plan) -> str:
         sizes = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": (p.dp or 1) // p.ep, "pp": p.pp}
         return [x for x in p.axes if sizes[x] > 1]
 
-    if live(a) != live(b):
+    if a.placement != b.placement and live(a) != live(b):
         diffs.append(f"placement {a.placement} -> {b.placement}")
     if a.stage_layers != b.stage_layers:
         diffs.append(f"stage_layers {b.stage_layers}")

@@ -87,7 +87,7 @@ def test_outputs_records_and_exit_code(first_run):
     assert good["problem"]["gpu"] == "h100-sxm" and good["problem"]["num_gpus"] == 8
     assert good["plan"] == good["estimate"]["plan"] and good["estimate"]["fits"]
     assert good["solver"]["status"] == "OPTIMAL" and "solve_time_s" in good["solver"]
-    assert good["settings"] == {"time_limit_s": 30.0, "top_k": 3}
+    assert good["settings"] == {"time_limit_s": 30.0, "top_k": 3, "gap_limit": 0.001}
 
     bad = json.loads((out / "malformed.json").read_text())
     assert bad["error"]["kind"] == "input" and bad["error"]["exit_code"] == 2
@@ -161,7 +161,10 @@ def test_rerun_skips_unchanged_then_force_resolves(first_run, tmp_path):
     other = run_batch([str(inp)], str(out), jobs=1, top_k=2)
     assert "skipped-unchanged" not in {p.status for p in other.problems}
     # force re-solves even when nothing changed.
-    forced = run_batch([str(inp)], str(out), jobs=1, top_k=2, force=True)
+    exact = run_batch([str(inp)], str(out), jobs=1, top_k=2, gap_limit=0.0)  # so is the gap limit
+    assert "skipped-unchanged" not in {p.status for p in exact.problems}
+    assert json.loads((out / "good_a.json").read_text())["settings"]["gap_limit"] == 0.0
+    forced = run_batch([str(inp)], str(out), jobs=1, top_k=2, gap_limit=0.0, force=True)
     assert {p.name: p.status for p in forced.problems} == {
         "good_a": "optimal", "good_b": "optimal", "infeasible": "infeasible", "malformed": "error"}
     assert all(mtimes(out)[k] > after_edit[k] for k in after_edit)
