@@ -17,11 +17,22 @@ The decision space splits in two:
   `cost.layer_table`, the same numbers `evaluate` sums; seconds are scaled to integer
   units of 0.1 us, bytes to KiB (rounded up, so a plan the model accepts always fits).
 
-Branch and bound ties them together: candidates are visited in order of their bound;
-each CP-SAT solve must beat the incumbent (a cutoff constraint); the search stops when the
-next bound cannot. `OPTIMAL` therefore means every candidate was either pruned by a sound
-bound or solved to optimality by CP-SAT. Every returned plan is re-evaluated with
-`evaluate`, and the CP-SAT objective must match it to within the rounding.
+Branch and bound ties them together (`_Search`):
+
+1. A warm start (`_warm_start`, no CP-SAT) builds real plans on the most promising
+   configurations: greedy per-rank recompute mixes, then memory-aware stage splits.
+2. Candidates are visited in order of their numpy bound; the search stops when the next
+   bound cannot beat the incumbent. Each surviving configuration meets, in order of cost,
+   the bound of its optimistic table (every group on consecutive GPUs: valid for every
+   placement), the same with the recompute HBM forces (`_memory_tmax`), and per placement
+   its exact table bound; only then CP-SAT, with the incumbent as a cutoff.
+3. A proof stopped by its per-solve cap keeps its proven bound and is resumed at the end
+   with the time left.
+
+`OPTIMAL` therefore means every candidate was either pruned by a sound bound or solved to
+optimality by CP-SAT (tests check every bound against `evaluate`, and the optimum against
+brute-force enumeration). Every returned plan is re-evaluated with `evaluate`, and the
+CP-SAT objective must match it to within the rounding.
 
 Determinism: candidates are enumerated in a fixed order, CP-SAT runs single-threaded with
 a fixed seed, ties are broken by a second CP-SAT pass (fewest recomputed layers, then
@@ -175,10 +186,12 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
     Time, per micro-batch and GPU: the matmul and attention FLOPs at the achievable rate
     (backward 2x matmul, 2.5x attention), the elementwise HBM traffic of norms, residuals
     and activation functions, and the TP / EP collectives priced on consecutive GPUs (the
-    cheapest group any placement can have). Each is a term of `cost.layer_cost` with every
-    max(...) replaced by one of its arguments, so the bound never exceeds `evaluate`. The
-    pipeline adds (M - c) T / P + c T over perfectly balanced stages (c = 1, 1/vpp for
-    interleaving, 0 for zero-bubble). The data-parallel tail is bounded by 0.
+    cheapest group any placement can have), the context-parallel ring exchange the same way.
+    Each is a term of `cost.layer_cost` with every max(...) replaced by one of its arguments,
+    so the bound never exceeds `evaluate`. The pipeline adds (M - c) T / P + c T over
+    perfectly balanced stages (c = 1, 1/vpp for interleaving, 0 for zero-bubble), whole
+    layers per stage, and for zero-bubble (P - 1) sum(u) / P. The data-parallel tail is
+    bounded by the mean rank's optimizer step.
     Memory: the first rank holds at least its share of the sharded weights, gradients and
     optimizer states and, with every layer recomputed, each in-flight micro-batch's layer inputs.
     """
@@ -1234,7 +1247,8 @@ def describe_difference(a: Plan, b: Plan) -> str:
         sizes = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": (p.dp or 1) // p.ep, "pp": p.pp}
         return [x for x in p.axes if sizes[x] > 1]
 
-    if a.placement != b.placement and live(a) != live(b):
+    both = set(live(a)) & set(live(b))  # an axis of size 1 in either plan has no place to compare
+    if a.placement != b.placement and [x for x in live(a) if x in both] != [x for x in live(b) if x in both]:
         diffs.append(f"placement {a.placement} -> {b.placement}")
     if a.stage_layers != b.stage_layers:
         diffs.append(f"stage_layers {b.stage_layers}")

@@ -251,3 +251,17 @@ def test_memory_bound_is_sound_and_binds_under_pressure(model, gpu, gbs):
         assert mem <= best * (1 + 1e-9), cfg0
         binding += mem > plain * 1.01
     assert binding >= 3
+
+
+def test_describe_difference_names_only_real_changes():
+    from autoshard.solver import describe_difference
+
+    a = Plan(tp=8, pp=16, dp=128, vpp=4, schedule="interleaved", placement="tp-cp-pp-dp-ep")
+    b = Plan(tp=2, cp=32, pp=16, dp=16, vpp=4, schedule="interleaved", placement="tp-cp-ep-pp-dp")
+    # tp, pp, dp keep their relative order: the layouts agree wherever both plans have the axis.
+    assert describe_difference(a, b) == "tp 8 -> 2, cp 1 -> 32, dp 128 -> 16"
+    c = b.model_copy(update={"placement": "tp-pp-cp-dp-ep"})
+    assert "placement tp-cp-ep-pp-dp -> tp-pp-cp-dp-ep" in describe_difference(b, c)
+    d = b.model_copy(update={"recompute": ["full"] * 2 + ["none"] * 124})
+    assert describe_difference(b, d) == "recompute none -> none:124,full:2"
+    assert describe_difference(b, b) == "same degrees, different layer split"
