@@ -643,6 +643,10 @@ def _placements(problem: Problem, ctx: Context, cfg: Config) -> list[Config]:
     return list(seen.values())
 
 
+def _config_key(p: Plan) -> tuple:
+    return (p.tp, p.cp, p.ep, p.pp, p.dp, p.vpp, p.sp, p.zero_stage, p.micro_batch_size, p.schedule, p.placement)
+
+
 @dataclass(order=True)
 class _Found:
     step_s: float
@@ -877,34 +881,50 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
 
 class _Search:
     """Branch-and-bound state: the incumbents, the proven bounds, the configurations whose
-    proof a time cap stopped (retried with the time left at the end)."""
+    proof a time cap stopped (retried with the time left at the end).
+
+    After the proof, `alternatives` runs the same search again with a looser target (the
+    `keep`-th best plan found) to fill the runners-up; it no longer touches the proven bound."""
 
     def __init__(self, problem: Problem, ctx: Context, modes: list[str], keep: int, gap_limit: float,
                  time_limit_s: float, t0: float):
         self.problem, self.ctx, self.modes, self.keep, self.gap_limit = problem, ctx, modes, keep, gap_limit
         self.time_limit_s, self.t0 = time_limit_s, t0
+        self.deadline = t0 + time_limit_s
         self.found: list[_Found] = []  # best per configuration, kept sorted, at most `keep`
         self.lower = math.inf  # proven lower bound of every closed configuration not solved to optimality
         self.open: list[tuple[float, int, Table]] = []  # stopped by a time cap: (proven bound, order, table)
+        self.solved: set[Config] = set()  # configurations (with placement) whose optimum is known
         self.solves = self.seq = 0
         self.timed_out = False
+        self.proving = True  # False while looking for alternatives
 
     def target(self) -> float:
-        """What a configuration must beat to matter: the incumbent less the gap limit."""
+        """What a configuration must beat to matter: the incumbent less the gap limit (while
+        proving), else the worst of the `keep` plans kept (once there are that many)."""
+        if not self.proving:
+            return self.found[-1].step_s if len(self.found) >= self.keep else math.inf
         return self.found[0].step_s * (1 - self.gap_limit) if self.found else math.inf
 
     def left(self) -> float:
-        return self.time_limit_s - (time.perf_counter() - self.t0)
+        return self.deadline - time.perf_counter()
 
     def close(self, bound: float) -> None:
-        self.lower = min(self.lower, bound)
+        if self.proving:
+            self.lower = min(self.lower, bound)
 
     def bound(self) -> float:
         return min([self.lower] + [b for b, _, _ in self.open])
 
     def add(self, plan: Plan, step_s: float, objective_s: float, tolerance_s: float) -> None:
-        if any(f.plan == plan for f in self.found):
+        """Keep the plan if it is among the `keep` best, one per configuration (degrees,
+        schedule, ZeRO, micro-batch, placement): runners-up that differ only in the layer
+        split or recompute mix of the same configuration would tell a user nothing."""
+        same = [f for f in self.found if _config_key(f.plan) == _config_key(plan)]
+        if same and same[0].step_s <= step_s:
             return
+        for f in same:
+            self.found.remove(f)
         self.seq += 1
         self.found.append(_Found(step_s, self.seq, plan, objective_s, tolerance_s))
         self.found.sort()
@@ -917,6 +937,10 @@ class _Search:
         sm = StageModel(self.ctx, table, self.modes, self.problem.search.uniform_stages, cutoff)
         status, obj, bnd = sm.solve(min(self.left(), cap_s))
         self.solves += 1
+        if status == "OPTIMAL":
+            self.solved.add(table.cfg)
+        if obj is None and not self.proving:  # nothing under the bar: no runner-up here
+            return
         if obj is None:
             if status == "UNKNOWN":
                 self.timed_out = True
@@ -926,7 +950,7 @@ class _Search:
             elif cutoff is not None:  # proven: nothing in this configuration reaches the goal
                 self.close(goal)  # (up to the integer rounding, reported separately)
             return
-        if status == "FEASIBLE":
+        if status == "FEASIBLE" and self.proving:
             self.timed_out = True
             self.seq += 1
             self.open.append((max(tbound, bnd * TIME_UNIT_S / sm.scale), self.seq, table))
@@ -956,6 +980,8 @@ class _Search:
             if tbound >= self.target():
                 self.close(tbound)
                 break
+            if table.cfg in self.solved:  # (looking for alternatives: its best plan is known)
+                continue
             with_memory = _table_bound(ctx, table, modes, memory=True)
             if with_memory >= self.target():  # HBM forces enough recompute to lose: no CP-SAT needed
                 self.close(with_memory)
@@ -963,6 +989,17 @@ class _Search:
             # One hard configuration must not eat the whole budget: cap each proof, keep its bound.
             self.attempt(table, with_memory, max(1.0, self.time_limit_s / 10))
         return True
+
+    def alternatives(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
+                     budget_s: float) -> None:
+        """Fill the `keep - 1` runners-up: the search again, with the worst plan kept as the
+        bar, for at most `budget_s` (best effort: the proof is already done)."""
+        self.proving = False
+        self.deadline = min(self.deadline, time.perf_counter() + budget_s)
+        for i in order:
+            if t_lb[i] >= self.target() or self.left() <= 0:
+                break
+            self.visit(cands[i], opt_cache)
 
     def retry(self) -> None:
         """With the time left, resume the proofs a cap stopped, the weakest bound first."""
@@ -1022,6 +1059,9 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
             break
         pruned_bound += not search.visit(cands[i], opt_cache)
     search.retry()
+    bound_s = search.bound()
+    if top_k > 0 and search.found:  # runners-up, in at most the time the proof took (and within the limit)
+        search.alternatives(order, cands, t_lb, opt_cache, budget_s=max(1.0, time.perf_counter() - t0))
     found = search.found
     elapsed = time.perf_counter() - t0
     if not found:
@@ -1031,7 +1071,7 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
         raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb))
     best = found[0]
     est = _evaluate(problem, best.plan)
-    bound = min(best.step_s, search.bound())
+    bound = min(best.step_s, bound_s)
     gap = max(0.0, (best.step_s - bound) / best.step_s)
     # Every configuration not solved to optimality contributed a proven bound (numpy, table,
     # memory, CP-SAT bound or cutoff), so the gap is proven even when limits fired.
@@ -1238,6 +1278,18 @@ def _rounding_tolerance(ctx: Context, table: Table) -> float:
     return uses * 0.5 * TIME_UNIT_S
 
 
+def run_length(xs: list[int]) -> str:
+    """[1, 2, 2, 2, 1] -> `1,2x3,1`."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j < len(xs) and xs[j] == xs[i]:
+            j += 1
+        out.append(f"{xs[i]}x{j - i}" if j - i > 1 else str(xs[i]))
+        i = j
+    return ",".join(out)
+
+
 def describe_difference(a: Plan, b: Plan) -> str:
     """What distinguishes plan b from plan a, in knob=value terms."""
     diffs = []
@@ -1254,7 +1306,7 @@ def describe_difference(a: Plan, b: Plan) -> str:
     if a.placement != b.placement and [x for x in live(a) if x in both] != [x for x in live(b) if x in both]:
         diffs.append(f"placement {a.placement} -> {b.placement}")
     if a.stage_layers != b.stage_layers:
-        diffs.append(f"stage_layers {b.stage_layers}")
+        diffs.append(f"stage_layers {run_length(b.stage_layers or [])}")
     def rc(p: Plan) -> str:  # "none", or the per-layer mix as counts
         if isinstance(p.recompute, str):
             return p.recompute

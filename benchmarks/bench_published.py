@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from autoshard import Plan, SearchSpec, evaluate, load_plan, load_problem  # noqa: E402
 from autoshard.errors import InfeasibleError  # noqa: E402
-from autoshard.solver import describe_difference  # noqa: E402
+from autoshard.solver import describe_difference, run_length  # noqa: E402
 
 # Llama 3 405B: 126 layers over pp16 x vpp4 = 64 virtual stages of 2 layers, one layer fewer on
 # the first and on the last virtual stage (paper: "we reduce one Transformer layer each from the
@@ -160,38 +159,6 @@ def estimate_summary(est) -> dict[str, Any]:
             "memory_breakdown_gib": est.memory_breakdown_gib}
 
 
-def compact_list(xs: list[int]) -> str:
-    """[1, 2, 2, 2, 1] -> `1,2x3,1` (run-length)."""
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j < len(xs) and xs[j] == xs[i]:
-            j += 1
-        out.append(f"{xs[i]}x{j - i}" if j - i > 1 else str(xs[i]))
-        i = j
-    return ",".join(out)
-
-
-def effective_placement(plan: Plan) -> tuple[str, ...]:
-    """The placement's axes of size > 1 (the dp axis is dp / ep): what decides the rank layout."""
-    size = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "pp": plan.pp, "dp": (plan.dp or 1) // plan.ep}
-    return tuple(ax for ax in plan.axes if size[ax] > 1)
-
-
-def difference(a: Plan, b: Plan) -> str:
-    """`describe_difference(a, b)` without the differences that change nothing (a placement
-    that differs only in the order of size-1 axes, `sequence_parallel` None vs False at tp 1),
-    and with long stage_layers lists run-length encoded."""
-    text = describe_difference(a, b)
-    if effective_placement(a) == effective_placement(b):
-        text = re.sub(r"placement [^,\s]+ -> [^,\s]+(, )?", "", text)
-    if a.sp == b.sp:
-        text = re.sub(r"sequence_parallel [^,\s]+ -> [^,\s]+(, )?", "", text)
-    text = re.sub(r"stage_layers \[([0-9, ]+)\]",
-                  lambda m: "stage_layers " + compact_list([int(x) for x in m.group(1).split(",")]), text)
-    return text.rstrip(", ") or "same degrees, different layer split"
-
-
 def plan_text(plan: Plan) -> str:
     s = plan.short()
     if plan.placement != "tp-cp-ep-dp-pp":
@@ -233,7 +200,7 @@ def run(cases: list[Case], limit: float, jobs: int, also_unrestricted: bool) -> 
                 continue
             if "plan" in s:
                 chosen = Plan(**s["plan"])
-                s = dict(s, plan_summary=chosen.short(), differs=difference(est.plan, chosen),
+                s = dict(s, plan_summary=chosen.short(), differs=describe_difference(est.plan, chosen),
                          speedup_vs_published=(est.step_time_s / s["estimate"]["step_time_s"]
                                                if est.fits and est.step_time_s else None))
                 s["estimate"] = {k: v for k, v in s["estimate"].items() if k != "stages"}
@@ -262,7 +229,7 @@ def table(results: list[dict[str, Any]], tag: str) -> str:
         if "plan" in s:
             chosen = Plan(**s["plan"])
             status = s["status"] + (f" (gap {100 * s['gap']:.1f}%)" if s.get("gap") else "")
-            differs = difference(Plan(**pub["plan"]), chosen)
+            differs = describe_difference(Plan(**pub["plan"]), chosen)
             rows.append(f"| {r['title']} | `{plan_text(Plan(**pub['plan']))}` | {pub_step} | `{plan_text(chosen)}` | "
                         f"{fmt_step(s['estimate']['step_time_s'])} | {status} | {differs} |")
         else:
@@ -303,12 +270,12 @@ def details(results: list[dict[str, Any]]) -> str:
                 continue
             e = s["estimate"]
             chosen = Plan(**s["plan"])
-            out.append(f"{label} `{plan_text(chosen)}` stages {compact_list(chosen.stage_layers or [])}: "
+            out.append(f"{label} `{plan_text(chosen)}` stages {run_length(chosen.stage_layers or [])}: "
                        f"step {fmt_step(e['step_time_s'])}, MFU {e['mfu']:.1%}, peak {e['peak_memory_gib']:.1f} GiB, "
                        f"{s['status']} in {s['wall_s']:.0f} s")
             out.append(f"  time (s): {breakdown({k: v for k, v in e['time_breakdown_s'].items() if v})}")
             out.append(f"  memory (GiB, peak stage): {breakdown(e['memory_breakdown_gib'])}")
-            out.append(f"  differs from published: {difference(Plan(**pub['plan']), chosen)}")
+            out.append(f"  differs from published: {describe_difference(Plan(**pub['plan']), chosen)}")
     return "\n".join(out)
 
 
