@@ -573,14 +573,18 @@ class StageModel:
     def _all_vars(self) -> list[Any]:
         return [self.n[c][k][r] for c in range(self.V) for k in self.kinds for r in self.modes]
 
-    def solve(self, time_limit_s: float) -> tuple[str, int | None, int | None]:
+    def solve(self, work_s: float, wall_s: float | None = None) -> tuple[str, int | None, int | None]:
+        """Solve within `work_s` of CP-SAT's deterministic time (about a second of work each:
+        the same answer on any machine) and, as a safety net, `wall_s` of wall-clock time
+        (default 4 x work_s + 1). Returns (status, objective, bound) in model units."""
         cp_model = self.cp_model
         solver = cp_model.CpSolver()
         prm = solver.parameters
         prm.num_workers = 1
         prm.random_seed = 7
         prm.catch_sigint_signal = False  # Ctrl-C interrupts autoshard, not just one CP-SAT search
-        prm.max_time_in_seconds = max(0.05, time_limit_s)
+        prm.max_deterministic_time = max(0.05, work_s)
+        prm.max_time_in_seconds = max(0.05, 4 * work_s + 1 if wall_s is None else wall_s)
         status = solver.solve(self.model)
         self.solver = solver
         if status == cp_model.OPTIMAL:
@@ -935,7 +939,7 @@ class _Search:
         goal = self.target()
         cutoff = _t(goal) if goal < math.inf else None
         sm = StageModel(self.ctx, table, self.modes, self.problem.search.uniform_stages, cutoff)
-        status, obj, bnd = sm.solve(min(self.left(), cap_s))
+        status, obj, bnd = sm.solve(min(self.left(), cap_s), wall_s=self.left())
         self.solves += 1
         if status == "OPTIMAL":
             self.solved.add(table.cfg)
@@ -956,7 +960,7 @@ class _Search:
             self.open.append((max(tbound, bnd * TIME_UNIT_S / sm.scale), self.seq, table))
         counts = sm.read_counts()
         sm.tiebreak(obj)
-        if sm.solve(max(0.05, self.left()))[1] is not None:
+        if sm.solve(min(self.left(), cap_s), wall_s=self.left())[1] is not None:
             counts = sm.read_counts()
         stage_layers, recompute = sm.read_plan(counts)
         rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
@@ -986,18 +990,19 @@ class _Search:
             if with_memory >= self.target():  # HBM forces enough recompute to lose: no CP-SAT needed
                 self.close(with_memory)
                 continue
-            # One hard configuration must not eat the whole budget: cap each proof, keep its bound.
-            self.attempt(table, with_memory, max(1.0, self.time_limit_s / 10))
+            # One hard configuration must not hold up the rest: cap each proof (1 s, or 1/60 of
+            # the limit), keep its bound, resume it at the end with the time left (`retry`).
+            self.attempt(table, with_memory, max(1.0, self.time_limit_s / 60))
         return True
 
-    def alternatives(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
-                     budget_s: float) -> None:
+    def alternatives(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict) -> None:
         """Fill the `keep - 1` runners-up: the search again, with the worst plan kept as the
-        bar, for at most `budget_s` (best effort: the proof is already done)."""
+        bar, in at most as many CP-SAT solves again as the proof took (a count, not a clock,
+        so that the runners-up are reproducible) and within the time limit."""
         self.proving = False
-        self.deadline = min(self.deadline, time.perf_counter() + budget_s)
+        budget = self.solves + max(8, self.solves)
         for i in order:
-            if t_lb[i] >= self.target() or self.left() <= 0:
+            if t_lb[i] >= self.target() or self.left() <= 0 or self.solves >= budget:
                 break
             self.visit(cands[i], opt_cache)
 
@@ -1060,8 +1065,8 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
         pruned_bound += not search.visit(cands[i], opt_cache)
     search.retry()
     bound_s = search.bound()
-    if top_k > 0 and search.found:  # runners-up, in at most the time the proof took (and within the limit)
-        search.alternatives(order, cands, t_lb, opt_cache, budget_s=max(1.0, time.perf_counter() - t0))
+    if top_k > 0 and search.found:
+        search.alternatives(order, cands, t_lb, opt_cache)
     found = search.found
     elapsed = time.perf_counter() - t0
     if not found:
