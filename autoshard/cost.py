@@ -31,6 +31,7 @@ included, input embedding excluded. Validation compares step times, never MFU.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -597,19 +598,33 @@ class Table:
     head: Cost
     pp_p2p_s: float  # one send of a micro-batch's activation to the next stage
     microbatches: int
+    memo: dict = field(default_factory=dict)  # figures derived from layers / embed / head alone (shared with them)
 
 
-def layer_table(ctx: Context, cfg: Config) -> Table:
+def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
+    """Every cost of `cfg` that does not depend on per-layer choices. `cache` (one per solve)
+    shares the layer, embedding and head costs between placements and configurations that give
+    them the same inputs (shapes and the TP / CP / EP groups; the ZeRO-3 groups too). The
+    shared `Cost` objects must not be modified."""
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp)
-    kinds = sorted(set(ctx.model.layer_kinds()))
-    layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
+    zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
+    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep,
+           (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
+    if cache is None or key not in cache:
+        kinds = sorted(set(ctx.model.layer_kinds()))
+        layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
+        got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {})
+        if cache is not None:
+            cache[key] = got
+    else:
+        got = cache[key]
+    layers, embed, head, memo = got
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
     # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.
     p2p_bytes = BF16 * sh.tokens * sh.h / cfg.tp
     p2p = p2p_s(ctx.levels, pl.pp_level, p2p_bytes) if cfg.pp > 1 else 0.0
-    return Table(cfg, pl, layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), p2p,
-                 num_microbatches(ctx.problem, cfg))
+    return Table(cfg, pl, layers, embed, head, p2p, num_microbatches(ctx.problem, cfg), memo)
 
 
 # ---------------------------------------------------------------------------------------
@@ -705,6 +720,7 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
     }
 
 
+@functools.lru_cache(maxsize=4096)
 def affine(fn, levels: tuple[Level, ...], prof) -> tuple[float, float]:
     """(seconds per byte, seconds) of a collective: time = slope * bytes + intercept.
 

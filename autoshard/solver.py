@@ -180,23 +180,20 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
 # ---------------------------------------------------------------------------------------
 
 
-def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
+def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(time lower bound in s, memory lower bound in bytes) for every candidate, vectorized.
 
-    Time, per micro-batch and GPU: the matmul and attention FLOPs at the achievable rate
-    (backward 2x matmul, 2.5x attention), the elementwise HBM traffic of norms, residuals
-    and activation functions, and the TP / EP collectives priced on consecutive GPUs (the
-    cheapest group any placement can have), the context-parallel ring exchange the same way.
-    Each is a term of `cost.layer_cost` with every max(...) replaced by one of its arguments,
-    so the bound never exceeds `evaluate`. The pipeline adds (M - c) T / P + c T over
-    perfectly balanced stages (c = 1, 1/vpp for interleaving, 0 for zero-bubble), whole
-    layers per stage, and for zero-bubble (P - 1) sum(u) / P. The data-parallel tail is
-    bounded by the mean rank's optimizer step.
+    Time: one micro-batch through each layer kind at its fastest recompute mode, priced by
+    `cost.layer_costs` itself with every process group on consecutive GPUs (the cheapest
+    profile any placement can give it; `_optimistic_table`), once per distinct layer shape
+    (tp, cp, ep, sp, micro-batch: a few thousand at most), then numpy over all candidates:
+    ZeRO-3 weight traffic overlapped with that compute, the pipeline's (M - c) T / P + c T
+    over perfectly balanced stages (c = 1, 1/vpp for interleaving, 0 for zero-bubble), whole
+    layers per stage, for zero-bubble (P - 1) sum(u) / P and sum(u), and the mean rank's
+    optimizer step plus the interference of its data-parallel traffic.
     Memory: the first rank holds at least its share of the sharded weights, gradients and
     optimizer states and, with every layer recomputed, each in-flight micro-batch's layer inputs.
     """
-    from .topology import all_gather_s, all_reduce_s, all_to_all_s, contiguous_profile  # noqa: PLC0415
-
     m, tr = ctx.model, ctx.training
     a = np.array([[c.tp, c.cp, c.ep, c.pp, c.dp, c.vpp, c.mbs, c.zero, int(c.sp),
                    {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}[c.schedule]] for c in cands],
@@ -205,58 +202,56 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
     L, h = m.num_hidden_layers, m.hidden_size
     tokens = mbs * tr.seq_len / cp
     kinds = m.layer_kinds()
-    n_moe = kinds.count("moe")
-    mm = m.vocab_size * h  # LM head
-    for k in kinds:
-        p, e = layer_params(m, k)
-        mm += (p - e) + (e * m.num_experts_per_tok / m.num_experts if k == "moe" else 0.0)
-    d_qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.is_mla else m.head_size
-    d_v = m.v_head_dim if m.is_mla else m.head_size
-    attn = L * 2 * tr.seq_len * m.num_attention_heads * (d_qk + d_v) * 0.5
-    # Roofline: sum_i max(flops_i, bytes_i) >= max(sum flops, sum bytes); every matmul weight a GPU
-    # holds is read by the forward GEMMs (the input- and weight-gradient GEMMs take 2x as long).
-    held = sum(layer_params(m, k)[0] - layer_params(m, k)[1] + layer_params(m, k)[1] / ep for k in kinds) / tp
-    held = held + m.vocab_size * h / tp
-    gemm = np.maximum(tokens * 2 * mm / tp / ctx.mm_flops_per_s, BF16 * held / ctx.hbm_bytes_per_s)
-    compute = 3 * gemm + tokens * 3.5 * attn / tp / ctx.attn_flops_per_s
-    res = np.where(sp > 0, tokens / tp, tokens)
-    mats = 3 if m.gated else 2
-    ffn = sum(m.intermediate_size if k == "dense" else m.num_experts_per_tok * m.expert_ffn for k in kinds)
-    elem = BF16 * (res * h * 10 * L + tokens * ffn * mats / tp) * 3 / ctx.hbm_bytes_per_s
-    comm_tp, comm_cp, comm_ep = np.zeros((3, len(cands)))
-    memo: dict[tuple, tuple[float, float, float]] = {}
+    kind_list = sorted(set(kinds))
+    opt_cache = {} if opt_cache is None else opt_cache
+    # Per distinct layer shape: (fastest time per kind, fastest time less weight gradients per
+    # kind, embedding + LM head time, LM head weight-gradient time).
+    shape: dict[tuple, tuple[list[float], list[float], float, float]] = {}
+    tau = np.zeros((len(cands), len(kind_list)))
+    u_tau = np.zeros((len(cands), len(kind_list)))
+    ends = np.zeros(len(cands))
+    head_w = np.zeros(len(cands))
     for j, c in enumerate(cands):
-        key = (c.tp, c.cp, c.ep, c.mbs, c.sp)
-        if key not in memo:
-            memo[key] = _comm_lower_bounds(ctx, c, n_moe)
-        comm_tp[j], comm_cp[j], comm_ep[j] = memo[key]
-    comm = comm_tp + comm_cp + comm_ep
-    t_micro = compute + elem + comm
+        key = (c.tp, c.cp, c.ep, c.sp, c.mbs, c.pp == 1)
+        if key not in shape:
+            tb = _optimistic_table(ctx, Config(c.tp, c.cp, c.ep, c.pp, c.dp, 1, c.sp, 0, c.mbs, "1f1b", c.placement),
+                                   opt_cache)
+            lay = tb.layers
+            shape[key] = ([min(x.total_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
+                          [min(x.total_s - x.wgrad_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
+                          tb.embed.total_s + tb.head.total_s, tb.head.wgrad_s)
+        tau[j], u_tau[j], ends[j], head_w[j] = shape[key]
+    counts = np.array([kinds.count(k) for k in kind_list], dtype=np.float64)
+    busy = tau @ counts + ends
+    # ZeRO-3 gathers every layer's weights before its forward and backward and reduce-scatters
+    # its gradients, overlapped with compute: per layer c + overlapped(x, c) = (1 - k) max(c, x)
+    # + k (c + x), and the sum over layers is at least that form of the sums (max is subadditive).
+    zero3 = np.zeros(len(cands))
+    z3_memo: dict[tuple, float] = {}
+    for j, c in enumerate(cands):
+        if c.zero == 3 and c.dp * c.cp > 1:
+            key = (c.tp, c.cp, c.ep, c.dp)
+            if key not in z3_memo:
+                z3_memo[key] = _zero3_lower_bound(ctx, c)
+            zero3[j] = z3_memo[key]
+    t_micro = (1 - COMM_INTERFERENCE) * np.maximum(busy, zero3) + COMM_INTERFERENCE * (busy + zero3)
     M = tr.global_batch_size / (dp * mbs)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
     c = np.where(sched == 2, 0.0, c)
     t_lb = (M - c) * t_micro / pp + c * t_micro
     # Whole layers: for every kind, some stage holds ceil(L_k / P) of its layers (a chunk
-    # ceil(L_k / V)), each costing at least its FLOPs at the achievable rate, its elementwise
-    # traffic and its TP / EP collectives (other layers taken as free).
+    # ceil(L_k / V)), other layers taken as free.
     tmax = t_micro / pp
     chunk = t_micro / (pp * vpp)
-    for kind in sorted(set(kinds)):
-        p_k, e_k = layer_params(m, kind)
-        active = (p_k - e_k) + (e_k * m.num_experts_per_tok / m.num_experts if kind == "moe" else 0.0)
-        ffn_k = m.intermediate_size if kind == "dense" else m.num_experts_per_tok * m.expert_ffn
-        n_k = kinds.count(kind)
-        tau = (tokens * (3 * 2 * active / tp / ctx.mm_flops_per_s + 3.5 * attn / L / tp / ctx.attn_flops_per_s)
-               + BF16 * (res * h * 10 + tokens * ffn_k * mats / tp) * 3 / ctx.hbm_bytes_per_s
-               + (comm_tp + comm_cp) / L + (comm_ep / n_moe if kind == "moe" and n_moe else 0.0))
-        tmax = np.maximum(tmax, np.ceil(n_k / pp) * tau)
-        chunk = np.maximum(chunk, np.ceil(n_k / (pp * vpp)) * tau)
+    for i, n_k in enumerate(counts):
+        tmax = np.maximum(tmax, np.ceil(n_k / pp) * tau[:, i])
+        chunk = np.maximum(chunk, np.ceil(n_k / (pp * vpp)) * tau[:, i])
     lb_1f1b = (M - 1) * tmax + t_micro
     lb_inter = M * tmax + (pp - 1) * chunk
-    # Zero-bubble: M max t + (P - 1) max u, u = t minus the weight-gradient GEMMs (one of the
-    # three matmul passes); max u >= sum u / P, and one micro-batch's forward and input-gradient
-    # backward cross every stage in turn, so the pipeline also takes at least sum u.
-    serial = t_micro - gemm
+    # Zero-bubble: M max t + (P - 1) max u, u = t minus the weight-gradient GEMMs; max u >=
+    # sum u / P, and one micro-batch's forward and input-gradient backward cross every stage
+    # in turn, so the pipeline also takes at least sum u.
+    serial = u_tau @ counts + ends - head_w
     lb_zb = np.maximum(M * tmax + (pp - 1) * serial / pp, serial)
     t_lb = np.maximum(t_lb, np.where(sched == 1, lb_inter, np.where(sched == 2, lb_zb, lb_1f1b)))
     # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
@@ -292,28 +287,22 @@ def bounds(ctx: Context, cands: list[Config]) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------------------
 
 
-def _comm_lower_bounds(ctx: Context, cfg: Config, n_moe: int) -> tuple[float, float, float]:
-    """(TP, CP, EP) communication of one micro-batch through every layer, forward and
-    backward, each group on consecutive GPUs (the cheapest profile any placement gives it):
-    the same functions `cost.layer_costs` prices them with."""
-    from .cost import Shapes, core_attention_s, cp_comm_s  # noqa: PLC0415
-    from .topology import all_gather_s, all_reduce_s, all_to_all_s, contiguous_profile  # noqa: PLC0415
+def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
+    """ZeRO-3 traffic of one micro-batch through every layer (all-gather for the forward, again
+    for the backward, reduce-scatter of the gradients), each group on consecutive GPUs."""
+    from .topology import all_gather_s, contiguous_profile, reduce_scatter_s  # noqa: PLC0415
 
     m, lv, g = ctx.model, ctx.levels, ctx.graph
-    sh = Shapes(ctx, cfg)
-    L, h = m.num_hidden_layers, m.hidden_size
-    tp = cp = ep = 0.0
-    if cfg.tp > 1:
-        prof, b = contiguous_profile(g, cfg.tp), BF16 * sh.tokens * h
-        one = 2 * all_gather_s(lv, prof, b) if cfg.sp else all_reduce_s(lv, prof, b)
-        tp = 4 * L * one
-    if cfg.cp > 1:
-        core, scores, _ = core_attention_s(ctx, sh)
-        cp = L * sum(cp_comm_s(ctx, cfg.cp, contiguous_profile(g, cfg.cp), sh, core + scores))
-    if n_moe and cfg.ep > 1:
-        send = BF16 * (sh.tokens / cfg.tp if cfg.sp else sh.tokens) * m.num_experts_per_tok * h
-        ep = 4 * n_moe * all_to_all_s(lv, contiguous_profile(g, cfg.ep), send)
-    return tp, cp, ep
+    dp_cp = contiguous_profile(g, cfg.dp * cfg.cp)
+    edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep))
+    total = 0.0
+    for k in m.layer_kinds():
+        params, experts = layer_params(m, k)
+        w_dense, w_exp = BF16 * (params - experts) / cfg.tp, BF16 * experts / (cfg.tp * cfg.ep)
+        ag = all_gather_s(lv, dp_cp, w_dense) + all_gather_s(lv, edp, w_exp)
+        rs = reduce_scatter_s(lv, dp_cp, w_dense) + reduce_scatter_s(lv, edp, w_exp)
+        total += 2 * ag + rs
+    return total
 
 
 def _t(x: float) -> int:
@@ -713,22 +702,61 @@ def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float
     return t, u
 
 
-def _mean_rank(table: Table, kinds: list[str], modes: list[str], p: int) -> Any:
-    """The mean pipeline rank's totals (params, forward, backward with the slowest recompute
-    mode per kind, i.e. the longest backward window), summed per kind rather than per layer."""
-    from .cost import RankTotals, TIME_KEYS  # noqa: PLC0415
+@dataclass(frozen=True)
+class _Summary:
+    """What the bounds need from a table's layer, embedding and head costs (see `_summary`)."""
 
+    count: dict[str, int]  # layers per kind
+    fastest: dict[str, float]  # per kind: the fastest mode's time per micro-batch
+    unfilled: dict[str, float]  # per kind: the least time less weight gradients (zero-bubble)
+    fast: float  # every layer at its fastest mode, plus embedding and LM head
+    ends: float  # embedding + LM head
+    # Sums over every layer (slowest backward mode per kind), embedding and head: the mean rank x P.
+    fwd: dict[str, float]
+    bwd: dict[str, float]
+    params: float
+    expert_params: float
+
+
+def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
+    """`_Summary` of a table, computed once per set of shared layer costs (`Table.memo`)."""
+    from .cost import TIME_KEYS  # noqa: PLC0415
+
+    key = ("summary", tuple(modes))
+    if key in table.memo:
+        return table.memo[key]
+    kinds = ctx.model.layer_kinds()
+    lay = table.layers
+    count = {k: kinds.count(k) for k in sorted(set(kinds))}
+    fastest = {k: min(lay[(k, r)].total_s for r in modes) for k in count}
+    unfilled = {k: min(lay[(k, r)].total_s - lay[(k, r)].wgrad_s for r in modes) for k in count}
+    ends = table.embed.total_s + table.head.total_s
     fwd = dict.fromkeys(TIME_KEYS, 0.0)
     bwd = dict.fromkeys(TIME_KEYS, 0.0)
     params = eparams = 0.0
-    pieces = [(kinds.count(k), table.layers[(k, max(modes, key=lambda r: table.layers[(k, r)].bwd_s))])
-              for k in set(kinds)] + [(1, table.embed), (1, table.head)]
-    for n, c in pieces:
-        for key in TIME_KEYS:
-            fwd[key] += n * c.fwd[key] / p
-            bwd[key] += n * c.bwd[key] / p
-        params += n * c.params / p
-        eparams += n * c.expert_params / p
+    pieces = [(n, lay[(k, max(modes, key=lambda r: lay[(k, r)].bwd_s))]) for k, n in count.items()]
+    for n, c in pieces + [(1, table.embed), (1, table.head)]:
+        for t in TIME_KEYS:
+            fwd[t] += n * c.fwd[t]
+            bwd[t] += n * c.bwd[t]
+        params += n * c.params
+        eparams += n * c.expert_params
+    s = _Summary(count, fastest, unfilled, sum(count[k] * fastest[k] for k in count) + ends, ends,
+                 fwd, bwd, params, eparams)
+    table.memo[key] = s
+    return s
+
+
+def _mean_rank(ctx: Context, table: Table, modes: list[str], p: int) -> Any:
+    """The mean pipeline rank's totals (params, forward, backward with the slowest recompute
+    mode per kind, i.e. the longest backward window), summed per kind rather than per layer."""
+    from .cost import RankTotals  # noqa: PLC0415
+
+    s = _summary(ctx, table, modes)
+    fwd = {k: v / p for k, v in s.fwd.items()}
+    bwd = {k: v / p for k, v in s.bwd.items()}
+    params, eparams = s.params / p, s.expert_params / p
+    kinds = ctx.model.layer_kinds()
     hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
     fwd["pp_comm"] += hops
     bwd["pp_comm"] += hops
@@ -807,10 +835,9 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
     is exposed, so only the part no window hides (interference and the optimizer) counts.
     `memory=True` adds the recompute HBM forces (`_memory_tmax`; costlier to compute)."""
     cfg = table.cfg
-    kinds = ctx.model.layer_kinds()
-    L = len(kinds)
-    fast = sum(kinds.count(k) * min(table.layers[(k, r)].total_s for r in modes) for k in set(kinds))
-    fast += table.embed.total_s + table.head.total_s
+    s = _summary(ctx, table, modes)
+    L = sum(s.count.values())
+    fast = s.fast
     M = table.microbatches
     # Data-parallel tail: max over ranks >= its value at the mean rank (max(0, .) is convex
     # and the tail is affine in each rank's parameters and backward window), with the
@@ -818,7 +845,7 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
     from .cost import RankTotals, dp_tail, tail_model  # noqa: PLC0415
 
     p = cfg.pp
-    tot = _mean_rank(table, kinds, modes, p)
+    tot = _mean_rank(ctx, table, modes, p)
     tm = tail_model(ctx, table)
     if exact_windows:
         tail = sum(dp_tail(tm, tot).values())
@@ -829,7 +856,7 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
     forced = _memory_tmax(ctx, table, modes) if memory else 0.0
     if cfg.pp == 1:
         return M * max(fast, forced) + tail
-    tau = min(table.layers[(k, r)].total_s for k in set(kinds) for r in modes)
+    tau = min(s.fastest.values())
     V = cfg.pp * cfg.vpp
     t_ex, u_ex = _stage_extras(table, V, per_rank=True)
     if cfg.vpp == 1:
@@ -837,17 +864,16 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
     else:  # a rank holds vpp chunks of >= 1 layer each
         tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
     # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
-    for k in (set(kinds) if len(set(kinds)) > 1 else ()):
-        tk = min(table.layers[(k, r)].total_s for r in modes)
-        tmax = max(tmax, balanced_max(tk, t_ex, kinds.count(k), min_per=0))
+    for k in (s.count if len(s.count) > 1 else ()):
+        tmax = max(tmax, balanced_max(s.fastest[k], t_ex, s.count[k], min_per=0))
     tmax = max(tmax, fast / cfg.pp, forced)
     if cfg.schedule == "zero_bubble":
         # One micro-batch's forward and input-gradient backward cross every stage in turn:
         # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
-        u = {k: min(table.layers[(k, r)].total_s - table.layers[(k, r)].wgrad_s for r in modes) for k in set(kinds)}
-        serial = sum(kinds.count(k) * u[k] for k in set(kinds)) + sum(u_ex) - (V - 1) * table.pp_p2p_s
+        u = s.unfilled
+        serial = sum(s.count[k] * u[k] for k in u) + sum(u_ex) - (V - 1) * table.pp_p2p_s
         umax = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
-                   *(balanced_max(u[k], u_ex, kinds.count(k), min_per=0) for k in u if len(u) > 1))
+                   *(balanced_max(u[k], u_ex, s.count[k], min_per=0) for k in u if len(u) > 1))
         # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
         return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
     if cfg.schedule == "interleaved":
@@ -876,11 +902,12 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
     if cache is None or key not in cache:
         kinds = sorted(set(ctx.model.layer_kinds()))
         layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
-        got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl))
+        got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {})
         if cache is None:
-            return Table(cfg, pl, *got, 0.0, num_microbatches(ctx.problem, cfg))
+            return Table(cfg, pl, *got[:3], 0.0, num_microbatches(ctx.problem, cfg), got[3])
         cache[key] = got
-    return Table(cfg, pl, *cache[key], 0.0, num_microbatches(ctx.problem, cfg))
+    layers, embed, head, memo = cache[key]
+    return Table(cfg, pl, layers, embed, head, 0.0, num_microbatches(ctx.problem, cfg), memo)
 
 
 class _Search:
@@ -901,7 +928,8 @@ class _Search:
         self.solved: set[Config] = set()  # configurations (with placement) whose optimum is known
         self.solves = self.seq = 0
         self.timed_out = False
-        self.proving = True  # False while looking for alternatives
+        self.proving = True
+        self.tables: dict = {}  # layer costs shared between placements (`cost.layer_table`)  # False while looking for alternatives
 
     def target(self) -> float:
         """What a configuration must beat to matter: the incumbent less the gap limit (while
@@ -977,7 +1005,7 @@ class _Search:
         if opt_bound >= self.target():
             self.close(opt_bound)
             return False
-        tables = [layer_table(ctx, c) for c in _placements(self.problem, ctx, cfg)]
+        tables = [layer_table(ctx, c, self.tables) for c in _placements(self.problem, ctx, cfg)]
         ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
                         key=lambda x: x[:2])
         for tbound, _, table in ranked:
@@ -1037,19 +1065,19 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
     cands = candidates(problem, ctx)
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
-    t_lb, m_lb = bounds(ctx, cands)
+    opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
+    t_lb, m_lb = bounds(ctx, cands, opt_cache)
     fits = m_lb <= ctx.capacity_bytes
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
     modes = [r for r in RECOMPUTES if r in problem.search.allowed("recompute", list(RECOMPUTES))]
     search = _Search(problem, ctx, modes, max(1, top_k + 1), gap_limit, time_limit_s, t0)
-    opt_cache: dict = {}
     pruned_bound = 0
 
     # Warm start: greedy recompute mixes and stage splits on the most promising configurations
     # (no CP-SAT); a strong incumbent early makes every cutoff and bound bite.
     warm = _warm_start(problem, ctx, [cands[i] for i in order[:WARM_START_CONFIGS]], modes,
-                       deadline=t0 + time_limit_s / 4, opt_cache=opt_cache)
+                       deadline=t0 + time_limit_s / 2, opt_cache=opt_cache, table_cache=search.tables)
     if warm is not None:
         search.add(warm.plan, warm.step_time_s, warm.step_time_s, 0.0)
 
@@ -1098,8 +1126,10 @@ WARM_SPLIT_CONFIGS = 24
 
 
 def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[str], deadline: float,
-                opt_cache: dict) -> Estimate | None:
-    """A real, evaluated plan to start branch and bound (no CP-SAT).
+                opt_cache: dict, table_cache: dict) -> Estimate | None:
+    """A real, evaluated plan to start branch and bound (no CP-SAT). Its effort is a count of
+    configurations (so the same problem gets the same start on any machine); `deadline` is
+    only a safety net.
 
     Pass 1, over `cfgs`, canonical placement: even stage splits, each rank's recompute mix
     chosen greedily to fit its HBM. Pass 2, on the `WARM_SPLIT_CONFIGS` configurations with
@@ -1132,14 +1162,14 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
         bound = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
         if beaten(bound):
             continue
-        table = layer_table(ctx, cfg)
+        table = layer_table(ctx, cfg, table_cache)
         split = even_split(L, cfg.pp * cfg.vpp)
         consider(table, split, _Greedy(ctx, table, modes).recompute(split))
         promising.append((bound, j, cfg))
     for bound, _, cfg in sorted(promising, key=lambda x: x[:2])[:WARM_SPLIT_CONFIGS]:
         if time.perf_counter() > deadline or beaten(bound):
             break
-        tables = [layer_table(ctx, c) for c in _placements(problem, ctx, cfg)]
+        tables = [layer_table(ctx, c, table_cache) for c in _placements(problem, ctx, cfg)]
         ranked = sorted(((_table_bound(ctx, tb, modes, memory=True), k, tb) for k, tb in enumerate(tables)),
                         key=lambda x: x[:2])
         for tbound, _, table in ranked[:2]:

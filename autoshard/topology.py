@@ -218,12 +218,37 @@ def _place(graph: ClusterGraph, order: tuple[str, ...], tp: int, cp: int, ep: in
     sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": max(1, dp // ep), "pp": pp}
 
     def prof(*axes: str) -> Profile:
-        return graph.group_profile(axis_ranks(order, sizes, axes))
+        return _runs_profile(graph, group_runs(order, sizes, axes))
 
-    pp_rows = axis_ranks(order, sizes, ("pp",))
-    pp_level = graph.common_level(int(pp_rows[0, 0]), int(pp_rows[0, 1])) if pp > 1 else -1
+    stride = int(np.prod([sizes[a] for a in order[:order.index("pp")]]))  # pipeline neighbours: 0 and stride
+    pp_level = graph.common_level(0, stride) if pp > 1 else -1
     return Placement(tp=prof("tp"), cp=prof("cp"), ep=prof("ep"), dp=prof("ep", "dp"),
                      dp_cp=prof("ep", "dp", "cp"), edp=prof("dp", "cp"), pp=prof("pp"), pp_level=pp_level)
+
+
+def group_runs(order: tuple[str, ...], sizes: dict[str, int], axes: tuple[str, ...]) -> tuple[tuple[int, bool], ...]:
+    """The rank layout of the groups spanning `axes`, innermost first, as runs of (size, in the
+    group): size-1 axes dropped, neighbouring axes on the same side merged. Placements that give
+    the same runs give the same groups, so their profiles are computed once (`_runs_profile`)."""
+    runs: list[tuple[int, bool]] = []
+    for a in order:
+        if sizes[a] == 1:
+            continue
+        member = a in axes
+        if runs and runs[-1][1] == member:
+            runs[-1] = (runs[-1][0] * sizes[a], member)
+        else:
+            runs.append((sizes[a], member))
+    return tuple(runs)
+
+
+@functools.lru_cache(maxsize=16384)
+def _runs_profile(graph: ClusterGraph, runs: tuple[tuple[int, bool], ...]) -> Profile:
+    if not any(member for _, member in runs):
+        return graph.group_profile(np.zeros((1, 1), dtype=int))
+    names = tuple(f"r{i}" for i in range(len(runs)))
+    sizes = {n: s for n, (s, _) in zip(names, runs)}
+    return graph.group_profile(axis_ranks(names, sizes, tuple(n for n, (_, m) in zip(names, runs) if m)))
 
 
 def placements(plan_axes_sizes: dict[str, int]) -> list[str]:

@@ -5,6 +5,7 @@
     python benchmarks/bench_solve.py --bundled      # also with each problem file's own `search:`
     python benchmarks/bench_solve.py --layers       # solve time vs number of layers (24 -> 200)
     python benchmarks/bench_solve.py --brute-force  # same optimum as enumeration, and the time ratio
+    python benchmarks/bench_solve.py --random 40    # solve time / status over random realistic problems
 
 Each case is a bundled problem file (model, training, cluster and topology as shipped) with
 its `search:` restrictions removed: the whole declared space (tp, cp, ep, pp, dp, vpp, SP,
@@ -102,6 +103,45 @@ def layers_curve(limit: float) -> None:
         run(f"gpt3-style, {L} layers, 1,024 A100", doc, limit)
 
 
+def random_problems(n: int, limit: float, seed: int = 1) -> None:
+    """Random realistic problems (every model preset, GPU and a matching topology, cluster size,
+    sequence length and batch), unrestricted search: the distribution of solve times."""
+    import random
+
+    rng = random.Random(seed)
+    models = ["llama3-8b", "llama3-70b", "llama3-405b", "llama2-70b", "gpt3-175b", "mixtral-8x7b", "deepseek-v3",
+              "qwen3-235b-a22b"]
+    clusters = [("a100-sxm-80gb", "dgx-a100-superpod"), ("h100-sxm", "dgx-h100-superpod"), ("h800-sxm", "h800-cluster"),
+                ("h200-sxm", "dgx-h200-superpod"), ("b200", "dgx-b200"), ("gb200", "gb200-nvl72"),
+                ("mi300x", "mi300x-cluster")]
+    rows = []
+    for k in range(n):
+        model = rng.choice(models)
+        gpu, topo = rng.choice(clusters)
+        big = model in ("llama3-405b", "deepseek-v3", "qwen3-235b-a22b", "gpt3-175b")
+        gpus = rng.choice([512, 1024, 2048, 4096] if big else [64, 128, 256, 512, 1024])
+        seq = rng.choice([2048, 4096, 8192])
+        tokens = rng.choice([4, 8, 16]) * 2**20
+        doc = {"model": model, "training": {"seq_len": seq, "global_batch_size": max(gpus // 8, tokens // seq)},
+               "cluster": {"gpu": gpu, "num_gpus": gpus, "topology": topo}}
+        label = f"{model} {gpus}x{gpu} seq {seq} batch {doc['training']['global_batch_size']}"
+        t0 = time.perf_counter()
+        try:
+            s = solve(load_problem(doc), time_limit_s=limit, top_k=0)
+            status, gap = s.solver.status, s.solver.gap
+        except Exception as exc:  # noqa: BLE001  (infeasible problems are part of the sample)
+            status, gap = type(exc).__name__, None
+        dt = time.perf_counter() - t0
+        rows.append((dt, status))
+        print(f"{k:3d} {dt:6.2f} s  {status:<16} {'' if gap is None else f'gap {100 * gap:.2f}%'}  {label}", flush=True)
+    times = sorted(t for t, _ in rows)
+    from collections import Counter
+
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
+    print(f"{n} problems: median {q(0.5):.2f} s, p90 {q(0.9):.2f} s, max {times[-1]:.2f} s; "
+          f"{dict(Counter(s for _, s in rows))}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", action="store_true", help="solve time vs number of layers")
@@ -110,12 +150,16 @@ if __name__ == "__main__":
     ap.add_argument("--only", default=None, help="run the cases whose name contains this text")
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the median time is printed")
+    ap.add_argument("--random", type=int, default=0, metavar="N", help="N random realistic problems instead")
     a = ap.parse_args()
     if a.layers:
         layers_curve(a.time_limit)
         sys.exit(0)
     if a.brute_force:
         brute_force_ratio()
+        sys.exit(0)
+    if a.random:
+        random_problems(a.random, a.time_limit)
         sys.exit(0)
     for name, file in CASES.items():
         if a.only is None or a.only in name:

@@ -154,3 +154,31 @@ def test_common_level_agrees_with_networkx_lca():
     for a, b in [(0, 7), (0, 8), (0, 255), (0, 256), (5, 1000), (300, 301)]:
         anc = nx.lowest_common_ancestor(g.graph, ("gpu", a), ("gpu", b))
         assert g.common_level(a, b) == g.graph.nodes[anc]["level"]
+
+
+def test_placement_profiles_from_runs_equal_the_direct_computation():
+    """Group profiles computed once per run layout (size-1 axes dropped, neighbours merged)
+    equal the profiles of the groups enumerated axis by axis, for every placement."""
+    import itertools
+    import random
+
+    from autoshard.topology import _place, axis_ranks
+
+    rng = random.Random(3)
+    for topo, n in (("dgx-h100-superpod", 1024), ("gb200-nvl72", 576), ("dgx-a100-superpod", 640)):
+        g = context(load_problem({"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": n},
+                                  "cluster": {"gpu": "h100-sxm", "num_gpus": n, "topology": topo}})).graph
+        for _ in range(12):
+            tp, cp, ep, pp = rng.choice([1, 2, 8]), rng.choice([1, 2, 4]), rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+            if n % (tp * cp * pp) or (n // (tp * cp * pp)) % ep:
+                continue
+            dp = n // (tp * cp * pp)
+            sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp // ep, "pp": pp}
+            for order in itertools.permutations(("tp", "cp", "ep", "dp", "pp")):
+                pl = _place(g, order, tp, cp, ep, dp, pp)
+                for field, axes in (("tp", ("tp",)), ("cp", ("cp",)), ("ep", ("ep",)), ("dp", ("ep", "dp")),
+                                    ("dp_cp", ("ep", "dp", "cp")), ("edp", ("dp", "cp")), ("pp", ("pp",))):
+                    assert getattr(pl, field) == g.group_profile(axis_ranks(order, sizes, axes)), (order, field)
+                if pp > 1:
+                    rows = axis_ranks(order, sizes, ("pp",))
+                    assert pl.pp_level == g.common_level(int(rows[0, 0]), int(rows[0, 1]))
