@@ -40,7 +40,7 @@ TINY = {"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size":
         "search": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1], "zero_stage": [1]}}
 INFEASIBLE = {"model": "llama3-405b", "training": {"seq_len": 2048, "global_batch_size": 16},
               "cluster": {"gpu": "rtx-4090", "num_gpus": 8}}
-# An exact proof (gap limit 0) of the seed problem takes far longer than 3 s (16 s on the 2-core
+# An exact proof (gap limit 0) of the seed problem takes far longer than 2 s (10 s on the 2-core
 # machine: many interleaved configurations tie within 0.1% under memory pressure).
 LIMIT_PROBLEM = ROOT / "problems" / "llama3-70b-640xh100.yaml"
 SUBPROCESS_TIMEOUT_S = 120
@@ -375,7 +375,7 @@ def test_batch_cli_unwritable_output_fails_before_solving(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     line = one_line(proc.stderr)
     assert str(blocker / "out") in line and "output directory" in line
-    assert elapsed < 8, f"took {elapsed:.1f} s: it solved before checking the output directory"
+    assert elapsed < 5, f"took {elapsed:.1f} s: it solved before checking the output directory"
 
 
 # ---- determinism ------------------------------------------------------------------------------------
@@ -433,7 +433,7 @@ def test_whatif_is_identical_across_jobs(tmp_path):
 # ---- time limits -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("limit", [1.0, 3.0])
+@pytest.mark.parametrize("limit", [1.0, 2.0])
 def test_time_limit_returns_best_plan_with_gap(limit):
     problem = load_problem(LIMIT_PROBLEM)
     t0 = time.perf_counter()
