@@ -8,7 +8,6 @@ on stdout; progress and warnings go to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re

@@ -32,7 +32,6 @@ included, input embedding excluded. Validation compares step times, never MFU.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 

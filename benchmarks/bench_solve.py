@@ -61,7 +61,7 @@ def brute_force_ratio() -> None:
     (every placement, stage split and per-layer recompute); print both optima and times."""
     import itertools
 
-    from autoshard.cost import Config, assemble, context, layer_table
+    from autoshard.cost import assemble, context, layer_table
     from autoshard.solver import candidates, _placements
 
     doc = {"model": {"preset": "llama3-8b", "num_hidden_layers": 8},

@@ -9,7 +9,7 @@ from autoshard.catalog import get_gpu
 from autoshard.cost import (ADAM_STATE_BYTES, BF16, Config, _activation_bytes, Shapes, context,
                             evaluate, static_bytes, total_params)
 from autoshard.spec import ClusterSpec, TopologyLevel
-from autoshard.topology import (all_gather_s, all_reduce_s, cluster_graph, contiguous_profile, place,
+from autoshard.topology import (all_gather_s, all_reduce_s, cluster_graph, contiguous_profile,
                                 resolve_levels)
 
 

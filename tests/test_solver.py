@@ -11,7 +11,7 @@ from autoshard import Plan, load_problem
 from autoshard.cost import Config, assemble, context, evaluate, layer_table
 from autoshard.errors import InfeasibleError
 from autoshard.solver import solve
-from autoshard.spec import MESH_AXES, divisors
+from autoshard.spec import MESH_AXES
 
 
 def compositions(total, parts):
