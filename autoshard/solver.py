@@ -711,9 +711,11 @@ class _Summary:
     unfilled: dict[str, float]  # per kind: the least time less weight gradients (zero-bubble)
     fast: float  # every layer at its fastest mode, plus embedding and LM head
     ends: float  # embedding + LM head
-    # Sums over every layer (slowest backward mode per kind), embedding and head: the mean rank x P.
-    fwd: dict[str, float]
-    bwd: dict[str, float]
+    # Sums over every layer, embedding and head (the mean rank x P): forward; backward with the
+    # fastest and with the slowest mode per kind; parameters.
+    fwd_s: float
+    bwd_fast_s: float
+    bwd_slow_s: float
     params: float
     expert_params: float
 
@@ -731,36 +733,32 @@ def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
     fastest = {k: min(lay[(k, r)].total_s for r in modes) for k in count}
     unfilled = {k: min(lay[(k, r)].total_s - lay[(k, r)].wgrad_s for r in modes) for k in count}
     ends = table.embed.total_s + table.head.total_s
-    fwd = dict.fromkeys(TIME_KEYS, 0.0)
-    bwd = dict.fromkeys(TIME_KEYS, 0.0)
-    params = eparams = 0.0
-    pieces = [(n, lay[(k, max(modes, key=lambda r: lay[(k, r)].bwd_s))]) for k, n in count.items()]
-    for n, c in pieces + [(1, table.embed), (1, table.head)]:
-        for t in TIME_KEYS:
-            fwd[t] += n * c.fwd[t]
-            bwd[t] += n * c.bwd[t]
-        params += n * c.params
-        eparams += n * c.expert_params
+    ends_c = (table.embed, table.head)
+    slow = {k: lay[(k, max(modes, key=lambda r: lay[(k, r)].bwd_s))] for k in count}
+    quick = {k: lay[(k, min(modes, key=lambda r: lay[(k, r)].bwd_s))] for k in count}
+    fwd = sum(n * slow[k].fwd_s for k, n in count.items()) + sum(c.fwd_s for c in ends_c)
+    bwd_slow = sum(n * slow[k].bwd_s for k, n in count.items()) + sum(c.bwd_s for c in ends_c)
+    bwd_fast = sum(n * quick[k].bwd_s for k, n in count.items()) + sum(c.bwd_s for c in ends_c)
+    params = sum(n * slow[k].params for k, n in count.items()) + sum(c.params for c in ends_c)
+    eparams = sum(n * slow[k].expert_params for k, n in count.items()) + sum(c.expert_params for c in ends_c)
     s = _Summary(count, fastest, unfilled, sum(count[k] * fastest[k] for k in count) + ends, ends,
-                 fwd, bwd, params, eparams)
+                 fwd, bwd_fast, bwd_slow, params, eparams)
     table.memo[key] = s
     return s
 
 
-def _mean_rank(ctx: Context, table: Table, modes: list[str], p: int) -> Any:
-    """The mean pipeline rank's totals (params, forward, backward with the slowest recompute
-    mode per kind, i.e. the longest backward window), summed per kind rather than per layer."""
+def _mean_rank(ctx: Context, table: Table, modes: list[str], p: int, recompute_s: float | None = None) -> Any:
+    """The mean pipeline rank's totals (params, forward and backward windows): the backward at
+    the fastest modes plus `recompute_s` of recompute, capped at the slowest modes (None: the
+    slowest, the longest backward window recompute can make)."""
     from .cost import RankTotals  # noqa: PLC0415
 
     s = _summary(ctx, table, modes)
-    fwd = {k: v / p for k, v in s.fwd.items()}
-    bwd = {k: v / p for k, v in s.bwd.items()}
-    params, eparams = s.params / p, s.expert_params / p
-    kinds = ctx.model.layer_kinds()
     hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
-    fwd["pp_comm"] += hops
-    bwd["pp_comm"] += hops
-    return RankTotals(fwd, bwd, 0.0, 0.0, params, eparams, 0.0, 0.0, len(kinds), {}, {})
+    extra = s.bwd_slow_s - s.bwd_fast_s if recompute_s is None else min(recompute_s * p, s.bwd_slow_s - s.bwd_fast_s)
+    fwd = {"all": s.fwd_s / p + hops}
+    bwd = {"all": (s.bwd_fast_s + max(0.0, extra)) / p + hops}
+    return RankTotals(fwd, bwd, 0.0, 0.0, s.params / p, s.expert_params / p, 0.0, 0.0, sum(s.count.values()), {}, {})
 
 
 def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
@@ -824,6 +822,29 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     return best
 
 
+def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact_windows: bool) -> float:
+    """Lower bound of the data-parallel tail of the slowest rank, given `tmax`, a lower bound of
+    the slowest rank's time per micro-batch.
+
+    The max over ranks is at least the tail at the mean rank (the tail is convex in a rank's
+    parameters and windows). Recompute lengthens the backward window, which hides more
+    gradient reduction, but every second of it also lengthens the rank's time, which the
+    pipeline pays M times, more than the (1 - k) R it can save in the tail (R = 1, or M under
+    ZeRO-2); so the window counts only the recompute that fits under `tmax` for free:
+    the mean rank's time at its fastest modes up to tmax, capped at the slowest modes."""
+    from .cost import RankTotals, dp_tail, tail_model  # noqa: PLC0415
+
+    tm = tail_model(ctx, table)
+    p = table.cfg.pp
+    fastest = _mean_rank(ctx, table, modes, p, recompute_s=0.0)
+    if not exact_windows:  # overlapped(x, w) >= COMM_INTERFERENCE * x for every window w
+        big = {"all": math.inf}
+        hidden = RankTotals(big, big, 0.0, 0.0, fastest.params, fastest.expert_params, 0.0, 0.0, 0, {}, {})
+        return sum(dp_tail(tm, hidden).values())
+    free = max(0.0, tmax - fastest.time_s)
+    return sum(dp_tail(tm, _mean_rank(ctx, table, modes, p, recompute_s=free)).values())
+
+
 def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bool = True,
                  memory: bool = False) -> float:
     """Lower bound of one configuration from its exact table: every layer at its fastest
@@ -839,34 +860,27 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
     L = sum(s.count.values())
     fast = s.fast
     M = table.microbatches
-    # Data-parallel tail: max over ranks >= its value at the mean rank (max(0, .) is convex
-    # and the tail is affine in each rank's parameters and backward window), with the
-    # backward window as long as recompute can make it.
-    from .cost import RankTotals, dp_tail, tail_model  # noqa: PLC0415
-
     p = cfg.pp
-    tot = _mean_rank(ctx, table, modes, p)
-    tm = tail_model(ctx, table)
-    if exact_windows:
-        tail = sum(dp_tail(tm, tot).values())
-    else:  # overlapped(x, w) >= COMM_INTERFERENCE * x for every window w
-        big = dict.fromkeys(tot.fwd, math.inf)
-        hidden = RankTotals(big, big, 0.0, 0.0, tot.params, tot.expert_params, 0.0, 0.0, 0, {}, {})
-        tail = sum(dp_tail(tm, hidden).values())
     forced = _memory_tmax(ctx, table, modes) if memory else 0.0
-    if cfg.pp == 1:
-        return M * max(fast, forced) + tail
-    tau = min(s.fastest.values())
-    V = cfg.pp * cfg.vpp
-    t_ex, u_ex = _stage_extras(table, V, per_rank=True)
-    if cfg.vpp == 1:
-        tmax = balanced_max(tau, t_ex, L)
-    else:  # a rank holds vpp chunks of >= 1 layer each
-        tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
-    # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
-    for k in (s.count if len(s.count) > 1 else ()):
-        tmax = max(tmax, balanced_max(s.fastest[k], t_ex, s.count[k], min_per=0))
-    tmax = max(tmax, fast / cfg.pp, forced)
+    if math.isinf(forced):  # no split fits in HBM
+        return math.inf
+    if p == 1:
+        tmax = max(fast, forced)
+    else:
+        tau = min(s.fastest.values())
+        V = cfg.pp * cfg.vpp
+        t_ex, u_ex = _stage_extras(table, V, per_rank=True)
+        if cfg.vpp == 1:
+            tmax = balanced_max(tau, t_ex, L)
+        else:  # a rank holds vpp chunks of >= 1 layer each
+            tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
+        # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
+        for k in (s.count if len(s.count) > 1 else ()):
+            tmax = max(tmax, balanced_max(s.fastest[k], t_ex, s.count[k], min_per=0))
+        tmax = max(tmax, fast / cfg.pp, forced)
+    tail = _tail_bound(ctx, table, modes, tmax, exact_windows)
+    if p == 1:
+        return M * tmax + tail
     if cfg.schedule == "zero_bubble":
         # One micro-batch's forward and input-gradient backward cross every stage in turn:
         # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.

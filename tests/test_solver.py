@@ -197,10 +197,12 @@ def test_bounds_never_exceed_evaluate(seed):
     checked = 0
     for i in rng.sample(range(len(cands)), min(40, len(cands))):
         cfg0 = cands[i]
-        opt = _table_bound(ctx, _optimistic_table(ctx, cfg0), modes, exact_windows=False, memory=True)
+        optimistic = _optimistic_table(ctx, cfg0)
+        opt = _table_bound(ctx, optimistic, modes, exact_windows=False)
+        opt_mem = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
         for cfg in _placements(p, ctx, cfg0):
             table = layer_table(ctx, cfg)
-            own = _table_bound(ctx, table, modes, memory=True)
+            own, own_mem = _table_bound(ctx, table, modes), _table_bound(ctx, table, modes, memory=True)
             V = cfg.pp * cfg.vpp
             plans = [(split, [rng.choice(modes) for _ in range(L)])
                      for split in [even_split(L, V)] + [rng.choice(list(compositions(L, V))) for _ in range(2)]]
@@ -211,6 +213,9 @@ def test_bounds_never_exceed_evaluate(seed):
                 e = assemble(ctx, table, split, rc, cfg.plan(rc, split), [])
                 for name, b in (("numpy", t_lb[i]), ("optimistic", opt), ("table", own)):
                     assert b <= e.step_time_s * (1 + 1e-9), (cfg, name)
+                if e.fits:  # the memory-aware bounds hold for plans that fit (inf: nothing does)
+                    for name, b in (("optimistic+memory", opt_mem), ("table+memory", own_mem)):
+                        assert b <= e.step_time_s * (1 + 1e-9), (cfg, name)
                 assert m_lb[i] <= e.peak_memory_gib * 2**30 * (1 + 1e-9), (cfg, "memory bound")
                 checked += 1
     assert checked > 50
