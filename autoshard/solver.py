@@ -849,7 +849,7 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
                  memory: bool = False) -> float:
     """Lower bound of one configuration from its exact table: every layer at its fastest
     recompute mode, stages as balanced as whole layers allow (`balanced_max`), memory ignored;
-    plus the data-parallel tail at the mean rank.
+    plus the data-parallel tail (`_tail_bound`).
 
     `exact_windows=False` for a table that stands for several placements (`_optimistic_table`):
     its shorter forward / backward windows would overstate how much data-parallel traffic
