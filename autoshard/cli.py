@@ -309,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the solution as one JSON object")
     s.add_argument("-o", "--output", metavar="FILE", help="write the solution (.json: machine record, else markdown)")
     s.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit in seconds (default 60)")
-    s.add_argument("--top", type=int, default=3, metavar="K", help="runners-up to report, one per configuration, searched after the proof with at most "
-                        "as many CP-SAT solves again (default 3; 0 skips that search)")
+    s.add_argument("--top", type=int, default=3, metavar="K", help="runners-up to report (one per configuration, at most 25%% slower), searched after the "
+                        "proof with at most as many CP-SAT solves again (default 3; 0 skips that search)")
     s.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")

@@ -745,21 +745,36 @@ class TailModel:
 
 
 def tail_model(ctx: Context, table: "Table") -> TailModel:
-    cfg, pl, lv = table.cfg, table.placement, ctx.levels
+    cfg, pl = table.cfg, table.placement
+    opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
+    return _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
+                       table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_experts: bool, repeats: int,
+                opt_b: float, hbm_bytes_per_s: float) -> TailModel:
     none = (0.0, 0.0, 0.0)
     reduce = gather = none
-    has_experts = ctx.model.is_moe
-    if cfg.dp * cfg.cp > 1 and cfg.zero < 3:
-        op = all_reduce_s if cfg.zero == 0 else reduce_scatter_s
-        (sd, cd), (se, ce) = affine(op, lv, pl.dp_cp), affine(op, lv, pl.edp)
+    if dpc > 1 and zero < 3:
+        op = all_reduce_s if zero == 0 else reduce_scatter_s
+        (sd, cd), (se, ce) = affine(op, lv, dp_cp), affine(op, lv, edp)
         reduce = (BF16 * sd, BF16 * se, cd + (ce if has_experts else 0.0))
-        if cfg.zero in (1, 2):
-            (sd, cd), (se, ce) = affine(all_gather_s, lv, pl.dp_cp), affine(all_gather_s, lv, pl.edp)
+        if zero in (1, 2):
+            (sd, cd), (se, ce) = affine(all_gather_s, lv, dp_cp), affine(all_gather_s, lv, edp)
             gather = (BF16 * sd, BF16 * se, cd + (ce if has_experts else 0.0))
-    shard = 1.0 / (cfg.dp * cfg.cp) if cfg.zero >= 1 else 1.0
-    opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
-    repeats = table.microbatches if cfg.zero == 2 else 1
-    return TailModel(reduce, gather, opt_b * shard / ctx.hbm_bytes_per_s, repeats)
+    shard = 1.0 / dpc if zero >= 1 else 1.0
+    return TailModel(reduce, gather, opt_b * shard / hbm_bytes_per_s, repeats)
+
+
+def dp_tail_s(tm: TailModel, params: float, expert_params: float, fwd_s: float, bwd_s: float) -> tuple[float, float]:
+    """(exposed data-parallel communication, optimizer step) of a rank holding `params`
+    (of which `expert_params`) with forward / backward windows `fwd_s` / `bwd_s` (see `dp_tail`)."""
+    dense = params - expert_params
+    red = tm.reduce[0] * dense + tm.reduce[1] * expert_params + tm.reduce[2] if any(tm.reduce) else 0.0
+    gat = tm.gather[0] * dense + tm.gather[1] * expert_params + tm.gather[2] if any(tm.gather) else 0.0
+    exposed = tm.reduce_repeats * overlapped(red, bwd_s) + overlapped(gat, fwd_s)
+    return exposed, tm.optimizer_s_per_param * params
 
 
 def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
@@ -770,13 +785,8 @@ def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
     micro-batch. ZeRO-1/2 all-gather updated parameters under the next forward
     (overlap-param-gather). ZeRO-3 traffic is priced per layer instead.
     """
-    dense = tot.params - tot.expert_params
-    exp = tot.expert_params
-    red = tm.reduce[0] * dense + tm.reduce[1] * exp + tm.reduce[2] if any(tm.reduce) else 0.0
-    gat = tm.gather[0] * dense + tm.gather[1] * exp + tm.gather[2] if any(tm.gather) else 0.0
-    exposed = (tm.reduce_repeats * overlapped(red, sum(tot.bwd.values()))
-               + overlapped(gat, sum(tot.fwd.values())))
-    return {"dp_comm": exposed, "optimizer": tm.optimizer_s_per_param * tot.params}
+    exposed, optimizer = dp_tail_s(tm, tot.params, tot.expert_params, sum(tot.fwd.values()), sum(tot.bwd.values()))
+    return {"dp_comm": exposed, "optimizer": optimizer}
 
 
 def working_bytes(table: "Table", last: bool) -> float:

@@ -609,9 +609,13 @@ def _with_placement(cfg: Config, placement: str) -> Config:
     return Config(cfg.tp, cfg.cp, cfg.ep, cfg.pp, cfg.dp, cfg.vpp, cfg.sp, cfg.zero, cfg.mbs, cfg.schedule, placement)
 
 
-def _placements(problem: Problem, ctx: Context, cfg: Config) -> list[Config]:
+def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None = None) -> list[Config]:
     """Placements of cfg's mesh axes, one per distinct set of group profiles, in a fixed
-    order that starts from the canonical tp-cp-ep-dp-pp."""
+    order that starts from the canonical tp-cp-ep-dp-pp. `cache` (one per solve) keeps the
+    orders per set of degrees, which is all they depend on."""
+    degrees = (cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp)
+    if cache is not None and degrees in cache:
+        return [_with_placement(cfg, order) for order in cache[degrees]]
     from itertools import permutations  # noqa: PLC0415
 
     allowed = problem.search.allowed("placement", [])
@@ -633,6 +637,8 @@ def _placements(problem: Problem, ctx: Context, cfg: Config) -> list[Config]:
         key = place_axes(ctx.graph, order, c.tp, c.cp, c.ep, c.dp, c.pp)
         key = (key.tp, key.cp, key.ep, key.dp, key.dp_cp, key.edp, key.pp_level)
         seen.setdefault(key, c)
+    if cache is not None:
+        cache[degrees] = [c.placement for c in seen.values()]
     return list(seen.values())
 
 
@@ -695,10 +701,13 @@ def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float
     else:
         t[0] = 0.0
     u = list(t)
-    t[0] += table.embed.total_s
-    u[0] += table.embed.total_s
-    t[last] += table.head.total_s
-    u[last] += table.head.total_s - table.head.wgrad_s
+    ends = table.memo.get("ends")
+    if ends is None:  # (embedding time, head time, head weight-gradient time), shared like the costs
+        ends = table.memo["ends"] = (table.embed.total_s, table.head.total_s, table.head.wgrad_s)
+    t[0] += ends[0]
+    u[0] += ends[0]
+    t[last] += ends[1]
+    u[last] += ends[1] - ends[2]
     return t, u
 
 
@@ -722,8 +731,6 @@ class _Summary:
 
 def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
     """`_Summary` of a table, computed once per set of shared layer costs (`Table.memo`)."""
-    from .cost import TIME_KEYS  # noqa: PLC0415
-
     key = ("summary", tuple(modes))
     if key in table.memo:
         return table.memo[key]
@@ -745,20 +752,6 @@ def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
                  fwd, bwd_fast, bwd_slow, params, eparams)
     table.memo[key] = s
     return s
-
-
-def _mean_rank(ctx: Context, table: Table, modes: list[str], p: int, recompute_s: float | None = None) -> Any:
-    """The mean pipeline rank's totals (params, forward and backward windows): the backward at
-    the fastest modes plus `recompute_s` of recompute, capped at the slowest modes (None: the
-    slowest, the longest backward window recompute can make)."""
-    from .cost import RankTotals  # noqa: PLC0415
-
-    s = _summary(ctx, table, modes)
-    hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
-    extra = s.bwd_slow_s - s.bwd_fast_s if recompute_s is None else min(recompute_s * p, s.bwd_slow_s - s.bwd_fast_s)
-    fwd = {"all": s.fwd_s / p + hops}
-    bwd = {"all": (s.bwd_fast_s + max(0.0, extra)) / p + hops}
-    return RankTotals(fwd, bwd, 0.0, 0.0, s.params / p, s.expert_params / p, 0.0, 0.0, sum(s.count.values()), {}, {})
 
 
 def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
@@ -832,17 +825,20 @@ def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact
     pipeline pays M times, more than the (1 - k) R it can save in the tail (R = 1, or M under
     ZeRO-2); so the window counts only the recompute that fits under `tmax` for free:
     the mean rank's time at its fastest modes up to tmax, capped at the slowest modes."""
-    from .cost import RankTotals, dp_tail, tail_model  # noqa: PLC0415
+    from .cost import dp_tail_s, tail_model  # noqa: PLC0415
 
     tm = tail_model(ctx, table)
+    s = _summary(ctx, table, modes)
     p = table.cfg.pp
-    fastest = _mean_rank(ctx, table, modes, p, recompute_s=0.0)
+    hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
+    params, eparams = s.params / p, s.expert_params / p
     if not exact_windows:  # overlapped(x, w) >= COMM_INTERFERENCE * x for every window w
-        big = {"all": math.inf}
-        hidden = RankTotals(big, big, 0.0, 0.0, fastest.params, fastest.expert_params, 0.0, 0.0, 0, {}, {})
-        return sum(dp_tail(tm, hidden).values())
-    free = max(0.0, tmax - fastest.time_s)
-    return sum(dp_tail(tm, _mean_rank(ctx, table, modes, p, recompute_s=free)).values())
+        return sum(dp_tail_s(tm, params, eparams, math.inf, math.inf))
+    fwd = s.fwd_s / p + hops
+    bwd_fast = s.bwd_fast_s / p + hops
+    free = max(0.0, tmax - (fwd + bwd_fast))  # recompute that fits under tmax
+    bwd = bwd_fast + min(free, (s.bwd_slow_s - s.bwd_fast_s) / p)
+    return sum(dp_tail_s(tm, params, eparams, fwd, bwd))
 
 
 def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bool = True,
@@ -924,6 +920,9 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
     return Table(cfg, pl, layers, embed, head, 0.0, num_microbatches(ctx.problem, cfg), memo)
 
 
+RUNNER_UP_SLOWER = 0.25  # runners-up more than 25% slower than the chosen plan are not reported
+
+
 class _Search:
     """Branch-and-bound state: the incumbents, the proven bounds, the configurations whose
     proof a time cap stopped (retried with the time left at the end).
@@ -942,14 +941,17 @@ class _Search:
         self.solved: set[Config] = set()  # configurations (with placement) whose optimum is known
         self.solves = self.seq = 0
         self.timed_out = False
-        self.proving = True
-        self.tables: dict = {}  # layer costs shared between placements (`cost.layer_table`)  # False while looking for alternatives
+        self.proving = True  # False while looking for runners-up
+        self.cap_s = max(1.0, time_limit_s / 60)  # CP-SAT work per proof before moving on
+        self.tables: dict = {}  # layer costs shared between placements (`cost.layer_table`)
+        self.orders: dict = {}  # distinct placements per set of degrees (`_placements`)
 
     def target(self) -> float:
         """What a configuration must beat to matter: the incumbent less the gap limit (while
         proving), else the worst of the `keep` plans kept (once there are that many)."""
-        if not self.proving:
-            return self.found[-1].step_s if len(self.found) >= self.keep else math.inf
+        if not self.proving:  # runners-up: within RUNNER_UP_SLOWER of the best, and better than the worst kept
+            bar = self.found[-1].step_s if len(self.found) >= self.keep else math.inf
+            return min(bar, self.found[0].step_s * (1 + RUNNER_UP_SLOWER))
         return self.found[0].step_s * (1 - self.gap_limit) if self.found else math.inf
 
     def left(self) -> float:
@@ -1001,9 +1003,10 @@ class _Search:
             self.seq += 1
             self.open.append((max(tbound, bnd * TIME_UNIT_S / sm.scale), self.seq, table))
         counts = sm.read_counts()
-        sm.tiebreak(obj)
-        if sm.solve(min(self.left(), cap_s), wall_s=self.left())[1] is not None:
-            counts = sm.read_counts()
+        if self.proving:  # (a runner-up needs no tie-break: it is one per configuration anyway)
+            sm.tiebreak(obj)
+            if sm.solve(min(self.left(), cap_s), wall_s=self.left())[1] is not None:
+                counts = sm.read_counts()
         stage_layers, recompute = sm.read_plan(counts)
         rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
         est = _evaluate(self.problem, table.cfg.plan(rc, stage_layers))
@@ -1019,7 +1022,7 @@ class _Search:
         if opt_bound >= self.target():
             self.close(opt_bound)
             return False
-        tables = [layer_table(ctx, c, self.tables) for c in _placements(self.problem, ctx, cfg)]
+        tables = [layer_table(ctx, c, self.tables) for c in _placements(self.problem, ctx, cfg, self.orders)]
         ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
                         key=lambda x: x[:2])
         for tbound, _, table in ranked:
@@ -1032,9 +1035,9 @@ class _Search:
             if with_memory >= self.target():  # HBM forces enough recompute to lose: no CP-SAT needed
                 self.close(with_memory)
                 continue
-            # One hard configuration must not hold up the rest: cap each proof (1 s, or 1/60 of
-            # the limit), keep its bound, resume it at the end with the time left (`retry`).
-            self.attempt(table, with_memory, max(1.0, self.time_limit_s / 60))
+            # One hard configuration must not hold up the rest: cap each proof, keep its bound,
+            # resume it at the end with the time left (`retry`).
+            self.attempt(table, with_memory, self.cap_s)
         return True
 
     def alternatives(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict) -> None:
@@ -1042,7 +1045,7 @@ class _Search:
         bar, in at most as many CP-SAT solves again as the proof took (a count, not a clock,
         so that the runners-up are reproducible) and within the time limit."""
         self.proving = False
-        budget = self.solves + max(8, self.solves)
+        budget = self.solves + max(4, self.solves)
         for i in order:
             if t_lb[i] >= self.target() or self.left() <= 0 or self.solves >= budget:
                 break
