@@ -921,6 +921,7 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
 
 
 RUNNER_UP_SLOWER = 0.25  # runners-up more than 25% slower than the chosen plan are not reported
+RUNNER_UP_CONFIGS = 3000  # configurations ranked for runners-up (in numpy-bound order)
 
 
 class _Search:
@@ -1045,9 +1046,17 @@ class _Search:
         bar, in at most as many CP-SAT solves again as the proof took (a count, not a clock,
         so that the runners-up are reproducible) and within the time limit."""
         self.proving = False
-        budget = self.solves + max(4, self.solves)
-        for i in order:
-            if t_lb[i] >= self.target() or self.left() <= 0 or self.solves >= budget:
+        budget = self.solves + max(8, self.solves)
+        # Visit in order of the placement-free bound (tighter than numpy's, so the closest
+        # runners-up come first), over the configurations numpy does not rule out.
+        ranked = []
+        for i in order[:RUNNER_UP_CONFIGS]:
+            if t_lb[i] >= self.target():
+                break
+            optimistic = _optimistic_table(self.ctx, cands[i], opt_cache)
+            ranked.append((_table_bound(self.ctx, optimistic, self.modes, exact_windows=False, memory=True), i))
+        for bound, i in sorted(ranked):
+            if bound >= self.target() or self.left() <= 0 or self.solves >= budget:
                 break
             self.visit(cands[i], opt_cache)
 
