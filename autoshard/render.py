@@ -71,14 +71,14 @@ def file_hash(path: str | os.PathLike[str] | None, settings: Mapping[str, Any] |
 # ---- JSON records --------------------------------------------------------------------------------
 
 
-def _finite(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """JSON-safe: NaN and infinities become null (json would write invalid `NaN`)."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
+        return [json_safe(v) for v in x]
     return x
 
 
@@ -134,7 +134,7 @@ def solution_record(problem_path: str | os.PathLike[str] | None, problem: Any, s
     }
     if settings is not None:
         rec["settings"] = dict(settings)
-    return _finite(rec)
+    return json_safe(rec)
 
 
 def error_record(path: str | os.PathLike[str] | None, kind: str, message: str, suggestions: Iterable[str] = (), *,

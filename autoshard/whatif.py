@@ -59,6 +59,8 @@ from pydantic import Field, model_validator
 from .catalog import get_gpu, get_topology, gpu_ids, load_overlay, resolve_model
 from .errors import AutoshardError, InfeasibleError, InputError
 from .loader import atomic_write, dumps_json, file_folder, named_file_error, read_document, resolve_path, validate
+from .render import json_safe
+from .report import money
 from .spec import MAX_GPUS, ModelSpec, Plan, Problem, SearchSpec, Strict, TopologyLevel, TrainingSpec
 
 Mode = Literal["cloud", "own"]
@@ -785,9 +787,9 @@ def violations(c: Candidate, cons: ConstraintSpec) -> list[str]:
     v, lim = _scaled(c), _scaled_limits(cons)
     out = []
     if lim["cost"] is not None and v["cost"] > lim["cost"]:
-        out.append(f"cost ${_money(c.cost_usd)} > budget ${_money(cons.budget_usd)}")
+        out.append(f"cost {money(c.cost_usd)} > budget {money(cons.budget_usd)}")
     if lim["capex"] is not None and v["capex"] > lim["capex"]:
-        out.append(f"capex ${_money(c.capex_usd)} > capex budget ${_money(cons.capex_budget_usd)}")
+        out.append(f"capex {money(c.capex_usd)} > capex budget {money(cons.capex_budget_usd)}")
     if lim["power"] is not None and v["power"] > lim["power"]:
         out.append(f"power {c.power_mw:.2f} MW > cap {cons.power_cap_mw:g} MW")
     if lim["time"] is not None and v["time"] > lim["time"]:
@@ -833,22 +835,12 @@ def optimize_purchase(cands: Sequence[Candidate], constraints: ConstraintSpec) -
     return Decision(chosen, objective, status_name, meets)
 
 
-def _money(x: float | None) -> str:
-    if x is None:
-        return "-"
-    a = abs(x)
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if a >= div:
-            return f"{x / div:.3g}{unit}"
-    return f"{x:.0f}"
-
-
 def _constraint_text(cons: ConstraintSpec) -> str:
     parts = []
     if cons.budget_usd is not None:
-        parts.append(f"budget ${_money(cons.budget_usd)}")
+        parts.append(f"budget {money(cons.budget_usd)}")
     if cons.capex_budget_usd is not None:
-        parts.append(f"capex budget ${_money(cons.capex_budget_usd)}")
+        parts.append(f"capex budget {money(cons.capex_budget_usd)}")
     if cons.power_cap_mw is not None:
         parts.append(f"power cap {cons.power_cap_mw:g} MW")
     if cons.deadline_days is not None:
@@ -872,15 +864,15 @@ def explain_decision(cands: Sequence[Candidate], dec: Decision, cons: Constraint
         return "; ".join(lines)
     c = cands[dec.index]
     n_ok = sum(dec.meets)
-    text = (f"{c.id}: {c.time_s / 86400:.1f} days, ${_money(c.cost_usd)}"
-            + (f" (capex ${_money(c.capex_usd)})" if c.capex_usd else "") + f", {c.power_mw:.2f} MW; the {word} "
+    text = (f"{c.id}: {c.time_s / 86400:.1f} days, {money(c.cost_usd)}"
+            + (f" (capex {money(c.capex_usd)})" if c.capex_usd else "") + f", {c.power_mw:.2f} MW; the {word} "
             + (f"of the {n_ok} options (of {len(cands)} with a feasible plan) that meet {ctext}" if ctext and n_ok > 1
                else f"and only option (of {len(cands)} with a feasible plan) that meets {ctext}" if ctext
                else f"of the {len(cands)} options with a feasible plan (no constraints given)"))
     better = [d for d in cands if key(d) < key(c)]
     if better:
         b = min(better, key=key)
-        text += f"; the {word} overall, {b.id} ({b.time_s / 86400:.1f} days, ${_money(b.cost_usd)}), breaks: " \
+        text += f"; the {word} overall, {b.id} ({b.time_s / 86400:.1f} days, {money(b.cost_usd)}), breaks: " \
                 + "; ".join(violations(b, cons))
     return text
 
@@ -1159,20 +1151,6 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
     return row
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float):
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return None
-        return x
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
 def _candidate(row_group: Sequence[dict[str, Any]], cid: str) -> Candidate | None:
     if not all(r.get("feasible") for r in row_group):
         return None
@@ -1194,7 +1172,7 @@ def _recommend(study: Study, rows: list[dict[str, Any]], scope: str, group: list
             cands.append(c)
     dec = optimize_purchase(cands, cons)
     chosen = cands[dec.index] if dec.index is not None else None
-    return _jsonable({
+    return json_safe({
         "scope": scope, "workloads": [w.name for w in group], "option": chosen.id if chosen else None,
         "objective": dec.objective, "status": dec.status, "constraints": cons.model_dump(exclude_none=True),
         "time_to_train_days": chosen.time_s / 86400 if chosen else None,
@@ -1301,7 +1279,7 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         "timing": {"elapsed_s": elapsed, "jobs": jobs, "executor": executor, "time_limit_s": time_limit_s,
                    "tasks_done": len(results)},
     }
-    return _jsonable(doc), rows
+    return json_safe(doc), rows
 
 
 def results_csv(rows: Sequence[dict[str, Any]]) -> str:

@@ -162,18 +162,23 @@ def assert_one_line(exc: InputError) -> None:
     assert text and "\n" not in text and "\r" not in text and len(text) < 2000, text
 
 
+def assert_loads_or_one_line(load, doc, kind) -> None:
+    """`load(doc)` returns a `kind` or raises an InputError of one line, never anything else."""
+    try:
+        got = load(doc)
+    except InputError as exc:
+        assert_one_line(exc)
+    else:
+        assert isinstance(got, kind)
+
+
 # ---- loader ---------------------------------------------------------------------------------------
 
 
 @fuzz(400)
 @given(problem_documents())
 def test_load_problem_returns_a_problem_or_raises_input_error(doc):
-    try:
-        problem = load_problem(doc)
-    except InputError as exc:
-        assert_one_line(exc)
-    else:
-        assert isinstance(problem, Problem)
+    assert_loads_or_one_line(load_problem, doc, Problem)
 
 
 plan_docs = st.one_of(section(Plan), junk, st.fixed_dictionaries({"plan": st.one_of(section(Plan), junk)}))
@@ -182,12 +187,7 @@ plan_docs = st.one_of(section(Plan), junk, st.fixed_dictionaries({"plan": st.one
 @fuzz(200)
 @given(plan_docs)
 def test_load_plan_returns_a_plan_or_raises_input_error(doc):
-    try:
-        plan = load_plan(doc)
-    except InputError as exc:
-        assert_one_line(exc)
-    else:
-        assert isinstance(plan, Plan)
+    assert_loads_or_one_line(load_plan, doc, Plan)
 
 
 VALID_YAML = ("model: llama3-8b\ntraining: {seq_len: 2048, global_batch_size: 16}\n"

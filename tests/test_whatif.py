@@ -219,7 +219,9 @@ def test_run_study_writes_results_and_report(tmp_path):
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
 
 
-def test_interrupt_keeps_finished_options(tmp_path):
+def run_interrupted(out, **run_kwargs) -> dict:
+    """Run a two-option study, interrupt it (Ctrl-C) after the first option finishes; return
+    results.json. Shared with the Dask executor's tests."""
     study = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16]}], "pricing": {"mode": "cloud"},
              "sensitivity": "off"}
 
@@ -228,8 +230,12 @@ def test_interrupt_keeps_finished_options(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_study(study, tmp_path, jobs=1, progress=progress)
-    doc = json.loads((tmp_path / "results.json").read_text())
+        run_study(study, out, progress=progress, **run_kwargs)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_interrupt_keeps_finished_options(tmp_path):
+    doc = run_interrupted(tmp_path, jobs=1)
     assert doc["complete"] is False
     assert len(doc["rows"]) == 1 and doc["rows"][0]["num_gpus"] == 16  # big clusters run first
     assert not (tmp_path / "report.html").exists()

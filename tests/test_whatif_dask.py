@@ -13,7 +13,7 @@ from autoshard.cli import main as cli_main
 from autoshard.errors import InputError
 from autoshard.whatif import DASK_EXTRA_HINT, run_study
 
-from tests.test_whatif import SMALL  # the small fast study: restricted plan space, proven optimal solves
+from tests.test_whatif import SMALL, run_interrupted  # the small fast study: restricted plan space, proven optimal
 
 TIMING = ("solve_time_s", "task_time_s", "elapsed_s", "timing")
 
@@ -72,16 +72,7 @@ def test_existing_scheduler_by_address(tmp_path, scheduler):
 
 
 def test_interrupt_cancels_and_keeps_finished_rows(tmp_path, distributed, scheduler):
-    study = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16]}], "pricing": {"mode": "cloud"},
-             "sensitivity": "off"}
-
-    def progress(done, total, label):
-        if done == 1:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_study(study, tmp_path, executor="dask", scheduler=scheduler, progress=progress)
-    doc = json.loads((tmp_path / "results.json").read_text())
+    doc = run_interrupted(tmp_path, executor="dask", scheduler=scheduler)
     assert doc["complete"] is False and len(doc["rows"]) == 1 and doc["timing"]["tasks_done"] == 1
     assert not (tmp_path / "report.html").exists()
     with distributed.Client(scheduler) as client:  # our futures were released: the cluster holds nothing
