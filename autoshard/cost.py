@@ -600,6 +600,20 @@ class Table:
     memo: dict = field(default_factory=dict)  # figures derived from layers / embed / head alone (shared with them)
 
 
+def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, key: Any) -> tuple:
+    """(layer costs by (kind, mode), embedding, head, memo) of cfg under placement pl, from
+    `cache[key]` when the caller's key says they were priced already (the key must cover
+    every input they depend on); memo holds figures derived from them (`Table.memo`)."""
+    if cache is not None and key in cache:
+        return cache[key]
+    kinds = sorted(set(ctx.model.layer_kinds()))
+    layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
+    got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {})
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
 def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     """Every cost of `cfg` that does not depend on per-layer choices. `cache` (one per solve)
     shares the layer, embedding and head costs between placements and configurations that give
@@ -609,15 +623,7 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep,
            (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
-    if cache is None or key not in cache:
-        kinds = sorted(set(ctx.model.layer_kinds()))
-        layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
-        got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {})
-        if cache is not None:
-            cache[key] = got
-    else:
-        got = cache[key]
-    layers, embed, head, memo = got
+    layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
     # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.

@@ -898,7 +898,7 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
     can have, so its bound holds for every placement of cfg. `cache` (one per solve) shares
     the per-layer costs between configurations that differ only in what they do not depend
     on (pipeline degree and schedule, and the ZeRO stage below 3)."""
-    from .cost import _embedding_cost, _head_cost, layer_costs, num_microbatches  # noqa: PLC0415
+    from .cost import num_microbatches, shared_costs  # noqa: PLC0415
     from .topology import Placement, contiguous_profile  # noqa: PLC0415
 
     g = ctx.graph
@@ -909,14 +909,7 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
                    pp=contiguous_profile(g, cfg.pp), pp_level=0 if cfg.pp > 1 else -1)
     zero3 = cfg.zero == 3
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, zero3, cfg.dp if zero3 else 0, cfg.pp == 1)
-    if cache is None or key not in cache:
-        kinds = sorted(set(ctx.model.layer_kinds()))
-        layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
-        got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {})
-        if cache is None:
-            return Table(cfg, pl, *got[:3], 0.0, num_microbatches(ctx.problem, cfg), got[3])
-        cache[key] = got
-    layers, embed, head, memo = cache[key]
+    layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     return Table(cfg, pl, layers, embed, head, 0.0, num_microbatches(ctx.problem, cfg), memo)
 
 
