@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 Precision = Literal["bf16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
+Framework = Literal["megatron", "torchtitan", "deepspeed", "maxtext"]
 Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adam", "adamw", "sgd"]
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
@@ -291,6 +292,13 @@ class Plan(Strict):
     recompute: Recompute | list[Recompute] = "none"
     stage_layers: list[Annotated[int, Field(ge=0)]] | None = None
     placement: str = DEFAULT_PLACEMENT
+    # MoE parallel folding (Megatron-Core): experts are laid out over the same ranks of a pipeline
+    # stage as etp x ep x edp, independently of attention's tp x cp x dp; None = etp equals tp.
+    etp: Count | None = None
+    # Overlaps a framework can run; None = what the framework profile does by default where the
+    # plan allows it (see autoshard/data/frameworks.yaml).
+    tp_comm_overlap: bool | None = None  # TE userbuffers / torchtitan AsyncTP: GEMM + AG/RS pipelined
+    ep_overlap: bool | None = None  # Megatron --overlap-moe-expert-parallel-comm (a2a under compute)
 
     @field_validator("placement")
     @classmethod
@@ -310,12 +318,17 @@ class Plan(Strict):
             return [self.recompute] * num_layers
         return list(self.recompute)
 
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
     def world(self, dp: int | None = None) -> int:
         return self.tp * self.pp * self.cp * (dp if dp is not None else (self.dp or 1))
 
     def short(self) -> str:
         """A compact one-line description, e.g. `tp8 sp pp4 dp20 zero1 mbs1 1f1b`."""
         parts = [f"tp{self.tp}" + (" sp" if self.sp else ""), f"cp{self.cp}", f"ep{self.ep}",
+                 f"etp{self.etp}" if self.etp is not None and self.etp != self.tp else "",
                  f"pp{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""), f"dp{self.dp}",
                  f"zero{self.zero_stage}", f"mbs{self.micro_batch_size}", self.schedule]
         rc = self.recompute
@@ -324,7 +337,7 @@ class Plan(Strict):
         else:
             counts = {m: rc.count(m) for m in RECOMPUTES if rc.count(m)}
             parts.append("recompute=" + ",".join(f"{m}:{n}" for m, n in counts.items()))
-        return " ".join(p for p in parts if not (p in ("cp1", "ep1")))
+        return " ".join(p for p in parts if p and p not in ("cp1", "ep1"))
 
 
 class Problem(Strict):
@@ -336,6 +349,7 @@ class Problem(Strict):
     training: TrainingSpec
     cluster: ClusterSpec
     search: SearchSpec = SearchSpec()
+    framework: Framework = "megatron"  # which launcher runs the plan (autoshard/data/frameworks.yaml)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,50 @@
+"""Framework profiles (autoshard/data/frameworks.yaml): what a launcher runs and keeps in memory."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    name: str
+    weight_bytes: float
+    grad_bytes: float
+    master_bytes: float
+    adam_state_bytes: float
+    grad_reduce_bytes: float
+    zero_stages: tuple[int, ...]
+    schedules: tuple[str, ...]
+    tp_comm_overlap: bool
+    ep_overlap: bool
+    moe_folding: bool
+    uneven_stages: bool
+    source: str
+
+    def optimizer_state_bytes(self, optimizer: str) -> float:
+        """Bytes per parameter the optimizer keeps (master weights + moments); SGD keeps one moment."""
+        moments = self.adam_state_bytes if optimizer in ("adam", "adamw") else self.adam_state_bytes / 2
+        return self.master_bytes + moments
+
+
+@functools.cache
+def profiles() -> dict[str, FrameworkProfile]:
+    data = yaml.safe_load(resources.files("autoshard.data").joinpath("frameworks.yaml").read_text())
+    out = {}
+    for name, row in data["frameworks"].items():
+        out[name] = FrameworkProfile(
+            name=name, weight_bytes=float(row["weight_bytes"]), grad_bytes=float(row["grad_bytes"]),
+            master_bytes=float(row["master_bytes"]), adam_state_bytes=float(row["adam_state_bytes"]),
+            grad_reduce_bytes=float(row["grad_reduce_bytes"]), zero_stages=tuple(row["zero_stages"]),
+            schedules=tuple(row["schedules"]), tp_comm_overlap=bool(row["tp_comm_overlap"]),
+            ep_overlap=bool(row["ep_overlap"]), moe_folding=bool(row["moe_folding"]),
+            uneven_stages=bool(row["uneven_stages"]), source=" ".join(str(row["source"]).split()))
+    return out
+
+
+def get_framework(name: str) -> FrameworkProfile:
+    return profiles()[name]
