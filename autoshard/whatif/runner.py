@@ -1,0 +1,555 @@
+"""The study run: tasks solved by a local process pool or a Dask cluster, rows (goodput, cost, energy),
+recommendations, results.json / results.csv, and the report."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import hashlib
+import io
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutoshardError, InfeasibleError, InputError
+from ..loader import atomic_write, dumps_json
+from ..render import json_safe
+from ..spec import Problem
+from .goodput import goodput
+from .pricing import price_option
+from .purchase import Candidate, explain_decision, optimize_purchase, pareto_front, violations
+from .schema import (
+    DEFAULT_TIME_LIMIT_S,
+    SCHEMA_VERSION,
+    SensitivityMode,
+    Option,
+    Study,
+    StudySpec,
+    Workload,
+    load_study,
+)
+from .sensitivity import sensitivities, solve_option
+
+CSV_COLUMNS = (
+    "workload", "option", "gpu", "num_gpus", "topology", "mode", "feasible", "meets_constraints", "pareto",
+    "recommended", "plan", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "ideal_days",
+    "goodput", "time_to_train_days", "cost_usd", "capex_usd", "energy_mwh", "power_mw", "tokens_per_usd",
+    "mtbf_h", "checkpoint_s", "checkpoint_interval_s", "binding", "gain_internode_2x_pct",
+    "gain_nvlink_2x_pct", "gain_hbm_plus_pct", "gain_fp8_pct", "violations", "reason", "solver_status",
+    "solve_time_s",
+)
+TIMING_FIELDS = ("solve_time_s", "elapsed_s", "task_time_s")
+
+
+# =============================================================================================
+# Tasks (run in worker processes)
+# =============================================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    key: str
+    problem: Problem
+    label: str
+    num_gpus: int
+    time_limit_s: float
+    sensitivity: SensitivityMode
+    scratch: str
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    """Solve one (workload, hardware) pair: JSON-ready dict, never raises for a bad option.
+
+    Module-level and picklable: the process pool and the Dask executor both run it."""
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"key": task.key}
+    # A worker on another machine (Dask scheduler) does not see the client's scratch directory:
+    # the sensitivities then use a temporary directory of their own.
+    scratch = task.scratch if task.scratch and os.path.isdir(task.scratch) else None
+    try:
+        solved = solve_option(task.problem, time_limit_s=task.time_limit_s)
+    except InfeasibleError as exc:
+        out.update(status="infeasible", reason=exc.reason, suggestions=list(exc.suggestions))
+    except Exception as exc:  # noqa: BLE001  (one broken option must not sink the sweep; reported per row)
+        out.update(status="error", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+    else:
+        est = solved.estimate
+        out.update(
+            status="ok", plan=est.plan.model_dump(mode="json", exclude_none=True), plan_short=est.plan.short(),
+            step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, mfu=est.mfu,
+            peak_memory_gib=est.peak_memory_gib, memory_capacity_gib=est.memory_capacity_gib,
+            time_breakdown_s=dict(est.time_breakdown_s), bottleneck=est.bottleneck,
+            solver_status=solved.status, solve_time_s=solved.solve_time_s)
+        try:
+            out["sensitivity"] = sensitivities(task.problem, solved, mode=task.sensitivity,
+                                               time_limit_s=task.time_limit_s, scratch=scratch)
+        except Exception as exc:  # noqa: BLE001
+            out["sensitivity"] = {"gains_pct": {}, "shares": {}, "binding": "unknown",
+                                  "notes": [f"sensitivity failed: {type(exc).__name__}: {exc}"[:300]]}
+    out["task_time_s"] = time.perf_counter() - t0
+    return out
+
+# =============================================================================================
+# The study run
+# =============================================================================================
+
+
+@dataclasses.dataclass
+class StudyResult:
+    out_dir: Path
+    complete: bool
+    rows: list[dict[str, Any]]
+    recommended: dict[str, Any] | None
+    recommendations: list[dict[str, Any]]
+    files: list[Path]
+    elapsed_s: float
+    document: dict[str, Any]
+
+    def summary_text(self) -> str:
+        """A few lines for a terminal: the recommendation(s), warnings and where the files are."""
+        lines = []
+        for rec in self.recommendations:
+            lines.append(f"{rec['scope']}: {rec['option'] or 'no option meets the constraints'}")
+            lines.append(f"  {rec['reason']}")
+        feas = sum(1 for r in self.rows if r.get("feasible"))
+        lines.append(f"{feas} of {len(self.rows)} rows have a feasible plan; {len(self.document.get('warnings', []))} "
+                     f"warning(s); {self.elapsed_s:.1f} s")
+        lines.append(f"wrote {self.out_dir / 'results.json'}, results.csv"
+                     + (", report.md, report.html" if any(p.name == "report.html" for p in self.files) else "")
+                     + f" and {sum(1 for p in self.files if p.suffix == '.png')} plot(s) in {self.out_dir}")
+        return "\n".join(lines) + "\n"
+
+
+ProgressFn = Callable[[int, int, str], None]
+
+def _tasks(study: Study, time_limit_s: float, scratch: str) -> dict[str, Task]:
+    tasks: dict[str, Task] = {}
+    for w in study.workloads:
+        for o in study.options:
+            key = _task_key(w, o)
+            if key not in tasks:
+                tasks[key] = Task(key, w.problem(o, study.spec.networks), f"{w.base} on {o.hw_id}", o.num_gpus,
+                                  time_limit_s, study.spec.sensitivity, scratch)
+    return tasks
+
+
+def _task_key(w: Workload, o: Option) -> str:
+    h = hashlib.sha256(w.problem_key.encode()).hexdigest()[:12]
+    return f"{h}:{o.hw_id}:{o.catalog or ''}"
+
+
+def _execute(tasks: Sequence[Task], jobs: int, progress: ProgressFn | None, done: dict[str, dict], *,
+             executor: str = "local", scheduler: str | None = None) -> None:
+    """Run tasks, filling `done` as they finish (so an interrupt keeps what finished)."""
+    total = len(tasks)
+    order = sorted(tasks, key=lambda t: (-t.num_gpus, t.key))  # big clusters first: better balance
+    if progress:
+        progress(0, total, "")
+    if executor == "dask":
+        _execute_dask(order, jobs, progress, done, scheduler)
+        return
+    if jobs <= 1 or total <= 1:
+        for t in order:
+            done[t.key] = run_task(t)
+            if progress:
+                progress(len(done), total, t.label)
+        return
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool = ctx.Pool(processes=min(jobs, total), initializer=_ignore_sigint)
+    labels = {t.key: t.label for t in order}
+    try:
+        for res in pool.imap_unordered(run_task, order, chunksize=1):
+            done[res["key"]] = res
+            if progress:
+                progress(len(done), total, labels[res["key"]])
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+# ---- Dask executor (optional extra: pip install 'autoshard[dask]') ------------------------------
+
+EXECUTORS = ("local", "dask")
+DASK_EXTRA_HINT = "the dask executor needs `pip install 'autoshard[dask]'`"
+
+
+def _import_distributed() -> Any:
+    """The `distributed` module, or a one-line InputError naming the extra."""
+    try:
+        import distributed  # noqa: PLC0415
+    except ImportError:
+        raise InputError(DASK_EXTRA_HINT) from None
+    return distributed
+
+
+# Run by each worker of a LocalCluster started here (a Dask "preload" given as source text), in the
+# worker's main thread: the workers ignore Ctrl-C, like the local pool's workers, and the interrupt
+# is handled by the client (cancel, close) instead of by a traceback from every worker.
+_WORKER_PRELOAD = """
+import signal
+
+
+def dask_setup(worker):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+"""
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Any:
+    """Hold a Ctrl-C that arrives inside the block and raise it on exit: a cluster being started is
+    assigned first, so the caller can close it."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None or previous == signal.SIG_IGN or previous == signal.SIG_DFL:
+        yield
+        return
+    hit: list[Any] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: hit.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if hit:
+            if previous is signal.default_int_handler or not callable(previous):
+                raise KeyboardInterrupt
+            previous(signal.SIGINT, hit[0])
+
+
+def _local_cluster(distributed: Any, n_workers: int) -> Any:
+    import logging  # noqa: PLC0415
+
+    # On 127.0.0.1, no dashboard, the scheduler's HTTP routes (health, metrics) on a free port instead of
+    # 8787 (which another cluster may hold); worker logs only at ERROR (a cancel logs warnings).
+    return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                    dashboard_address=None,
+                                    scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
+                                    silence_logs=logging.ERROR, preload=[_WORKER_PRELOAD])
+
+
+def _dask_failure(task: Task, exc: BaseException) -> dict[str, Any]:
+    """A task that the cluster could not run (worker lost, autoshard missing on a worker): an error row."""
+    return {"key": task.key, "status": "error",
+            "reason": f"dask: {type(exc).__name__}: {exc}".splitlines()[0][:300]}
+
+
+def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None, done: dict[str, dict],
+                  scheduler: str | None) -> None:
+    """Run tasks on a Dask cluster: the scheduler at `scheduler`, else a LocalCluster of `jobs`
+    single-threaded worker processes started for this run. The same `run_task` as the local pool;
+    results are gathered as they complete. On an interrupt the pending futures are cancelled and the
+    client (and a cluster started here) closed; what finished stays in `done`."""
+    distributed = _import_distributed()
+    total = len(order)
+    cluster = client = None
+    futures: list[Any] = []
+    by_key: dict[str, Task] = {}
+    try:
+        if scheduler:
+            try:
+                client = distributed.Client(scheduler, set_as_default=False)
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
+                                 source=scheduler) from None
+        else:
+            with _sigint_deferred():  # a Ctrl-C while it starts is raised after `cluster` is set
+                cluster = _local_cluster(distributed, min(jobs, total))
+            client = distributed.Client(cluster, set_as_default=False)
+        run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other sweeps too
+        for i, t in enumerate(order):  # big clusters first, as in the local pool
+            key = f"autoshard-whatif-{run_id}-{i}"
+            by_key[key] = t
+            futures.append(client.submit(run_task, t, key=key, pure=False, priority=total - i))
+        for fut in distributed.as_completed(futures, loop=client.loop):
+            task = by_key[fut.key]
+            try:
+                res = fut.result()
+            except Exception as exc:  # noqa: BLE001  (a lost worker must not sink the sweep; reported per row)
+                res = _dask_failure(task, exc)
+            done[res["key"]] = res
+            if progress:
+                progress(len(done), total, task.label)
+    except BaseException:
+        if client is not None and futures:
+            try:
+                client.cancel(futures)
+            except Exception:  # noqa: BLE001, S110  (closing below releases them anyway)
+                pass
+        raise
+    finally:  # a failure to close must not hide the result or the interrupt
+        for closable in (client, cluster):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:  # noqa: BLE001, S110
+                    pass
+
+
+def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> dict[str, Any]:
+    from ..cost import total_params  # noqa: PLC0415
+
+    row: dict[str, Any] = {"workload": w.name, "option": o.id, "gpu": o.gpu, "num_gpus": o.num_gpus,
+                           "topology": o.topology, "mode": o.mode, "tokens": w.tokens}
+    if res is None or res.get("status") != "ok":
+        row.update(feasible=False, status=(res or {}).get("status", "not run"),
+                   reason=(res or {}).get("reason", "not run"),
+                   suggestions=(res or {}).get("suggestions", []))
+        return row
+    row["status"] = "ok"
+    gp = goodput(o.num_gpus, total_params(w.model), study.spec.reliability, o.gpu)
+    steps = math.ceil(w.tokens / w.training.tokens_per_step)
+    ideal_s = steps * res["step_time_s"]
+    row.update({k: res[k] for k in ("plan", "plan_short", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
+                                    "memory_capacity_gib", "time_breakdown_s", "bottleneck", "solver_status",
+                                    "solve_time_s")})
+    sens = res.get("sensitivity") or {}
+    gains = sens.get("gains_pct", {})
+    row.update(binding=sens.get("binding"), resource_shares=sens.get("shares", {}),
+               hbm_plus_gpu=sens.get("hbm_plus_gpu"), sensitivity_notes=sens.get("notes", []),
+               memory_utilization=sens.get("memory_utilization"))
+    for k in ("internode_2x", "nvlink_2x", "hbm_plus", "fp8"):
+        row[f"gain_{k}_pct"] = gains.get(k)
+    row.update(steps=steps, ideal_days=ideal_s / 86400, goodput=gp.ratio, mtbf_h=gp.mtbf_s / 3600,
+               checkpoint_gb=gp.checkpoint_bytes / 1e9, checkpoint_s=gp.checkpoint_s,
+               checkpoint_interval_s=gp.interval_s, restart_s=gp.restart_s)
+    if gp.ratio <= 0:
+        row.update(feasible=False, reason=f"the cluster fails (MTBF {gp.mtbf_s / 3600:.2f} h) faster than it can "
+                                          f"checkpoint and restart: no progress")
+        return row
+    wall_s = ideal_s / gp.ratio
+    row.update(time_to_train_days=wall_s / 86400, **price_option(study, o, wall_s))
+    row["tokens_per_usd"] = w.tokens / row["cost_usd"] if row["cost_usd"] > 0 else None
+    row["feasible"] = True
+    return row
+
+
+def _candidate(row_group: Sequence[dict[str, Any]], cid: str) -> Candidate | None:
+    if not all(r.get("feasible") for r in row_group):
+        return None
+    return Candidate(cid, sum(r["time_to_train_days"] for r in row_group) * 86400,
+                     sum(r["cost_usd"] for r in row_group), max(r["capex_usd"] for r in row_group),
+                     max(r["power_mw"] for r in row_group))
+
+
+def _recommend(study: Study, rows: list[dict[str, Any]], scope: str, group: list[Workload]) -> dict[str, Any]:
+    cons = study.spec.constraints
+    by = {(r["workload"], r["option"]): r for r in rows}
+    cands: list[Candidate] = []
+    for o in study.options:
+        grp = [by.get((w.name, o.id)) for w in group]
+        if any(g is None for g in grp):
+            continue
+        c = _candidate(grp, o.id)  # type: ignore[arg-type]
+        if c is not None:
+            cands.append(c)
+    dec = optimize_purchase(cands, cons)
+    chosen = cands[dec.index] if dec.index is not None else None
+    return json_safe({
+        "scope": scope, "workloads": [w.name for w in group], "option": chosen.id if chosen else None,
+        "objective": dec.objective, "status": dec.status, "constraints": cons.model_dump(exclude_none=True),
+        "time_to_train_days": chosen.time_s / 86400 if chosen else None,
+        "cost_usd": chosen.cost_usd if chosen else None, "capex_usd": chosen.capex_usd if chosen else None,
+        "power_mw": chosen.power_mw if chosen else None,
+        "candidates": len(cands), "meeting_constraints": sum(dec.meets),
+        "reason": explain_decision(cands, dec, cons),
+    })
+
+
+def _warnings(study: Study, rows: list[dict[str, Any]]) -> list[str]:
+    """Checks a reader should see: non-monotone scaling (often a solver time limit), unproven plans, errors."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for w in study.workloads:
+        if w.base in seen:
+            continue
+        seen.add(w.base)
+        wr = [r for r in rows if r["workload"] == w.name and r.get("step_time_s") is not None]
+        series: dict[tuple[str, str], dict[int, dict]] = {}
+        for r in wr:
+            series.setdefault((r["gpu"], r["topology"]), {})[r["num_gpus"]] = r
+        for (g, t), pts in series.items():
+            ns = sorted(pts)
+            for a, b in zip(ns, ns[1:]):
+                ra, rb = pts[a], pts[b]
+                if rb["tokens_per_s"] < ra["tokens_per_s"] * 0.999:
+                    why = (f"its plan is {rb['solver_status']}, not proven optimal: a longer time_limit_s may find a "
+                           "better one" if rb.get("solver_status") != "OPTIMAL" else
+                           "more GPUs do not help this global batch size")
+                    out.append(f"{w.base}: {g} x{b} ({t}) is slower than x{a} ({rb['tokens_per_s']:,.0f} vs "
+                               f"{ra['tokens_per_s']:,.0f} tokens/s); {why}")
+        unproven = sorted({f"{r['gpu']} x{r['num_gpus']}" for r in wr
+                           if r.get("solver_status") not in (None, "OPTIMAL")})
+        if unproven:
+            out.append(f"{w.base}: {len(unproven)} plan(s) hit the solver time limit (FEASIBLE, not proven optimal): "
+                       + ", ".join(unproven[:12]) + (" ..." if len(unproven) > 12 else ""))
+        errs = {r["option"].rsplit("/", 1)[0]: r for r in rows
+                if r["workload"] == w.name and r.get("status") == "error"}
+        for r in errs.values():
+            out.append(f"{w.base}: {r['gpu']} x{r['num_gpus']} ({r['topology']}) failed: {r['reason']}")
+    return out
+
+
+def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: float, jobs: int,
+              time_limit_s: float, *, recommend: bool = True,
+              executor: str = "local") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    rows: list[dict[str, Any]] = []
+    for w in study.workloads:
+        for o in study.options:
+            res = results.get(_task_key(w, o))
+            if res is None and not complete:
+                continue
+            rows.append(_row(study, w, o, res))
+    cons = study.spec.constraints
+    pareto: dict[str, list[str]] = {}
+    for w in study.workloads:
+        wr = [r for r in rows if r["workload"] == w.name]
+        feas = [r for r in wr if r.get("feasible")]
+        flags = pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in feas])
+        for r, f in zip(feas, flags):
+            r["pareto"] = f
+        for r in wr:
+            r.setdefault("pareto", False)
+            if r.get("feasible"):
+                v = violations(Candidate(r["option"], r["time_to_train_days"] * 86400, r["cost_usd"],
+                                         r["capex_usd"], r["power_mw"]), cons)
+                r["violations"] = v
+                r["meets_constraints"] = not v
+            else:
+                r["violations"] = []
+                r["meets_constraints"] = False
+        pareto[w.name] = [r["option"] for r in feas if r["pareto"]]
+    recs = []
+    warnings = _warnings(study, rows)
+    if not recommend:
+        pass
+    elif study.spec.combine == "sum":
+        recs.append(_recommend(study, rows, "all workloads on one cluster, one after another", list(study.workloads)))
+    else:
+        for w in study.workloads:
+            recs.append(_recommend(study, rows, f"workload {w.name}", [w]))
+    recommended = recs[0] if recs else None
+    for r in rows:
+        r["recommended"] = any(rec["option"] == r["option"] and r["workload"] in rec["workloads"] for rec in recs)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "study": study.name,
+        "description": study.spec.description,
+        "source": study.source,
+        "complete": complete,
+        "combine": study.spec.combine,
+        "sensitivity_mode": study.spec.sensitivity,
+        "workloads": [{"name": w.name, "model": w.model.name, "tokens": w.tokens,
+                       "training": w.training.model_dump(mode="json")} for w in study.workloads],
+        "options": [o.id for o in study.options],
+        "constraints": cons.model_dump(exclude_none=True),
+        "assumptions": list(study.notes),
+        "rows": rows,
+        "warnings": warnings,
+        "pareto": pareto,
+        "recommended": recommended,
+        "recommendations": recs,
+        "timing": {"elapsed_s": elapsed, "jobs": jobs, "executor": executor, "time_limit_s": time_limit_s,
+                   "tasks_done": len(results)},
+    }
+    return json_safe(doc), rows
+
+
+def results_csv(rows: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore", lineterminator="\n")
+    wr.writeheader()
+    for r in rows:
+        out = {}
+        for k in CSV_COLUMNS:
+            v = r.get("plan_short") if k == "plan" else r.get(k)
+            if isinstance(v, float):
+                v = f"{v:.6g}"
+            elif isinstance(v, list):
+                v = "; ".join(str(x) for x in v)
+            elif v is None:
+                v = ""
+            out[k] = v
+        wr.writerow(out)
+    return buf.getvalue()
+
+
+def _write_results(out_dir: Path, doc: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[Path]:
+    paths = [out_dir / "results.json", out_dir / "results.csv"]
+    atomic_write(paths[1], results_csv(rows))
+    atomic_write(paths[0], dumps_json(doc))
+    return paths
+
+
+def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | Study, out_dir: str | os.PathLike[str],
+              *, jobs: int = 1, time_limit_s: float | None = None, progress: ProgressFn | None = None,
+              report: bool = True, executor: str = "local", scheduler: str | None = None) -> StudyResult:
+    """Run a what-if study and write its results and report into `out_dir`.
+
+    `jobs`: worker processes (0: one per CPU). `time_limit_s`: per solve (default: the
+    study's `time_limit_s`, else 10 s). `progress(done, total, label)` is called with
+    done=0 before the first task and after each finished task (label: "workload on
+    gpu/num_gpus/topology"). On KeyboardInterrupt the finished rows are written to
+    results.json (`complete: false`) and results.csv, and the interrupt is re-raised.
+
+    `executor`: "local" (default: a process pool on this machine) or "dask" (needs the
+    `autoshard[dask]` extra): the options are solved on the Dask scheduler at `scheduler`
+    (e.g. "tcp://host:8786"; `jobs` is then unused: the cluster's workers decide), else on a
+    `distributed.LocalCluster` of `jobs` single-threaded worker processes started for this run.
+    Remote workers need the same autoshard installed and any catalog files a study names at the
+    same paths. The results are the same as the local executor's (timing fields aside).
+    """
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r} (valid: {', '.join(EXECUTORS)})", field="executor")
+    if scheduler and executor != "dask":
+        raise InputError("a scheduler address needs the dask executor", field="scheduler")
+    if executor == "dask":
+        _import_distributed()  # fail on the missing extra before any work
+    st = study if isinstance(study, Study) else load_study(study)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", source=str(out))
+    limit = float(time_limit_s if time_limit_s is not None else (st.spec.time_limit_s or DEFAULT_TIME_LIMIT_S))
+    jobs = (os.cpu_count() or 1) if jobs == 0 else max(1, int(jobs))
+    t0 = time.perf_counter()
+    scratch = tempfile.mkdtemp(prefix="autoshard-whatif-")
+    results: dict[str, dict] = {}
+    written = False
+    try:
+        tasks = _tasks(st, limit, scratch)
+        _execute(list(tasks.values()), jobs, progress, results, executor=executor, scheduler=scheduler)
+        doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit, executor=executor)
+        files = _write_results(out, doc, rows)
+        written = True
+    except KeyboardInterrupt:
+        # Keep what finished: rows and Pareto flags, no purchase decision (complete: false).
+        if not written:
+            doc, rows = _document(st, results, False, time.perf_counter() - t0, jobs, limit, recommend=False,
+                                  executor=executor)
+            _write_results(out, doc, rows)
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    errors = [r["reason"] for r in results.values() if r.get("status") == "error"]
+    if results and len(errors) == len(results):
+        raise AutoshardError(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]}")
+    if report:
+        from .report import write_report  # noqa: PLC0415  (matplotlib is imported there, on use)
+
+        files += write_report(doc, out)
+    return StudyResult(out, True, rows, doc["recommended"], doc["recommendations"], files,
+                       time.perf_counter() - t0, doc)

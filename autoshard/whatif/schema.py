@@ -1,0 +1,326 @@
+"""What-if study files: the schema (pydantic), its expansion into workloads x options, `load_study`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from ..catalog import get_gpu, get_topology, gpu_ids, load_overlay, resolve_model
+from ..errors import InputError
+from ..loader import dumps_json, file_folder, named_file_error, read_document, resolve_path, validate
+from ..spec import MAX_GPUS, ModelSpec, Problem, SearchSpec, Strict, TopologyLevel, TrainingSpec
+
+Mode = Literal["cloud", "own"]
+Objective = Literal["auto", "time", "cost"]
+SensitivityMode = Literal["solve", "evaluate", "off"]
+Positive = Annotated[float, Field(gt=0)]
+NonNeg = Annotated[float, Field(ge=0)]
+
+DEFAULT_TIME_LIMIT_S = 10.0
+SCHEMA_VERSION = 1
+
+# ---- price and power defaults (sources in the comments; the study can override each) --------
+USD_PER_KWH = 0.08  # US EIA Electric Power Monthly: average industrial retail price ~8 cents/kWh (2023-24)
+PUE = 1.3  # assumption: modern colocation; Uptime Institute survey average ~1.58 (2023), hyperscale ~1.1
+AMORTIZATION_YEARS = 4.0  # assumption: GPU servers' economic life (hyperscalers depreciate over 5-6 years)
+
+
+# =============================================================================================
+# Study schema
+# =============================================================================================
+
+
+class RangeSpec(Strict):
+    """GPU counts from `start` to `stop` (inclusive): `step` apart, or multiplied by `factor`."""
+
+    start: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    stop: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    step: Annotated[int, Field(ge=1)] | None = None
+    factor: Annotated[float, Field(gt=1)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "RangeSpec":
+        if self.stop < self.start:
+            raise ValueError(f"stop ({self.stop}) is below start ({self.start})")
+        if self.step is not None and self.factor is not None:
+            raise ValueError("give step or factor, not both")
+        if len(self.values()) > 4096:
+            raise ValueError("the range has more than 4096 values")
+        return self
+
+    def values(self) -> list[int]:
+        out, n = [], self.start
+        if self.step is not None:
+            return list(range(self.start, self.stop + 1, self.step))[:4097]
+        factor = self.factor or 2.0
+        while n <= self.stop and len(out) <= 4096:
+            out.append(n)
+            n = max(n + 1, int(round(n * factor)))
+        return out
+
+
+class NetworkSpec(Strict):
+    """A named network tier: explicit levels (innermost first) and its port price."""
+
+    description: str = ""
+    levels: list[TopologyLevel] = Field(min_length=1)
+    usd_per_network_port: NonNeg | None = None
+
+
+class WorkloadSpec(Strict):
+    name: str | None = None
+    model: ModelSpec
+    training: TrainingSpec
+    tokens: Positive | list[Positive]
+    search: SearchSpec = SearchSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_model(cls, data: Any) -> Any:  # a preset name or {preset: ..., overrides} -> explicit fields
+        if isinstance(data, dict) and "model" in data:
+            data = {**data, "model": resolve_model(data["model"])}
+        return data
+
+
+class OptionSpec(Strict):
+    """One or more hardware options: every combination of the listed values."""
+
+    gpu: str | list[str]
+    num_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] | list[Annotated[int, Field(ge=1, le=MAX_GPUS)]] | RangeSpec
+    topology: str | list[str] | None = None  # catalog preset or a study `networks:` name; default: the GPU's
+    mode: Mode | list[Mode] | None = None  # default: pricing.mode
+    catalog: str | None = None  # calibrated catalog overlay
+
+
+class PricingSpec(Strict):
+    mode: Mode | list[Mode] = "cloud"
+    usd_per_gpu_hour: dict[str, Positive] = {}
+    purchase_usd_per_gpu: dict[str, Positive] = {}
+    usd_per_node: NonNeg = 0.0
+    usd_per_network_port: NonNeg | None = None
+    usd_per_kwh: NonNeg = USD_PER_KWH
+    pue: Annotated[float, Field(ge=1.0, le=3.0)] = PUE
+    amortization_years: Positive = AMORTIZATION_YEARS
+    node_overhead_w: NonNeg | dict[str, NonNeg] | None = None
+
+
+class ReliabilitySpec(Strict):
+    enabled: bool = True
+    failures_per_gpu_hour: NonNeg | dict[str, NonNeg] | None = None
+    restart_s: NonNeg | None = None
+    checkpoint_bytes_per_param: Positive | None = None
+    storage_gb_per_s_per_gpu: Positive | None = None
+    storage_min_gb_per_s: Positive | None = None
+    storage_max_gb_per_s: Positive | None = None
+    checkpoint_overhead_s: NonNeg | None = None
+    checkpoint_interval_s: Positive | None = None  # fixed interval instead of Young/Daly
+
+
+class ConstraintSpec(Strict):
+    budget_usd: Positive | None = None  # cost to train
+    capex_budget_usd: Positive | None = None  # upfront purchase (owned options)
+    power_cap_mw: Positive | None = None  # facility power incl. PUE
+    deadline_days: Positive | None = None  # wall-clock time to train incl. failures
+    objective: Objective = "auto"  # auto: cost when only a deadline is given, else time
+
+
+class StudySpec(Strict):
+    name: str | None = None
+    description: str | None = None
+    workloads: list[WorkloadSpec] = Field(min_length=1)
+    options: list[OptionSpec] = Field(min_length=1)
+    networks: dict[str, NetworkSpec] = {}
+    pricing: PricingSpec = PricingSpec()
+    reliability: ReliabilitySpec = ReliabilitySpec()
+    constraints: ConstraintSpec = ConstraintSpec()
+    combine: Literal["each", "sum"] = "each"  # each workload its own question, or one cluster for all
+    sensitivity: SensitivityMode = "evaluate"
+    time_limit_s: Positive | None = None  # per solve
+
+
+# ---- expanded study -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    index: int
+    name: str
+    model: ModelSpec
+    training: TrainingSpec
+    search: SearchSpec
+    tokens: float
+    base: str  # the name without the token budget (token scenarios share their solves)
+
+    def problem(self, option: "Option", networks: Mapping[str, NetworkSpec]) -> Problem:
+        topo: Any = list(networks[option.topology].levels) if option.topology in networks else option.topology
+        return Problem(name=f"{self.name} on {option.id}", model=self.model, training=self.training,
+                       cluster={"gpu": option.gpu, "num_gpus": option.num_gpus, "topology": topo,
+                                "catalog": option.catalog}, search=self.search)
+
+    @property
+    def problem_key(self) -> str:
+        return dumps_json([self.model.model_dump(mode="json"), self.training.model_dump(mode="json"),
+                           self.search.model_dump(mode="json")])
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    gpu: str  # catalog id
+    num_gpus: int
+    topology: str  # preset id or network name
+    mode: str
+    catalog: str | None = None
+
+    @property
+    def hw_id(self) -> str:
+        cal = f"+{Path(self.catalog).stem}" if self.catalog else ""
+        return f"{self.gpu}/{self.num_gpus}/{self.topology}{cal}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.hw_id}/{self.mode}"
+
+    def sort_key(self) -> tuple:
+        order = {g: i for i, g in enumerate(gpu_ids())}
+        return (order.get(self.gpu, 999), self.gpu, self.topology, self.num_gpus, self.mode, self.catalog or "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    spec: StudySpec
+    workloads: tuple[Workload, ...]
+    options: tuple[Option, ...]
+    source: str | None
+    notes: tuple[str, ...]  # which documented defaults were used
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or (Path(self.source).stem if self.source else "study")
+
+
+def _norm_gpu(name: str, field: str, source: str | None) -> str:
+    try:
+        return get_gpu(name).id
+    except InputError as exc:
+        raise InputError(exc.message, source=source, field=field) from None
+
+
+def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -> Study:
+    """A validated, expanded study from a YAML/JSON path, a dict or a StudySpec.
+
+    Raises a one-line `InputError` (`file: field.path: what is wrong`) on bad input.
+    """
+    src: str | None = None
+    if isinstance(source, StudySpec):
+        spec = source
+    else:
+        folder: str | None = None  # paths in a study file are relative to its folder; in a dict, to the working dir
+        if isinstance(source, Mapping):
+            data: Any = dict(source)
+        else:
+            src = str(source)
+            data = read_document(source)
+            folder = file_folder(source)
+        if isinstance(data, dict) and isinstance(data.get("workloads"), list):
+            wls = []
+            for i, w in enumerate(data["workloads"]):
+                if isinstance(w, dict) and "model" in w:
+                    model = w["model"]
+                    if isinstance(model, dict) and "hf_config" in model:
+                        model = {**model, "hf_config": resolve_path(model["hf_config"], folder)}
+                    try:
+                        w = {**w, "model": resolve_model(model)}
+                    except InputError as exc:
+                        if exc.source:  # in the config.json the workload names
+                            raise named_file_error(exc, src, f"workloads.{i}.model.hf_config") from None
+                        raise InputError(exc.message, source=src, field=f"workloads.{i}.model") from None
+                wls.append(w)
+            data = {**data, "workloads": wls}
+        if folder is not None and isinstance(data, dict) and isinstance(data.get("options"), list):
+            data = {**data, "options": [{**o, "catalog": resolve_path(o["catalog"], folder)}
+                                        if isinstance(o, dict) and "catalog" in o else o for o in data["options"]]}
+        spec = validate(StudySpec, data, source=src)
+
+    # Workloads: one per token budget.
+    workloads: list[Workload] = []
+    for i, w in enumerate(spec.workloads):
+        budgets = w.tokens if isinstance(w.tokens, list) else [w.tokens]
+        if not budgets:
+            raise InputError("an empty list allows nothing", source=src, field=f"workloads.{i}.tokens")
+        base = w.name or w.model.name
+        for t in budgets:
+            name = base if len(budgets) == 1 else f"{base} @ {_fmt_tokens(t)} tokens"
+            workloads.append(Workload(len(workloads), name, w.model, w.training, w.search, float(t), base))
+    names = [w.name for w in workloads]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise InputError(f"two workloads are named {dup!r}; give each a distinct name", source=src, field="workloads")
+
+    # Networks.
+    for name, net in spec.networks.items():
+        lv = net.levels
+        for i in range(1, len(lv)):
+            if lv[i].size <= lv[i - 1].size or lv[i].size % lv[i - 1].size:
+                raise InputError(f"level sizes must grow and each divide the next ({lv[i - 1].size} -> {lv[i].size})",
+                                 source=src, field=f"networks.{name}.levels.{i}.size")
+
+    # Pricing dictionaries keyed by GPU.
+    for key in ("usd_per_gpu_hour", "purchase_usd_per_gpu"):
+        for g in getattr(spec.pricing, key):
+            _norm_gpu(g, f"pricing.{key}.{g}", src)
+    if isinstance(spec.pricing.node_overhead_w, dict):
+        for g in spec.pricing.node_overhead_w:
+            _norm_gpu(g, f"pricing.node_overhead_w.{g}", src)
+    if isinstance(spec.reliability.failures_per_gpu_hour, dict):
+        for g in spec.reliability.failures_per_gpu_hour:
+            _norm_gpu(g, f"reliability.failures_per_gpu_hour.{g}", src)
+
+    # Options: the cartesian product of every option entry.
+    default_modes = spec.pricing.mode if isinstance(spec.pricing.mode, list) else [spec.pricing.mode]
+    options: dict[str, Option] = {}
+    for i, o in enumerate(spec.options):
+        gpus = o.gpu if isinstance(o.gpu, list) else [o.gpu]
+        counts = o.num_gpus.values() if isinstance(o.num_gpus, RangeSpec) else (
+            o.num_gpus if isinstance(o.num_gpus, list) else [o.num_gpus])
+        modes = default_modes if o.mode is None else (o.mode if isinstance(o.mode, list) else [o.mode])
+        if not gpus or not counts or not modes:
+            raise InputError("an empty list allows nothing", source=src, field=f"options.{i}")
+        if o.catalog:  # a missing or malformed calibrated catalog is bad input, reported before any solve
+            try:
+                load_overlay(o.catalog)
+            except InputError as exc:
+                if exc.source:
+                    raise named_file_error(exc, src, f"options.{i}.catalog") from None
+                raise InputError(exc.message, source=src, field=f"options.{i}.catalog") from None
+        for g in gpus:
+            gid = _norm_gpu(g, f"options.{i}.gpu", src)
+            topos = [get_gpu(gid).default_topology] if o.topology is None else (
+                o.topology if isinstance(o.topology, list) else [o.topology])
+            for t in topos:
+                if t not in spec.networks:
+                    try:
+                        t = get_topology(t).id
+                    except InputError as exc:
+                        raise InputError(exc.message + (f"; or a study network ({', '.join(spec.networks)})"
+                                                         if spec.networks else ""),
+                                         source=src, field=f"options.{i}.topology") from None
+                for n in counts:
+                    for m in modes:
+                        opt = Option(gid, int(n), t, m, o.catalog)
+                        options.setdefault(opt.id, opt)
+    opts = tuple(sorted(options.values(), key=Option.sort_key))
+    from .pricing import default_notes  # noqa: PLC0415  (pricing imports this module)
+
+    return Study(spec, tuple(workloads), opts, src, tuple(default_notes(spec, opts)))
+
+
+def _fmt_tokens(t: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if t >= div:
+            return f"{t / div:g}{unit}"
+    return f"{t:g}"
