@@ -1,0 +1,71 @@
+"""Find the plan with the minimum step time that fits: numpy bounds + CP-SAT.
+
+The decision space splits in two:
+
+- **Global knobs** (tp, cp, ep, pp, dp, vpp, sequence parallel, ZeRO stage, micro-batch,
+  schedule, placement of the mesh axes). `candidates()` enumerates the combinations the
+  divisibility rules and `search:` allow; `bounds()` computes, vectorized with numpy over
+  all of them, a sound lower bound on step time (compute at the achievable matmul rate,
+  perfectly balanced stages, the schedule's warm-up and cool-down) and on peak memory
+  (everything recomputed, ZeRO sharding applied). Candidates whose memory bound exceeds
+  HBM are pruned; the rest are ordered by their time bound.
+- **The combinatorial core** (`StageModel`, a CP-SAT model): for one global configuration,
+  how many layers of each kind (dense, MoE) every virtual pipeline stage holds (contiguous,
+  uneven allowed, dense layers first) and which recompute mode each layer uses, subject to
+  HBM on every rank, minimizing the evaluator's step time: pipeline time with warm-up and
+  cool-down, plus the slowest rank's data-parallel tail. All coefficients come from
+  `cost.layer_table`, the same numbers `evaluate` sums; seconds are scaled to integer
+  units of 0.1 us, bytes to KiB (rounded up, so a plan the model accepts always fits).
+
+Branch and bound ties them together (`_Search`):
+
+1. A warm start (`_warm_start`, no CP-SAT) builds real plans on the most promising
+   configurations: greedy per-rank recompute mixes, then memory-aware stage splits.
+2. Candidates are visited in order of their numpy bound; the search stops when the next
+   bound cannot beat the incumbent. Each surviving configuration meets, in order of cost,
+   the bound of its optimistic table (every group on consecutive GPUs: valid for every
+   placement), the same with the recompute HBM forces (`_memory_tmax`), and per placement
+   its exact table bound; only then CP-SAT, with the incumbent as a cutoff.
+3. A proof stopped by its per-solve cap keeps its proven bound and is resumed at the end
+   with the time left.
+
+`OPTIMAL` therefore means every candidate was either pruned by a sound bound or solved to
+optimality by CP-SAT (tests check every bound against `evaluate`, and the optimum against
+brute-force enumeration). Every returned plan is re-evaluated with `evaluate`, and the
+CP-SAT objective must match it to within the rounding.
+
+Determinism: candidates are enumerated in a fixed order, CP-SAT runs single-threaded with
+a fixed seed, ties are broken by a second CP-SAT pass (fewest recomputed layers, then
+layers as early as possible) and by candidate order.
+
+The package, by part: `candidates` (the declared space, placements), `bounds` (numpy and
+table bounds), `stage_model` (the CP-SAT model), `warm_start` (greedy plans), `search` (branch
+and bound, `solve`), `explain` (plan differences, infeasibility), `records` (what `solve`
+returns).
+"""
+
+from __future__ import annotations
+
+from .bounds import (
+    _memory_tmax,
+    _optimistic_table,
+    _stage_extras,
+    _summary,
+    _table_bound,
+    _tail_bound,
+    _zero3_lower_bound,
+    balanced_max,
+    bounds,
+)
+from .candidates import DEFAULT_MAX_VPP, DEFAULT_MBS, _config_key, _placements, _space, _with_placement, candidates
+from .explain import describe_difference, explain_infeasible, explain_no_candidates, run_length
+from .records import Alternative, Solution, SolverStats
+from .search import RUNNER_UP_CONFIGS, RUNNER_UP_SLOWER, _Found, _Search, solve
+from .stage_model import MEM_UNIT_BYTES, TIME_UNIT_S, StageModel, _b, _rounding_tolerance, _t
+from .warm_start import WARM_SPLIT_CONFIGS, WARM_START_CONFIGS, _Greedy, _warm_start
+
+__all__ = [
+    "Alternative", "Solution", "SolverStats", "StageModel", "balanced_max", "bounds", "candidates",
+    "describe_difference", "explain_infeasible", "explain_no_candidates", "run_length", "solve",
+    "DEFAULT_MBS", "DEFAULT_MAX_VPP", "TIME_UNIT_S", "MEM_UNIT_BYTES",
+]

@@ -1,0 +1,400 @@
+"""Sound lower bounds on step time and peak memory: numpy over every candidate (`bounds`),
+per configuration from its optimistic or exact layer table (`_table_bound`), and the
+recompute HBM forces (`_memory_tmax`). Tests check each against `evaluate`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost import (
+    BF16,
+    COMM_INTERFERENCE,
+    Config,
+    Context,
+    Table,
+    inflight_microbatches,
+    layer_params,
+    static_bytes,
+    working_bytes,
+)
+
+
+def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(time lower bound in s, memory lower bound in bytes) for every candidate, vectorized.
+
+    Time: one micro-batch through each layer kind at its fastest recompute mode, priced by
+    `cost.layer_costs` itself with every process group on consecutive GPUs (the cheapest
+    profile any placement can give it; `_optimistic_table`), once per distinct layer shape
+    (tp, cp, ep, sp, micro-batch: a few thousand at most), then numpy over all candidates:
+    ZeRO-3 weight traffic overlapped with that compute, the pipeline's (M - c) T / P + c T
+    over perfectly balanced stages (c = 1, 1/vpp for interleaving, 0 for zero-bubble), whole
+    layers per stage, for zero-bubble (P - 1) sum(u) / P and sum(u), and the mean rank's
+    optimizer step plus the interference of its data-parallel traffic.
+    Memory: the first rank holds at least its share of the sharded weights, gradients and
+    optimizer states and, with every layer recomputed, each in-flight micro-batch's layer inputs.
+    """
+    m, tr = ctx.model, ctx.training
+    a = np.array([[c.tp, c.cp, c.ep, c.pp, c.dp, c.vpp, c.mbs, c.zero, int(c.sp),
+                   {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}[c.schedule]] for c in cands],
+                 dtype=np.float64).reshape(-1, 10)
+    tp, cp, ep, pp, dp, vpp, mbs, zero, sp, sched = a.T
+    L, h = m.num_hidden_layers, m.hidden_size
+    tokens = mbs * tr.seq_len / cp
+    kinds = m.layer_kinds()
+    kind_list = sorted(set(kinds))
+    opt_cache = {} if opt_cache is None else opt_cache
+    # Per distinct layer shape: (fastest time per kind, fastest time less weight gradients per
+    # kind, embedding + LM head time, LM head weight-gradient time).
+    shape: dict[tuple, tuple[list[float], list[float], float, float]] = {}
+    tau = np.zeros((len(cands), len(kind_list)))
+    u_tau = np.zeros((len(cands), len(kind_list)))
+    ends = np.zeros(len(cands))
+    head_w = np.zeros(len(cands))
+    for j, c in enumerate(cands):
+        key = (c.tp, c.cp, c.ep, c.sp, c.mbs, c.pp == 1)
+        if key not in shape:
+            tb = _optimistic_table(ctx, Config(c.tp, c.cp, c.ep, c.pp, c.dp, 1, c.sp, 0, c.mbs, "1f1b", c.placement),
+                                   opt_cache)
+            lay = tb.layers
+            shape[key] = ([min(x.total_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
+                          [min(x.total_s - x.wgrad_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
+                          tb.embed.total_s + tb.head.total_s, tb.head.wgrad_s)
+        tau[j], u_tau[j], ends[j], head_w[j] = shape[key]
+    counts = np.array([kinds.count(k) for k in kind_list], dtype=np.float64)
+    busy = tau @ counts + ends
+    # ZeRO-3 gathers every layer's weights before its forward and backward and reduce-scatters
+    # its gradients, overlapped with compute: per layer c + overlapped(x, c) = (1 - k) max(c, x)
+    # + k (c + x), and the sum over layers is at least that form of the sums (max is subadditive).
+    zero3 = np.zeros(len(cands))
+    z3_memo: dict[tuple, float] = {}
+    for j, c in enumerate(cands):
+        if c.zero == 3 and c.dp * c.cp > 1:
+            key = (c.tp, c.cp, c.ep, c.dp)
+            if key not in z3_memo:
+                z3_memo[key] = _zero3_lower_bound(ctx, c)
+            zero3[j] = z3_memo[key]
+    t_micro = (1 - COMM_INTERFERENCE) * np.maximum(busy, zero3) + COMM_INTERFERENCE * (busy + zero3)
+    M = tr.global_batch_size / (dp * mbs)
+    c = np.where(sched == 1, 1.0 / vpp, 1.0)
+    c = np.where(sched == 2, 0.0, c)
+    t_lb = (M - c) * t_micro / pp + c * t_micro
+    # Whole layers: for every kind, some stage holds ceil(L_k / P) of its layers (a chunk
+    # ceil(L_k / V)), other layers taken as free.
+    tmax = t_micro / pp
+    chunk = t_micro / (pp * vpp)
+    for i, n_k in enumerate(counts):
+        tmax = np.maximum(tmax, np.ceil(n_k / pp) * tau[:, i])
+        chunk = np.maximum(chunk, np.ceil(n_k / (pp * vpp)) * tau[:, i])
+    lb_1f1b = (M - 1) * tmax + t_micro
+    lb_inter = M * tmax + (pp - 1) * chunk
+    # Zero-bubble: M max t + (P - 1) max u, u = t minus the weight-gradient GEMMs; max u >=
+    # sum u / P, and one micro-batch's forward and input-gradient backward cross every stage
+    # in turn, so the pipeline also takes at least sum u.
+    serial = u_tau @ counts + ends - head_w
+    lb_zb = np.maximum(M * tmax + (pp - 1) * serial / pp, serial)
+    t_lb = np.maximum(t_lb, np.where(sched == 1, lb_inter, np.where(sched == 2, lb_zb, lb_1f1b)))
+    # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
+    total = sum(layer_params(m, k)[0] for k in kinds)
+    expert = sum(layer_params(m, k)[1] for k in kinds)
+    dense = total - expert + m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    dense_gpu = dense / (tp * pp)
+    exp_gpu = expert / (tp * pp * ep)
+    opt_b = 12.0 if tr.optimizer in ("adam", "adamw") else 8.0
+    w_b = BF16 + (1.0 if tr.precision == "fp8" else 0.0)
+    dpc = dp * cp
+    edp = np.maximum(1, dpc / ep)
+
+    def per(nb: float, sharded: np.ndarray) -> np.ndarray:
+        return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
+
+    static = per(w_b, zero >= 3) + per(BF16, zero >= 2) + per(opt_b, zero >= 1)
+    # The data-parallel tail includes the optimizer step of the rank holding the most
+    # parameters, at least the mean rank's (see `cost.tail_model`).
+    from ..cost import OPT_TRAFFIC_BYTES  # noqa: PLC0415
+
+    opt_traffic = OPT_TRAFFIC_BYTES * (1.0 if tr.optimizer in ("adam", "adamw") else 2 / 3)
+    shard = np.where(zero >= 1, 1.0 / dpc, 1.0)
+    t_lb = t_lb + opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
+    infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
+    infl = np.where(sched == 3, M, np.minimum(infl, M))
+    acts = infl * (L / pp) * BF16 * tokens * h / np.where(sp > 0, tp, 1)
+    return t_lb, static + acts
+
+
+def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
+    """ZeRO-3 traffic of one micro-batch through every layer (all-gather for the forward, again
+    for the backward, reduce-scatter of the gradients), each group on consecutive GPUs."""
+    from ..topology import all_gather_s, contiguous_profile, reduce_scatter_s  # noqa: PLC0415
+
+    m, lv, g = ctx.model, ctx.levels, ctx.graph
+    dp_cp = contiguous_profile(g, cfg.dp * cfg.cp)
+    edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep))
+    total = 0.0
+    for k in m.layer_kinds():
+        params, experts = layer_params(m, k)
+        w_dense, w_exp = BF16 * (params - experts) / cfg.tp, BF16 * experts / (cfg.tp * cfg.ep)
+        ag = all_gather_s(lv, dp_cp, w_dense) + all_gather_s(lv, edp, w_exp)
+        rs = reduce_scatter_s(lv, dp_cp, w_dense) + reduce_scatter_s(lv, edp, w_exp)
+        total += 2 * ag + rs
+    return total
+
+
+def balanced_max(per_layer: float, extras: list[float], layers: int, min_per: int = 1) -> float:
+    """The smallest possible time of the fullest stage when `layers` layers of `per_layer`
+    seconds each are split over stages with fixed `extras` (>= `min_per` layers per stage):
+    the least T with sum_p floor((T - extra_p) / per_layer) >= layers. A relaxation of the
+    stage split (every layer at its cheapest), so a lower bound of max_p t_p."""
+    groups: dict[float, int] = {}
+    for e in extras:
+        groups[e] = groups.get(e, 0) + 1
+    if layers <= 0 or per_layer <= 0:
+        return max(extras) + per_layer * min_per
+
+    def enough(t: float) -> bool:
+        total = 0
+        for e, cnt in groups.items():
+            k = math.floor((t - e) / per_layer + 1e-9)
+            if k < min_per:
+                return False
+            total += k * cnt
+        return total >= layers
+
+    # The answer is e + n * per_layer for some stage extra e; it lies in [lo, lo + per_layer] with lo
+    # the continuous optimum (or the least feasible value), since floor(x + 1) >= x.
+    stages = len(extras)
+    lo = max((layers * per_layer + sum(extras)) / stages, max(extras) + min_per * per_layer)
+    cands = sorted(e + (math.ceil((lo - e) / per_layer - 1e-9) + j) * per_layer for e in groups for j in (0, 1))
+    for t in cands:
+        if t >= lo - 1e-12 and enough(t):
+            return t
+    return max(cands)
+
+
+def _stage_extras(table: Table, chunks: int, per_rank: bool) -> tuple[list[float], list[float]]:
+    """Fixed (time, time - weight-gradient time) of each stage besides its layers: embedding on
+    the first, LM head on the last, pipeline sends and receives (each chunk sends to the
+    next and receives from the previous, except at the two ends)."""
+    cfg = table.cfg
+    n = cfg.pp if per_rank else chunks
+    per = 2 * (chunks // n) * table.pp_p2p_s  # chunks // n: chunks per stage
+    t = [per] * n
+    last = (chunks - 1) % cfg.pp if per_rank else chunks - 1
+    if chunks > 1:
+        t[0] -= table.pp_p2p_s
+        t[last] -= table.pp_p2p_s
+    else:
+        t[0] = 0.0
+    u = list(t)
+    ends = table.memo.get("ends")
+    if ends is None:  # (embedding time, head time, head weight-gradient time), shared like the costs
+        ends = table.memo["ends"] = (table.embed.total_s, table.head.total_s, table.head.wgrad_s)
+    t[0] += ends[0]
+    u[0] += ends[0]
+    t[last] += ends[1]
+    u[last] += ends[1] - ends[2]
+    return t, u
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What the bounds need from a table's layer, embedding and head costs (see `_summary`)."""
+
+    count: dict[str, int]  # layers per kind
+    fastest: dict[str, float]  # per kind: the fastest mode's time per micro-batch
+    unfilled: dict[str, float]  # per kind: the least time less weight gradients (zero-bubble)
+    fast: float  # every layer at its fastest mode, plus embedding and LM head
+    ends: float  # embedding + LM head
+    # Sums over every layer, embedding and head (the mean rank x P): forward; backward with the
+    # fastest and with the slowest mode per kind; parameters.
+    fwd_s: float
+    bwd_fast_s: float
+    bwd_slow_s: float
+    params: float
+    expert_params: float
+
+
+def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
+    """`_Summary` of a table, computed once per set of shared layer costs (`Table.memo`)."""
+    key = ("summary", tuple(modes))
+    if key in table.memo:
+        return table.memo[key]
+    kinds = ctx.model.layer_kinds()
+    lay = table.layers
+    count = {k: kinds.count(k) for k in sorted(set(kinds))}
+    fastest = {k: min(lay[(k, r)].total_s for r in modes) for k in count}
+    unfilled = {k: min(lay[(k, r)].total_s - lay[(k, r)].wgrad_s for r in modes) for k in count}
+    ends = table.embed.total_s + table.head.total_s
+    ends_c = (table.embed, table.head)
+    slow = {k: lay[(k, max(modes, key=lambda r: lay[(k, r)].bwd_s))] for k in count}
+    quick = {k: lay[(k, min(modes, key=lambda r: lay[(k, r)].bwd_s))] for k in count}
+    fwd = sum(n * slow[k].fwd_s for k, n in count.items()) + sum(c.fwd_s for c in ends_c)
+    bwd_slow = sum(n * slow[k].bwd_s for k, n in count.items()) + sum(c.bwd_s for c in ends_c)
+    bwd_fast = sum(n * quick[k].bwd_s for k, n in count.items()) + sum(c.bwd_s for c in ends_c)
+    params = sum(n * slow[k].params for k, n in count.items()) + sum(c.params for c in ends_c)
+    eparams = sum(n * slow[k].expert_params for k, n in count.items()) + sum(c.expert_params for c in ends_c)
+    s = _Summary(count, fastest, unfilled, sum(count[k] * fastest[k] for k in count) + ends, ends,
+                 fwd, bwd_fast, bwd_slow, params, eparams)
+    table.memo[key] = s
+    return s
+
+
+def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
+    """Lower bound of the slowest rank's time per micro-batch when HBM forces recompute;
+    inf if no split fits.
+
+    Rank p holding n layers of a kind needs fixed_p + n (static + infl_p act_fast) bytes
+    with every layer at its fastest mode; each byte over the capacity costs at least the
+    best seconds per activation byte any leaner mode trades, / infl_p (an LP relaxation),
+    and past n infl_p (act_fast - act_leanest) no mix fits. t_p(n) is increasing in n, so
+    the bound is the least T at which the ranks together can hold every layer of the kind
+    (each >= vpp layers with one kind; with several, each kind alone, the others taken as free)."""
+    kinds = ctx.model.layer_kinds()
+    cfg, lay = table.cfg, table.layers
+    P = cfg.pp
+    per_dense = sum(static_bytes(ctx, cfg, 1.0, 0.0).values())
+    per_exp = sum(static_bytes(ctx, cfg, 1.0, 1.0).values()) - per_dense
+
+    def static(c) -> float:
+        return per_dense * (c.params - c.expert_params) + (per_dense + per_exp) * c.expert_params
+
+    z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
+    t_ex, _ = _stage_extras(table, P * cfg.vpp, per_rank=True) if P > 1 else ([table.embed.total_s + table.head.total_s], [])
+    infl = np.array([inflight_microbatches(cfg, p, table.microbatches) for p in range(P)])[:, None]
+    ends = [([table.embed] if p == 0 else []) + ([table.head] if p == P - 1 else []) for p in range(P)]
+    fixed = np.array([sum(static(c) for c in e) + working_bytes(table, p == P - 1) + z3 for p, e in enumerate(ends)])[:, None]
+    fixed = fixed + infl * np.array([sum(c.act_bytes for c in e) for e in ends])[:, None]
+    min_per = cfg.vpp if len(set(kinds)) == 1 else 0
+    best = 0.0
+    for k in sorted(set(kinds)):
+        fast = min(modes, key=lambda r: (lay[(k, r)].total_s, lay[(k, r)].act_bytes))
+        c0 = lay[(k, fast)]
+        trades = [((c0.act_bytes - lay[(k, r)].act_bytes), lay[(k, r)].total_s - c0.total_s) for r in modes]
+        trades = [(b, max(0.0, t)) for b, t in trades if b > 0]
+        save_max = max((b for b, _ in trades), default=0.0)
+        s_per_byte = min((t / b for b, t in trades), default=math.inf)
+        L = kinds.count(k)
+        n = np.arange(L + 1, dtype=np.float64)[None, :]
+        need = fixed + n * (static(c0) + infl * c0.act_bytes) - ctx.capacity_bytes
+        with np.errstate(invalid="ignore"):
+            extra = np.where(need > 0, need / infl * s_per_byte, 0.0)  # a layer frees infl x its bytes
+        t = n * c0.total_s + np.array(t_ex)[:, None] + extra
+        t = np.where(need > n * infl * save_max, np.inf, t)
+        floor = t[:, min_per].max()  # every rank holds at least min_per layers
+        if not math.isfinite(floor):
+            return math.inf
+        t[:, :min_per] = -np.inf  # (so each row stays sorted)
+        levels = np.unique(t[np.isfinite(t) & (t >= floor)])
+        # held(T) = sum over ranks of the most layers with t_p(n) <= T (t_p increasing in n).
+        held = lambda T: int((t <= T).sum()) - P  # noqa: E731
+        lo, hi = 0, len(levels) - 1
+        if held(levels[hi]) < L:
+            return math.inf
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if held(levels[mid]) >= L:
+                hi = mid
+            else:
+                lo = mid + 1
+        best = max(best, float(levels[lo]))
+    return best
+
+
+def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact_windows: bool) -> float:
+    """Lower bound of the data-parallel tail of the slowest rank, given `tmax`, a lower bound of
+    the slowest rank's time per micro-batch.
+
+    The max over ranks is at least the tail at the mean rank (the tail is convex in a rank's
+    parameters and windows). Recompute lengthens the backward window, which hides more
+    gradient reduction, but every second of it also lengthens the rank's time, which the
+    pipeline pays M times, more than the (1 - k) R it can save in the tail (R = 1, or M under
+    ZeRO-2); so the window counts only the recompute that fits under `tmax` for free:
+    the mean rank's time at its fastest modes up to tmax, capped at the slowest modes."""
+    from ..cost import dp_tail_s, tail_model  # noqa: PLC0415
+
+    tm = tail_model(ctx, table)
+    s = _summary(ctx, table, modes)
+    p = table.cfg.pp
+    hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
+    params, eparams = s.params / p, s.expert_params / p
+    if not exact_windows:  # overlapped(x, w) >= COMM_INTERFERENCE * x for every window w
+        return sum(dp_tail_s(tm, params, eparams, math.inf, math.inf))
+    fwd = s.fwd_s / p + hops
+    bwd_fast = s.bwd_fast_s / p + hops
+    free = max(0.0, tmax - (fwd + bwd_fast))  # recompute that fits under tmax
+    bwd = bwd_fast + min(free, (s.bwd_slow_s - s.bwd_fast_s) / p)
+    return sum(dp_tail_s(tm, params, eparams, fwd, bwd))
+
+
+def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bool = True,
+                 memory: bool = False) -> float:
+    """Lower bound of one configuration from its exact table: every layer at its fastest
+    recompute mode, stages as balanced as whole layers allow (`balanced_max`), memory ignored;
+    plus the data-parallel tail (`_tail_bound`).
+
+    `exact_windows=False` for a table that stands for several placements (`_optimistic_table`):
+    its shorter forward / backward windows would overstate how much data-parallel traffic
+    is exposed, so only the part no window hides (interference and the optimizer) counts.
+    `memory=True` adds the recompute HBM forces (`_memory_tmax`; costlier to compute)."""
+    cfg = table.cfg
+    s = _summary(ctx, table, modes)
+    L = sum(s.count.values())
+    fast = s.fast
+    M = table.microbatches
+    p = cfg.pp
+    forced = _memory_tmax(ctx, table, modes) if memory else 0.0
+    if math.isinf(forced):  # no split fits in HBM
+        return math.inf
+    if p == 1:
+        tmax = max(fast, forced)
+    else:
+        tau = min(s.fastest.values())
+        V = cfg.pp * cfg.vpp
+        t_ex, u_ex = _stage_extras(table, V, per_rank=True)
+        if cfg.vpp == 1:
+            tmax = balanced_max(tau, t_ex, L)
+        else:  # a rank holds vpp chunks of >= 1 layer each
+            tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
+        # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
+        for k in (s.count if len(s.count) > 1 else ()):
+            tmax = max(tmax, balanced_max(s.fastest[k], t_ex, s.count[k], min_per=0))
+        tmax = max(tmax, fast / cfg.pp, forced)
+    tail = _tail_bound(ctx, table, modes, tmax, exact_windows)
+    if p == 1:
+        return M * tmax + tail
+    if cfg.schedule == "zero_bubble":
+        # One micro-batch's forward and input-gradient backward cross every stage in turn:
+        # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
+        u = s.unfilled
+        serial = sum(s.count[k] * u[k] for k in u) + sum(u_ex) - (V - 1) * table.pp_p2p_s
+        umax = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
+                   *(balanced_max(u[k], u_ex, s.count[k], min_per=0) for k in u if len(u) > 1))
+        # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
+        return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
+    if cfg.schedule == "interleaved":
+        c_ex, _ = _stage_extras(table, V, per_rank=False)
+        chunk = balanced_max(tau, c_ex, L)
+        return M * tmax + (cfg.pp - 1) * chunk + tail
+    return (M - 1) * tmax + fast + tail
+
+
+def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
+    """The table with every process group on consecutive GPUs: the cheapest profile each group
+    can have, so its bound holds for every placement of cfg. `cache` (one per solve) shares
+    the per-layer costs between configurations that differ only in what they do not depend
+    on (pipeline degree and schedule, and the ZeRO stage below 3)."""
+    from ..cost import num_microbatches, shared_costs  # noqa: PLC0415
+    from ..topology import Placement, contiguous_profile  # noqa: PLC0415
+
+    g = ctx.graph
+    edp = max(1, cfg.dp * cfg.cp // cfg.ep)
+    pl = Placement(tp=contiguous_profile(g, cfg.tp), cp=contiguous_profile(g, cfg.cp),
+                   ep=contiguous_profile(g, cfg.ep), dp=contiguous_profile(g, cfg.dp),
+                   dp_cp=contiguous_profile(g, cfg.dp * cfg.cp), edp=contiguous_profile(g, edp),
+                   pp=contiguous_profile(g, cfg.pp), pp_level=0 if cfg.pp > 1 else -1)
+    zero3 = cfg.zero == 3
+    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, zero3, cfg.dp if zero3 else 0, cfg.pp == 1)
+    layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
+    return Table(cfg, pl, layers, embed, head, 0.0, num_microbatches(ctx.problem, cfg), memo)

@@ -1,0 +1,113 @@
+"""The global configurations of the declared space (degrees, schedule, ZeRO, micro-batch) and
+the distinct placements of their mesh axes."""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import Any
+
+from ..cost import Config, Context, config_reasons
+from ..spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
+from ..topology import place_axes
+
+DEFAULT_MBS = (1, 2, 4, 8, 16)
+DEFAULT_MAX_VPP = 8
+
+
+def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
+    m, t, s = problem.model, problem.training, problem.search
+    n = problem.cluster.num_gpus
+    node = ctx.levels[0].size
+    tp_default = [d for d in divisors(n) if d <= node and m.num_attention_heads % d == 0]
+    cp_default = [c for c in (1, 2, 4, 8, 16, 32) if c <= n and t.seq_len % (2 * c) == 0 or c == 1]
+    ep_default = [e for e in divisors(m.num_experts) if e <= n] if m.is_moe else [1]
+    pp_default = [p for p in divisors(n) if p <= m.num_hidden_layers]
+    return {
+        "tp": s.allowed("tp", tp_default), "cp": s.allowed("cp", cp_default),
+        "ep": s.allowed("ep", ep_default), "pp": s.allowed("pp", pp_default),
+        "dp": s.allowed("dp", divisors(n)),
+        "micro_batch_size": s.allowed("micro_batch_size", DEFAULT_MBS),
+        "vpp": s.allowed("vpp", list(range(1, DEFAULT_MAX_VPP + 1))),
+        "schedule": s.allowed("schedule", ["1f1b", "interleaved", "zero_bubble"]),
+        "zero_stage": s.allowed("zero_stage", [0, 1, 2, 3]),
+        "sequence_parallel": s.allowed("sequence_parallel", [True, False]),
+        "recompute": s.allowed("recompute", list(RECOMPUTES)),
+        "placement": s.allowed("placement", []),
+    }
+
+
+def candidates(problem: Problem, ctx: Context) -> list[Config]:
+    """Every global configuration allowed by `search:` and the divisibility rules, in a
+    fixed order (placement left as the canonical order; placements are expanded later)."""
+    sp_ = _space(problem, ctx)
+    n = problem.cluster.num_gpus
+    gbs = problem.training.global_batch_size
+    out: list[Config] = []
+    for tp, cp, pp in product(sp_["tp"], sp_["cp"], sp_["pp"]):
+        if n % (tp * cp * pp):
+            continue
+        dp = n // (tp * cp * pp)
+        if dp not in sp_["dp"]:
+            continue
+        for ep, mbs in product(sp_["ep"], sp_["micro_batch_size"]):
+            if gbs % (dp * mbs):
+                continue
+            mb = gbs // (dp * mbs)
+            for sched, vpp in product(sp_["schedule"], sp_["vpp"]):
+                if (vpp > 1) != (sched == "interleaved"):
+                    continue
+                if pp == 1 and sched != "1f1b":
+                    continue
+                # The validity rules do not depend on the ZeRO stage or SP: check once.
+                probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched)
+                if config_reasons(problem, probe)[1] or (sched == "interleaved" and mb % pp):
+                    continue
+                for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"]):
+                    if tp == 1 and not sp and True in sp_["sequence_parallel"]:
+                        continue  # sp is meaningless at tp=1: keep one of the two
+                    if dp * cp == 1 and zero > 0 and 0 in sp_["zero_stage"]:
+                        continue  # nothing to shard: ZeRO stages are all the same plan
+                    out.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched,
+                                      probe.placement))
+    return out
+
+
+def _with_placement(cfg: Config, placement: str) -> Config:
+    return Config(cfg.tp, cfg.cp, cfg.ep, cfg.pp, cfg.dp, cfg.vpp, cfg.sp, cfg.zero, cfg.mbs, cfg.schedule, placement)
+
+
+def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None = None) -> list[Config]:
+    """Placements of cfg's mesh axes, one per distinct set of group profiles, in a fixed
+    order that starts from the canonical tp-cp-ep-dp-pp. `cache` (one per solve) keeps the
+    orders per set of degrees, which is all they depend on."""
+    degrees = (cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp)
+    if cache is not None and degrees in cache:
+        return [_with_placement(cfg, order) for order in cache[degrees]]
+    from itertools import permutations  # noqa: PLC0415
+
+    allowed = problem.search.allowed("placement", [])
+    if allowed:
+        orders = ["-".join(Plan(placement=p).axes) for p in allowed]
+    else:
+        sizes = {"tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "dp": max(1, cfg.dp // cfg.ep), "pp": cfg.pp}
+        live = [a for a in MESH_AXES if sizes[a] > 1]
+        slots = [i for i, a in enumerate(MESH_AXES) if a in live]
+        orders = []
+        for perm in permutations(live):  # size-1 axes stay where the canonical order has them
+            order = list(MESH_AXES)
+            for i, a in zip(slots, perm):
+                order[i] = a
+            orders.append("-".join(order))
+    seen: dict[Any, Config] = {}
+    for order in orders:
+        c = _with_placement(cfg, order)
+        key = place_axes(ctx.graph, order, c.tp, c.cp, c.ep, c.dp, c.pp)
+        key = (key.tp, key.cp, key.ep, key.dp, key.dp_cp, key.edp, key.pp_level)
+        seen.setdefault(key, c)
+    if cache is not None:
+        cache[degrees] = [c.placement for c in seen.values()]
+    return list(seen.values())
+
+
+def _config_key(p: Plan) -> tuple:
+    return (p.tp, p.cp, p.ep, p.pp, p.dp, p.vpp, p.sp, p.zero_stage, p.micro_batch_size, p.schedule, p.placement)

@@ -1,0 +1,93 @@
+"""Words for users: what distinguishes two plans, and why no plan fits."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..catalog import get_gpu, gpu_ids
+from ..cost import GIB, Config, Context
+from ..cost import evaluate as _evaluate
+from ..spec import RECOMPUTES, Plan, Problem
+
+
+def run_length(xs: list[int]) -> str:
+    """[1, 2, 2, 2, 1] -> `1,2x3,1`."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j < len(xs) and xs[j] == xs[i]:
+            j += 1
+        out.append(f"{xs[i]}x{j - i}" if j - i > 1 else str(xs[i]))
+        i = j
+    return ",".join(out)
+
+
+def describe_difference(a: Plan, b: Plan) -> str:
+    """What distinguishes plan b from plan a, in knob=value terms."""
+    diffs = []
+    for knob in ("tp", "cp", "ep", "pp", "vpp", "dp", "sp", "zero_stage", "micro_batch_size", "schedule"):
+        va, vb = getattr(a, knob), getattr(b, knob)
+        if va != vb:
+            diffs.append(f"{'sequence_parallel' if knob == 'sp' else knob} {va} -> {vb}")
+
+    def live(p: Plan) -> list[str]:  # the order of the axes larger than 1 is all a placement decides
+        sizes = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": (p.dp or 1) // p.ep, "pp": p.pp}
+        return [x for x in p.axes if sizes[x] > 1]
+
+    both = set(live(a)) & set(live(b))  # an axis of size 1 in either plan has no place to compare
+    if a.placement != b.placement and [x for x in live(a) if x in both] != [x for x in live(b) if x in both]:
+        diffs.append(f"placement {a.placement} -> {b.placement}")
+    if a.stage_layers != b.stage_layers:
+        diffs.append(f"stage_layers {run_length(b.stage_layers or [])}")
+    def rc(p: Plan) -> str:  # "none", or the per-layer mix as counts
+        if isinstance(p.recompute, str):
+            return p.recompute
+        return ",".join(f"{m}:{p.recompute.count(m)}" for m in RECOMPUTES if p.recompute.count(m))
+
+    if rc(a) != rc(b):
+        diffs.append(f"recompute {rc(a)} -> {rc(b)}")
+    return ", ".join(diffs) or "same degrees, different layer split"
+
+
+# ---------------------------------------------------------------------------------------
+# Explaining infeasibility
+# ---------------------------------------------------------------------------------------
+
+
+def explain_no_candidates(problem: Problem, ctx: Context) -> tuple[str, list[str]]:
+    n, gbs = problem.cluster.num_gpus, problem.training.global_batch_size
+    reason = (f"no combination of degrees in the search space divides the {n} GPUs, the heads "
+              f"({problem.model.num_attention_heads}) and the global batch ({gbs} sequences)")
+    fixes = [f"use a global_batch_size that is a multiple of {n}", "relax the `search:` restrictions"]
+    return reason, fixes
+
+
+def explain_infeasible(problem: Problem, ctx: Context, cands: list[Config], m_lb: np.ndarray) -> tuple[str, list[str]]:
+    """The binding constraint (the least memory-hungry plan and what it still needs) and
+    the smallest changes that fix it."""
+    i = int(np.argmin(m_lb))
+    cfg = cands[i]
+    plan = cfg.plan("full")
+    est = _evaluate(problem, plan)
+    need_gib = est.peak_memory_gib if est.stages else m_lb[i] / GIB
+    cap_gib = ctx.capacity_bytes / GIB
+    stage = max(est.stages, key=lambda s: s.peak_memory_gib).rank if est.stages else 0
+    reason = (f"even with tp={cfg.tp}, pp={cfg.pp}, cp={cfg.cp}, ep={cfg.ep}, ZeRO-{cfg.zero}, micro-batch "
+              f"{cfg.mbs} and full recompute, stage {stage} needs {need_gib:.1f} GiB of {cap_gib:.1f} GiB usable "
+              f"on {ctx.gpu.id}")
+    fixes = []
+    n = problem.cluster.num_gpus
+    node = ctx.levels[0].size
+    more = int(math.ceil(n * need_gib / cap_gib / node) * node)
+    fixes.append(f"more GPUs (about {max(more, n + node)} instead of {n})")
+    bigger = sorted((g for g in (get_gpu(x) for x in gpu_ids()) if g.hbm_gib - 2 > need_gib), key=lambda g: g.hbm_gib)
+    if bigger:
+        fixes.append(f"a larger-HBM GPU ({', '.join(g.id for g in bigger[:3])})")
+    mem = est.memory_breakdown_gib if est.stages else {}
+    if mem.get("activations", 0) > 0.3 * need_gib:
+        fixes.append(f"a shorter sequence (seq_len {problem.training.seq_len // 2})")
+    if problem.search.model_dump(exclude_defaults=True):
+        fixes.append("relax the `search:` restrictions")
+    return reason, fixes

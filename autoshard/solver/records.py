@@ -1,0 +1,39 @@
+"""What `solve` returns: the plan, its estimate, solver statistics, alternatives."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from ..cost import Estimate
+from ..spec import Plan
+
+
+class SolverStats(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE
+    solve_time_s: float
+    objective_s: float | None  # the CP-SAT objective of the chosen plan, in seconds
+    objective_bound_s: float | None  # proven lower bound on the optimum
+    gap: float | None  # proven (objective - bound) / objective
+    gap_limit: float = 0.0  # OPTIMAL means gap <= gap_limit
+    candidates: int  # global configurations in the declared space (after divisibility)
+    pruned_by_memory: int  # proven not to fit by the numpy memory bound
+    pruned_by_bound: int  # proven no faster than the incumbent by the numpy time bound
+    cp_sat_solves: int
+    rounding_tolerance_s: float  # |objective - evaluated step time| allowed by integer rounding
+
+
+class Alternative(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    plan: Plan
+    estimate: Estimate
+    differs: str  # what distinguishes it from the chosen plan
+    slower_pct: float
+
+
+class Solution(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    plan: Plan
+    estimate: Estimate
+    solver: SolverStats
+    alternatives: list[Alternative] = []

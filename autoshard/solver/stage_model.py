@@ -1,0 +1,333 @@
+"""The CP-SAT model for one global configuration: layers per virtual stage and recompute
+mode per layer, under HBM on every rank, minimizing the evaluator's step time."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..cost import (
+    BF16,
+    COMM_INTERFERENCE,
+    INTERFERENCE_DENOM,
+    Context,
+    Table,
+    inflight_microbatches,
+    static_bytes,
+    tail_model,
+    working_bytes,
+)
+from ..spec import RECOMPUTES
+from .bounds import _memory_tmax, _stage_extras, balanced_max
+
+TIME_UNIT_S = 1e-7
+MEM_UNIT_BYTES = 1024
+
+
+def _t(x: float) -> int:
+    return int(round(x / TIME_UNIT_S))
+
+
+def _b(x: float) -> int:
+    return int(math.ceil(x / MEM_UNIT_BYTES))
+
+
+class StageModel:
+    """CP-SAT: layers per virtual stage and recompute mode per layer, for one configuration.
+
+    Variables `n[c][kind][mode]`: how many layers of `kind` in virtual stage `c` use
+    recompute `mode`. Within a stage the order of modes does not change time or memory,
+    so the per-layer assignment is read off the counts.
+    """
+
+    def __init__(self, ctx: Context, table: Table, modes: list[str], uniform: bool, cutoff_units: int | None):
+        from ortools.sat.python import cp_model  # noqa: PLC0415  (lazy: 0.25 s import)
+
+        self.cp_model = cp_model
+        self.ctx, self.table, self.cfg = ctx, table, table.cfg
+        self.model = cp_model.CpModel()
+        kinds = ctx.model.layer_kinds()
+        self.kinds = sorted(set(kinds), key=kinds.index)  # dense before moe
+        self.count = {k: kinds.count(k) for k in self.kinds}
+        self.modes = self._useful_modes(modes)
+        self.V = self.cfg.pp * self.cfg.vpp
+        self.uniform = uniform
+        self.cutoff = cutoff_units
+        self._variables()
+        self._layer_constraints()
+        self._rank_expressions()
+        self._memory_constraints()
+        self._objective()
+
+    def _useful_modes(self, modes: list[str]) -> list[str]:
+        """Drop a recompute mode that is no better in memory and no faster than another for
+        every layer kind (e.g. selective under FlashAttention)."""
+        keep = []
+        for r in modes:
+            dominated = any(
+                all(self.table.layers[(k, o)].act_bytes <= self.table.layers[(k, r)].act_bytes
+                    and self.table.layers[(k, o)].total_s <= self.table.layers[(k, r)].total_s for k in self.kinds)
+                and (o < r) for o in modes if o != r)
+            if not dominated:
+                keep.append(r)
+        return keep
+
+    def _variables(self) -> None:
+        md = self.model
+        self.n = [{k: {r: md.new_int_var(0, self.count[k], f"n_c{c}_{k}_{r}") for r in self.modes}
+                   for k in self.kinds} for c in range(self.V)]
+        self.size = [sum(self.n[c][k][r] for k in self.kinds for r in self.modes) for c in range(self.V)]
+
+    def _layer_constraints(self) -> None:
+        md = self.model
+        for k in self.kinds:
+            md.add(sum(self.n[c][k][r] for c in range(self.V) for r in self.modes) == self.count[k])
+        if self.uniform:
+            from ..cost import even_split  # noqa: PLC0415
+
+            for c, want in enumerate(even_split(self.ctx.model.num_hidden_layers, self.V)):
+                md.add(self.size[c] == want)
+        else:
+            for c in range(self.V):
+                md.add(self.size[c] >= 1)
+            if self.cfg.schedule == "interleaved":
+                # Declared space: interleaved virtual stages are near-even (Megatron needs equal
+                # stages unless given an explicit layout); one layer either way absorbs the
+                # embedding and the LM head.
+                L = self.ctx.model.num_hidden_layers
+                for c in range(self.V):
+                    md.add(self.size[c] >= max(1, L // self.V - 1))
+                    md.add(self.size[c] <= -(-L // self.V) + 1)
+        # Contiguity: dense layers precede MoE layers. One stage holds the last dense layer: stages
+        # before it hold only dense layers, stages after it only MoE layers. (This position form
+        # proves small MoE models in milliseconds where a cumulative-count form took minutes.)
+        if len(self.kinds) == 2:
+            dense, moe = self.kinds
+            last = [md.new_bool_var(f"last_dense_in_c{c}") for c in range(self.V)]
+            md.add_exactly_one(last)
+            for c in range(self.V):
+                n_dense = sum(self.n[c][dense][r] for r in self.modes)
+                md.add(sum(self.n[c][moe][r] for r in self.modes) <= self.count[moe] * sum(last[:c + 1]))
+                md.add(n_dense <= self.count[dense] * sum(last[c:]))
+                md.add(n_dense >= 1).only_enforce_if(last[c])
+
+    def _rank_chunks(self, p: int) -> list[int]:
+        return [c for c in range(self.V) if c % self.cfg.pp == p]
+
+    def _piece_sum(self, p: int, attr) -> Any:
+        """Sum over the layers of rank p of attr(cost) as a linear expression."""
+        lay = self.table.layers
+        return sum(attr(lay[(k, r)]) * self.n[c][k][r] for c in self._rank_chunks(p)
+                   for k in self.kinds for r in self.modes)
+
+    def _rank_const(self, p: int, attr) -> float:
+        cfg, tb = self.cfg, self.table
+        val = 0.0
+        if p == 0:
+            val += attr(tb.embed)
+        if p == cfg.pp - 1:
+            val += attr(tb.head)
+        return val
+
+    def _rank_expressions(self) -> None:
+        cfg, tb = self.cfg, self.table
+        self.fwd, self.bwd, self.time, self.wgrad, self.params, self.eparams = [], [], [], [], [], []
+        for p in range(cfg.pp):
+            chunks = len(self._rank_chunks(p))
+            sends = chunks - (1 if p == cfg.pp - 1 else 0)
+            recvs = chunks - (1 if p == 0 else 0)
+            fwd = self._piece_sum(p, lambda c: _t(c.fwd_s)) + _t(self._rank_const(p, lambda c: c.fwd_s) + tb.pp_p2p_s * sends)
+            bwd = self._piece_sum(p, lambda c: _t(c.bwd_s)) + _t(self._rank_const(p, lambda c: c.bwd_s) + tb.pp_p2p_s * recvs)
+            self.fwd.append(fwd)
+            self.bwd.append(bwd)
+            self.time.append(fwd + bwd)
+            self.wgrad.append(self._piece_sum(p, lambda c: _t(c.wgrad_s)) + _t(self._rank_const(p, lambda c: c.wgrad_s)))
+        # Per virtual stage (chunk) time, for the interleaved bubble.
+        lay = self.table.layers
+        self.chunk_time = []
+        for c in range(self.V):
+            p = c % cfg.pp
+            const = 0.0
+            if c == 0:
+                const += tb.embed.total_s
+            if c == self.V - 1:
+                const += tb.head.total_s
+            const += tb.pp_p2p_s * ((c < self.V - 1) + (c > 0))
+            self.chunk_time.append(sum(_t(lay[(k, r)].total_s) * self.n[c][k][r] for k in self.kinds
+                                       for r in self.modes) + _t(const))
+
+    def _memory_constraints(self) -> None:
+        """Static (weights, grads, optimizer under ZeRO) + in-flight activations + working set <= HBM."""
+        ctx, cfg, tb, md = self.ctx, self.cfg, self.table, self.model
+        dense_coef = static_bytes(ctx, cfg, 1.0, 0.0)
+        exp_coef = static_bytes(ctx, cfg, 1.0, 1.0)
+        per_dense = sum(dense_coef.values())
+        per_exp = sum(exp_coef.values()) - per_dense  # extra bytes per expert param beyond dense sharding
+
+        def static(c) -> float:
+            return per_dense * c.params + per_exp * c.expert_params
+
+        z3 = 2 * BF16 * max(c.params for c in tb.layers.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
+        cap = ctx.capacity_bytes
+        scale = cfg.vpp if cfg.schedule == "interleaved" else 1  # in-flight counts are k / vpp
+        for p in range(cfg.pp):
+            infl = inflight_microbatches(cfg, p, tb.microbatches) * scale
+            infl_i = int(round(infl))
+            lhs = (self._piece_sum(p, lambda c: scale * _b(static(c)) + infl_i * _b(c.act_bytes))
+                   + scale * _b(self._rank_const(p, static)) + infl_i * _b(self._rank_const(p, lambda c: c.act_bytes))
+                   + scale * _b(working_bytes(tb, p == cfg.pp - 1) + z3))
+            md.add(lhs <= scale * int(cap // MEM_UNIT_BYTES))
+
+    def _objective(self) -> None:
+        """step = pipeline time + max over ranks of the data-parallel tail (see cost.assemble)."""
+        ctx, cfg, tb, md = self.ctx, self.cfg, self.table, self.model
+        M = tb.microbatches
+        horizon = _t(1e6)
+        tmax = md.new_int_var(0, horizon, "t_max")
+        for t in self.time:
+            md.add(tmax >= t)
+        md.add(cfg.pp * tmax >= sum(self.time))  # redundant: strengthens the LP relaxation
+        # Redundant cuts from the whole-layer balance bound (see `balanced_max`), rounded down.
+        lay = tb.layers
+        L = ctx.model.num_hidden_layers
+        tau = min(lay[(k, r)].total_s for k in self.kinds for r in self.modes)
+        t_ex, u_ex = _stage_extras(tb, self.V, per_rank=True)
+        if cfg.vpp == 1:
+            md.add(tmax >= int(balanced_max(tau, t_ex, L) / TIME_UNIT_S) - (L + 2))
+        else:  # a rank holds vpp chunks of >= 1 layer each (as in `_table_bound`)
+            lb = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
+            md.add(tmax >= int(lb / TIME_UNIT_S) - (L + 2))
+        forced = _memory_tmax(ctx, tb, self.modes)  # the recompute HBM forces on the fullest rank
+        if math.isfinite(forced) and forced > 0:
+            md.add(tmax >= int(forced / TIME_UNIT_S) - (L + 2))
+        if cfg.schedule == "zero_bubble":
+            umax = md.new_int_var(0, horizon, "u_max")
+            for t, w in zip(self.time, self.wgrad):
+                md.add(umax >= t - w)
+            md.add(cfg.pp * umax >= sum(self.time) - sum(self.wgrad))  # redundant LP cuts
+            u_tau = min(lay[(k, r)].total_s - lay[(k, r)].wgrad_s for k in self.kinds for r in self.modes)
+            md.add(umax >= int(balanced_max(u_tau, u_ex, L) / TIME_UNIT_S) - (L + 2))
+            pipe = M * tmax + (cfg.pp - 1) * umax
+        elif cfg.schedule == "interleaved":
+            if len(self.kinds) == 1:
+                # Symmetry: with identical layers, a rank's chunks (other than the first and last
+                # virtual stage) can be permuted without changing rank totals, the largest chunk,
+                # memory or sends; keep them sorted by time.
+                for p in range(cfg.pp):
+                    free = [c for c in self._rank_chunks(p) if 0 < c < self.V - 1]
+                    for a, b in zip(free, free[1:]):
+                        md.add(self.chunk_time[a] >= self.chunk_time[b])
+            cmax = md.new_int_var(0, horizon, "chunk_max")
+            for ct in self.chunk_time:
+                md.add(cmax >= ct)
+            md.add(self.V * cmax >= sum(self.chunk_time))
+            c_ex, _ = _stage_extras(tb, self.V, per_rank=False)
+            md.add(cmax >= int(balanced_max(tau, c_ex, L) / TIME_UNIT_S) - (L + 2))
+            pipe = M * tmax + (cfg.pp - 1) * cmax
+        else:
+            pipe = M * tmax + sum(self.time) - tmax
+        scale = 1
+        tm = tail_model(ctx, tb)
+        tail_max = md.new_int_var(0, horizon, "tail_max")
+        for p in range(cfg.pp):
+            red = (self._piece_sum(p, lambda c: _t(tm.reduce[0] * (c.params - c.expert_params) + tm.reduce[1] * c.expert_params))
+                   + _t(tm.reduce[0] * self._rank_const(p, lambda c: c.params - c.expert_params)
+                        + tm.reduce[1] * self._rank_const(p, lambda c: c.expert_params) + tm.reduce[2])) if any(tm.reduce) else 0
+            gat = (self._piece_sum(p, lambda c: _t(tm.gather[0] * (c.params - c.expert_params) + tm.gather[1] * c.expert_params))
+                   + _t(tm.gather[0] * self._rank_const(p, lambda c: c.params - c.expert_params)
+                        + tm.gather[1] * self._rank_const(p, lambda c: c.expert_params) + tm.gather[2])) if any(tm.gather) else 0
+            ex_red = md.new_int_var(0, horizon, f"exposed_reduce_{p}")
+            ex_gat = md.new_int_var(0, horizon, f"exposed_gather_{p}")
+            md.add(ex_red >= red - self.bwd[p])
+            md.add(ex_gat >= gat - self.fwd[p])
+            opt = self._piece_sum(p, lambda c: _t(tm.optimizer_s_per_param * c.params)) \
+                + _t(tm.optimizer_s_per_param * self._rank_const(p, lambda c: c.params))
+            # overlapped(x, w) = max(0, x - w) + k min(x, w) = (1 - k) max(0, x - w) + k x, k = a / d.
+            a_, d_ = round(COMM_INTERFERENCE * INTERFERENCE_DENOM), INTERFERENCE_DENOM
+            md.add(d_ * tail_max >= tm.reduce_repeats * ((d_ - a_) * ex_red + a_ * red)
+                   + (d_ - a_) * ex_gat + a_ * gat + d_ * opt)
+        self.scale = scale
+        self.step = pipe + scale * tail_max
+        if self.cutoff is not None:
+            md.add(self.step <= self.cutoff * scale)
+        md.minimize(self.step)
+        if not self.uniform:
+            from ..cost import even_split  # noqa: PLC0415
+
+            layer_kinds = self.ctx.model.layer_kinds()
+            start = 0
+            for c, size in enumerate(even_split(len(layer_kinds), self.V)):
+                chunk = layer_kinds[start:start + size]
+                start += size
+                for k in self.kinds:
+                    for r in self.modes:
+                        md.add_hint(self.n[c][k][r], chunk.count(k) if r == self.modes[0] else 0)
+
+    def tiebreak(self, best_scaled: int) -> None:
+        """Second pass: keep the optimum, prefer fewer recomputed layers, then earlier layers.
+
+        The first pass's solution is the hint, so the pass starts from a feasible point."""
+        md = self.model
+        md.clear_hints()  # CP-SAT rejects a model whose hint names a variable twice
+        for var in self._all_vars():
+            md.add_hint(var, self.solver.value(var))
+        md.clear_objective()
+        md.add(self.step <= best_scaled)
+        weight = {r: i for i, r in enumerate(RECOMPUTES)}
+        L = self.ctx.model.num_hidden_layers
+        md.minimize(sum((L + 1) * weight[r] * self.n[c][k][r] + c * self.n[c][k][r]
+                        for c in range(self.V) for k in self.kinds for r in self.modes))
+
+    def _all_vars(self) -> list[Any]:
+        return [self.n[c][k][r] for c in range(self.V) for k in self.kinds for r in self.modes]
+
+    def solve(self, work_s: float, wall_s: float | None = None) -> tuple[str, int | None, int | None]:
+        """Solve within `work_s` of CP-SAT's deterministic time (about a second of work each:
+        the same answer on any machine) and, as a safety net, `wall_s` of wall-clock time
+        (default 4 x work_s + 1). Returns (status, objective, bound) in model units."""
+        cp_model = self.cp_model
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.num_workers = 1
+        prm.random_seed = 7
+        prm.catch_sigint_signal = False  # Ctrl-C interrupts autoshard, not just one CP-SAT search
+        prm.max_deterministic_time = max(0.05, work_s)
+        prm.max_time_in_seconds = max(0.05, 4 * work_s + 1 if wall_s is None else wall_s)
+        status = solver.solve(self.model)
+        self.solver = solver
+        if status == cp_model.OPTIMAL:
+            return "OPTIMAL", int(round(solver.objective_value)), int(round(solver.best_objective_bound))
+        if status == cp_model.FEASIBLE:
+            return "FEASIBLE", int(round(solver.objective_value)), int(round(solver.best_objective_bound))
+        if status == cp_model.INFEASIBLE:
+            return "INFEASIBLE", None, None
+        if status == cp_model.MODEL_INVALID:  # a bug in the model, never a property of the problem
+            raise RuntimeError(f"CP-SAT rejected the stage model: {self.model.validate()}")
+        bound = solver.best_objective_bound  # a proven bound even when no solution was found
+        return "UNKNOWN", None, (int(bound) if math.isfinite(bound) else None)
+
+    def read_counts(self) -> dict[tuple[int, str, str], int]:
+        return {(c, k, r): self.solver.value(self.n[c][k][r])
+                for c in range(self.V) for k in self.kinds for r in self.modes}
+
+    def read_plan(self, counts: dict[tuple[int, str, str], int]) -> tuple[list[int], list[str]]:
+        """stage_layers and per-layer recompute from solved counts (full, selective, none
+        within each stage, dense layers first)."""
+        stage_layers, recompute = [], []
+        for c in range(self.V):
+            size = 0
+            for k in self.kinds:
+                for r in ("full", "selective", "none"):
+                    cnt = counts.get((c, k, r), 0)
+                    recompute += [r] * cnt
+                    size += cnt
+            stage_layers.append(size)
+        return stage_layers, recompute
+
+
+def _rounding_tolerance(ctx: Context, table: Table) -> float:
+    """Largest |objective - evaluated time| integer rounding can cause: half a unit per
+    rounded coefficient, times how often it is counted."""
+    cfg = table.cfg
+    uses = (table.microbatches + cfg.pp + 2) * (ctx.model.num_hidden_layers + 3) * 3
+    return uses * 0.5 * TIME_UNIT_S

@@ -1,0 +1,197 @@
+"""A real plan before any CP-SAT: greedy recompute mixes and memory-aware stage splits on the
+most promising configurations (`_warm_start`, `_Greedy`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..cost import BF16, Config, Context, Estimate, Table, inflight_microbatches, layer_table, static_bytes, working_bytes
+from ..spec import Problem
+from .bounds import _optimistic_table, _table_bound
+from .candidates import _placements
+
+WARM_START_CONFIGS = 3000
+
+
+WARM_SPLIT_CONFIGS = 24
+
+
+def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[str], deadline: float,
+                opt_cache: dict, table_cache: dict) -> Estimate | None:
+    """A real, evaluated plan to start branch and bound (no CP-SAT). Its effort is a count of
+    configurations (so the same problem gets the same start on any machine); `deadline` is
+    only a safety net.
+
+    Pass 1, over `cfgs`, canonical placement: even stage splits, each rank's recompute mix
+    chosen greedily to fit its HBM. Pass 2, on the `WARM_SPLIT_CONFIGS` configurations with
+    the lowest placement-free bound (memory-aware): the two placements with the lowest table
+    bounds, and the stage split too (`_Greedy.split`: the least max stage time, memory-aware)."""
+    from ..cost import assemble, even_split  # noqa: PLC0415
+
+    best: Estimate | None = None
+    L = ctx.model.num_hidden_layers
+    promising: list[tuple[float, int, Config]] = []
+
+    def beaten(bound: float) -> bool:
+        return best is not None and bound >= best.step_time_s
+
+    def consider(table: Table, split: list[int] | None, recompute: list[str] | None) -> None:
+        nonlocal best
+        if split is None or recompute is None:
+            return
+        rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
+        est = assemble(ctx, table, split, recompute, table.cfg.plan(rc, split), [])
+        if est.fits and (best is None or est.step_time_s < best.step_time_s):
+            best = est
+
+    for j, cfg in enumerate(cfgs):
+        if time.perf_counter() > deadline:
+            break
+        optimistic = _optimistic_table(ctx, cfg, opt_cache)
+        if beaten(_table_bound(ctx, optimistic, modes, exact_windows=False)):
+            continue
+        bound = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
+        if beaten(bound):
+            continue
+        table = layer_table(ctx, cfg, table_cache)
+        split = even_split(L, cfg.pp * cfg.vpp)
+        consider(table, split, _Greedy(ctx, table, modes).recompute(split))
+        promising.append((bound, j, cfg))
+    for bound, _, cfg in sorted(promising, key=lambda x: x[:2])[:WARM_SPLIT_CONFIGS]:
+        if time.perf_counter() > deadline or beaten(bound):
+            break
+        tables = [layer_table(ctx, c, table_cache) for c in _placements(problem, ctx, cfg)]
+        ranked = sorted(((_table_bound(ctx, tb, modes, memory=True), k, tb) for k, tb in enumerate(tables)),
+                        key=lambda x: x[:2])
+        for tbound, _, table in ranked[:2]:
+            if beaten(tbound):
+                break
+            if cfg.vpp == 1 and cfg.pp > 1:
+                consider(table, *_Greedy(ctx, table, modes).split())
+            else:
+                split = even_split(L, cfg.pp * cfg.vpp)
+                consider(table, split, _Greedy(ctx, table, modes).recompute(split))
+    return best
+
+
+class _Greedy:
+    """Heuristic per-layer recompute and stage split for one configuration (warm start).
+
+    Within a rank, every layer starts at its fastest recompute mode; while the rank exceeds
+    its HBM, the switch that frees the most activation bytes per second of recompute moves
+    one layer to its next leaner mode (layers of one kind are interchangeable)."""
+
+    def __init__(self, ctx: Context, table: Table, modes: list[str]):
+        self.ctx, self.table, self.cfg = ctx, table, table.cfg
+        self.kinds = ctx.model.layer_kinds()
+        lay = table.layers
+        self.ladder: dict[str, list[str]] = {}  # per kind: the time / memory Pareto front, fastest first
+        for k in set(self.kinds):
+            front: list[str] = []
+            for r in sorted(modes, key=lambda r: (lay[(k, r)].total_s, lay[(k, r)].act_bytes)):
+                if not front or lay[(k, r)].act_bytes < lay[(k, front[-1])].act_bytes:
+                    front.append(r)
+            self.ladder[k] = front
+        cfg = self.cfg
+        self.z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
+        self.memo: dict[tuple[int, int, int], tuple[list[str], float] | None] = {}
+
+    def rank(self, p: int, layers: list[int]) -> tuple[list[str], float] | None:
+        """(recompute mode of each of `layers`, the rank's time per micro-batch) or None."""
+        ctx, tb, cfg, kinds, lad = self.ctx, self.table, self.cfg, self.kinds, self.ladder
+        lay = tb.layers
+        ends = ([tb.embed] if p == 0 else []) + ([tb.head] if p == cfg.pp - 1 else [])
+        pieces = [lay[(kinds[i], lad[kinds[i]][0])] for i in layers] + ends
+        params = sum(c.params for c in pieces)
+        eparams = sum(c.expert_params for c in pieces)
+        fixed = sum(static_bytes(ctx, cfg, params, eparams).values()) + working_bytes(tb, p == cfg.pp - 1) + self.z3
+        infl = inflight_microbatches(cfg, p, tb.microbatches)
+        over = fixed + infl * sum(c.act_bytes for c in pieces) - ctx.capacity_bytes
+        step = {k: [0] * len(lad[k]) for k in lad}  # per kind: layers at each rung
+        for i in layers:
+            step[kinds[i]][0] += 1
+        while over > 0:
+            move, ratio = None, -1.0
+            for k, rungs in step.items():
+                for s in range(len(rungs) - 1):
+                    if rungs[s]:
+                        a, b = lay[(k, lad[k][s])], lay[(k, lad[k][s + 1])]
+                        r_ = (a.act_bytes - b.act_bytes) / max(1e-15, b.total_s - a.total_s)
+                        if r_ > ratio:
+                            move, ratio = (k, s), r_
+            if move is None:
+                return None
+            k, s = move
+            over -= infl * (lay[(k, lad[k][s])].act_bytes - lay[(k, lad[k][s + 1])].act_bytes)
+            step[k][s] -= 1
+            step[k][s + 1] += 1
+        modes, t = [], sum(c.total_s for c in ends)
+        left = {k: list(rungs) for k, rungs in step.items()}
+        for i in layers:  # leaner modes on the earliest layers of each kind
+            k = kinds[i]
+            s = max(j for j, n in enumerate(left[k]) if n)
+            left[k][s] -= 1
+            modes.append(lad[k][s])
+            t += lay[(k, lad[k][s])].total_s
+        return modes, t
+
+    def recompute(self, split: list[int]) -> list[str] | None:
+        """Per-layer recompute for a fixed split (any number of chunks per rank)."""
+        cfg = self.cfg
+        rank_of = [c % cfg.pp for c, n in enumerate(split) for _ in range(n)]
+        out = [""] * len(rank_of)
+        for p in range(cfg.pp):
+            mine = [i for i, r in enumerate(rank_of) if r == p]
+            got = self.rank(p, mine)
+            if got is None:
+                return None
+            for i, m in zip(mine, got[0]):
+                out[i] = m
+        return out
+
+    def _fill(self, limit_s: float) -> tuple[list[int], list[str]] | None:
+        """Stages filled front to back, each with as many layers as fit under limit_s."""
+        P, L = self.cfg.pp, len(self.kinds)
+        split, rc, a = [], [], 0
+        for p in range(P):
+            take, got = 0, None
+            hi = L - a if p == P - 1 else L - a - (P - 1 - p)
+            lo = hi if p == P - 1 else 1
+            for n in range(lo, hi + 1):
+                key = (p, a, n)
+                if key not in self.memo:
+                    self.memo[key] = self.rank(p, list(range(a, a + n)))
+                r = self.memo[key]
+                if r is None or r[1] > limit_s:
+                    break
+                take, got = n, r
+            if got is None:
+                return None
+            split.append(take)
+            rc += got[0]
+            a += take
+        return split, rc
+
+    def split(self) -> tuple[list[int] | None, list[str] | None]:
+        """The stage split (one chunk per rank) with the least max stage time the greedy
+        recompute allows: a bisection on the time limit of `_fill`."""
+        from ..cost import even_split  # noqa: PLC0415
+
+        even = even_split(len(self.kinds), self.cfg.pp)
+        start = [self.rank(p, list(range(sum(even[:p]), sum(even[:p + 1])))) for p in range(self.cfg.pp)]
+        hi = max(r[1] for r in start) if all(start) else 1e6
+        best = self._fill(hi)
+        if best is None:
+            return None, None
+        lo = 0.0
+        for _ in range(24):
+            mid = (lo + hi) / 2
+            got = self._fill(mid)
+            if got is None:
+                lo = mid
+            else:
+                hi, best = mid, got
+            if hi - lo < 1e-4 * hi:
+                break
+        return best
