@@ -71,7 +71,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import InputError
+from ..errors import InputError
 
 RUNS_ENV = "AUTOSHARD_VALIDATION"
 
@@ -212,8 +212,8 @@ def _recompute(value: Any) -> str | None:
 
 def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     """One dev_runs row -> a Case (Problem, Plan, measured step) or a Skip with the reason."""
-    from .loader import load_problem  # noqa: PLC0415
-    from .spec import Plan  # noqa: PLC0415
+    from ..loader import load_problem  # noqa: PLC0415
+    from ..spec import Plan  # noqa: PLC0415
 
     rid = str(row.get("id") or "?")
     group = source_group(row)
@@ -347,8 +347,8 @@ def completed_plan(case: Case) -> Any:
     stay as published and the stages even)."""
     if case.recompute_published:
         return case.plan
-    from .errors import InfeasibleError  # noqa: PLC0415
-    from .solver import solve  # noqa: PLC0415
+    from ..errors import InfeasibleError  # noqa: PLC0415
+    from ..solver import solve  # noqa: PLC0415
 
     p = case.plan
     fixed = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
@@ -368,7 +368,7 @@ def completed_plan(case: Case) -> Any:
 
 def default_runs_path() -> Path:
     """`<repo>/../shared/validation/dev_runs.json`, else $AUTOSHARD_VALIDATION."""
-    p = Path(__file__).resolve().parents[2] / "shared" / "validation" / "dev_runs.json"
+    p = Path(__file__).resolve().parents[3] / "shared" / "validation" / "dev_runs.json"
     if p.is_file():
         return p
     env = os.environ.get(RUNS_ENV)
@@ -527,7 +527,7 @@ def summarize_groups(results: list[RunResult]) -> list[GroupSummary]:
 
 
 def evaluate_case(case: Case) -> RunResult | Skip:
-    from .cost import evaluate  # noqa: PLC0415
+    from ..cost import evaluate  # noqa: PLC0415
 
     est = evaluate(case.problem, completed_plan(case))
     if not est.step_time_s > 0:
@@ -632,7 +632,7 @@ def format_report(report: Report) -> str:
 
 
 def _gpt3_layer_problem(s: int, h: int, a: int, layers: int, vocab: int, b: int, num_gpus: int):
-    from .loader import load_problem  # noqa: PLC0415
+    from ..loader import load_problem  # noqa: PLC0415
 
     return load_problem({
         "name": "korthikanti-check",
@@ -651,7 +651,7 @@ def korthikanti_check(s: int = 2048, h: int = 12288, a: int = 96, b: int = 1, t:
     GPT-3 style layer (gelu MLP of 4h, dropout, materialized attention scores: FlashAttention
     off). Rows: configuration, formula, cost-model bytes, formula bytes, ratio.
     """
-    from . import cost  # noqa: PLC0415
+    from .. import cost  # noqa: PLC0415
 
     problem = _gpt3_layer_problem(s, h, a, layers=max(8, t), vocab=51200, b=b, num_gpus=t)
     ctx = cost.context(problem)
