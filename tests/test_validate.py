@@ -298,3 +298,158 @@ def test_korthikanti_check_rows():
         assert r["ratio"] == pytest.approx(1.0, rel=1e-9)
     assert rs[0]["korthikanti_bytes"] == pytest.approx(SBH * (34 + 5 * A * S / H))
     assert not math.isnan(rs[-1]["cost_model_bytes"])
+
+
+# ---- modern runs (modern_runs_dev.json rows) --------------------------------------------------
+
+MODERN_SUBSET = DATA / "modern_subset.json"
+MODERN_DEV = DEV_RUNS.parent / "modern_runs_dev.json"
+
+
+def modern_rows() -> dict[str, dict]:
+    return {r["id"]: r for r in json.loads(MODERN_SUBSET.read_text())}
+
+
+def _fp8_family(precision: str, recipe: str) -> None:
+    """training.precision is the recipe where the spec takes it, else the fp8 family."""
+    from typing import get_args
+
+    from autoshard.spec import Precision
+
+    assert precision == (recipe if recipe in get_args(Precision) else "fp8")
+
+
+def test_modern_mlperf_gb200_row():
+    # MLPerf v5.0 Carina 1024 GB200: config_GB200_256x4x48xtp4pp8cp2.sh, FP8 delayed, TP overlap on.
+    case = run_to_case(modern_rows()["mlperf_v50_cw_llama31_405b_gb200_fp8_1024gpu"])
+    assert isinstance(case, Case), case
+    assert case.source_group == "MLPerf Training" and case.framework == "megatron"
+    assert case.measured_step_s == 8.4496 and case.recipe == "fp8-delayed" and case.arch == "Blackwell"
+    p, plan = case.problem, case.plan
+    _fp8_family(p.training.precision, "fp8-delayed")
+    assert (p.model.num_hidden_layers, p.model.hidden_size, p.model.intermediate_size) == (126, 16384, 53248)
+    assert (p.model.num_attention_heads, p.model.kv_heads, p.model.vocab_size) == (128, 8, 32000)
+    assert p.model.hidden_act == "silu" and not p.model.tie_word_embeddings and not p.model.is_moe
+    assert (p.training.seq_len, p.training.global_batch_size) == (8192, 768)
+    assert (p.cluster.gpu, p.cluster.num_gpus, p.cluster.topology) == ("gb200", 1024, "gb200-nvl72")
+    # 4 x 8 x 2 x 16 = 1024 GPUs; 768 = 16 dp x 1 mbs x 48 accumulation steps (MLLOG header).
+    assert (plan.tp, plan.pp, plan.cp, plan.dp, plan.vpp, plan.micro_batch_size) == (4, 8, 2, 16, 8, 1)
+    assert plan.schedule == "interleaved" and plan.sp and plan.zero_stage == 1 and plan.recompute == "none"
+    assert plan.tp_comm_overlap is True and plan.ep_overlap is None
+    assert case.recompute_published
+
+
+def test_modern_moe_row_folds_experts_when_ep_exceeds_dp():
+    # Qwen3-235B on 256 H100: TP2 PP8 VP4 EP32, dp = 256 / 16 = 16 < ep: experts folded over TP.
+    case = run_to_case(modern_rows()["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"])
+    assert isinstance(case, Case), case
+    m = case.problem.model
+    assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.num_shared_experts) == (128, 8, 1536, 0)
+    assert m.head_size == 128 and m.kv_heads == 4 and m.first_k_dense_replace == 0
+    plan = case.plan
+    assert (plan.tp, plan.pp, plan.vpp, plan.ep, plan.dp, plan.etp) == (2, 8, 4, 32, 16, 1)
+    assert case.recipe == "fp8-current"  # recipe ..._h100_fp8cs_config
+    assert case.source_group == "Megatron-Bridge" and case.arch == "Hopper"
+    assert any("etp not published" in n for n in case.notes)
+
+
+def test_modern_gpt_oss_row_head_dim_and_empty_recompute_modules():
+    case = run_to_case(modern_rows()["mbridge_2608_gptoss120b_gb200_mxfp8_64gpu"])
+    assert isinstance(case, Case), case
+    m = case.problem.model
+    assert m.hidden_size == 2880 and m.num_attention_heads == 64 and m.head_size == 64  # 2880/64 is not 64
+    assert (m.num_experts, m.num_experts_per_tok, m.expert_ffn) == (128, 4, 2880)
+    assert case.recipe == "mxfp8" and case.plan.recompute == "none"  # recompute_modules=[]
+    assert (case.plan.ep, case.plan.dp, case.plan.micro_batch_size) == (64, 64, 4)
+    bf16 = run_to_case(modern_rows()["mbridge_260401_gptoss120b_gb200_bf16_64gpu"])
+    assert bf16.recipe == "bf16" and bf16.plan.recompute == "selective"  # ["layernorm", "moe_act"]
+
+
+def test_modern_simumax_deepseek_v2_row_has_mla_and_etp():
+    case = run_to_case(modern_rows()["simumax_b200_v12_deepseekv2tp1ep4pp2dp4l4mbc8cef"])
+    assert isinstance(case, Case), case
+    m = case.problem.model
+    assert m.is_mla and (m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim) == (1536, 512, 64)
+    assert (m.num_hidden_layers, m.num_experts, m.num_shared_experts, m.first_k_dense_replace) == (4, 160, 2, 1)
+    assert (case.plan.pp, case.plan.ep, case.plan.etp, case.plan.dp) == (2, 4, 1, 4)
+    assert case.plan.recompute == "none" and case.plan.tp_comm_overlap is False  # "TP comm overlap disabled"
+    assert case.problem.cluster.gpu == "b200" and case.source_group == "SimuMax B200"
+
+
+def test_modern_torchtitan_rows():
+    rs = modern_rows()
+    c = run_to_case(rs["torchtitan_2412_table1_llama318b_8gpu_01"])
+    assert isinstance(c, Case), c
+    assert c.framework == "torchtitan" and c.problem.framework == "torchtitan"
+    assert c.problem.cluster.gpu == "h100-sxm" and any("96 GB" in n for n in c.notes)
+    assert (c.plan.dp, c.plan.micro_batch_size, c.plan.zero_stage) == (8, 2, 3)  # local batch 2, FSDP
+    assert c.plan.recompute == "selective" and c.recipe == "bf16"
+    big = run_to_case(rs["torchtitan_2412_table6_llama31405b_512gpu_16"])
+    # 4D: FSDP 2 x TP 8 x PP 8 x CP 4; local batch 8 in 8 micro-batches; AsyncTP; torchao float8.
+    assert (big.plan.tp, big.plan.pp, big.plan.cp, big.plan.dp, big.plan.micro_batch_size) == (8, 8, 4, 2, 1)
+    assert big.plan.tp_comm_overlap is True and big.recipe == "fp8-current" and big.plan.recompute == "full"
+    row = run_to_case(rs["torchtitan_2506_llama370btable_llama3170b_256gpu_22"])
+    assert row.recipe == "fp8-blockwise"  # torchao rowwise
+
+
+def test_modern_automodel_and_partial_recompute():
+    rs = modern_rows()
+    kimi = run_to_case(rs["automodel_kimik2_h100_bf16_256gpu"])
+    assert isinstance(kimi, Case), kimi
+    assert kimi.framework == "torchtitan" and kimi.source_group == "NeMo AutoModel"
+    assert kimi.plan.recompute == "full" and (kimi.plan.pp, kimi.plan.vpp, kimi.plan.ep) == (8, 4, 32)
+    assert kimi.problem.model.is_mla and kimi.problem.model.num_experts == 384
+    l8 = run_to_case(rs["mbridge_2509_llama38b_h100_fp8_8gpu"])
+    assert l8.plan.recompute == ["full"] * 5 + ["none"] * 27  # recompute_num_layers=5, PP 1
+    assert l8.plan.zero_stage == 3 and l8.recipe == "fp8-current"
+    mix = run_to_case(rs["nemo_2504_mixtral8x7b_gb200_fp8_64gpu"])
+    assert mix.recipe == "fp8-current" and mix.problem.model.expert_ffn == 14336 and mix.plan.ep == 8
+
+
+def test_modern_rows_that_cannot_convert_say_why():
+    rs = modern_rows()
+    nano = run_to_case(rs["mbridge_2606_nemotron3nano30ba3b_h100_fp8_16gpu"])
+    assert isinstance(nano, Skip) and "Mamba" in nano.reason
+    primus = run_to_case(rs["primus_pipe_llama27b_mi300_pp8_1f1b_8gpu"])
+    assert isinstance(primus, Skip) and "no measured step time" in primus.reason
+    gb300 = run_to_case(rs["mlperf_v51_llama31_405b_gb300_nvfp4_512gpu"])
+    try:
+        get_gpu("gb300")
+    except InputError:
+        assert isinstance(gb300, Skip) and "'gb300'" in gb300.reason
+    else:
+        assert isinstance(gb300, Case) and gb300.problem.cluster.gpu == "gb300" and gb300.recipe == "nvfp4"
+
+
+def test_modern_names():
+    from autoshard.validate.modern import gpu_id
+
+    assert gpu_id("DGX-H100") == gpu_id("H100-SXM5-80GB") == gpu_id("H100 (96GB HBM2e, 500W power limit)") == "h100-sxm"
+    assert gpu_id("DGX-GB200") == gpu_id("GB200") == "gb200" and gpu_id("DGX-B200") == gpu_id("B200") == "b200"
+    assert gpu_id("DGX-GB300") == "gb300" and gpu_id("DGX-B300") == "b300"
+    assert gpu_id("MI300") == "mi300x" and gpu_id("MI325X") == "mi325x" and gpu_id("MI355") == "mi355x"
+    assert gpu_id("TPU v5p") is None
+
+
+def test_old_rows_still_convert_the_old_way():
+    """dev_runs rows have none of the modern fields: same cases as before (median 3.5% on the dev file)."""
+    from autoshard.validate.modern import is_modern_row
+
+    assert not any(is_modern_row(r) for r in rows().values())
+    assert all(is_modern_row(r) for r in modern_rows().values())
+
+
+@pytest.mark.skipif(not MODERN_DEV.is_file(), reason="shared/validation/modern_runs_dev.json not present")
+def test_modern_dev_report_by_source_and_regime():
+    rep = validate(MODERN_DEV)
+    assert rep.summary.n + len(rep.skipped) == len(json.loads(MODERN_DEV.read_text()))
+    assert rep.summary.n >= 70
+    regimes = {g.source_group: g for g in rep.by_regime}
+    assert {"dense", "MoE", "Hopper", "Blackwell", "BF16", "FP8"} <= set(regimes)
+    assert regimes["dense"].runs + regimes["MoE"].runs == rep.summary.n
+    for g in rep.by_source + rep.by_regime:
+        members = [r for r in rep.results if g.source_group in ([r.source_group] + r.regimes)]
+        errs = [r.abs_error_pct for r in members]
+        assert g.runs == len(members) and g.median_abs_error_pct == pytest.approx(statistics.median(errs))
+        assert g.p90_abs_error_pct == pytest.approx(float(np.percentile(errs, 90)))
+    assert "regime" in format_report(rep)

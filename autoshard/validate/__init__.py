@@ -112,6 +112,9 @@ class Case:
     measured_step_s: float
     notes: tuple[str, ...] = ()
     recompute_published: bool = True
+    recipe: str = ""  # the precision recipe as run (fp8-current, mxfp8, ...); "" = `precision`
+    framework: str = "megatron"
+    arch: str = ""  # Hopper, Blackwell, ...; "" = from the GPU id
 
 
 @dataclass(frozen=True)
@@ -211,9 +214,15 @@ def _recompute(value: Any) -> str | None:
 
 
 def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
-    """One dev_runs row -> a Case (Problem, Plan, measured step) or a Skip with the reason."""
+    """One dev_runs row -> a Case (Problem, Plan, measured step) or a Skip with the reason.
+
+    Rows of modern_runs_dev.json (with its extra fields) go through `modern.modern_row_to_case`."""
     from ..loader import load_problem  # noqa: PLC0415
     from ..spec import Plan  # noqa: PLC0415
+    from .modern import is_modern_row, modern_row_to_case  # noqa: PLC0415
+
+    if is_modern_row(row):
+        return modern_row_to_case(row)
 
     rid = str(row.get("id") or "?")
     group = source_group(row)
@@ -455,6 +464,18 @@ class RunResult:
     time_breakdown_s: dict[str, float]
     peak_memory_gib: float
     notes: list[str]
+    recipe: str = ""
+    framework: str = "megatron"
+    arch: str = ""
+    moe: bool = False
+
+    @property
+    def regimes(self) -> list[str]:
+        """The regimes this run counts in: dense/MoE, the GPU architecture, the precision family."""
+        from .modern import precision_family  # noqa: PLC0415
+
+        return ["MoE" if self.moe else "dense", self.arch or "other",
+                precision_family(self.recipe or self.precision)]
 
 
 @dataclass
@@ -465,6 +486,7 @@ class GroupSummary:
     median_error_pct: float  # signed: the systematic bias of the group
     worst_id: str
     worst_error_pct: float
+    p90_abs_error_pct: float = math.nan
 
 
 @dataclass
@@ -484,6 +506,7 @@ class Report:
     skipped: list[Skip]
     summary: Summary
     by_source: list[GroupSummary] = field(default_factory=list)
+    by_regime: list[GroupSummary] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -491,6 +514,7 @@ class Report:
             "catalog": self.catalog,
             "summary": asdict(self.summary),
             "by_source": [asdict(g) for g in self.by_source],
+            "by_regime": [asdict(g) for g in self.by_regime],
             "results": [asdict(r) for r in self.results],
             "skipped": [asdict(s) for s in self.skipped],
         }
@@ -514,20 +538,36 @@ def summarize(results: list[RunResult]) -> Summary:
     return Summary(len(results), statistics.median(errs), p90(errs), worst.id, worst.error_pct)
 
 
-def summarize_groups(results: list[RunResult]) -> list[GroupSummary]:
+def summarize_groups(results: list[RunResult], key: Any = None) -> list[GroupSummary]:
+    """Median, p90 and worst |error| per group; `key(result)` gives a result's groups (default:
+    its source group)."""
     groups: dict[str, list[RunResult]] = {}
     for r in results:
-        groups.setdefault(r.source_group, []).append(r)
+        for g in (key(r) if key is not None else [r.source_group]):
+            groups.setdefault(g, []).append(r)
     out = []
     for g, rs in groups.items():
         worst = max(rs, key=lambda r: (r.abs_error_pct, r.id))
         out.append(GroupSummary(g, len(rs), statistics.median(r.abs_error_pct for r in rs),
-                                statistics.median(r.error_pct for r in rs), worst.id, worst.error_pct))
+                                statistics.median(r.error_pct for r in rs), worst.id, worst.error_pct,
+                                p90([r.abs_error_pct for r in rs])))
     return out
+
+
+REGIME_ORDER = ("dense", "MoE", "Ampere", "Hopper", "Blackwell", "CDNA3", "CDNA4", "other", "BF16", "FP8", "FP4")
+
+
+def summarize_regimes(results: list[RunResult]) -> list[GroupSummary]:
+    """Per regime: dense/MoE, GPU architecture, precision family (a run counts in three)."""
+    out = summarize_groups(results, key=lambda r: r.regimes)
+    rank = {k: i for i, k in enumerate(REGIME_ORDER)}
+    return sorted(out, key=lambda g: rank.get(g.source_group, len(rank)))
 
 
 def evaluate_case(case: Case) -> RunResult | Skip:
     from ..cost import evaluate  # noqa: PLC0415
+
+    from .modern import gpu_arch  # noqa: PLC0415
 
     est = evaluate(case.problem, completed_plan(case))
     if not est.step_time_s > 0:
@@ -538,7 +578,8 @@ def evaluate_case(case: Case) -> RunResult | Skip:
         gpu_count=case.gpu_count, plan=est.plan.short(), measured_step_s=case.measured_step_s,
         predicted_step_s=est.step_time_s, error_pct=err, abs_error_pct=abs(err), fits=est.fits,
         reasons=list(est.reasons), time_breakdown_s=dict(est.time_breakdown_s),
-        peak_memory_gib=est.peak_memory_gib, notes=list(case.notes))
+        peak_memory_gib=est.peak_memory_gib, notes=list(case.notes), recipe=case.recipe or case.precision,
+        framework=case.framework, arch=case.arch or gpu_arch(case.gpu), moe=case.problem.model.is_moe)
 
 
 def convert(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Case], list[Skip]]:
@@ -557,7 +598,8 @@ def report_from_cases(cases: list[Case], skipped: list[Skip], *, runs_path: str 
     for case in cases:
         r = evaluate_case(with_catalog(case, catalog))
         (results if isinstance(r, RunResult) else skipped).append(r)  # type: ignore[arg-type]
-    return Report(runs_path, catalog, results, skipped, summarize(results), summarize_groups(results))
+    return Report(runs_path, catalog, results, skipped, summarize(results), summarize_groups(results),
+                  summarize_regimes(results))
 
 
 def validate(runs_path: str | os.PathLike[str] | None = None, *,
@@ -582,7 +624,7 @@ BREAKDOWN_COLS = (("compute", "comp"), ("recompute", "recomp"), ("tp_comm", "tp"
 def format_report(report: Report) -> str:
     """A readable text table: every run, the skipped rows, the summary and the per-source table."""
     lines: list[str] = []
-    head = (f"{'run':<44} {'gpu':<13} {'prec':<4} {'N':>5} {'meas s':>7} {'pred s':>7} {'err %':>7} "
+    head = (f"{'run':<44} {'gpu':<13} {'precision':<13} {'N':>5} {'meas s':>7} {'pred s':>7} {'err %':>7} "
             f"{'fits':<4} " + " ".join(f"{short:>6}" for _, short in BREAKDOWN_COLS) + "  other")
     lines.append(f"runs: {report.runs_path}" + (f"   catalog: {report.catalog}" if report.catalog else ""))
     lines.append("time breakdown columns: seconds per step on the critical path "
@@ -597,7 +639,7 @@ def format_report(report: Report) -> str:
         bd = r.time_breakdown_s
         other = sum(v for k, v in bd.items() if k not in dict(BREAKDOWN_COLS))
         lines.append(
-            f"{r.id:<44} {r.gpu:<13} {r.precision:<4} {r.gpu_count:>5} {r.measured_step_s:>7.3f} "
+            f"{r.id:<44} {r.gpu:<13} {(r.recipe or r.precision):<13} {r.gpu_count:>5} {r.measured_step_s:>7.3f} "
             f"{r.predicted_step_s:>7.3f} {r.error_pct:>+7.1f} {'yes' if r.fits else 'NO':<4} "
             + " ".join(f"{bd.get(k, 0.0):>6.2f}" for k, _ in BREAKDOWN_COLS) + f"  {other:.2f}")
     if report.skipped:
@@ -617,13 +659,21 @@ def format_report(report: Report) -> str:
     lines.append(f"summary: n={s.n}  median |err| {s.median_abs_error_pct:.1f}%  p90 |err| "
                  f"{s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)")
     lines.append("")
-    gh = f"{'source':<32} {'runs':>4} {'median |err| %':>15} {'median err %':>13}  worst"
-    lines.append(gh)
-    lines.append("-" * len(gh))
-    for g in report.by_source:
-        lines.append(f"{g.source_group:<32} {g.runs:>4} {g.median_abs_error_pct:>15.1f} "
-                     f"{g.median_error_pct:>+13.1f}  {g.worst_id} ({g.worst_error_pct:+.1f}%)")
+    lines += format_groups(report.by_source, "source")
+    if report.by_regime:
+        lines.append("")
+        lines += format_groups(report.by_regime, "regime")
     return "\n".join(lines)
+
+
+def format_groups(groups: list[GroupSummary], title: str) -> list[str]:
+    """The per-source (or per-regime) table: runs, median / p90 |error|, median signed error, worst."""
+    gh = f"{title:<32} {'runs':>4} {'median |err| %':>15} {'p90 |err| %':>12} {'median err %':>13}  worst"
+    lines = [gh, "-" * len(gh)]
+    for g in groups:
+        lines.append(f"{g.source_group:<32} {g.runs:>4} {g.median_abs_error_pct:>15.1f} {g.p90_abs_error_pct:>12.1f} "
+                     f"{g.median_error_pct:>+13.1f}  {g.worst_id} ({g.worst_error_pct:+.1f}%)")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,473 @@
+"""Rows of `shared/validation/modern_runs_dev.json` (2024-2026 stacks) -> Cases.
+
+A modern row has the fields of `dev_runs.json` plus `head_dim`, `moe_ffn`, `first_k_dense`,
+`moe_shared_experts`, `etp` and `nvlink_domain_gpus`; `is_modern_row` tells them apart (the old
+conversion of `dev_runs.json` rows is left untouched). What the conversion reads:
+
+=========================  ===========================================================================
+row field / situation      autoshard
+=========================  ===========================================================================
+gpu                        vendor / system names to catalog ids (`gpu_id`): DGX-H100, H100-SXM5-80GB,
+                           'H100 (96GB HBM2e, 500W power limit)' -> h100-sxm (the 96 GB Grand Teton
+                           part is priced as the 80 GB SXM5: noted); DGX-B200/B200 -> b200;
+                           DGX-GB200/GB200 -> gb200; DGX-B300/B300 -> b300; DGX-GB300/GB300 ->
+                           gb300; MI300 -> mi300x; MI325X -> mi325x; MI355 -> mi355x. A catalog id
+                           that does not exist yet skips the row with that reason.
+topology                   h100-sxm -> dgx-h100-400g (DGX H100 / Grand Teton: 8 x 400 Gb/s per node);
+                           else the GPU's default topology; a first level whose size differs from
+                           `nvlink_domain_gpus` is noted
+precision                  `precision_recipe`: BF16 -> bf16; FP8-CS / 'per-tensor, current scaling' /
+                           torchao tensorwise -> fp8-current; 'delayed' -> fp8-delayed; MXFP8 /
+                           FP8-MX / '(parenthesised variant)' on Blackwell -> mxfp8, on Hopper ->
+                           fp8-blockwise (128x128 weights, 1x128 activations); torchao rowwise ->
+                           fp8-blockwise (finer-grained current scaling, noted); NVFP4 -> nvfp4;
+                           plain FP8 -> fp8-current where the row's recipe is 'fp8cs' or the notes
+                           say the same configurations are labelled FP8-CS, else `fp8` (the
+                           framework's default recipe). `training.precision` is the recipe when
+                           autoshard.spec accepts it, else its family (`fp8`); the recipe is kept in
+                           `Case.recipe` either way
+model                      layers, hidden, ffn, heads, kv_heads, head_dim, vocab as given; MoE:
+                           moe_experts, moe_top_k, moe_ffn (null -> ffn: Mixtral), moe_shared_experts,
+                           first_k_dense; silu (gated) for Llama/Qwen/DeepSeek/Kimi/Mixtral/gpt-oss,
+                           gelu + tied + dropout for GPT-3, relu2 for Nemotron-4; MLA dims of the
+                           DeepSeek-V2/V3 and Kimi K2 configs (q_lora 1536, kv_lora 512, nope 128,
+                           rope 64, v 128); hybrid Mamba models skipped
+framework                  torchtitan rows and NeMo AutoModel (PyTorch FSDP2) -> torchtitan; Megatron-
+                           Bridge, NeMo, MLPerf (NVIDIA NeMo), SimuMax (Megatron-LM), Primus -> megatron
+plan                       tp, pp, cp, ep as given (null -> 1), etp as given (null -> None = tp),
+                           dp as given else gpu_count / (tp pp cp); fsdp true -> zero_stage 3 with the
+                           given tp/pp (Megatron-FSDP, FSDP2 + TP); else zero_stage as given, else 1
+                           for megatron (distributed optimizer), 0 for torchtitan; sp as given, else on
+                           when tp > 1; vpp = vpp_chunks (interleaved when > 1)
+micro_batch                as given; torchtitan rows (no accumulation): the local batch (other_metrics'
+                           local_batch_size, else gbs/dp), split
+                           in pp micro-batches when pp > 1 (torchtitan's default: one per stage)
+recompute                  'none ...' -> none; 'full ...' -> full; 'selective' / per-op SAC ->
+                           selective; recompute_modules=[] -> none, other module lists -> selective;
+                           recompute_num_layers=N with pp = 1 -> full for the first N layers;
+                           activation_checkpointing: true -> full; cpu_offloading -> none (noted: not
+                           modelled); null -> the least recompute that fits (solver, as dev_runs)
+overlaps                   tp_comm_overlap from the notes ('TP comm overlap on/off/disabled') or
+                           AsyncTP in the technique; ep_overlap where the row says so; None otherwise
+=========================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, get_args
+
+from ..errors import InputError
+
+# One line to switch: True = give `training.precision` the recipe wherever autoshard.spec accepts it.
+USE_RECIPES = True
+
+RECIPES = ("bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4")
+MLA_DIMS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128}  # deepseek-ai/DeepSeek-V2, DeepSeek-V3, moonshotai/Kimi-K2 config.json
+
+MODERN_KEYS = ("nvlink_domain_gpus", "moe_ffn", "first_k_dense", "etp")
+
+
+def is_modern_row(row: Mapping[str, Any]) -> bool:
+    """A modern_runs_dev row (has the extra fields), as opposed to a dev_runs row."""
+    return any(k in row for k in MODERN_KEYS)
+
+
+# ---------------------------------------------------------------------------------------
+# Names
+# ---------------------------------------------------------------------------------------
+
+
+def gpu_id(name: str) -> str | None:
+    """A row's GPU / system name -> the catalog id it means (which may not exist yet)."""
+    low = name.strip().lower()
+    low = re.sub(r"^(nvidia\s+|dgx[-\s]|hgx[-\s]|amd\s+|instinct\s+)+", "", low)
+    for pat, gid in ((r"gb300", "gb300"), (r"gb200", "gb200"), (r"\bb300", "b300"), (r"\bb200", "b200"),
+                     (r"\bb100", "b100"), (r"\bh200", "h200-sxm"), (r"\bh800", "h800-sxm"),
+                     (r"\bmi355", "mi355x"), (r"\bmi325", "mi325x"), (r"\bmi300", "mi300x")):
+        if re.search(pat, low):
+            return gid
+    if re.search(r"\bh100", low):
+        return "h100-pcie" if "pcie" in low else "h100-sxm"
+    if re.search(r"\ba100", low):
+        return "a100-sxm-40gb" if "40gb" in low else "a100-sxm-80gb"
+    return None
+
+
+def gpu_arch(gid: str) -> str:
+    """'Hopper', 'Blackwell', 'Ampere', 'CDNA3', 'CDNA4', ... of a catalog id."""
+    g = gid.lower()
+    if g.startswith(("h100", "h200", "h800", "gh200")):
+        return "Hopper"
+    if g.startswith(("b100", "b200", "b300", "gb200", "gb300")):
+        return "Blackwell"
+    if g.startswith("a100"):
+        return "Ampere"
+    if g.startswith("mi355"):
+        return "CDNA4"
+    if g.startswith("mi3"):
+        return "CDNA3"
+    if g.startswith("v100"):
+        return "Volta"
+    return "other"
+
+
+def precision_family(precision: str) -> str:
+    """'BF16', 'FP8' or 'FP4' of a training.precision or recipe."""
+    p = precision.lower()
+    if "fp4" in p:
+        return "FP4"
+    if "fp8" in p:
+        return "FP8"
+    return "BF16"
+
+
+def precision_recipe(row: Mapping[str, Any], arch: str) -> tuple[str | None, str]:
+    """(recipe, how it was read) from the row's precision text (and recipe names in its notes)."""
+    text = str(row.get("precision") or "").strip()
+    low = text.lower()
+    if not low:
+        return None, "precision not published"
+    blackwell = arch == "Blackwell"
+    if "nvfp4" in low or "fp4" in low:
+        return "nvfp4", text
+    if "float8" in low:  # torchao float8 training of nn.Linear
+        if "rowwise" in low:
+            return "fp8-blockwise", f"{text}: torchao rowwise scaling priced as fp8-blockwise (finer-grained current scaling)"
+        return "fp8-current", f"{text}: torchao tensorwise dynamic scaling = current scaling"
+    if "mxfp8" in low or "fp8-mx" in low or "parenthesised" in low:
+        if blackwell:
+            return "mxfp8", text
+        return "fp8-blockwise", f"{text}: on {arch} the finer granularity is blockwise (128x128 weights, 1x128 activations)"
+    if "blockwise" in low:
+        return "fp8-blockwise", text
+    if "fp8-cs" in low or "current" in low or "tensorwise" in low:
+        return "fp8-current", text
+    if "delayed" in low:
+        return "fp8-delayed", text
+    if low.startswith("fp8"):
+        ctx = " ".join(str(row.get(k) or "") for k in ("activation_recompute", "notes", "id")).lower()
+        other = str(row.get("other_metrics") or "").lower()
+        if re.search(r"fp8[-_]?cs", ctx + other) or "labels the same configurations fp8-cs" in ctx:
+            return "fp8-current", f"{text}: the row's recipe / table label is FP8-CS (current scaling)"
+        return "fp8", f"{text}: recipe not stated (the framework's default fp8 recipe)"
+    if low.startswith("bf16") or low.startswith("fp16"):
+        return "bf16", text
+    return None, f"precision {text!r} has no mapping"
+
+
+def spec_precision(recipe: str) -> str:
+    """The `training.precision` value for a recipe: itself where autoshard.spec accepts it
+    (and USE_RECIPES), else its family ('fp8' for every fp8 recipe; nvfp4 too: the nearest rate)."""
+    from ..spec import Precision  # noqa: PLC0415
+
+    accepted = set(get_args(Precision))
+    if USE_RECIPES and recipe in accepted:
+        return recipe
+    if recipe in ("bf16", "fp16"):
+        return "bf16" if "bf16" in accepted else recipe
+    return "fp8"
+
+
+def framework_of(row: Mapping[str, Any]) -> tuple[str, str]:
+    """(Problem.framework, source family) of a modern row."""
+    src = str(row.get("source") or "")
+    rid = str(row.get("id") or "")
+    low = src.lower()
+    if "automodel" in low or rid.startswith("automodel"):
+        return "torchtitan", "NeMo AutoModel"
+    if "torchtitan" in low or rid.startswith("torchtitan"):
+        return "torchtitan", "torchtitan"
+    if "mlperf" in low or rid.startswith("mlperf"):
+        return "megatron", "MLPerf Training"
+    if "simumax" in low or rid.startswith("simumax"):
+        return "megatron", "SimuMax B200"
+    if "primus" in low or rid.startswith("primus"):
+        return "megatron", "AMD Primus"
+    if "megatron-bridge" in low or rid.startswith("mbridge"):
+        return "megatron", "Megatron-Bridge"
+    if "nemo" in low or rid.startswith("nemo"):
+        return "megatron", "NeMo 25.0x"
+    return "megatron", src.split(",")[0].strip()[:32] or "unknown"
+
+
+def _model_family(model: str) -> str:
+    m = model.lower()
+    for key in ("mamba", "nemotron 3", "nemotron-h", "hybrid"):
+        if key in m:
+            return "hybrid"
+    if m.startswith("gpt-3") or m.startswith("gpt3"):
+        return "gpt3"
+    if "nemotron-4" in m or "nemotron4" in m or "nemotron 15b" in m:
+        return "nemotron4"
+    if "deepseek" in m or "kimi" in m:
+        return "mla"
+    if any(k in m for k in ("llama", "qwen", "mixtral", "mistral", "gpt-oss")):
+        return "gated"
+    return "unknown"
+
+
+# ---------------------------------------------------------------------------------------
+# Knobs read from text
+# ---------------------------------------------------------------------------------------
+
+
+def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | None, bool]:
+    """(Plan.recompute, note, published) from a row's activation_recompute text; recompute None
+    = no mapping."""
+    if text is None:
+        return "none", None, False
+    raw = str(text).strip()
+    low = raw.lower()
+    if low in ("", "null"):
+        return "none", None, False
+    if low.startswith("none") or low in ("no", "off", "false"):
+        return "none", None, True
+    if low.startswith("cpu_offloading"):
+        return "none", f"activation_recompute {raw.split(' (')[0]!r}: CPU offloading not modelled (priced as none)", True
+    if low.startswith("activation_checkpointing: true"):
+        return "full", "activation_checkpointing: true -> full (every layer checkpointed)", True
+    if low.startswith("full"):
+        return "full", None, True
+    if low.startswith("selective"):
+        return "selective", None, True
+    if "sac" in low:
+        return "selective", f"{raw!r}: per-op selective activation checkpointing priced as selective", True
+    m = re.search(r'recompute_granularity\s*=\s*"?(\w+)"?', low)
+    if m:
+        gran = m.group(1)
+        if gran in ("none", "null"):
+            return "none", None, True
+        mods = re.search(r"recompute_modules\s*=\s*\[([^\]]*)\]", raw)
+        if gran == "selective":
+            names = [x.strip().strip("'\"") for x in mods.group(1).split(",") if x.strip()] if mods else None
+            if names == []:
+                return "none", "recompute_modules=[]: nothing recomputed", True
+            if names:
+                return "selective", f"recompute_modules={names} priced as selective", True
+            return "selective", None, True
+        if gran == "full":
+            n = re.search(r"recompute_num_layers\s*=\s*(\d+)", low)
+            if n and pp * vpp == 1 and int(n.group(1)) < layers:
+                k = int(n.group(1))
+                return ["full"] * k + ["none"] * (layers - k), f"recompute_num_layers={k}: full on the first {k} layers", True
+            return "full", None, True
+    return None, f"activation_recompute {raw!r} has no mapping", True
+
+
+def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[str]]:
+    """(tp_comm_overlap, ep_overlap, notes) where the row states them; None otherwise."""
+    notes_text = " ".join(str(row.get(k) or "") for k in ("notes", "precision"))
+    other = row.get("other_metrics") or {}
+    technique = str(other.get("technique") or "") if isinstance(other, Mapping) else ""
+    low = notes_text.lower()
+    tp_ov: bool | None = None
+    m = re.search(r"tp comm(?:unication)? overlap (on|off|disabled|enabled)", low)
+    if m:
+        tp_ov = m.group(1) in ("on", "enabled")
+    if re.search(r"async[- ]?tp", technique.lower() + " " + str(row.get("precision") or "").lower()):
+        tp_ov = True
+    ep_ov: bool | None = None
+    m = re.search(r"(?:ep|moe expert[- ]parallel comm(?:unication)?) overlap (on|off|disabled|enabled)", low)
+    if m:
+        ep_ov = m.group(1) in ("on", "enabled")
+    found = []
+    if tp_ov is not None:
+        found.append(f"tp_comm_overlap={tp_ov} (stated)")
+    if ep_ov is not None:
+        found.append(f"ep_overlap={ep_ov} (stated)")
+    return tp_ov, ep_ov, found
+
+
+def _int(v: Any, default: int | None = None) -> int | None:
+    if v is None or v == "":
+        return default
+    return int(v)
+
+
+def _exists(gid: str) -> bool:
+    from ..catalog import get_gpu  # noqa: PLC0415
+
+    try:
+        get_gpu(gid)
+    except InputError:
+        return False
+    return True
+
+
+def topology_of(gid: str) -> str:
+    from ..catalog import get_gpu  # noqa: PLC0415
+
+    if gid == "h100-sxm":
+        return "dgx-h100-400g"
+    return get_gpu(gid).default_topology
+
+
+# ---------------------------------------------------------------------------------------
+# Row -> Case
+# ---------------------------------------------------------------------------------------
+
+
+def modern_row_to_case(row: Mapping[str, Any]) -> Any:
+    """One modern row -> a Case or a Skip with the reason (see the module docstring)."""
+    from ..catalog import get_topology  # noqa: PLC0415
+    from ..loader import load_problem  # noqa: PLC0415
+    from ..spec import Plan  # noqa: PLC0415
+    from . import Case, Skip, measured_step  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    rid = str(row.get("id") or "?")
+    framework, group = framework_of(row)
+    notes: list[str] = []
+
+    def skip(reason: str) -> Skip:
+        return Skip(rid, group, reason)
+
+    # ---- measured step
+    meas, how = measured_step(row)
+    if meas is None or not meas > 0:
+        if row.get("global_batch_tokens") is None and row.get("global_batch_seqs") is None:
+            return skip("no measured step time (global batch and sequence length not published)")
+        return skip(how)
+    notes.append(f"measured step {how}")
+
+    # ---- hardware
+    gpu_name = str(row.get("gpu") or "").strip()
+    gid = gpu_id(gpu_name)
+    if gid is None:
+        return skip(f"GPU {gpu_name!r} has no mapping to the catalog")
+    if not _exists(gid):
+        return skip(f"GPU {gpu_name!r} -> catalog entry {gid!r}, not in the catalog yet")
+    if "96gb" in gpu_name.lower().replace(" ", ""):
+        notes.append(f"{gpu_name!r} priced as h100-sxm (80 GB HBM3): the 96 GB HBM2e, 500 W part is not in the catalog")
+    arch = gpu_arch(gid)
+    recipe, prec_how = precision_recipe(row, arch)
+    if recipe is None:
+        return skip(prec_how)
+    precision = spec_precision(recipe)
+    if precision != recipe:
+        notes.append(f"precision {prec_how} -> recipe {recipe}, priced as {precision} (spec does not take {recipe} yet)")
+    elif prec_how != str(row.get("precision")):
+        notes.append(f"precision {prec_how}")
+    n = _int(row.get("gpu_count"))
+    if not n:
+        return skip("gpu_count not published")
+    topo = topology_of(gid)
+    dom = _int(row.get("nvlink_domain_gpus"))
+    try:
+        first = get_topology(topo).levels[0].size
+    except InputError:
+        return skip(f"topology {topo!r} of {gid} not in the catalog")
+    if dom and first != dom:
+        notes.append(f"nvlink_domain_gpus={dom} but topology {topo} has {first} GPUs in its first level")
+
+    # ---- model
+    model_name = str(row.get("model") or rid)
+    fam = _model_family(model_name)
+    if fam == "hybrid":
+        return skip(f"{model_name}: hybrid Mamba2/attention layers are not modelled")
+    if fam == "unknown":
+        return skip(f"model family of {model_name!r} has no mapping (activation, tying unknown)")
+    missing = [k for k in ("layers", "hidden", "ffn", "heads", "vocab", "seq_len") if row.get(k) in (None, "")]
+    if missing:
+        return skip(f"model dimensions not published ({', '.join(missing)} null)")
+    model: dict[str, Any] = dict(
+        name=model_name, num_hidden_layers=int(row["layers"]), hidden_size=int(row["hidden"]),
+        intermediate_size=int(row["ffn"]), num_attention_heads=int(row["heads"]),
+        num_key_value_heads=_int(row.get("kv_heads"), int(row["heads"])), vocab_size=int(row["vocab"]),
+        source=f"modern_runs {rid}")
+    if row.get("head_dim"):
+        model["head_dim"] = int(row["head_dim"])
+    if fam == "gpt3":
+        model.update(hidden_act="gelu", dropout=True, tie_word_embeddings=True)
+    elif fam == "nemotron4":
+        model.update(hidden_act="relu2", tie_word_embeddings=False)
+    else:
+        model.update(hidden_act="silu", tie_word_embeddings=False)
+    if fam == "mla":
+        model.update(MLA_DIMS)
+        model.pop("head_dim", None)
+        notes.append("MLA dims of the DeepSeek-V2/V3 / Kimi K2 config.json (q_lora 1536, kv_lora 512, nope 128, rope 64, v 128)")
+        if "mtp" not in model_name.lower():
+            notes.append("multi-token prediction (if the run used it) not modelled")
+    if row.get("moe_experts"):
+        if not row.get("moe_top_k"):
+            return skip("MoE top-k not published")
+        model.update(num_experts=int(row["moe_experts"]), num_experts_per_tok=int(row["moe_top_k"]),
+                     moe_intermediate_size=_int(row.get("moe_ffn"), int(row["ffn"])),
+                     num_shared_experts=_int(row.get("moe_shared_experts"), 0) or 0,
+                     first_k_dense_replace=_int(row.get("first_k_dense"), 0) or 0)
+        if row.get("moe_ffn") is None:
+            notes.append(f"moe_ffn null: experts of ffn = {row['ffn']} (Mixtral-style)")
+        if "token-drop" in model_name.lower() or "tokendrop" in rid:
+            notes.append("token-dropping run priced as dropless balanced routing")
+
+    # ---- parallel plan
+    layers = int(row["layers"])
+    tp, pp = _int(row.get("tp"), 1), _int(row.get("pp"), 1)
+    cp, ep = _int(row.get("cp"), 1), _int(row.get("ep"), 1)
+    etp = _int(row.get("etp"))
+    fsdp = bool(row.get("fsdp"))
+    dp = _int(row.get("dp"))
+    if dp is None:
+        if n % (tp * pp * cp):
+            return skip(f"tp*pp*cp = {tp * pp * cp} does not divide gpu_count = {n}")
+        dp = n // (tp * pp * cp)
+        notes.append(f"dp derived: {dp}")
+    if etp is None and ep > 1 and dp % ep and (tp * cp * dp) % ep == 0:
+        etp = 1
+        notes.append(f"etp not published: ep={ep} does not divide dp={dp}, so the run folds experts over "
+                     f"TP/CP ranks (MoE parallel folding); etp=1 as Megatron-Bridge's MoE recipes set")
+    zs = _int(row.get("zero_stage"))
+    zero = 3 if fsdp else zs if zs is not None else (1 if framework == "megatron" else 0)
+    gbs = _int(row.get("global_batch_seqs"))
+    if gbs is None:
+        if row.get("global_batch_tokens"):
+            gbs = int(row["global_batch_tokens"]) // int(row["seq_len"])
+        else:
+            return skip("global batch not published")
+    mbs = _int(row.get("micro_batch"))
+    if mbs is None:
+        other = row.get("other_metrics") if isinstance(row.get("other_metrics"), Mapping) else {}
+        local = _int(other.get("local_batch_size")) or max(1, gbs // dp)
+        if framework == "torchtitan" and _int(row.get("grad_accum")) in (None, 1):
+            mbs = max(1, local // pp)
+            notes.append(f"micro_batch: local batch {local}" + (f" in {pp} micro-batches (one per stage)" if pp > 1 else ""))
+        else:
+            mbs = 1
+            notes.append("micro_batch not published: 1")
+    vpp = _int(row.get("vpp_chunks"))
+    if vpp is None and row.get("layers_per_virtual_stage"):
+        vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
+    vpp = vpp or 1
+    schedule = "interleaved" if vpp > 1 else "1f1b"
+    sp = bool(row["sp"]) if row.get("sp") is not None else tp > 1
+    rc, rc_note, published_rc = recompute_of(row.get("activation_recompute"), layers, pp, vpp)
+    if rc is None:
+        return skip(rc_note or "activation_recompute has no mapping")
+    if rc_note:
+        notes.append(rc_note)
+    if not published_rc:
+        notes.append("activation_recompute not published: the least recompute that fits, chosen per layer "
+                     "by the solver with every published degree fixed")
+    tp_ov, ep_ov, ov_notes = overlaps_of(row)
+    notes += ov_notes
+    ga = _int(row.get("grad_accum"))
+    if ga is not None and dp * mbs * ga != gbs:
+        notes.append(f"grad_accum {ga} x dp {dp} x mbs {mbs} != global batch {gbs}")
+    try:
+        problem = load_problem({
+            "name": rid, "model": model, "framework": framework,
+            "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
+                         "optimizer": "adam", "flash_attention": True},
+            "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
+        })
+        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
+                    sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs, recompute=rc,
+                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov)
+    except (InputError, ValidationError, ValueError) as exc:
+        return skip(f"does not convert: {str(exc).splitlines()[0]}")
+    return Case(rid, group, gid, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
+                recipe=recipe, framework=framework, arch=arch)
