@@ -49,7 +49,7 @@ import numpy as np
 import yaml
 
 from .errors import InputError
-from .loader import atomic_write
+from .loader import atomic_write, check_output_file
 from .validate import Case, completed_plan, convert, load_runs, with_catalog
 
 LO, HI = 0.2, 1.0
@@ -276,6 +276,7 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     base_path = str(base_catalog) if base_catalog is not None else None
     base = _base_efficiencies(base_path)
     rows = load_runs(measurements_path)
+    check_output_file(out_path)  # a read-only or impossible -o fails before the fit, not after
     cases, skipped = convert(rows)
     # Runs that do not publish their recompute get it chosen once, under the base catalog;
     # the fit then prices those fixed plans.
@@ -352,13 +353,20 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
         excluded=excluded, fits=fits, before=_summary(errs_before), after=_summary({}),
         errors_before_pct=errs_before)
     # Write once with a provisional header, measure the written file, then write the final header.
-    atomic_write(out_path, _header(result) + _overlay_text(entries))
+    _write(out_path, _header(result) + _overlay_text(entries))
     result.errors_after_pct = _errors(usable, str(out_path))
     result.after = _summary(result.errors_after_pct)
-    atomic_write(out_path, _header(result) + _overlay_text(entries))
+    _write(out_path, _header(result) + _overlay_text(entries))
     if verbose:
         print(format_calibration(result))
     return result
+
+
+def _write(path: str | os.PathLike[str], text: str) -> None:
+    try:
+        atomic_write(path, text)
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", source=str(path), field="--output") from None
 
 
 def _fmt_eff(eff: dict[str, Any]) -> str:

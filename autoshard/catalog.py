@@ -180,11 +180,14 @@ def get_model(name: str) -> ModelSpec:
 
 @functools.cache
 def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
+    from .loader import MAX_YAML_BYTES, parse_yaml, read_limited  # noqa: PLC0415
+
+    raw = read_limited(path, MAX_YAML_BYTES, what="calibrated catalog")  # size checked before reading
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
-        what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"cannot read calibrated catalog: {what}", source=path) from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read calibrated catalog: not UTF-8 text (byte {exc.start})", source=path) from None
+    doc = parse_yaml(text, path) or {}  # duplicate keys rejected at the second key's line
     out: dict[str, Efficiency] = {}
     try:
         for k, v in (doc.get("gpus") or {}).items():

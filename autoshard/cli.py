@@ -41,6 +41,27 @@ def _write_or_print(text: str, out: str | None) -> None:
         sys.stdout.write(text)
 
 
+def _flush_stdout() -> None:
+    """Flush stdout now, so that a failed write (`> /dev/full`, a closed pipe) is one line here
+    rather than a traceback at interpreter exit; the unwritten rest goes to /dev/null."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        _silence_stdout()
+        raise InputError(f"cannot write: {exc.strerror or exc}", source="<stdout>") from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that what could not be written is not retried at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def parse_bytes(text: str) -> float:
     """`1e9`, `33.5MB`, `1GiB`, `512 KiB` -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", text)
@@ -64,6 +85,8 @@ def _check_limits(a: argparse.Namespace) -> None:
     gap = getattr(a, "gap", None)
     if gap is not None and not (math.isfinite(gap) and 0 <= gap < 1):
         raise InputError(f"must be a fraction in [0, 1), got {gap:g}", field="--gap")
+    if getattr(a, "output", None) == "":
+        raise InputError("must be a file or folder name, got an empty string", field="--output")
 
 
 def _nearest_existing(p: Path) -> Path:
@@ -386,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     try:
         _check_limits(a)
-        return a.func(a)
+        rc = a.func(a)
+        _flush_stdout()
+        return rc
     except InputError as exc:
         print(f"autoshard: error: {exc.line()}", file=sys.stderr)
         return EXIT_INPUT
@@ -401,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as exc:  # e.g. stdout on a full disk: one line, not a traceback
+        where = exc.filename or "<stdout>"
+        _silence_stdout()
+        print(f"autoshard: error: {where}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INPUT
 
 
 if __name__ == "__main__":

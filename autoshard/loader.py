@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import reprlib
+import stat
 import sys
 import tempfile
 import typing
@@ -33,11 +35,163 @@ from .spec import Plan, Problem
 
 M = TypeVar("M", bound=BaseModel)
 
-MAX_FILE_BYTES = 16 * 2**20
+# Size limits, checked with stat() before a byte is read (a sparse 20 GiB file is refused at once).
+# JSON parses at ~100 MB/s; YAML's safe constructor at ~0.5 MB/s even with libyaml's parser, so its
+# limit is smaller: the largest bundled problem or study is under 2 KB.
+MAX_FILE_BYTES = 8 * 2**20   # JSON (problems, plans, solution records)
+MAX_YAML_BYTES = 1 * 2**20   # YAML (problems, plans, studies, calibrated catalogs): parses in < 3 s
+MAX_DEPTH = 100              # nesting levels of a document (no input of autoshard needs more than 6)
+
+
+def read_limited(path: str | os.PathLike[str], limit: int, *, what: str = "file") -> bytes:
+    """The bytes of a regular file, refused (one-line InputError) when larger than `limit`:
+    the size is checked before reading, and at most `limit + 1` bytes are ever read (a file
+    that grows, or /proc, cannot exhaust memory)."""
+    src = str(path)
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > limit:
+                raise InputError(f"{what} is {size:,} bytes, larger than the {limit:,} allowed ({_mib(limit)})",
+                                 source=src)
+            raw = fh.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", source=src) from None
+    if len(raw) > limit:
+        raise InputError(f"{what} is larger than the {limit:,} bytes allowed ({_mib(limit)})", source=src)
+    return raw
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
+
+
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A key given twice in one YAML mapping (YAML 1.2 forbids it; PyYAML keeps the last)."""
+
+
+class _DuplicateKeyCheck:
+    """Constructor mix-in: a mapping that repeats a key is an error at the second key's line.
+    Keys brought in by a merge (`<<: *base`) may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue  # complex keys: reported as non-text field names later
+                key = self.construct_object(key_node, deep=False)  # type: ignore[attr-defined]
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue
+                if first is not key_node:
+                    where = f"line {first.start_mark.line + 1}" if first.start_mark else "before"
+                    raise DuplicateKeyError(
+                        None, None, f"duplicate key {key!r} (first given at {where}; YAML keys must be unique)",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
+
+class StrictSafeLoader(_DuplicateKeyCheck, yaml.SafeLoader):
+    """yaml.SafeLoader that rejects duplicate keys (pure Python: the reference error messages)."""
+
+
+if getattr(yaml, "__with_libyaml__", False):
+    class _FastStrictLoader(_DuplicateKeyCheck, yaml.CSafeLoader):  # type: ignore[misc, name-defined]
+        """The same with libyaml's parser (4x faster); its errors are re-read with StrictSafeLoader."""
+else:  # pragma: no cover - PyYAML built without libyaml
+    _FastStrictLoader = StrictSafeLoader  # type: ignore[misc]
+
+
+def _depth_exceeds(data: Any, limit: int) -> bool:
+    """Whether `data` nests containers more than `limit` deep (iterative; shared subtrees, as
+    YAML aliases make, are visited once)."""
+    best: dict[int, int] = {}
+    stack = [(data, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if not isinstance(obj, (dict, list)):
+            continue
+        if depth > limit:
+            return True
+        if best.get(id(obj), 0) >= depth:
+            continue
+        best[id(obj)] = depth
+        stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return False
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str, src: str | None) -> InputError:
+    if isinstance(exc, yaml.reader.ReaderError):  # a control character such as NUL
+        line = text.count("\n", 0, exc.position) + 1
+        what = str(exc).splitlines()[0].strip()
+        return InputError(f"YAML syntax error at line {line}: {what}", source=src)
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if isinstance(exc, DuplicateKeyError):
+        return InputError(f"YAML error{where}: {what}", source=src)
+    if "python/" in str(exc) or "could not determine a constructor" in str(exc):
+        what = "YAML tags that construct Python objects are not allowed (" + str(what).strip() + ")"
+    return InputError(f"YAML syntax error{where}: {what}", source=src)
+
+
+def parse_yaml(text: str, source: str | None = None) -> Any:
+    """YAML text -> Python data with the safe loader (no Python tags), duplicate keys rejected
+    at the line of the second one, nesting limited to MAX_DEPTH; any failure is one InputError."""
+    try:
+        data = yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        try:  # the pure-Python parser words syntax errors better (and is the documented reference)
+            yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506
+        except yaml.YAMLError as exc2:
+            raise _yaml_error(exc2, text, source) from None
+        except RecursionError:
+            pass
+        raise _yaml_error(exc, text, source) from None
+    except RecursionError:
+        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
+    if _depth_exceeds(data, MAX_DEPTH):
+        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source)
+    return data
+
+
+def _no_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r} (JSON object keys must be unique)")
+        out[k] = v
+    return out
+
+
+def parse_json(text: str, source: str | None = None) -> Any:
+    """JSON text -> Python data; duplicate keys, NaN/Infinity and deep nesting are InputErrors."""
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number in JSON")
+
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicate_pairs, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}", source=source) from None
+    except RecursionError:
+        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
+    except ValueError as exc:
+        raise InputError(f"JSON error: {exc}", source=source) from None
+    if _depth_exceeds(data, MAX_DEPTH):
+        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source)
+    return data
 
 
 def read_document(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML or JSON file into Python data, or raise a one-line InputError."""
+    """Parse a YAML or JSON file into Python data, or raise a one-line InputError.
+
+    Limits (checked before reading): JSON MAX_FILE_BYTES (8 MiB), YAML MAX_YAML_BYTES (1 MiB),
+    MAX_DEPTH nesting levels; duplicate keys are errors in both.
+    """
     p = Path(path)
     src = str(path)
     if not p.exists():
@@ -53,40 +207,17 @@ def read_document(path: str | os.PathLike[str]) -> Any:
         raise InputError("is a directory, expected a problem file", source=src)
     if not p.is_file():  # a FIFO, socket or device: reading could block forever
         raise InputError("not a regular file (a FIFO, socket or device)", source=src)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", source=src) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(f"file is {len(raw)} bytes, larger than the {MAX_FILE_BYTES} allowed", source=src)
+    is_json = p.suffix.lower() == ".json"
+    raw = read_limited(p, MAX_FILE_BYTES if is_json else min(MAX_YAML_BYTES, MAX_FILE_BYTES))
     try:
         text = raw.decode("utf-8-sig")  # a leading byte-order mark (Windows editors) is not an error
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", source=src) from None
     if not text.strip():
         raise InputError("empty file", source=src)
-    if p.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}", source=src) from None
-        except RecursionError:
-            raise InputError(f"nested too deeply (more than about {sys.getrecursionlimit()} levels)", source=src) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.reader.ReaderError as exc:  # a control character such as NUL
-        line = text.count("\n", 0, exc.position) + 1
-        what = str(exc).splitlines()[0].strip()
-        raise InputError(f"YAML syntax error at line {line}: {what}", source=src) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        if "python/" in str(exc) or "could not determine a constructor" in str(exc):
-            what = "YAML tags that construct Python objects are not allowed (" + str(what).strip() + ")"
-        raise InputError(f"YAML syntax error{where}: {what}", source=src) from None
-    except RecursionError:
-        raise InputError(f"nested too deeply (more than about {sys.getrecursionlimit()} levels)", source=src) from None
+    if is_json:
+        return parse_json(text, src)
+    return parse_yaml(text, src)
 
 
 def file_folder(path: str | os.PathLike[str]) -> str:
@@ -326,19 +457,46 @@ def load_plan(source: str | os.PathLike[str] | Mapping[str, Any] | Plan) -> Plan
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
-    """Write a file (text as UTF-8, or bytes) so that readers see the old content or the new,
-    never a part. Permissions follow the umask like any new file (mkstemp alone makes 0600)."""
-    p = Path(path)
+    """Write `data` (text as UTF-8, or bytes) to `path`; every command that writes a file uses this.
+
+    - A regular file (new or existing) is written to a temporary file in the same folder and
+      renamed over it, so that readers see the old content or the new, never a part; an existing
+      file keeps its permissions, a new one follows the umask (mkstemp alone makes 0600).
+    - A symbolic link is written through: the file it points to is replaced as above (a dangling
+      link creates its target), the link itself stays.
+    - A character device or named pipe (`/dev/null`, `/dev/stdout`, a FIFO a reader holds open)
+      is written through, never replaced; a FIFO without a reader is an error, not a hang.
+    - Anything else (a socket, a block device, a directory) is refused.
+    Failures raise OSError (with `strerror`); callers turn it into one line, exit 2.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    target = os.fspath(path)
+    if not target:
+        raise OSError(errno.ENOENT, "empty output path")
+    try:
+        st = os.stat(target)  # follows symbolic links
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        _write_through(target, st, raw)
+        return
+    if os.path.islink(target):
+        target = os.path.realpath(target)  # replace the file the link names, keep the link
+    p = Path(target)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        if st is not None:
+            mode = stat.S_IMODE(st.st_mode)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
         try:
@@ -346,6 +504,183 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def check_output_file(path: str | os.PathLike[str], field: str = "--output") -> None:
+    """Fail before any work when `path` cannot be written as a file (an InputError line):
+    an empty name, a directory, a folder on the way that is a file, a read-only folder or
+    file system. Device files and named pipes pass (they are written through)."""
+    target = os.fspath(path)
+    if not target:
+        raise InputError("must be a file name, got an empty string", field=field)
+    p = Path(target)
+    if p.is_dir():
+        raise InputError("is a directory, expected an output file name", source=target, field=field)
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise InputError("cannot write: the file is not writable", source=target, field=field)
+        if not p.is_file():
+            return
+    folder = Path(os.path.realpath(p)).parent
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"cannot write here: {probe} is not a directory", source=target, field=field)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if _read_only_fs(probe) else "is not writable"
+        raise InputError(f"cannot write here: {probe} {why}", source=target, field=field)
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def _write_through(target: str, st: os.stat_result, raw: bytes) -> None:
+    """Write into an existing character device or FIFO (never replace it)."""
+    if stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.EISDIR, "is a directory")
+    if stat.S_ISFIFO(st.st_mode):
+        try:  # non-blocking open: a FIFO nobody reads would otherwise hang here forever
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise OSError(errno.ENXIO, "named pipe with no reader") from None
+            raise
+        os.set_blocking(fd, True)
+    elif stat.S_ISCHR(st.st_mode):
+        fd = os.open(target, os.O_WRONLY)
+    else:
+        kind = "socket" if stat.S_ISSOCK(st.st_mode) else "block device" if stat.S_ISBLK(st.st_mode) else "special file"
+        raise OSError(errno.EINVAL, f"not a regular file (a {kind}); refusing to write to it")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(raw)
+        fh.flush()
+
+
+# ---- measured runs (`validate`, `calibrate`): dev_runs.json shape, or a CSV with its columns ----
+
+RUN_INT_COLUMNS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq_len", "moe_experts",
+                   "moe_shared_experts", "moe_top_k", "gpu_count", "gpus_per_node", "tp", "pp", "dp", "cp", "ep",
+                   "zero_stage", "vpp_chunks", "layers_per_virtual_stage", "micro_batch", "global_batch_seqs",
+                   "global_batch_tokens", "grad_accum")
+RUN_FLOAT_COLUMNS = ("params_b", "active_params_b", "peak_tflops_for_mfu", "tflops_per_gpu", "step_time_s",
+                     "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu_pct", "hfu_pct", "aggregate_pflops")
+# Plausible ranges of the measured figures (outside: a typo or a unit mix-up, not a run):
+# a step between 0.1 ms and a day, throughput up to 10^12 tokens/s, up to 10^5 TFLOP/s per GPU.
+RUN_RANGES = {"step_time_s": (1e-4, 86_400.0), "tokens_per_sec": (1e-3, 1e12), "tflops_per_gpu": (1e-3, 1e5),
+              "gpu_count": (1, 2**20)}
+RUN_REQUIRED_COLUMNS = ("id", "model", "gpu", "gpu_count", "precision", "layers", "hidden", "vocab", "seq_len",
+                        "global_batch_seqs")
+RUN_STEP_COLUMNS = ("step_time_s", "tokens_per_sec", "tflops_per_gpu")
+
+
+def _csv_cell(text: str) -> Any:
+    t = text.strip()
+    if t == "" or t.lower() in ("null", "none", "nan"):
+        return None
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def _check_run_value(key: str, value: Any) -> str | None:
+    """What is wrong with one cell of a run, or None."""
+    if value is None:
+        return None
+    if key in RUN_INT_COLUMNS or key in RUN_FLOAT_COLUMNS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"not a number ({_short_repr(value)})"
+        if not math.isfinite(value):
+            return f"not a finite number ({value})"
+        if key in RUN_INT_COLUMNS and value != int(value):
+            return f"not a whole number ({value})"
+        lo, hi = RUN_RANGES.get(key, (0, math.inf))
+        if not lo <= value <= hi:
+            return f"{value:g} is outside the plausible range [{lo:g}, {hi:g}]"
+    elif key == "id" and not (isinstance(value, (str, int)) and str(value).strip()):
+        return f"a run id must be non-empty text (got {_short_repr(value)})"
+    return None
+
+
+def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Measured runs from a dev_runs-shaped JSON file (a list, or {runs: [...]}) or a CSV with the
+    same column names, every cell checked: one InputError line naming the file, the row and the
+    column (a non-numeric or non-finite number, an absurd step time, a duplicate run id, a missing
+    column, a semicolon-separated CSV)."""
+    p = Path(path)
+    src = str(path)
+    if not p.is_file():
+        raise InputError("runs file not found" if not p.exists() else "not a regular file", source=src)
+    raw = read_limited(p, MAX_FILE_BYTES, what="runs file")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", source=src) from None
+    if not text.strip():
+        raise InputError("empty file", source=src)
+    where: list[str] = []  # per row: how to name it in a message
+    if p.suffix.lower() == ".csv":
+        import csv  # noqa: PLC0415
+
+        lines = text.splitlines()
+        header = next((ln for ln in lines if ln.strip()), "")
+        if header.count(";") > header.count(",") or header.count("\t") > header.count(","):
+            sep = "semicolons" if header.count(";") >= header.count("\t") else "tabs"
+            raise InputError(f"the columns are separated by {sep}; autoshard reads comma-separated CSV "
+                             "(re-export with ',' as the delimiter)", source=src, field="line 1")
+        reader = csv.DictReader(lines)
+        columns = [c.strip() for c in (reader.fieldnames or []) if c is not None]
+        dup_col = next((c for i, c in enumerate(columns) if c in columns[:i]), None)
+        if dup_col:
+            raise InputError(f"column {dup_col!r} appears twice in the header", source=src, field="line 1")
+        missing = [c for c in RUN_REQUIRED_COLUMNS if c not in columns]
+        if not any(c in columns for c in RUN_STEP_COLUMNS):
+            missing.append(" or ".join(RUN_STEP_COLUMNS))
+        if missing:
+            raise InputError(f"missing column(s): {', '.join(missing)} (the header has: {', '.join(columns[:12])}"
+                             f"{', ...' if len(columns) > 12 else ''}; columns as in dev_runs.json)",
+                             source=src, field="line 1")
+        rows = []
+        for i, r in enumerate(reader, start=1):
+            extra = r.get(None)
+            if extra:
+                raise InputError(f"{len(extra)} more cell(s) than the header's {len(columns)} columns",
+                                 source=src, field=f"row {i} (line {reader.line_num})")
+            rows.append({k.strip(): _csv_cell(v or "") for k, v in r.items() if k})
+            where.append(f"row {i} (line {reader.line_num}), column ")
+    else:
+        doc = parse_json(text, src)
+        rows = doc.get("runs") if isinstance(doc, dict) else doc
+        key = "runs" if isinstance(doc, dict) else ""
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise InputError("expected a list of run objects (or {runs: [...]})", source=src)
+        where = [f"{key}[{i}]." for i in range(len(rows))]
+    if not rows:
+        raise InputError("no runs in the file", source=src)
+    seen: dict[str, str] = {}
+    for row, at in zip(rows, where):
+        for k, v in row.items():
+            bad = _check_run_value(str(k), v)
+            if bad:
+                raise InputError(bad, source=src, field=f"{at}{k}")
+        rid = row.get("id")
+        if rid is None:
+            raise InputError("a run id is required", source=src, field=f"{at}id")
+        rid = str(rid).strip()
+        if rid in seen:
+            raise InputError(f"duplicate run id {rid!r} (first at {seen[rid].removesuffix(', column ').rstrip('.')})",
+                             source=src, field=f"{at}id")
+        seen[rid] = at
+    return rows
 
 
 def dumps_json(obj: Any) -> str:

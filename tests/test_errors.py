@@ -462,3 +462,219 @@ def test_time_limit_in_a_real_process():
     doc = json.loads(proc.stdout)
     assert doc["solver"]["status"] == "FEASIBLE" and doc["solver"]["gap"] > 0
     assert elapsed <= 2 + 5, f"{elapsed:.1f} s including interpreter start-up"
+
+
+# ---- issue 15: output paths, duplicate keys, sizes, measured-run files -------------------------------
+
+
+def test_output_symlink_is_written_through(tmp_path, capsys):
+    real = tmp_path / "real.json"
+    real.write_text("old\n")
+    link = tmp_path / "link.json"
+    os.symlink("real.json", link)
+    rc, _, err = main(capsys, "solve", OK, "-o", str(link), "--top", "0")
+    assert rc == 0, err
+    assert link.is_symlink() and os.readlink(link) == "real.json", "the link itself was replaced"
+    assert json.loads(real.read_text())["status"] == "optimal"
+
+
+def test_output_named_pipe_is_written_through_never_replaced(tmp_path, capsys):
+    fifo = tmp_path / "out.md"
+    os.mkfifo(fifo)
+    # No reader: one line, exit 2, and the pipe is still a pipe (not a hang, not a regular file).
+    rc, out, err = main(capsys, "solve", OK, "-o", str(fifo), "--top", "0")
+    assert rc == 2 and "named pipe with no reader" in one_line(err)
+    assert stat_is_fifo(fifo)
+    # With a reader holding it open, the markdown goes through the pipe.
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        rc, _, err = main(capsys, "solve", OK, "-o", str(fifo), "--top", "0")
+        assert rc == 0, err
+        got = os.read(fd, 1 << 16).decode()
+    finally:
+        os.close(fd)
+    assert stat_is_fifo(fifo) and got.startswith("#") and "tp" in got
+
+
+def stat_is_fifo(path: Path) -> bool:
+    import stat  # noqa: PLC0415
+
+    return stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
+def test_atomic_write_character_device_written_through_regular_file_keeps_mode(tmp_path):
+    from autoshard.loader import atomic_write  # noqa: PLC0415
+
+    dev = Path(os.devnull)
+    before = os.stat(dev)
+    atomic_write(dev, "x" * 1000)  # written through: /dev/null stays the same device
+    after = os.stat(dev)
+    assert (after.st_ino, after.st_rdev, after.st_mode) == (before.st_ino, before.st_rdev, before.st_mode)
+    f = tmp_path / "keep.txt"
+    f.write_text("old")
+    os.chmod(f, 0o640)
+    atomic_write(f, "new")
+    assert f.read_text() == "new" and (os.stat(f).st_mode & 0o777) == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"], "no temporary file left behind"
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", OK, "-o", ""],
+    ["export", "solutions/llama3-8b-64xh100.json", "--format", "megatron", "-o", ""],
+    ["batch", OK, "-o", ""],
+    ["calibrate", "runs.csv", "-o", ""],
+])
+def test_empty_output_path_is_rejected(argv, capsys):
+    rc, out, err = main(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert "--output: must be a file or folder name, got an empty string" in one_line(err)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_stdout_on_a_full_disk_is_one_line():
+    with open("/dev/full", "w") as full:
+        for argv in (["solve", OK, "--json", "--top", "0"], ["catalog"]):
+            proc = subprocess.run([sys.executable, "-m", "autoshard.cli", *argv], cwd=ROOT, stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert proc.returncode == 2, proc.stderr
+            assert "<stdout>: cannot write: No space left on device" in one_line(proc.stderr)
+
+
+def test_duplicate_key_in_a_study_file(tmp_path, capsys):
+    study = (ROOT / "problems" / "studies" / "cloud-vs-buy.yaml").read_text()
+    dup = tmp_path / "study.yaml"
+    lines = study.splitlines()
+    first = next(ln for ln in lines if ln and not ln[0].isspace() and not ln.startswith("#") and ":" in ln)
+    dup.write_text(study + "\n" + first + "\n")
+    rc, out, err = main(capsys, "whatif", str(dup), "-o", str(tmp_path / "out"))
+    key = first.split(":")[0]
+    assert rc == 2 and f"duplicate key '{key}'" in one_line(err) and f"line {len(lines) + 2}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_size_is_checked_before_reading(tmp_path, capsys):
+    sparse = tmp_path / "huge.yaml"
+    with open(sparse, "wb") as fh:  # 20 GiB on paper, nothing on disk
+        fh.truncate(20 * 2**30)
+    t0 = time.perf_counter()
+    rc, _, err = main(capsys, "solve", str(sparse))
+    assert rc == 2 and "21,474,836,480 bytes, larger than the 1,048,576 allowed (1 MiB)" in one_line(err)
+    assert time.perf_counter() - t0 < 2
+    js = tmp_path / "huge.json"
+    with open(js, "wb") as fh:
+        fh.truncate(9 * 2**20)
+    rc, _, err = main(capsys, "evaluate", OK, "--plan", str(js))
+    assert rc == 2 and "larger than the 8,388,608 allowed (8 MiB)" in one_line(err)
+
+
+def test_largest_allowed_yaml_parses_quickly(tmp_path, capsys):
+    """Just under the 1 MiB limit, the densest YAML (tiny flow mappings) parses in a few seconds
+    (a 14.9 MB file took 61 s before the limit and libyaml)."""
+    from autoshard.loader import MAX_YAML_BYTES, read_document  # noqa: PLC0415
+
+    row = "  - {a: 1, b: [1, 2]}\n"
+    doc = tmp_path / "dense.yaml"
+    doc.write_text("x:\n" + row * ((MAX_YAML_BYTES - 10) // len(row)))
+    t0 = time.perf_counter()
+    assert len(read_document(doc)["x"]) > 40_000
+    assert time.perf_counter() - t0 < 10
+
+
+def _runs_csv(tmp_path: Path, edit=None, delimiter: str = ",", drop: tuple[str, ...] = ()) -> Path:
+    import csv  # noqa: PLC0415
+
+    from autoshard.validate import default_runs_path  # noqa: PLC0415
+
+    rows = [r for r in json.loads(Path(default_runs_path()).read_text()) if r["id"].startswith("dgxc_v24.11_gpt3")][:4]
+    if edit:
+        edit(rows)
+    cols = [c for c in sorted({k for r in rows for k in r}) if c not in drop]
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols, delimiter=delimiter, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: "" if r.get(k) is None else r[k] for k in cols})
+    return path
+
+
+def _set(i: int, key: str, value: Any):
+    def edit(rows: list[dict[str, Any]]) -> None:
+        rows[i][key] = value(rows) if callable(value) else value
+    return edit
+
+
+@pytest.mark.parametrize("kind,make,fragment", [
+    ("non-numeric", lambda t: _runs_csv(t, _set(1, "step_time_s", "fast")),
+     "runs.csv: row 2 (line 3), column step_time_s: not a number ('fast')"),
+    ("inf", lambda t: _runs_csv(t, _set(2, "step_time_s", "inf")),
+     "runs.csv: row 3 (line 4), column step_time_s: not a finite number (inf)"),
+    ("absurd", lambda t: _runs_csv(t, _set(0, "step_time_s", 1e308)),
+     "runs.csv: row 1 (line 2), column step_time_s: 1e+308 is outside the plausible range [0.0001, 86400]"),
+    ("fraction of a GPU", lambda t: _runs_csv(t, _set(0, "gpu_count", 12.5)),
+     "row 1 (line 2), column gpu_count: not a whole number (12.5)"),
+    ("duplicate id", lambda t: _runs_csv(t, _set(3, "id", lambda rows: rows[0]["id"])),
+     "row 4 (line 5), column id: duplicate run id 'dgxc_v24.11_gpt3_175b_bf16_128gpu' (first at row 1 (line 2))"),
+    ("semicolons", lambda t: _runs_csv(t, delimiter=";"),
+     "runs.csv: line 1: the columns are separated by semicolons; autoshard reads comma-separated CSV"),
+    ("missing columns", lambda t: _runs_csv(t, drop=("gpu", "step_time_s", "tokens_per_sec", "tflops_per_gpu")),
+     "runs.csv: line 1: missing column(s): gpu, step_time_s or tokens_per_sec or tflops_per_gpu"),
+])
+def test_bad_measured_runs_are_one_line_in_calibrate_and_validate(kind, make, fragment, tmp_path, capsys):
+    path = make(tmp_path)
+    out = tmp_path / "cat.yaml"
+    for argv in (["calibrate", str(path), "-o", str(out)], ["validate", str(path)]):
+        rc, stdout, err = main(capsys, *argv)
+        assert rc == 2 and stdout == "", (kind, argv, err)
+        assert fragment in one_line(err), (kind, err)
+    assert not out.exists()
+
+
+def test_measured_runs_json_inf_and_huge(tmp_path, capsys):
+    from autoshard.validate import default_runs_path  # noqa: PLC0415
+
+    rows = json.loads(Path(default_runs_path()).read_text())[:3]
+    rows[1]["step_time_s"] = 1e308
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(rows))
+    rc, _, err = main(capsys, "calibrate", str(path), "-o", str(tmp_path / "c.yaml"))
+    assert rc == 2 and "runs.json: [1].step_time_s: 1e+308 is outside the plausible range" in one_line(err)
+    path.write_text(json.dumps(rows).replace("1e+308", "Infinity"))
+    rc, _, err = main(capsys, "validate", str(path))
+    assert rc == 2 and "runs.json: JSON error: Infinity is not a number in JSON" in one_line(err)
+
+
+def test_calibrate_unwritable_output_fails_before_the_fit(tmp_path, capsys, monkeypatch):
+    import autoshard.calibrate as cal_mod  # noqa: PLC0415
+
+    path = _runs_csv(tmp_path)
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("a regular file\n")
+    monkeypatch.setattr(cal_mod, "_identify", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fitted")))
+    rc, out, err = main(capsys, "calibrate", str(path), "-o", str(blocker / "cat.yaml"))
+    assert rc == 2 and out == "" and f"--output: cannot write here: {blocker} is not a directory" in one_line(err)
+    # A read-only file system (simulated: root ignores permission bits) is one line too, never a traceback.
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    from autoshard import loader as ld  # noqa: PLC0415
+
+    monkeypatch.setattr(ld, "_read_only_fs", lambda p: True)
+    rc, out, err = main(capsys, "calibrate", str(path), "-o", str(tmp_path / "ro" / "cat.yaml"))
+    assert rc == 2 and f"cannot write here: {tmp_path} is on a read-only file system" in one_line(err)
+
+
+def test_calibrate_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno  # noqa: PLC0415
+
+    import autoshard.calibrate as cal_mod  # noqa: PLC0415
+
+    def erofs(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    rows = [r for r in json.loads(Path(__import__("autoshard.validate", fromlist=["x"]).default_runs_path())
+                                  .read_text()) if r["id"].startswith("narayanan")][:2]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(rows))
+    monkeypatch.setattr(cal_mod, "atomic_write", erofs)
+    rc, out, err = main(capsys, "calibrate", str(path), "-o", str(tmp_path / "cat.yaml"))
+    assert rc == 2 and out == "" and "cat.yaml: --output: cannot write: Read-only file system" in one_line(err)

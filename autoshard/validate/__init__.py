@@ -408,29 +408,11 @@ def _csv_value(text: str) -> Any:
 
 
 def load_runs(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-    """Rows from a dev_runs-shaped JSON file (a list, or {runs: [...]}) or a CSV with the same columns."""
-    p = Path(path) if path is not None else default_runs_path()
-    src = str(p)
-    if not p.is_file():
-        raise InputError("runs file not found", source=src)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read runs file: {exc}", source=src) from None
-    if p.suffix.lower() == ".csv":
-        rows = [{k.strip(): _csv_value(v or "") for k, v in r.items() if k} for r in csv.DictReader(text.splitlines())]
-    else:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}",
-                             source=src) from None
-        rows = doc.get("runs") if isinstance(doc, dict) else doc
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise InputError("expected a list of run objects", source=src)
-    if not rows:
-        raise InputError("no runs in the file", source=src)
-    return rows
+    """Rows from a dev_runs-shaped JSON file (a list, or {runs: [...]}) or a CSV with the same columns,
+    every cell checked: one line naming the file, row and column (see `autoshard.loader.read_runs`)."""
+    from ..loader import read_runs  # noqa: PLC0415
+
+    return read_runs(path if path is not None else default_runs_path())
 
 
 def with_catalog(case: Case, catalog: str | os.PathLike[str] | None) -> Case:
