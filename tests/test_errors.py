@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -678,3 +679,28 @@ def test_calibrate_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cal_mod, "atomic_write", erofs)
     rc, out, err = main(capsys, "calibrate", str(path), "-o", str(tmp_path / "cat.yaml"))
     assert rc == 2 and out == "" and "cat.yaml: --output: cannot write: Read-only file system" in one_line(err)
+
+
+# ---- issue 15: what a new user runs first ---------------------------------------------------------
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = text.split("```bash\n")[1:3]
+    return [b.split("```")[0].strip() for b in blocks]
+
+
+def test_readme_test_command_works_in_a_new_shell_and_prints_the_summary():
+    """The README's second command needs no activated environment, and pytest prints its count
+    (a `-q` in addopts plus the command's `-q` hid it); .ci/run runs exactly that command."""
+    install, test_cmd = _readme_commands()
+    assert test_cmd.startswith(".venv/bin/python -m pytest"), test_cmd  # no `activate` needed
+    assert ". .venv/bin/activate" in install
+    ci = [ln.split("#")[0].strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert test_cmd in ci
+    argv = test_cmd.split()[1:]  # this interpreter stands in for .venv/bin/python
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTEST_ADDOPTS")}
+    proc = subprocess.run([sys.executable, *argv, "tests/test_errors.py::test_every_corpus_file_is_in_the_table",
+                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^1 passed in [0-9.]+s", proc.stdout, re.M), proc.stdout
