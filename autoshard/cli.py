@@ -266,22 +266,29 @@ def cmd_batch(a: argparse.Namespace) -> int:
 
 
 def cmd_whatif(a: argparse.Namespace) -> int:
-    from .whatif import load_study, run_study  # noqa: PLC0415
+    from .whatif import ProgressLine, load_study, run_study  # noqa: PLC0415
 
+    if a.jobs < 0:
+        raise InputError(f"must be >= 0 (0: one worker per CPU), got {a.jobs}", field="--jobs")
     study = load_study(a.study)  # a bad study file is reported before the output directory
     _check_out_dir(a.output)
-    def progress(done: int, total: int, label: str) -> None:
-        if total and not a.quiet:
-            end = "\n" if done == total or not sys.stderr.isatty() else ""
-            print(f"\r[{done}/{total}] {label}"[:200], end=end, file=sys.stderr, flush=True)
-
     if a.scheduler and a.executor == "local":
         raise InputError("a scheduler address needs --executor dask", field="--scheduler")
     executor = a.executor or ("dask" if a.scheduler else "local")
-    result = run_study(study, a.output, jobs=a.jobs, time_limit_s=a.time_limit, progress=progress,
-                       executor=executor, scheduler=a.scheduler)
-    sys.stdout.write(result.summary_text())
-    return EXIT_OK
+    progress = None if a.quiet else ProgressLine()
+    try:
+        result = run_study(study, a.output, jobs=a.jobs, time_limit_s=a.time_limit, progress=progress,
+                           executor=executor, scheduler=a.scheduler)
+    finally:
+        if progress is not None:
+            progress.close()
+    for w in result.document.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    sys.stdout.write(result.summary_text(warnings=False))
+    missing = [rec for rec in result.recommendations if rec["option"] is None]
+    for rec in missing:  # the results are written; no option answers the question
+        print(f"autoshard: infeasible: {rec['scope']}: {rec['reason']}", file=sys.stderr)
+    return EXIT_INFEASIBLE if missing else EXIT_OK
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
@@ -318,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="autoshard",
         description="Find the fastest way to parallelize LLM training that fits in HBM, and what it costs.",
-        epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input, 130 interrupted.")
+        epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input, 130 interrupted (Ctrl-C), "
+               "143 whatif stopped by SIGTERM (finished options kept).")
     p.add_argument("--version", action="version", version=f"autoshard {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -421,9 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     except AutoshardError as exc:  # e.g. every option of a what-if study failed
         print(f"autoshard: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C: 130; SIGTERM during whatif (exc.exit_code): 143
         print("autoshard: interrupted; finished outputs were kept", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return getattr(exc, "exit_code", EXIT_INTERRUPTED)
     except BrokenPipeError:
         return EXIT_OK
     except OSError as exc:  # e.g. stdout on a full disk: one line, not a traceback

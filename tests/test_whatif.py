@@ -312,3 +312,215 @@ def test_report_without_failures(tmp_path):
     goodput_table = md[md.index("### Goodput"):]
     row = goodput_table.splitlines()[4]
     assert row.startswith("| h100-sxm x8 | - |") and row.endswith("| 100.0% |")
+
+
+# ---- faults (issue 15): sweep ranges, token budgets, SIGTERM, full disk, --jobs, no progress -----------
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    from autoshard.cli import main as cli_main
+
+    try:
+        rc = cli_main(list(args))
+    except SystemExit as exc:  # argparse usage errors
+        rc = exc.code if isinstance(exc.code, int) else 2
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("num_gpus, message", [
+    ({"start": 64, "stop": 8}, "options.0.num_gpus: range: stop (8) is below start (64): give start <= stop"),
+    ({"start": 8, "stop": 64, "step": 8, "factor": 2}, "options.0.num_gpus: range: give step (8) or factor (2), not both"),
+    ({"start": 1, "stop": 100_000, "step": 1},
+     "options.0.num_gpus: range: the range from 1 to 100000 has 100,000 values, more than the 4,096 allowed"),
+    ({"start": 1, "stop": 1 << 20, "factor": 1.001}, "has more than 4,096 values, more than the 4,096 allowed"),
+    ({"start": 0, "stop": 8}, "options.0.num_gpus: range start: Input should be greater than or equal to 1 (got 0)"),
+    ({"start": 8}, "options.0.num_gpus: range stop: required field is missing"),
+    ({"start": 8, "stop": 64, "factor": 1}, "options.0.num_gpus: range factor: Input should be greater than 1"),
+    ({"start": 8, "stop": 64, "stpe": 8}, "options.0.num_gpus: range stpe: unknown field (closest: stop, step"),
+    ([8, 0], "options.0.num_gpus: item 1 (0) must be from 1 to 1,048,576, got 0"),
+    ([], "options.0.num_gpus: an empty list allows nothing"),
+    (-8, "options.0.num_gpus: a GPU count must be from 1 to 1,048,576, got -8"),
+    (8.5, "options.0.num_gpus: a GPU count must be a whole number, got 8.5"),
+    ("eight", "options.0.num_gpus: expected a GPU count, a list of counts or a range {start, stop, step or factor}"),
+])
+def test_sweep_range_errors_are_one_plain_line(num_gpus, message):
+    with pytest.raises(InputError) as exc:
+        load_study({**SMALL, "options": [{"gpu": "h100", "num_gpus": num_gpus}]})
+    line = exc.value.line()
+    assert message in line, line
+    for internal in ("constrained-int", "list[", "RangeSpec", "Value error", "\n"):
+        assert internal not in line, line
+
+
+def test_sweep_ranges_expand_exactly():
+    def counts(spec):
+        return [o.num_gpus for o in load_study({**SMALL, "pricing": {"mode": "cloud"},
+                                                "options": [{"gpu": "h100", "num_gpus": spec}]}).options]
+
+    assert counts({"start": 8, "stop": 64}) == [8, 16, 32, 64]  # default: doubling
+    assert counts({"start": 8, "stop": 40, "step": 16}) == [8, 24, 40]
+    assert counts({"start": 1000, "stop": 5000, "factor": 1.5}) == [1000, 1500, 2250, 3375]
+    assert counts({"start": 1, "stop": 4096, "step": 1}) == list(range(1, 4097))  # exactly the 4,096 allowed
+    assert counts("16") == [16] and counts(["8", 16]) == [8, 16]  # counts written as text, as YAML may give them
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (1.0e30, "workloads.0.tokens: the budget 1e+30 is more than the 1e+16 allowed"),
+    ([1e12, 1e30], "workloads.0.tokens: item 1 1e+30 is more than the 1e+16 allowed"),
+    (-5, "workloads.0.tokens: the budget must be a positive number of tokens, got -5"),
+    (math.inf, "workloads.0.tokens: the budget must be a positive number of tokens, got inf"),
+    ("lots", "workloads.0.tokens: the budget must be a number of tokens, got 'lots'"),
+])
+def test_token_budget_errors(tokens, message):
+    with pytest.raises(InputError) as exc:
+        load_study({**SMALL, "workloads": [{**SMALL["workloads"][0], "tokens": tokens}]})
+    assert message in exc.value.line()
+
+
+def test_token_budget_as_yaml_text(tmp_path):
+    # YAML 1.1 reads `5.0e10` (no sign in the exponent) as a string; it is still a number of tokens,
+    # and a bare `off` (read as false) is still the sensitivity mode "off".
+    path = tmp_path / "study.yaml"
+    path.write_text(CONTRACT.replace("15.0e12", "5.0e10") + "sensitivity: off\n")
+    st = load_study(path)
+    assert st.workloads[0].tokens == 5.0e10 and st.spec.sensitivity == "off"
+
+
+def test_huge_values_are_chosen_by_enumeration_equal_to_brute_force():
+    """Values beyond CP-SAT's range (a 1e30-token budget's centuries, an infinite price) never give
+    MODEL_INVALID and a null choice: the same lexicographic rule, by enumeration."""
+    rng = random.Random(5)
+    for trial in range(40):
+        n = rng.randint(1, 10)
+        cands = [Candidate(f"o{i}", time_s=rng.choice([1e20, 3e21, 86400.0 * rng.randint(1, 99)]) * rng.randint(1, 9),
+                           cost_usd=rng.choice([1e18, math.inf, 1e6 * rng.randint(1, 9)]),
+                           capex_usd=0.0, power_mw=rng.randint(1, 30) / 10) for i in range(n)]
+        cons = ConstraintSpec(budget_usd=rng.choice([None, 5e6, 1e30]), deadline_days=rng.choice([None, 50.0, 1e17]),
+                              power_cap_mw=rng.choice([None, 2.05]), objective=rng.choice(["time", "cost"]))
+        dec = optimize_purchase(cands, cons)
+        assert dec.index == _brute_force(cands, cons, dec.objective), trial
+        assert dec.status in ("OPTIMAL", "ENUMERATED")
+    big = [Candidate("slow", 1e21, 1e19, 0.0, 1.0), Candidate("slower", 2e21, 1e19, 0.0, 1.0)]
+    dec = optimize_purchase(big, ConstraintSpec())
+    assert (dec.index, dec.status) == (0, "ENUMERATED")
+
+
+def test_failures_faster_than_checkpoint_and_restart_say_so(tmp_path, capsys):
+    """A cluster that fails every few minutes (here 1 failure per GPU-hour on 8 GPUs: MTBF 7.5 min,
+    against a 600 s restart) makes no progress: the recommendation says exactly that, and the
+    command exits 1 (infeasible) after writing the results."""
+    study = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": 8}], "pricing": {"mode": "cloud"},
+             "sensitivity": "off", "reliability": {"failures_per_gpu_hour": 1.0}}
+    res = run_study(study, tmp_path / "lib", report=False)
+    row = res.rows[0]
+    assert row["feasible"] is False and row["mtbf_h"] == pytest.approx(1 / 8)
+    assert row["reason"].startswith("the cluster fails faster than it can checkpoint and restart: MTBF 7.5 min")
+    reason = res.recommended["reason"]
+    assert reason.startswith("no option has a feasible plan: 1 of 1 fail faster than they can checkpoint and restart")
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps(study))
+    rc, out, err = _cli(capsys, "whatif", str(path), "-o", str(tmp_path / "cli"), "--quiet")
+    assert rc == 1 and "Traceback" not in err
+    assert "autoshard: infeasible: workload llama3-8b: no option has a feasible plan: 1 of 1 fail faster" in err
+    assert json.loads((tmp_path / "cli" / "results.json").read_text())["recommended"]["option"] is None
+
+
+def test_jobs_must_not_be_negative(tmp_path, capsys):
+    rc, out, err = _cli(capsys, "whatif", "problems/studies/cloud-vs-buy.yaml", "-o", str(tmp_path / "o"),
+                        "--jobs", "-1")
+    assert (rc, out) == (2, "") and err == "autoshard: error: --jobs: must be >= 0 (0: one worker per CPU), got -1\n"
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(InputError, match="jobs: must be a number of worker processes >= 0"):
+        run_study(SMALL, tmp_path / "o", jobs=-2)
+
+
+def test_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import autoshard.whatif.runner as runner
+
+    def full(path, data, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(runner, "atomic_write", full)
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps({**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": 8}], "sensitivity": "off"}))
+    rc, out, err = _cli(capsys, "whatif", str(path), "-o", str(tmp_path / "out"), "--quiet")
+    assert rc == 2 and out == ""
+    assert err == f"autoshard: error: {tmp_path / 'out' / 'results.csv'}: cannot write: No space left on device\n"
+
+
+def test_progress_line_never_writes_carriage_returns_into_logs():
+    import io
+
+    from autoshard.whatif import ProgressLine
+
+    log = io.StringIO()
+    p = ProgressLine(log)
+    for d, label in ((0, ""), (1, "llama3-8b on h100-sxm/16/dgx-h100-superpod"), (2, "llama3-8b on b200/8/dgx-b200")):
+        p(d, 2, label)
+    text = log.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    assert [ln.split("] ")[0] for ln in text.splitlines()] == ["[1/2", "[2/2"]
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    p = ProgressLine(tty)
+    p(0, 3, "")
+    p(1, 3, "a much longer label " * 20)
+    p(2, 3, "short")
+    p.close()  # interrupted before 3/3: the line is ended
+    lines = tty.getvalue().split("\r")[1:]
+    assert all(ln.endswith("\x1b[K") or ln.endswith("\x1b[K\n") for ln in lines), lines  # each redraw clears the rest
+    assert max(len(ln) for ln in lines) <= 80 + 4 and tty.getvalue().endswith("\n")
+
+
+def test_cli_prints_each_warning(tmp_path, capsys, monkeypatch):
+    import autoshard.whatif.runner as runner
+
+    monkeypatch.setattr(runner, "_warnings", lambda study, rows: ["llama3-8b: b200 x16 is slower than x8"])
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps({**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": 8}], "sensitivity": "off"}))
+    rc, out, err = _cli(capsys, "whatif", str(path), "-o", str(tmp_path / "out"), "--quiet")
+    assert rc == 0 and err == "warning: llama3-8b: b200 x16 is slower than x8\n"
+    assert "warning(s)" not in out
+
+
+SIGNAL_STUDY = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16, 32, 64]}, {"gpu": "b200", "num_gpus": [8, 16]}],
+                "pricing": {"mode": "cloud"}, "sensitivity": "evaluate"}
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["parent", "process-group"])
+def test_sigterm_keeps_finished_options_and_exits_143(tmp_path, group):
+    """SIGTERM (Slurm, Kubernetes) as Ctrl-C: exit 143, the finished options written (complete:
+    false), no traceback from the workers, whether only the parent or the whole process group is
+    signalled (Slurm's scancel signals every process of the step)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps(SIGNAL_STUDY))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "autoshard.cli", "whatif", str(path), "-o", str(out),
+                             "--jobs", "2"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    err = []
+    for line in proc.stderr:  # not a TTY: one plain line per finished option
+        err.append(line)
+        if line.startswith("[1/"):
+            break
+    (os.killpg if group else os.kill)(proc.pid, signal.SIGTERM)
+    _, rest = proc.communicate(timeout=60)
+    err = "".join(err) + rest
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "\r" not in err, err
+    assert err.rstrip().endswith("autoshard: interrupted; finished outputs were kept"), err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is False and 1 <= len(doc["rows"]) < 6 and doc["recommended"] is None
+    assert not [p for p in out.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .report import money
 from .schema import ConstraintSpec
@@ -48,17 +48,26 @@ def resolve_objective(constraints: ConstraintSpec) -> str:
     return "cost" if constraints.deadline_days is not None and constraints.budget_usd is None else "time"
 
 
-# Integer scaling of the optimizer: seconds, cents, watts.
+# Integer scaling of the optimizer: seconds, cents, watts (Python integers: unbounded).
+_INFINITE = 10**400  # stands for an infinite (or NaN) value: above every finite one
+CPSAT_SAFE = 2**50  # the largest sum of one key's values given to CP-SAT (its objective is a double: 2^53)
+
+
+def _int(x: float, how: Callable[[float], float] = round) -> int:
+    return int(how(x)) if math.isfinite(x) else (-_INFINITE if x == -math.inf else _INFINITE)
+
+
 def _scaled(c: Candidate) -> dict[str, int]:
-    return {"time": int(round(c.time_s)), "cost": int(round(c.cost_usd * 100)),
-            "capex": int(round(c.capex_usd * 100)), "power": int(round(c.power_mw * 1e6))}
+    return {"time": _int(c.time_s), "cost": _int(c.cost_usd * 100),
+            "capex": _int(c.capex_usd * 100), "power": _int(c.power_mw * 1e6)}
 
 
 def _scaled_limits(cons: ConstraintSpec) -> dict[str, int | None]:
-    return {"time": None if cons.deadline_days is None else int(math.floor(cons.deadline_days * 86400)),
-            "cost": None if cons.budget_usd is None else int(math.floor(cons.budget_usd * 100)),
-            "capex": None if cons.capex_budget_usd is None else int(math.floor(cons.capex_budget_usd * 100)),
-            "power": None if cons.power_cap_mw is None else int(math.floor(cons.power_cap_mw * 1e6))}
+    def lim(x: float | None, scale: float) -> int | None:
+        return None if x is None else _int(x * scale, math.floor)
+
+    return {"time": lim(cons.deadline_days, 86400), "cost": lim(cons.budget_usd, 100),
+            "capex": lim(cons.capex_budget_usd, 100), "power": lim(cons.power_cap_mw, 1e6)}
 
 
 def violations(c: Candidate, cons: ConstraintSpec) -> list[str]:
@@ -80,7 +89,11 @@ def optimize_purchase(cands: Sequence[Candidate], constraints: ConstraintSpec) -
     """Choose exactly one candidate with CP-SAT: one boolean each, budget / capex / power /
     deadline as linear constraints on integer-scaled values (cents, watts, seconds),
     minimizing time (or cost), then the other, then the candidate index (deterministic:
-    one worker, fixed seed)."""
+    one worker, fixed seed).
+
+    Values too large for CP-SAT's 64-bit integers and double objective (a key's values summing
+    past 2^50: e.g. centuries of training, or an infinite price) are chosen by enumeration with
+    the same lexicographic rule instead (status "ENUMERATED"), never a MODEL_INVALID."""
     from ortools.sat.python import cp_model  # noqa: PLC0415
 
     objective = resolve_objective(constraints)
@@ -89,13 +102,19 @@ def optimize_purchase(cands: Sequence[Candidate], constraints: ConstraintSpec) -
         return Decision(None, objective, "NO_CANDIDATES", meets)
     vals = [_scaled(c) for c in cands]
     lim = _scaled_limits(constraints)
+    second = "cost" if objective == "time" else "time"
+    if any(sum(abs(v[k]) for v in vals) > CPSAT_SAFE or abs(lim[k] or 0) > CPSAT_SAFE for k in lim):
+        ok = [i for i, good in enumerate(meets) if good]
+        if not ok:
+            return Decision(None, objective, "ENUMERATED", meets)
+        return Decision(min(ok, key=lambda i: (vals[i][objective], vals[i][second], i)), objective, "ENUMERATED",
+                        meets)
     m = cp_model.CpModel()
     x = [m.new_bool_var(f"x{i}") for i in range(len(cands))]
     m.add_exactly_one(x)
     for key, bound in lim.items():
         if bound is not None:
             m.add(sum(v[key] * xi for v, xi in zip(vals, x)) <= bound)
-    second = "cost" if objective == "time" else "time"
     status_name = "OPTIMAL"
     for i, key in enumerate((objective, second, "index")):
         expr = sum((v[key] if key != "index" else j) * xi for j, (v, xi) in enumerate(zip(vals, x)))

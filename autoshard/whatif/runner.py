@@ -13,13 +13,14 @@ import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import AutoshardError, InfeasibleError, InputError
 from ..loader import atomic_write, dumps_json
@@ -68,7 +69,49 @@ class Task:
 
 
 def _ignore_sigint() -> None:
+    """Pool worker setup: Ctrl-C is the parent's to handle; SIGTERM (the parent's
+    `pool.terminate()`, or a job scheduler signalling the whole process group) ends the worker
+    quietly instead of running the parent's handler, which a forked worker inherits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while a study runs (Slurm, Kubernetes, `kill`): handled like Ctrl-C, the finished
+    options are kept and written; the command line exits with 143 (128 + SIGTERM)."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Any:
+    """SIGTERM raises `Terminated` inside the block (main thread only; restored after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Any:
+    """Ignore SIGINT and SIGTERM inside the block (writing what finished after an interrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 def run_task(task: Task) -> dict[str, Any]:
@@ -119,15 +162,17 @@ class StudyResult:
     elapsed_s: float
     document: dict[str, Any]
 
-    def summary_text(self) -> str:
-        """A few lines for a terminal: the recommendation(s), warnings and where the files are."""
+    def summary_text(self, *, warnings: bool = True) -> str:
+        """A few lines for a terminal: the recommendation(s), the warnings (each in full, unless
+        `warnings=False`: the command line prints them on stderr) and where the files are."""
         lines = []
         for rec in self.recommendations:
-            lines.append(f"{rec['scope']}: {rec['option'] or 'no option meets the constraints'}")
+            lines.append(f"{rec['scope']}: {rec['option'] or 'no recommendation'}")
             lines.append(f"  {rec['reason']}")
+        if warnings:
+            lines += [f"warning: {w}" for w in self.document.get("warnings", [])]
         feas = sum(1 for r in self.rows if r.get("feasible"))
-        lines.append(f"{feas} of {len(self.rows)} rows have a feasible plan; {len(self.document.get('warnings', []))} "
-                     f"warning(s); {self.elapsed_s:.1f} s")
+        lines.append(f"{feas} of {len(self.rows)} rows have a feasible plan; {self.elapsed_s:.1f} s")
         lines.append(f"wrote {self.out_dir / 'results.json'}, results.csv"
                      + (", report.md, report.html" if any(p.name == "report.html" for p in self.files) else "")
                      + f" and {sum(1 for p in self.files if p.suffix == '.png')} plot(s) in {self.out_dir}")
@@ -135,6 +180,46 @@ class StudyResult:
 
 
 ProgressFn = Callable[[int, int, str], None]
+
+
+class ProgressLine:
+    """A `progress` callback for stderr: on a terminal one line redrawn in place (carriage return,
+    cut to the terminal's width, the rest of the line cleared), else one plain line per finished
+    option (no carriage returns in logs)."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        try:
+            self.tty = bool(self.stream.isatty())
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.t0 = time.monotonic()
+        self.pending = False  # a terminal line without its newline
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        line = f"[{done}/{total}] {time.monotonic() - self.t0:.0f} s" + (f" {label}" if label else "")
+        try:
+            if self.tty:
+                cols = shutil.get_terminal_size((80, 24)).columns
+                self.stream.write("\r" + line[:max(10, cols - 1)] + "\x1b[K")
+                self.pending = done < total
+                if not self.pending:
+                    self.stream.write("\n")
+            elif label:
+                self.stream.write(line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """End a line left open (after an interrupt), so that the next message starts on its own."""
+        if self.pending:
+            try:
+                self.stream.write("\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+            self.pending = False
 
 def _tasks(study: Study, time_limit_s: float, scratch: str) -> dict[str, Task]:
     tasks: dict[str, Task] = {}
@@ -328,14 +413,33 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
                checkpoint_gb=gp.checkpoint_bytes / 1e9, checkpoint_s=gp.checkpoint_s,
                checkpoint_interval_s=gp.interval_s, restart_s=gp.restart_s)
     if gp.ratio <= 0:
-        row.update(feasible=False, reason=f"the cluster fails (MTBF {gp.mtbf_s / 3600:.2f} h) faster than it can "
-                                          f"checkpoint and restart: no progress")
+        row.update(feasible=False, status="no_progress",
+                   reason=f"the cluster fails faster than it can checkpoint and restart: MTBF "
+                          f"{_duration(gp.mtbf_s)} vs {_duration(gp.restart_s)} per restart + "
+                          f"{_duration(gp.checkpoint_s)} per checkpoint, so no work survives (goodput 0)")
         return row
     wall_s = ideal_s / gp.ratio
     row.update(time_to_train_days=wall_s / 86400, **price_option(study, o, wall_s))
     row["tokens_per_usd"] = w.tokens / row["cost_usd"] if row["cost_usd"] > 0 else None
     row["feasible"] = True
     return row
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _why_no_candidates(rows: Sequence[dict[str, Any]]) -> str:
+    """Why no option has a feasible plan, by cause (reliability, no plan fits, solver errors, not run)."""
+    causes = (("no_progress", "fail faster than they can checkpoint and restart"),
+              ("infeasible", "have no plan that fits"), ("error", "failed to solve"), ("not run", "were not run"))
+    parts = []
+    for status, words in causes:
+        hit = [r for r in rows if not r.get("feasible") and r.get("status", "not run") == status]
+        if hit:
+            why = hit[0]["reason"].split(": ", 1)[-1] if status == "no_progress" else hit[0]["reason"]
+            parts.append(f"{len(hit)} of {len(rows)} {words} (e.g. {hit[0]['gpu']} x{hit[0]['num_gpus']}: {why})")
+    return "no option has a feasible plan: " + "; ".join(parts) if parts else "no option has a feasible plan"
 
 
 def _candidate(row_group: Sequence[dict[str, Any]], cid: str) -> Candidate | None:
@@ -366,7 +470,8 @@ def _recommend(study: Study, rows: list[dict[str, Any]], scope: str, group: list
         "cost_usd": chosen.cost_usd if chosen else None, "capex_usd": chosen.capex_usd if chosen else None,
         "power_mw": chosen.power_mw if chosen else None,
         "candidates": len(cands), "meeting_constraints": sum(dec.meets),
-        "reason": explain_decision(cands, dec, cons),
+        "reason": explain_decision(cands, dec, cons) if cands else
+        _why_no_candidates([r for r in rows if r["workload"] in {w.name for w in group}]),
     })
 
 
@@ -490,9 +595,19 @@ def results_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def _write_results(out_dir: Path, doc: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[Path]:
     paths = [out_dir / "results.json", out_dir / "results.csv"]
-    atomic_write(paths[1], results_csv(rows))
-    atomic_write(paths[0], dumps_json(doc))
+    with _write_errors(out_dir):
+        atomic_write(paths[1], results_csv(rows))
+        atomic_write(paths[0], dumps_json(doc))
     return paths
+
+
+@contextlib.contextmanager
+def _write_errors(out_dir: Path) -> Any:
+    """An OSError while writing (a full disk, a read-only mount) as one line naming the file."""
+    try:
+        yield
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", source=str(exc.filename or out_dir)) from None
 
 
 def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | Study, out_dir: str | os.PathLike[str],
@@ -505,6 +620,10 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
     done=0 before the first task and after each finished task (label: "workload on
     gpu/num_gpus/topology"). On KeyboardInterrupt the finished rows are written to
     results.json (`complete: false`) and results.csv, and the interrupt is re-raised.
+
+    SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C: it raises `Terminated`, a
+    KeyboardInterrupt, after the finished rows are written; workers stop without tracebacks.
+    A write that fails (full disk, read-only folder) raises a one-line InputError.
 
     `executor`: "local" (default: a process pool on this machine) or "dask" (needs the
     `autoshard[dask]` extra): the options are solved on the Dask scheduler at `scheduler`
@@ -524,32 +643,37 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", source=str(out))
     limit = float(time_limit_s if time_limit_s is not None else (st.spec.time_limit_s or DEFAULT_TIME_LIMIT_S))
-    jobs = (os.cpu_count() or 1) if jobs == 0 else max(1, int(jobs))
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+        raise InputError(f"must be a number of worker processes >= 0 (0: one per CPU), got {jobs!r}", field="jobs")
+    jobs = (os.cpu_count() or 1) if jobs == 0 else jobs
     t0 = time.perf_counter()
-    scratch = tempfile.mkdtemp(prefix="autoshard-whatif-")
-    results: dict[str, dict] = {}
-    written = False
-    try:
-        tasks = _tasks(st, limit, scratch)
-        _execute(list(tasks.values()), jobs, progress, results, executor=executor, scheduler=scheduler)
-        doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit, executor=executor)
-        files = _write_results(out, doc, rows)
-        written = True
-    except KeyboardInterrupt:
-        # Keep what finished: rows and Pareto flags, no purchase decision (complete: false).
-        if not written:
-            doc, rows = _document(st, results, False, time.perf_counter() - t0, jobs, limit, recommend=False,
-                                  executor=executor)
-            _write_results(out, doc, rows)
-        raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    errors = [r["reason"] for r in results.values() if r.get("status") == "error"]
-    if results and len(errors) == len(results):
-        raise AutoshardError(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]}")
-    if report:
-        from .report import write_report  # noqa: PLC0415  (matplotlib is imported there, on use)
+    with _sigterm_as_interrupt():
+        scratch = tempfile.mkdtemp(prefix="autoshard-whatif-")
+        results: dict[str, dict] = {}
+        written = False
+        try:
+            tasks = _tasks(st, limit, scratch)
+            _execute(list(tasks.values()), jobs, progress, results, executor=executor, scheduler=scheduler)
+            doc, rows = _document(st, results, True, time.perf_counter() - t0, jobs, limit, executor=executor)
+            files = _write_results(out, doc, rows)
+            written = True
+        except KeyboardInterrupt:
+            # Keep what finished: rows and Pareto flags, no purchase decision (complete: false).
+            if not written:
+                with _signals_held():  # a second signal must not cut the write short
+                    doc, rows = _document(st, results, False, time.perf_counter() - t0, jobs, limit,
+                                          recommend=False, executor=executor)
+                    _write_results(out, doc, rows)
+            raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        errors = [r["reason"] for r in results.values() if r.get("status") == "error"]
+        if results and len(errors) == len(results):
+            raise AutoshardError(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]}")
+        if report:
+            from .report import write_report  # noqa: PLC0415  (matplotlib is imported there, on use)
 
-        files += write_report(doc, out)
+            with _write_errors(out):
+                files += write_report(doc, out)
     return StudyResult(out, True, rows, doc["recommended"], doc["recommendations"], files,
                        time.perf_counter() - t0, doc)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..catalog import get_gpu, get_topology, gpu_ids, load_overlay, resolve_model
 from ..errors import InputError
@@ -35,33 +36,108 @@ AMORTIZATION_YEARS = 4.0  # assumption: GPU servers' economic life (hyperscalers
 # =============================================================================================
 
 
+MAX_SWEEP_VALUES = 4096  # GPU counts one option entry may sweep
+MAX_TOKENS = 1e16  # 10 quadrillion: ~250x the largest published pretraining corpus (Llama 4: ~40T tokens)
+
+
 class RangeSpec(Strict):
-    """GPU counts from `start` to `stop` (inclusive): `step` apart, or multiplied by `factor`."""
+    """GPU counts from `start` to `stop` (inclusive): `step` apart, or multiplied by `factor`
+    (default: doubling)."""
 
     start: Annotated[int, Field(ge=1, le=MAX_GPUS)]
     stop: Annotated[int, Field(ge=1, le=MAX_GPUS)]
     step: Annotated[int, Field(ge=1)] | None = None
-    factor: Annotated[float, Field(gt=1)] | None = None
+    factor: Annotated[float, Field(gt=1, le=1024)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "RangeSpec":
         if self.stop < self.start:
-            raise ValueError(f"stop ({self.stop}) is below start ({self.start})")
+            raise ValueError(f"stop ({self.stop}) is below start ({self.start}): give start <= stop")
         if self.step is not None and self.factor is not None:
-            raise ValueError("give step or factor, not both")
-        if len(self.values()) > 4096:
-            raise ValueError("the range has more than 4096 values")
+            raise ValueError(f"give step ({self.step}) or factor ({self.factor:g}), not both")
+        n = self.count()
+        if n > MAX_SWEEP_VALUES:
+            has = f"{n:,}" if self.step is not None else f"more than {MAX_SWEEP_VALUES:,}"
+            raise ValueError(f"the range from {self.start} to {self.stop} has {has} values, more than the "
+                             f"{MAX_SWEEP_VALUES:,} allowed: use a larger step or factor")
         return self
+
+    def count(self) -> int:
+        if self.step is not None:
+            return (self.stop - self.start) // self.step + 1
+        return len(self.values())
 
     def values(self) -> list[int]:
         out, n = [], self.start
         if self.step is not None:
-            return list(range(self.start, self.stop + 1, self.step))[:4097]
+            return list(range(self.start, self.stop + 1, self.step))[:MAX_SWEEP_VALUES + 1]
         factor = self.factor or 2.0
-        while n <= self.stop and len(out) <= 4096:
+        while n <= self.stop and len(out) <= MAX_SWEEP_VALUES:
             out.append(n)
             n = max(n + 1, int(round(n * factor)))
         return out
+
+
+def _number(v: Any) -> Any:
+    """A number written as text (YAML 1.1 reads `5.0e10` as a string) as a number; else unchanged."""
+    if isinstance(v, str):
+        try:
+            f = float(v.strip().replace("_", ""))
+        except ValueError:
+            return v
+        return int(f) if f.is_integer() and abs(f) < 2**63 and "." not in v and "e" not in v.lower() else f
+    return v
+
+
+def _gpu_count(v: Any, what: str = "a GPU count") -> int:
+    v = _number(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise ValueError(f"{what} must be a whole number, got {v!r}"[:200])
+    if not 1 <= v <= MAX_GPUS:
+        raise ValueError(f"{what} must be from 1 to {MAX_GPUS:,}, got {v:g}")
+    return int(v)
+
+
+def _gpu_counts(v: Any) -> Any:
+    """`num_gpus`: a count, a list of counts or a range, each error in one plain line (no pydantic
+    union member names)."""
+    if isinstance(v, RangeSpec):
+        return v
+    if isinstance(v, dict):
+        from ..loader import format_validation_error  # noqa: PLC0415
+
+        try:
+            return RangeSpec(**v)
+        except ValidationError as exc:
+            loc, msg = format_validation_error(exc, RangeSpec)
+            raise ValueError(f"range {loc}: {msg}" if loc else f"range: {msg}") from None
+        except TypeError:
+            raise ValueError("a range needs text field names (start, stop, step or factor)") from None
+    if isinstance(v, list):
+        if not v:
+            raise ValueError("an empty list allows nothing")
+        return [_gpu_count(x, f"item {i} ({x!r})"[:60]) for i, x in enumerate(v)]
+    if isinstance(_number(v), (int, float)) and not isinstance(v, bool):
+        return _gpu_count(v)
+    raise ValueError(f"expected a GPU count, a list of counts or a range {{start, stop, step or factor}}, got "
+                     f"{v!r}"[:200])
+
+
+def _token_budget(v: Any) -> Any:
+    def one(x: Any, what: str) -> float:
+        x = _number(x)
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"{what} must be a number of tokens, got {x!r}"[:200])
+        if not (math.isfinite(x) and x > 0):
+            raise ValueError(f"{what} must be a positive number of tokens, got {x!r}")
+        if x > MAX_TOKENS:
+            raise ValueError(f"{what} {x:.3g} is more than the {MAX_TOKENS:.0e} allowed (10 quadrillion; the "
+                             f"largest published pretraining runs use ~4e13)")
+        return float(x)
+
+    if isinstance(v, list):
+        return [one(x, f"item {i}") for i, x in enumerate(v)]
+    return one(v, "the budget")
 
 
 class NetworkSpec(Strict):
@@ -79,6 +155,11 @@ class WorkloadSpec(Strict):
     tokens: Positive | list[Positive]
     search: SearchSpec = SearchSpec()
 
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v: Any) -> Any:
+        return _token_budget(v)
+
     @model_validator(mode="before")
     @classmethod
     def _resolve_model(cls, data: Any) -> Any:  # a preset name or {preset: ..., overrides} -> explicit fields
@@ -95,6 +176,11 @@ class OptionSpec(Strict):
     topology: str | list[str] | None = None  # catalog preset or a study `networks:` name; default: the GPU's
     mode: Mode | list[Mode] | None = None  # default: pricing.mode
     catalog: str | None = None  # calibrated catalog overlay
+
+    @field_validator("num_gpus", mode="before")
+    @classmethod
+    def _counts(cls, v: Any) -> Any:
+        return _gpu_counts(v)
 
 
 class PricingSpec(Strict):
@@ -141,6 +227,11 @@ class StudySpec(Strict):
     combine: Literal["each", "sum"] = "each"  # each workload its own question, or one cluster for all
     sensitivity: SensitivityMode = "evaluate"
     time_limit_s: Positive | None = None  # per solve
+
+    @field_validator("sensitivity", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
 
 
 # ---- expanded study -----------------------------------------------------------------------------
