@@ -293,7 +293,17 @@ def cmd_whatif(a: argparse.Namespace) -> int:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     from .validate import format_report, validate  # noqa: PLC0415
+    from .validate.ablations import format_ablations, is_ablations_file, validate_ablations  # noqa: PLC0415
 
+    if a.ablations or (a.runs and is_ablations_file(a.runs)):
+        if a.ablations and a.runs:
+            raise InputError("give either RUNS.json or --ablations FILE, not both", field="validate")
+        abl = validate_ablations(a.ablations or a.runs, catalog=a.catalog)
+        if a.json:
+            _print_json(abl.to_json())
+        else:
+            sys.stdout.write(format_ablations(abl) + "\n")
+        return EXIT_OK
     report = validate(a.runs, catalog=a.catalog)
     if a.json:
         _print_json(report.to_json())
@@ -399,7 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     v = add("validate", cmd_validate, "Compare predicted step times with published measured runs.")
-    v.add_argument("runs", nargs="?", default=None, metavar="RUNS.json")
+    v.add_argument("runs", nargs="?", default=None, metavar="RUNS.json",
+                   help="measured runs (dev_runs / modern_runs shape; default shared/validation/dev_runs.json); "
+                        "a file of ablation groups is detected and ranked as with --ablations")
+    v.add_argument("--ablations", metavar="FILE", help="groups of measured configurations of one model on one "
+                   "cluster: measured vs predicted order, pairwise concordance, top-1 and OOM/fit agreement")
     v.add_argument("--catalog", metavar="CATALOG", help="calibrated catalog overlay to apply")
     v.add_argument("--json", action="store_true")
 

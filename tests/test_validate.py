@@ -453,3 +453,73 @@ def test_modern_dev_report_by_source_and_regime():
         assert g.runs == len(members) and g.median_abs_error_pct == pytest.approx(statistics.median(errs))
         assert g.p90_abs_error_pct == pytest.approx(float(np.percentile(errs, 90)))
     assert "regime" in format_report(rep)
+
+
+# ---- ranking of ablations --------------------------------------------------------------------
+
+
+def _cfg(i, t, p, fits=True, status="ok", **knobs):
+    from autoshard.validate.ablations import ConfigResult
+
+    return ConfigResult(i, f"config {i}", {"micro_batch": knobs.get("mbs", 1), "recompute": knobs.get("rc", "none")},
+                        status, t, t, p, fits)
+
+
+def test_ablation_metrics_on_a_hand_made_group():
+    from autoshard.validate.ablations import assemble_group, summarize_ablations
+
+    # measured times 1.00 1.10 1.03 1.20 (+ one OOM); predicted 2.00 2.30 2.10 2.01 (and 2.5 for the OOM one).
+    cs = [_cfg(0, 1.00, 2.00), _cfg(1, 1.10, 2.30, mbs=2), _cfg(2, 1.03, 2.10, mbs=4),
+          _cfg(3, 1.20, 2.01, fits=False, rc="full"), _cfg(4, None, 2.5, fits=False, status="OOM", mbs=8)]
+    g = assemble_group("g", "hand", "step_time_s", cs)
+    # By hand: pairs measured >= 8% apart: (0,1) 10.0%, (0,3) 20.0%, (1,3) 9.1%, (2,3) 16.5%;
+    # (0,2) 3.0% and (1,2) 6.8% are ties. Predicted: (0,1) same order -> concordant; (0,3) 2.00 vs
+    # 2.01 is within 1% -> a predicted tie, discordant; (1,3) and (2,3) predicted the other way.
+    assert sorted((p.a, p.b) for p in g.compared) == [(0, 1), (0, 3), (1, 3), (2, 3)]
+    assert g.concordant == 1
+    assert [(p.a, p.b) for p in g.blind] == [(0, 3)]  # predicted 0.5% apart, measured 20% apart
+    assert g.blind[0].knobs == ["recompute: 'none' vs 'full'"]
+    assert g.measured_order == [0, 2, 1, 3] and g.predicted_order == [0, 3, 2, 1]
+    assert g.top1 is True  # measured fastest #0 is the predicted fastest that fits
+    assert (g.oom_agree, g.oom_total) == (4, 5)  # #3 ran but is predicted not to fit
+    s = summarize_ablations([g, g])
+    assert (s.pairs_compared, s.pairs_concordant, s.blind_pairs) == (8, 2, 2)
+    assert s.concordance_pct == pytest.approx(25.0) and (s.top1_agree, s.top1_groups) == (2, 2)
+    assert (s.oom_agree, s.oom_total) == (8, 10)
+
+
+def test_ablation_rates_become_times_and_knobs_from_notes():
+    from autoshard.validate.ablations import _metric, _overlap_from_notes
+
+    cfgs = [{"measured": {"tokens_per_sec_per_gpu": 100, "mfu_pct": 40}}, {"measured": {"status": "OOM"}},
+            {"measured": {"tokens_per_sec_per_gpu": 128}}]
+    assert _metric(cfgs) == "tokens_per_sec_per_gpu"  # mfu_pct is not in every configuration that ran
+    assert _overlap_from_notes("2D + AsyncTP (TP comm/compute overlap)") == (True, None)
+    assert _overlap_from_notes("vanilla TP") == (False, None)
+    assert _overlap_from_notes("EP overlap off; steady window") == (None, False)
+
+
+ABLATIONS_DEV = DEV_RUNS.parent / "ablations_dev.json"
+
+
+@pytest.mark.skipif(not ABLATIONS_DEV.is_file(), reason="shared/validation/ablations_dev.json not present")
+def test_ablations_dev_report(capsys):
+    from autoshard.cli import main
+    from autoshard.validate.ablations import validate_ablations
+
+    rep = validate_ablations(ABLATIONS_DEV)
+    groups = json.loads(ABLATIONS_DEV.read_text())
+    assert rep.summary.groups == len(groups) == 22
+    by_id = {g.id: g for g in rep.groups}
+    # torchtitan Table 5: interleaved 1F1B 128 vs 1F1B 100 tokens/s/GPU -> measured order [1, 0].
+    assert by_id["torchtitan-2412-405b-512gpu-pp-schedule"].measured_order == [1, 0]
+    # the OOM group: two configurations measured OOM, one ran.
+    oom = by_id["torchtitan-2404-llama2-70b-64a100-ac"]
+    assert [c.status for c in oom.configs] == ["OOM", "OOM", "ok"] and oom.measured_order == [2]
+    assert rep.summary.pairs_compared == sum(len(g.compared) for g in rep.groups) > 0
+    # auto-detected from the file's shape, same as --ablations
+    assert main(["validate", str(ABLATIONS_DEV), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["pairs_compared"] == rep.summary.pairs_compared
+    assert main(["validate", "--ablations", str(ABLATIONS_DEV)]) == 0
+    assert "concordance" in capsys.readouterr().out.splitlines()[-1]

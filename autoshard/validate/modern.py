@@ -198,11 +198,11 @@ def _model_family(model: str) -> str:
     for key in ("mamba", "nemotron 3", "nemotron-h", "hybrid"):
         if key in m:
             return "hybrid"
-    if m.startswith("gpt-3") or m.startswith("gpt3"):
+    if m.startswith("gpt-3") or m.startswith("gpt3") or m.startswith("bloom"):
         return "gpt3"
     if "nemotron-4" in m or "nemotron4" in m or "nemotron 15b" in m:
         return "nemotron4"
-    if "deepseek" in m or "kimi" in m:
+    if "deepseek" in m or "kimi" in m or "moonlight" in m:
         return "mla"
     if any(k in m for k in ("llama", "qwen", "mixtral", "mistral", "gpt-oss")):
         return "gated"
@@ -231,8 +231,12 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
         return "full", "activation_checkpointing: true -> full (every layer checkpointed)", True
     if low.startswith("full"):
         return "full", None, True
+    if low.startswith("selective (layer)") or low.startswith("selective layer"):
+        # torchtitan's layer-level selective AC: full checkpointing of every 2nd layer (selective_ac_option "2")
+        return (["none", "full"] * layers)[:layers], f"{raw!r}: full recompute on every 2nd layer (torchtitan selective_ac_option 2)", True
     if low.startswith("selective"):
-        return "selective", None, True
+        note = f"{raw!r} priced as selective" if low != "selective" else None
+        return "selective", note, True
     if "sac" in low:
         return "selective", f"{raw!r}: per-op selective activation checkpointing priced as selective", True
     m = re.search(r'recompute_granularity\s*=\s*"?(\w+)"?', low)
@@ -388,6 +392,8 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         model.update(hidden_act="silu", tie_word_embeddings=False)
     if fam == "mla":
         model.update(MLA_DIMS)
+        if "moonlight" in model_name.lower():
+            model["q_lora_rank"] = None  # moonshotai/Moonlight-16B-A3B config.json: q_lora_rank null
         model.pop("head_dim", None)
         notes.append("MLA dims of the DeepSeek-V2/V3 / Kimi K2 config.json (q_lora 1536, kv_lora 512, nope 128, rope 64, v 128)")
         if "mtp" not in model_name.lower():
@@ -461,7 +467,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         problem = load_problem({
             "name": rid, "model": model, "framework": framework,
             "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
-                         "optimizer": "adam", "flash_attention": True},
+                         "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True))},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
@@ -469,5 +475,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                     tp_comm_overlap=tp_ov, ep_overlap=ep_ov)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
+    if fam == "gpt3" and model_name.lower().startswith("bloom"):
+        notes.append("BLOOM candidate: gelu, tied embeddings, dropout (Megatron-DeepSpeed GPT)")
     return Case(rid, group, gid, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
                 recipe=recipe, framework=framework, arch=arch)
