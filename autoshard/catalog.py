@@ -38,13 +38,23 @@ class Price(Strict):
     purchase_usd: float = Field(gt=0)
 
 
+GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp4")
+# The data type whose figure stands in for a missing one: the other 16-bit type, fp4 -> fp8.
+_DTYPE_FALLBACK = {"bf16": "fp16", "fp16": "bf16", "fp8": "bf16", "fp4": "fp8"}
+
+
 class GPU(Strict):
     id: str
     name: str
+    arch: str
     aliases: list[str] = []
-    peak_tflops: dict[str, float]
-    hbm_gib: float = Field(gt=0)
+    peak_tflops: dict[str, float]  # dense, per GEMM data type (GEMM_DTYPES)
+    hbm_gb: float = Field(gt=0)  # the vendor's figure ("80 GB")
+    hbm_usable_gib: float = Field(gt=0)  # what the driver exposes, GiB (2**30 B)
+    precisions: list[str]  # training precisions / recipes this GPU runs (precisions.yaml)
     hbm_tb_per_s: float = Field(gt=0)
+    host_memory_gb: float | None = Field(default=None, gt=0)  # CPU memory over NVLink-C2C, per GPU share
+    host_link_gb_per_s: float | None = Field(default=None, gt=0)  # NVLink-C2C, each way, per GPU share
     scaleup: str
     scaleup_gb_per_s: float = Field(gt=0)
     tdp_w: float = Field(gt=0)
@@ -53,16 +63,37 @@ class GPU(Strict):
     efficiency: Efficiency
     sources: dict[str, str]
 
+    @staticmethod
+    def _dtype(table: dict[str, float], dtype: str) -> float:
+        seen = set()
+        while dtype not in table and dtype not in seen:
+            seen.add(dtype)
+            dtype = _DTYPE_FALLBACK.get(dtype, "bf16")
+        return table[dtype] if dtype in table else table.get("bf16", table.get("fp16", 0.0))
+
     def peak_flops(self, precision: str) -> float:
-        """Dense peak FLOP/s; fp8 on a GPU without fp8 runs at the bf16 rate."""
-        return 1e12 * self.peak_tflops.get(precision, self.peak_tflops["bf16"])
+        """Dense peak FLOP/s of a GEMM data type or recipe (`fp8-current` -> fp8). A type the GPU
+        lacks falls back to the next wider it has (fp4 -> fp8 -> bf16 <-> fp16); problem files never
+        get there: `check_precision` rejects a recipe the GPU does not run."""
+        return 1e12 * self._dtype(self.peak_tflops, _gemm_dtype_of(precision))
 
     def matmul_efficiency(self, precision: str) -> float:
-        return self.efficiency.matmul.get(precision, self.efficiency.matmul["bf16"])
+        return self._dtype(self.efficiency.matmul, _gemm_dtype_of(precision))
+
+    @property
+    def hbm_gib(self) -> float:
+        """Usable HBM in GiB (the same as `hbm_usable_gib`; kept for callers of the old name)."""
+        return self.hbm_usable_gib
 
     @property
     def hbm_bytes(self) -> float:
-        return self.hbm_gib * 2**30
+        """Usable HBM in bytes: what the driver exposes (`hbm_usable_gib` GiB)."""
+        return self.hbm_usable_gib * 2**30
+
+    @property
+    def hbm_vendor_bytes(self) -> float:
+        """The vendor's capacity figure in bytes (`hbm_gb` x 1e9)."""
+        return self.hbm_gb * 1e9
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -73,6 +104,7 @@ class Topology(Strict):
     id: str
     description: str = ""
     source: str = ""
+    aliases: list[str] = []
     levels: list[TopologyLevel]
 
 
@@ -89,6 +121,15 @@ def _gpus() -> dict[str, GPU]:
 @functools.cache
 def _topologies() -> dict[str, Topology]:
     return {k: Topology(id=k, **v) for k, v in _data("topologies.yaml").items()}
+
+
+@functools.cache
+def _topology_aliases() -> dict[str, str]:
+    table: dict[str, str] = {}
+    for tid, topo in _topologies().items():
+        for a in [tid, *topo.aliases]:
+            table[_norm(a)] = tid
+    return table
 
 
 @functools.cache
@@ -135,10 +176,139 @@ def get_gpu(name: str, catalog: str | None = None) -> GPU:
 
 
 def get_topology(name: str) -> Topology:
-    topo = _topologies().get(_norm(name))
-    if topo is None:
-        raise InputError(f"unknown topology {name!r} ({closest(_norm(name), _topologies())})", field="cluster.topology")
-    return topo
+    """A topology preset by id or alias (case-insensitive)."""
+    tid = _topology_aliases().get(_norm(name))
+    if tid is None:
+        raise InputError(f"unknown topology {name!r} ({closest(_norm(name), _topology_aliases())})",
+                         field="cluster.topology")
+    return _topologies()[tid]
+
+
+# ---- training precisions (autoshard/data/precisions.yaml) ---------------------------------
+
+
+class Recipe(Strict):
+    """A training precision as run: the linear GEMMs' data type and the recipe's memory and HBM costs."""
+
+    id: str
+    name: str
+    aliases: list[str] = []
+    gemm_dtype: str
+    gemms: list[str]
+    bf16_layer_fraction: float = Field(ge=0, lt=1)
+    gemm_efficiency_factor: float = Field(gt=0, le=1)
+    weight_copy_bytes_per_param: dict[str, float]
+    quant_hbm_bytes_per_element: dict[str, float]
+    published_speedup_vs_bf16: tuple[float, float] | None = None
+    sources: dict[str, str]
+
+    def per_arch(self, table: dict[str, float], gpu: GPU | None) -> float:
+        return table.get(gpu.arch, table["default"]) if gpu is not None else table["default"]
+
+
+@functools.cache
+def _recipes() -> tuple[dict[str, Recipe], dict[str, str]]:
+    """(recipes by id, name or alias -> id). `alias_of` entries are names of another recipe."""
+    raw = _data("precisions.yaml")
+    recipes = {k: Recipe(id=k, **v) for k, v in raw.items() if "alias_of" not in v}
+    names: dict[str, str] = {}
+    for rid, r in recipes.items():
+        for a in [rid, *r.aliases]:
+            names[_norm(a)] = rid
+    for k, v in raw.items():
+        if "alias_of" in v:
+            names[_norm(k)] = v["alias_of"]
+    return recipes, names
+
+
+def precision_ids() -> list[str]:
+    """The names `training.precision` accepts (spec.Precision), recipes and `fp8` (the default FP8 recipe)."""
+    raw = _data("precisions.yaml")
+    return list(raw)
+
+
+def precision_id(name: str) -> str | None:
+    """The recipe id of a precision name or alias (`FP8-CS` -> `fp8-current`, `fp8` -> `fp8-delayed`,
+    `FP8-MX` -> `mxfp8`), or None."""
+    return _recipes()[1].get(_norm(str(name)))
+
+
+def get_recipe(name: str) -> Recipe:
+    rid = precision_id(name)
+    if rid is None:
+        recipes, names = _recipes()
+        raise InputError(f"unknown precision {name!r} ({closest(_norm(str(name)), names)})", field="training.precision")
+    return _recipes()[0][rid]
+
+
+def _gemm_dtype_of(precision: str) -> str:
+    if precision in GEMM_DTYPES:
+        return precision
+    rid = precision_id(precision)
+    return _recipes()[0][rid].gemm_dtype if rid else "bf16"
+
+
+def supports(gpu: GPU, precision: str) -> bool:
+    """Whether the GPU runs this precision (its `precisions:` list in gpus.yaml, aliases resolved)."""
+    rid = precision_id(precision)
+    return rid is not None and any(precision_id(p) == rid for p in gpu.precisions)
+
+
+def check_precision(gpu: GPU, precision: str) -> None:
+    """Reject, as bad input, a precision the GPU has no tensor cores for (fp8 on A100, bf16 on V100)."""
+    get_recipe(precision)  # an unknown name: one line naming the closest
+    if not supports(gpu, precision):
+        runs = ", ".join(p for p in gpu.precisions if p != "fp8")
+        raise InputError(f"{gpu.name} cannot train in {precision} (it runs {runs})", field="training.precision")
+
+
+def default_precision(gpu: GPU) -> str:
+    """The precision a problem gets when it names none: bf16, or fp16 on GPUs without bf16 (V100)."""
+    return "bf16" if supports(gpu, "bf16") else "fp16"
+
+
+def gemm_peak_flops_per_s(gpu: GPU, precision: str) -> float:
+    """Dense peak FLOP/s of the recipe's GEMM data type on this GPU (MFU's denominator)."""
+    return gpu.peak_flops(get_recipe(precision).gemm_dtype)
+
+
+def gemm_flops_per_s(gpu: GPU, precision: str) -> float:
+    """Achievable FLOP/s of the linear-layer GEMMs under a recipe: peak of its data type x the GPU's
+    matmul efficiency for that type x the recipe's kernel factor; where the recipe keeps a share of
+    the layers in bf16 (nvfp4), the FLOP-weighted harmonic mean of the two rates."""
+    r = get_recipe(precision)
+    low = gpu.peak_flops(r.gemm_dtype) * gpu.matmul_efficiency(r.gemm_dtype) * r.gemm_efficiency_factor
+    if r.bf16_layer_fraction <= 0:
+        return low
+    hi = gpu.peak_flops("bf16") * gpu.matmul_efficiency("bf16")
+    return 1.0 / (r.bf16_layer_fraction / hi + (1 - r.bf16_layer_fraction) / low)
+
+
+def attention_flops_per_s(gpu: GPU) -> float:
+    """Achievable FLOP/s of core attention, which stays 16-bit in every recipe."""
+    return gpu.peak_flops("bf16") * gpu.matmul_efficiency("bf16")
+
+
+def quant_overhead_bytes_per_element(precision: str, gpu: GPU | None = None) -> float:
+    """HBM bytes moved to quantize one element of a low-precision GEMM input (0 for bf16/fp16).
+    Multiply by the elements of every GEMM input that is quantized (activations, weights when not
+    cached, output gradients) and by the recipe's low-precision share (`low_precision_fraction`)."""
+    r = get_recipe(precision)
+    return r.per_arch(r.quant_hbm_bytes_per_element, gpu)
+
+
+def weight_copy_bytes_per_param(precision: str, gpu: GPU | None = None) -> float:
+    """Bytes per parameter of the low-precision weight copies kept in HBM for the step (beyond the bf16
+    weights): 0 for bf16, 1 or 2 for FP8 (transpose on Hopper/Ada), 2.06 for MXFP8, 1.125 for NVFP4,
+    counting the recipe's bf16 layers (which keep no copy)."""
+    r = get_recipe(precision)
+    return r.per_arch(r.weight_copy_bytes_per_param, gpu) * (1 - r.bf16_layer_fraction)
+
+
+def low_precision_fraction(precision: str) -> float:
+    """Share of the linear-layer GEMM FLOPs that run in the recipe's low-precision type (0 for 16-bit)."""
+    r = get_recipe(precision)
+    return 0.0 if r.gemm_dtype in ("bf16", "fp16") else 1.0 - r.bf16_layer_fraction
 
 
 def resolve_model(value: Any) -> Any:

@@ -69,9 +69,14 @@ def parse_bytes(text: str) -> float:
         raise InputError(f"not a byte count: {text!r} (examples: 1e9, 33.5MB, 1GiB)", field="BYTES")
     value, unit = float(m.group(1)), (m.group(2) or "").lower()
     scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}[unit]
+    if not math.isfinite(value * scale) or value * scale > MAX_BYTES:
+        raise InputError(f"{text.strip()} is larger than the {MAX_BYTES:.3g} bytes allowed", field="BYTES")
     if value <= 0:
         raise InputError("the byte count must be positive", field="BYTES")
     return value * scale
+
+
+MAX_BYTES = 2.0**60  # 1 EiB: larger than any collective, and its time stays finite
 
 
 def _check_limits(a: argparse.Namespace) -> None:
@@ -179,7 +184,10 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
 
 def cmd_collective(a: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
     from .catalog import get_gpu, get_topology  # noqa: PLC0415
+    from .loader import validate  # noqa: PLC0415
     from .spec import ClusterSpec  # noqa: PLC0415
     from .topology import cluster_graph, collective_s, contiguous_profile, resolve_levels  # noqa: PLC0415
 
@@ -188,24 +196,35 @@ def cmd_collective(a: argparse.Namespace) -> int:
         raise InputError("must be >= 1", field="--gpus")
     get_topology(a.cluster)
     gpu = get_gpu(a.gpu) if a.gpu else get_gpu("h100-sxm")
-    cluster = ClusterSpec(gpu=gpu.id, num_gpus=a.gpus, topology=a.cluster)
+    try:
+        cluster = validate(ClusterSpec, {"gpu": gpu.id, "num_gpus": a.gpus, "topology": a.cluster})
+    except InputError as exc:  # e.g. more GPUs than any cluster: name the option, not the schema field
+        raise InputError(exc.message, field="--gpus" if exc.field == "num_gpus" else exc.field) from None
     levels = resolve_levels(cluster, gpu)
-    if not a.efficiency:
-        levels = tuple(type(lv)(lv.name, lv.size, lv.link_bytes_per_s, lv.link_bytes_per_s, lv.latency_s, lv.sharp)
-                       for lv in levels)
+    raw = bool(getattr(a, "raw", False))
+    if raw:
+        levels = tuple(dataclasses.replace(lv, bytes_per_s=lv.link_bytes_per_s) for lv in levels)
     prof = contiguous_profile(cluster_graph(levels, a.gpus), a.gpus)
     t = collective_s(a.op.replace("-", "_"), levels, prof, nbytes)
-    algbw = nbytes / t if t > 0 else float("inf")
+    if not math.isfinite(t):
+        raise InputError(f"the time of {nbytes:g} B is not a finite number; give a smaller size", field="BYTES")
+    algbw = nbytes / t if t > 0 else None  # one GPU: nothing moves
     factor = {"all_reduce": 2 * (a.gpus - 1) / a.gpus}.get(a.op.replace("-", "_"), (a.gpus - 1) / a.gpus)
-    out = {"op": a.op, "bytes": nbytes, "gpus": a.gpus, "cluster": a.cluster, "time_s": t,
-           "algorithm_bandwidth_bytes_per_s": algbw, "bus_bandwidth_bytes_per_s": algbw * factor,
-           "levels_crossed": prof.crossed(levels), "efficiency_applied": bool(a.efficiency)}
+    eff = gpu.efficiency
+    applied = "raw link rates (--raw)" if raw else \
+        f"{gpu.id} efficiencies as the solver applies them (scale-up {eff.scaleup:g}, scale-out {eff.scaleout:g} " \
+        "of the link rate, oversubscription, NVLS gain)"
+    out = {"op": a.op, "bytes": nbytes, "gpus": a.gpus, "cluster": a.cluster, "gpu": gpu.id, "time_s": t,
+           "algorithm_bandwidth_bytes_per_s": algbw, "bus_bandwidth_bytes_per_s": algbw and algbw * factor,
+           "levels_crossed": prof.crossed(levels), "efficiency_applied": not raw, "bandwidths": applied}
     if a.json:
         _print_json(out)
+    elif algbw is None:
+        print(f"{a.op} over 1 GPU on {a.cluster}: 0 us (nothing to exchange)")
     else:
         print(f"{a.op} of {nbytes:.4g} B over {a.gpus} GPUs on {a.cluster}: {t * 1e6:.1f} us; "
               f"algorithm bandwidth {algbw / 1e9:.1f} GB/s, bus bandwidth {algbw * factor / 1e9:.1f} GB/s; "
-              f"crosses {', '.join(out['levels_crossed']) or 'nothing'}")
+              f"crosses {', '.join(out['levels_crossed']) or 'nothing'}; with {applied}")
     return EXIT_OK
 
 
@@ -215,22 +234,85 @@ def cmd_catalog(a: argparse.Namespace) -> int:
     gpus = [get_gpu(g) for g in gpu_ids()]
     topos = [get_topology(t) for t in topology_ids()]
     if a.json:
+        from .catalog import _recipes  # noqa: PLC0415
+
         _print_json({"gpus": [g.model_dump() for g in gpus], "topologies": [t.model_dump() for t in topos],
+                     "precisions": [r.model_dump() for r in _recipes()[0].values()],
                      "models": {k: _models()[k] for k in model_ids()}})
         return EXIT_OK
-    print(f"{'GPU':<15}{'bf16 TF':>9}{'fp8 TF':>9}{'HBM GiB':>9}{'HBM TB/s':>10}{'link GB/s':>10}{'TDP W':>7}"
-          f"{'$/GPU-h':>9}  aliases")
+    print(f"{'GPU':<15}{'16-bit TF':>10}{'fp8 TF':>8}{'fp4 TF':>8}{'HBM GB':>8}{'usable GiB':>11}{'HBM TB/s':>9}"
+          f"{'link GB/s':>10}{'TDP W':>7}{'$/GPU-h':>9}  aliases")
     for g in gpus:
-        fp8 = g.peak_tflops.get("fp8")
-        print(f"{g.id:<15}{g.peak_tflops['bf16']:>9.0f}{(f'{fp8:.0f}' if fp8 else '-'):>9}{g.hbm_gib:>9.0f}"
-              f"{g.hbm_tb_per_s:>10.2f}{g.scaleup_gb_per_s:>10.0f}{g.tdp_w:>7.0f}{g.price.usd_per_gpu_hour:>9.2f}  "
-              f"{', '.join(g.aliases)}")
+        fp8, fp4 = g.peak_tflops.get("fp8"), g.peak_tflops.get("fp4")
+        b16 = g.peak_tflops.get("bf16", g.peak_tflops.get("fp16", 0.0))
+        print(f"{g.id:<15}{b16:>10.0f}{(f'{fp8:.0f}' if fp8 else '-'):>8}{(f'{fp4:.0f}' if fp4 else '-'):>8}"
+              f"{g.hbm_gb:>8g}{g.hbm_usable_gib:>11.2f}{g.hbm_tb_per_s:>9.2f}{g.scaleup_gb_per_s:>10.0f}{g.tdp_w:>7.0f}"
+              f"{g.price.usd_per_gpu_hour:>9.2f}  {', '.join(g.aliases)}")
+    print("\nPrecisions each GPU trains in:")
+    for g in gpus:
+        print(f"  {g.id:<15}{', '.join(p for p in g.precisions if p != 'fp8')}")
     print("\nTopologies (levels: name size x GB/s per GPU):")
     for t in topos:
         lv = " -> ".join(f"{x.name} {x.size}x{x.bandwidth_gb_per_s:g}{' SHARP' if x.sharp else ''}" for x in t.levels)
         print(f"  {t.id:<20}{lv}")
     print("\nModel presets: " + ", ".join(model_ids()))
     print("Sources: `autoshard catalog --json` (every figure carries its source).")
+    return EXIT_OK
+
+
+def _model_arg(text: str):
+    """A model preset name or a Hugging Face config.json path -> ModelSpec (bad input: one line)."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from .catalog import resolve_model  # noqa: PLC0415
+    from .spec import ModelSpec  # noqa: PLC0415
+
+    value = {"hf_config": text} if (text.endswith(".json") or os.path.sep in text) else text
+    try:
+        return ModelSpec(**resolve_model(value))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(f"{err.get('msg', 'invalid model')}", field="MODEL." + ".".join(str(x) for x in err.get("loc", ()))) from None
+
+
+def cmd_rooflines(a: argparse.Namespace) -> int:
+    from .catalog import get_gpu, get_topology  # noqa: PLC0415
+    from .rooflines import render, rooflines  # noqa: PLC0415
+
+    model = _model_arg(a.model)
+    gpu = get_gpu(a.gpu)
+    if a.topology:
+        get_topology(a.topology)
+    if a.gpus is not None and not 2 <= a.gpus <= 1 << 20:
+        raise InputError(f"must be in 2..{1 << 20}, got {a.gpus}", field="--gpus")
+    r = rooflines(model, gpu, a.topology, precision=a.precision, num_gpus=a.gpus, achievable=a.achievable)
+    if a.json:
+        _print_json(r)
+    else:
+        sys.stdout.write(render(r))
+    return EXIT_OK
+
+
+def cmd_serve_memory(a: argparse.Namespace) -> int:
+    from .catalog import get_gpu  # noqa: PLC0415
+    from .serving import render, serve_memory  # noqa: PLC0415
+
+    if (a.model is None) == (a.params is None):
+        raise InputError("give either MODEL or --params (not both)", field="MODEL")
+    params = None
+    if a.params is not None:
+        try:
+            params = float(a.params)
+        except ValueError:
+            raise InputError(f"not a number: {a.params!r}", field="--params") from None
+    model = _model_arg(a.model) if a.model else None
+    r = serve_memory(get_gpu(a.gpu), model=model, params=params, batch=a.batch, context=a.context,
+                     precision=a.precision, kv_precision=a.kv_precision, prefill_tokens=a.prefill_tokens,
+                     memory_utilization=a.memory_utilization, gpus_per_node=a.gpus_per_node)
+    if a.json:
+        _print_json(r)
+    else:
+        sys.stdout.write(render(r))
     return EXIT_OK
 
 
@@ -369,11 +451,42 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cluster", required=True, metavar="PRESET", help="topology preset, e.g. dgx-h100-superpod")
     c.add_argument("--gpus", required=True, type=int, metavar="N", help="GPUs in the group (consecutive ranks)")
     c.add_argument("--gpu", metavar="GPU", help="GPU type (for its network efficiency; default h100-sxm)")
-    c.add_argument("--efficiency", action="store_true", help="apply the catalog's achievable-bandwidth factors")
+    c.add_argument("--raw", action="store_true",
+                   help="price at the raw link rates (default: the GPU's achievable-bandwidth efficiencies, as the "
+                        "solver applies them)")
+    c.add_argument("--efficiency", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
     c.add_argument("--json", action="store_true")
 
-    k = add("catalog", cmd_catalog, "List GPUs, topologies and model presets.")
+    k = add("catalog", cmd_catalog, "List GPUs, topologies, precisions and model presets.")
     k.add_argument("--json", action="store_true")
+
+    r = add("rooflines", cmd_rooflines, "Seed 001's rooflines: tokens per GPU above which DP, FSDP and EP stay "
+            "compute-bound, and the TP bound F / divisor, per topology level.")
+    r.add_argument("model", metavar="MODEL", help="model preset or Hugging Face config.json")
+    r.add_argument("--gpu", required=True, metavar="GPU", help="GPU id or alias (autoshard catalog)")
+    r.add_argument("--topology", metavar="PRESET", help="topology preset (default: the GPU's standard system)")
+    r.add_argument("--precision", default="bf16", metavar="P", help="training precision: its GEMM peak is C (default bf16)")
+    r.add_argument("--gpus", type=int, metavar="N", help="cluster size (default: the topology's top level)")
+    r.add_argument("--achievable", action="store_true",
+                   help="use the catalog's matmul and network efficiencies (default: peak and link rates, as the seeds)")
+    r.add_argument("--json", action="store_true")
+
+    sm = add("serve-memory", cmd_serve_memory, "Inference memory: weights + KV cache (GQA/MLA) + activations, "
+             "and the fewest GPUs to hold and to serve a model.")
+    sm.add_argument("model", nargs="?", metavar="MODEL", help="model preset or Hugging Face config.json")
+    sm.add_argument("--params", metavar="N", help="weights only: a parameter count instead of MODEL (e.g. 100e12)")
+    sm.add_argument("--gpu", required=True, metavar="GPU")
+    sm.add_argument("--batch", type=int, default=1, metavar="B", help="concurrent sequences (default 1)")
+    sm.add_argument("--context", type=int, default=4096, metavar="L", help="tokens per sequence, prompt + output (default 4096)")
+    sm.add_argument("--precision", default="bf16", metavar="P",
+                    help="weight precision: bf16, fp16, fp8, mxfp8, nvfp4 (default bf16)")
+    sm.add_argument("--kv-precision", default="bf16", metavar="P", help="KV-cache precision: bf16, fp16, fp8 (default bf16)")
+    sm.add_argument("--prefill-tokens", type=int, default=8192, metavar="T",
+                    help="tokens of one prefill chunk (vLLM's max_num_batched_tokens; default 8192)")
+    sm.add_argument("--memory-utilization", type=float, default=0.9, metavar="F",
+                    help="share of usable HBM the server may use (vLLM's gpu_memory_utilization; default 0.9)")
+    sm.add_argument("--gpus-per-node", type=int, default=8, metavar="N", help="largest TP degree (default 8)")
+    sm.add_argument("--json", action="store_true")
 
     x = add("export", cmd_export, "Write a plan as launcher configuration (megatron, torchtitan, deepspeed, jax).")
     x.add_argument("solution", metavar="SOLUTION", help="solution JSON (from solve/batch) or a plan file")

@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-Precision = Literal["bf16", "fp8"]
+# Training precisions as run (autoshard/data/precisions.yaml): 16-bit, FP8 recipes (`fp8` is the
+# frameworks' default recipe, delayed scaling), MXFP8 and NVFP4. Which GPU runs which: gpus.yaml.
+Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
 Framework = Literal["megatron", "torchtitan", "deepspeed", "maxtext"]
 Recompute = Literal["none", "selective", "full"]
@@ -361,11 +363,26 @@ class Problem(Strict):
 
             data = dict(data)
             data["model"] = resolve_model(data["model"])
-        return data
+        return _default_precision(data)
 
     @property
     def tokens_per_step(self) -> int:
         return self.training.tokens_per_step
+
+
+def _default_precision(data: Any) -> Any:
+    """A problem that names no precision trains in bf16, or in fp16 on a GPU without bf16 (V100)."""
+    if not isinstance(data, dict):
+        return data
+    training, cluster = data.get("training"), data.get("cluster")
+    if isinstance(training, dict) and "precision" not in training and isinstance(cluster, dict) \
+            and isinstance(cluster.get("gpu"), str):
+        from .catalog import _aliases, _gpus, _norm, default_precision
+
+        gid = _aliases().get(_norm(cluster["gpu"]))
+        if gid is not None and default_precision(_gpus()[gid]) != "bf16":
+            data = {**data, "training": {**training, "precision": default_precision(_gpus()[gid])}}
+    return data
 
 
 def divisors(n: int) -> list[int]:

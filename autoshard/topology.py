@@ -82,18 +82,34 @@ def resolve_levels(cluster: ClusterSpec, gpu: GPU) -> tuple[Level, ...]:
     return tuple(out[: keep + 1])
 
 
+def level_size_error(sizes: list[int]) -> tuple[int, str] | None:
+    """The rule for level sizes, presets and user topologies alike: sizes grow, and every level below
+    the top divides the next (a domain sits inside one domain of the level above). The top level is
+    the whole fabric, one domain holding the cluster, so it need only be larger (GB200: 576-GPU
+    leaves under a 16,384-GPU spine). Returns (index of the offending level, reason) or None."""
+    for i in range(1, len(sizes)):
+        if sizes[i] <= sizes[i - 1]:
+            return i, f"level sizes must grow ({sizes[i - 1]} -> {sizes[i]})"
+        if i < len(sizes) - 1 and sizes[i] % sizes[i - 1]:
+            return i, (f"a level below the top must divide the next ({sizes[i - 1]} -> {sizes[i]}); "
+                       "only the top level may be any larger size")
+    return None
+
+
 def check_cluster(problem: Problem) -> None:
-    """Resolve the GPU and topology names now, so that a bad name is an input error."""
+    """Resolve the GPU and topology names now, so that a bad name is an input error; reject a
+    precision the GPU cannot run (fp8 on A100, bf16 on V100)."""
+    from .catalog import check_precision  # noqa: PLC0415
+
     gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
     topo = problem.cluster.topology
     if isinstance(topo, list):
         if not topo:
             raise InputError("an explicit topology needs at least one level", field="cluster.topology")
-        for i in range(1, len(topo)):
-            if topo[i].size <= topo[i - 1].size or topo[i].size % topo[i - 1].size:
-                raise InputError(
-                    f"level sizes must grow and each divide the next ({topo[i - 1].size} -> {topo[i].size})",
-                    field=f"cluster.topology.{i}.size")
+        bad = level_size_error([lv.size for lv in topo])
+        if bad:
+            raise InputError(bad[1], field=f"cluster.topology.{bad[0]}.size")
+    check_precision(gpu, problem.training.precision)
     resolve_levels(problem.cluster, gpu)
 
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoshard.catalog import gpu_ids, model_ids, topology_ids
+from autoshard.catalog import get_gpu, gpu_ids, model_ids, supports, topology_ids
 from autoshard.cost import Estimate, evaluate
 from autoshard.errors import InfeasibleError, InputError
 from autoshard.loader import load_plan, load_problem
@@ -250,13 +250,16 @@ def small_models(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def small_problems(draw: st.DrawFn) -> dict[str, Any]:
     gpus = draw(st.one_of(st.sampled_from([1, 2, 4, 8, 16]), st.integers(1, 16)))
+    gpu = draw(st.sampled_from(gpu_ids()))
+    # Valid by construction: a precision the GPU runs (fp8 on A100 and bf16 on V100 are bad input).
+    runs = [p for p in ("bf16", "fp8") if supports(get_gpu(gpu), p)] or ["fp16"]
     return {
         "model": draw(small_models()),
         "training": {"seq_len": draw(st.sampled_from([128, 256, 512, 1024, 2048, 4096])),
                      "global_batch_size": draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64, 3, 12])),
-                     "precision": draw(st.sampled_from(["bf16", "fp8"])),
+                     "precision": draw(st.sampled_from(runs)),
                      "optimizer": draw(st.sampled_from(["adam", "adamw", "sgd"]))},
-        "cluster": {"gpu": draw(st.sampled_from(gpu_ids())), "num_gpus": gpus},
+        "cluster": {"gpu": gpu, "num_gpus": gpus},
         # A restricted space keeps each solve well under a second.
         "search": {"tp": [1, 2], "pp": [1, 2], "cp": 1, "vpp": 1, "micro_batch_size": [1, 2],
                    "zero_stage": draw(st.sampled_from([[1], [0, 3]])), "schedule": ["1f1b"]},
