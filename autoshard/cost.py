@@ -104,10 +104,6 @@ class Context:
         return self.problem.cluster.num_gpus
 
     @property
-    def framework(self) -> FrameworkProfile:
-        return get_framework(self.problem.framework)
-
-    @property
     def peak(self) -> float:
         from .catalog import gemm_peak_flops_per_s  # noqa: PLC0415
 
@@ -722,13 +718,13 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
             return nbytes_per_param * params
         return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
 
-    weights = shard(fw.weight_bytes, cfg.zero >= 3)
+    weights = shard(BF16, cfg.zero >= 3)
     from .catalog import weight_copy_bytes_per_param  # noqa: PLC0415
 
     weights += shard(weight_copy_bytes_per_param(ctx.training.precision, ctx.gpu), cfg.zero >= 3)  # fp8/fp4 copies
     return {
         "weights": weights,
-        "gradients": shard(fw.grad_bytes, cfg.zero >= 2),
+        "gradients": shard(BF16, cfg.zero >= 2),
         "optimizer_states": shard(opt_b, cfg.zero >= 1),
     }
 
