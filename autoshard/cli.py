@@ -161,6 +161,10 @@ def cmd_solve(a: argparse.Namespace) -> int:
                              field="--output") from None
     try:
         sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top, gap_limit=a.gap)
+        if getattr(a, "robust", False):
+            from .intervals import robust_choice  # noqa: PLC0415
+
+            sol = robust_choice(sol)
     except InfeasibleError as exc:
         if a.json:
             _print_json({"status": "INFEASIBLE", "reason": exc.reason, "suggestions": exc.suggestions})
@@ -178,8 +182,10 @@ def cmd_solve(a: argparse.Namespace) -> int:
         print(f"solver: {st.status} in {st.solve_time_s:.2f} s (gap {100 * (st.gap or 0):.2f}%), "
               f"{st.candidates} candidate configurations, {st.pruned_by_memory} pruned by memory, "
               f"{st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
+        from .render import alternative_line  # noqa: PLC0415
+
         for alt in sol.alternatives:
-            print(f"  alternative: +{alt.slower_pct:.1f}% {alt.estimate.step_time_s:.3f} s/step ({alt.differs})")
+            print(alternative_line(sol.estimate, alt))
     return EXIT_OK
 
 
@@ -436,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "proof with at most as many CP-SAT solves again (default 3; 0 skips that search)")
     s.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
+    s.add_argument("--robust", action="store_true",
+                   help="choose, among the optimum and its alternatives, the plan whose 80%% prediction "
+                        "interval has the lowest upper end (the least bad case the validation residuals allow)")
     s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
 
     e = add("evaluate", cmd_evaluate, "Step time, MFU and per-stage memory of a given plan.")

@@ -876,6 +876,9 @@ class Estimate(BaseModel):
     memory_breakdown_gib: dict[str, float]
     stages: list[StageEstimate]
     bottleneck: str
+    # predicted step time x the 10th/90th percentile of measured/predicted of the validation runs of its
+    # regime (autoshard/intervals.py, autoshard/data/intervals.yaml); None: no step time
+    step_time_interval_s: tuple[float, float] | None = None
 
 
 def invalid_estimate(plan: Plan, reasons: list[str], ctx: Context | None) -> Estimate:
@@ -991,5 +994,8 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
     warnings += placement_warnings(table)
     n = problem.model.num_hidden_layers
     stage_layers = plan.stage_layers or even_split(n, cfg.pp * cfg.vpp)
-    return assemble(ctx, table, stage_layers, plan.recompute_per_layer(n), plan, warnings)
+    from .intervals import with_interval  # noqa: PLC0415
+
+    est = assemble(ctx, table, stage_layers, plan.recompute_per_layer(n), plan, warnings)
+    return with_interval(est, problem.model.is_moe)  # step_time_interval_s from the validation residuals
 

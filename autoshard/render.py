@@ -130,6 +130,8 @@ def solution_record(problem_path: str | os.PathLike[str] | None, problem: Any, s
             "slower_pct": alt.slower_pct, "step_time_s": alt.estimate.step_time_s,
             "tokens_per_s": alt.estimate.tokens_per_s, "mfu": alt.estimate.mfu, "hfu": alt.estimate.hfu,
             "peak_memory_gib": alt.estimate.peak_memory_gib, "fits": alt.estimate.fits,
+            "step_time_interval_s": getattr(alt.estimate, "step_time_interval_s", None),
+            "indistinguishable": indistinguishable(est, alt.estimate),
         } for alt in solution.alternatives],
     }
     if settings is not None:
@@ -303,6 +305,8 @@ def _estimate_markdown(est: Any) -> list[str]:
     out += ["## Performance", ""]
     out += _table(["metric", "value"], [
         ["step time", fmt_s(est.step_time_s)],
+        *([["likely step time (80% interval)", f"{fmt_s(est.step_time_interval_s[0])} to "
+            f"{fmt_s(est.step_time_interval_s[1])}"]] if getattr(est, "step_time_interval_s", None) else []),
         ["tokens / s", f"{est.tokens_per_s:,.0f}"],
         ["MFU", fmt_pct(est.mfu)],
         ["HFU", fmt_pct(est.hfu)],
@@ -367,9 +371,12 @@ def solution_markdown(problem: Any, solution: Any) -> str:
     out += [""] + _estimate_markdown(est)
     out += ["", "## Alternatives", ""]
     if solution.alternatives:
-        rows = [[i + 1, fmt_s(a.estimate.step_time_s), f"+{a.slower_pct:.2f}%", f"`{a.plan.short()}`", a.differs]
+        rows = [[i + 1, fmt_s(a.estimate.step_time_s), f"{a.slower_pct:+.2f}%",
+                 "indistinguishable" if indistinguishable(est, a.estimate) else "", f"`{a.plan.short()}`", a.differs]
                 for i, a in enumerate(solution.alternatives)]
-        out += _table(["#", "step time", "slower", "plan", "differs"], rows, "rrrll")
+        out += _table(["#", "step time", "slower", "vs the plan", "plan", "differs"], rows, "rrrlll")
+        out += ["", "Indistinguishable: the two 80% prediction intervals overlap (the model cannot tell "
+                "which is faster; autoshard/intervals.py)."]
     else:
         out.append("None: every other configuration was proven slower by its bound, or none fits.")
     out += ["", "## Solver", ""]
@@ -417,6 +424,9 @@ def estimate_text(problem: Any, estimate: Any) -> str:
     if est.stages:
         out.append(f"step time {fmt_s(est.step_time_s)}  tokens/s {est.tokens_per_s:,.0f}  MFU {fmt_pct(est.mfu)}  "
                    f"HFU {fmt_pct(est.hfu)}  ({est.num_microbatches} micro-batches)")
+        if getattr(est, "step_time_interval_s", None):
+            lo, hi = est.step_time_interval_s
+            out.append(f"likely step time {fmt_s(lo)} to {fmt_s(hi)} (80% interval from the validation runs)")
         out.append(f"peak memory {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB usable")
         parts = [f"{label} {fmt_pct(share)}" for label, _, share in sorted(_time_rows(est), key=lambda r: -r[1])]
         out.append("time: " + ", ".join(parts))
@@ -440,8 +450,21 @@ def solution_text(problem: Any, solution: Any) -> str:
     out.append(f"solver: {st.status} in {st.solve_time_s:.2f} s (gap {gap}), {st.candidates} candidates, "
                f"{st.pruned_by_memory} pruned by memory, {st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
     for a in solution.alternatives:
-        out.append(f"  alternative: +{a.slower_pct:.1f}% {fmt_s(a.estimate.step_time_s)}/step ({a.differs})")
+        out.append(alternative_line(solution.estimate, a))
     return "\n".join(out) + "\n"
+
+
+def indistinguishable(best: Any, other: Any) -> bool:
+    """Whether the 80% prediction intervals of two estimates overlap."""
+    from .intervals import overlaps  # noqa: PLC0415
+
+    return overlaps(getattr(best, "step_time_interval_s", None), getattr(other, "step_time_interval_s", None))
+
+
+def alternative_line(best: Any, a: Any) -> str:
+    """One alternative: how much slower, its step time, whether the model can tell it apart."""
+    tag = ", indistinguishable: intervals overlap" if indistinguishable(best, a.estimate) else ""
+    return f"  alternative: {a.slower_pct:+.1f}% {fmt_s(a.estimate.step_time_s)}/step ({a.differs}{tag})"
 
 
 def safe_name(text: str) -> str:

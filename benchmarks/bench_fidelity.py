@@ -1,12 +1,19 @@
-"""Fidelity: predicted vs measured step times of the published runs (shared/validation/dev_runs.json).
+"""Fidelity: predicted vs measured step times and plan orders on the three validation files.
 
-    python benchmarks/bench_fidelity.py [--runs PATH] [--catalog OVERLAY] [--calibrate] [--json]
+    python benchmarks/bench_fidelity.py [--full] [--json] [--catalog OVERLAY] [--calibrate]
+                                        [--runs PATH] [--modern PATH] [--ablations PATH]
+                                        [--write-intervals [PATH]]
 
-Prints every run (measured and predicted step, signed error, whether the priced plan fits,
-the time breakdown), the skipped rows with their reasons, the summary (median and p90 of
-|error|, worst run) and the per-source table; then the activation-memory check against
-Korthikanti et al. 2022. `--calibrate` also fits the catalog's efficiency factors on the
-same runs (into a temporary overlay) and prints the table again with them.
+Run it before and after every cost-model change (about 10 s). It prints, for
+shared/validation/dev_runs.json (2021-2024 Megatron dense runs) and modern_runs_dev.json
+(2024-2026 stacks: MoE, Blackwell, FP8 recipes) the summary (median, p90, worst |error|) and
+the per-source and per-regime tables, and for ablations_dev.json the ranking summary
+(pairwise concordance, blind pairs, top-1, OOM/fit). `--full` adds every run and every group;
+the activation-memory check against Korthikanti et al. 2022 closes the output.
+`--calibrate` also fits the catalog's efficiency factors on dev_runs (into a temporary overlay)
+and prints that file's table again with them.
+`--write-intervals` fits the prediction intervals (measured/predicted quantiles per regime) on
+the dev and modern residuals and writes autoshard/data/intervals.yaml (or PATH).
 """
 
 from __future__ import annotations
@@ -21,38 +28,100 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoshard.calibrate import calibrate, format_calibration  # noqa: E402
-from autoshard.validate import format_korthikanti, format_report, korthikanti_check, validate  # noqa: E402
+from autoshard.validate import (  # noqa: E402
+    format_groups,
+    format_korthikanti,
+    format_report,
+    korthikanti_check,
+    validate,
+)
+from autoshard.validate.ablations import format_ablations, summary_line, validate_ablations  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
+
+
+def summary_text(report, title: str) -> str:  # type: ignore[no-untyped-def]
+    s = report.summary
+    lines = [f"== {title}: {report.runs_path}",
+             f"summary: n={s.n} (skipped {len(report.skipped)})  median |err| {s.median_abs_error_pct:.1f}%  "
+             f"p90 |err| {s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)", ""]
+    lines += format_groups(report.by_source, "source")
+    lines.append("")
+    lines += format_groups(report.by_regime, "regime")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", help="runs file (default: shared/validation/dev_runs.json or $AUTOSHARD_VALIDATION)")
+    ap.add_argument("--runs", default=str(SHARED / "dev_runs.json"), help="dev runs file")
+    ap.add_argument("--modern", default=str(SHARED / "modern_runs_dev.json"), help="modern runs file")
+    ap.add_argument("--ablations", default=str(SHARED / "ablations_dev.json"), help="ablation groups file")
     ap.add_argument("--catalog", help="calibrated catalog overlay to apply")
-    ap.add_argument("--calibrate", action="store_true", help="also fit the efficiency factors and re-validate")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--full", action="store_true", help="every run and every ablation group, not only the summaries")
+    ap.add_argument("--calibrate", action="store_true", help="also fit the efficiency factors on dev_runs and re-validate")
+    ap.add_argument("--json", action="store_true", help="print the three reports as one JSON document")
+    ap.add_argument("--write-intervals", nargs="?", const="", default=None, metavar="PATH",
+                    help="write the prediction intervals fitted on the dev and modern residuals "
+                         "(default autoshard/data/intervals.yaml)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    report = validate(args.runs, catalog=args.catalog)
-    dt = time.perf_counter() - t0
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    dev = validate(args.runs, catalog=args.catalog)
+    t_dev = time.perf_counter() - t0
+    modern = validate(args.modern, catalog=args.catalog) if Path(args.modern).is_file() else None
+    t_mod = time.perf_counter() - t0 - t_dev
+    abl = validate_ablations(args.ablations, catalog=args.catalog) if Path(args.ablations).is_file() else None
+    t_abl = time.perf_counter() - t0 - t_dev - t_mod
+
+    if args.write_intervals is not None:
+        from autoshard.intervals import DATA_PATH, fit_intervals, write_intervals  # noqa: PLC0415
+
+        out = Path(args.write_intervals) if args.write_intervals else DATA_PATH
+        reports = [r for r in (dev, modern) if r is not None]
+        doc = fit_intervals(reports)
+        write_intervals(doc, out)
+        print(f"wrote {out}: " + ", ".join(f"{k} n={v['n']} [{v['low']:.3f}, {v['high']:.3f}]"
+                                           for k, v in doc["regimes"].items()))
         return 0
-    print(format_report(report))
-    print(f"\n({report.summary.n} runs evaluated in {dt:.2f} s)")
-    print("\nActivation memory per layer vs Korthikanti et al. 2022 (GPT-3 175B layer, s=2048, b=1, t=8, "
-          "no FlashAttention):")
-    print(format_korthikanti(korthikanti_check()))
+
+    if args.json:
+        print(json.dumps({"dev": dev.to_json(), "modern": modern.to_json() if modern else None,
+                          "ablations": abl.to_json() if abl else None}, indent=2, sort_keys=True, default=str))
+        return 0
+
+    if args.full:
+        print(format_report(dev))
+        print()
+        if modern:
+            print(format_report(modern))
+            print()
+        if abl:
+            print(format_ablations(abl))
+            print()
+    print(summary_text(dev, "dev runs"))
+    print()
+    if modern:
+        print(summary_text(modern, "modern runs"))
+        print()
+    if abl:
+        print(f"== ablations: {abl.path}")
+        print(summary_line(abl.summary))
+        print()
+    print(f"(dev {t_dev:.1f} s, modern {t_mod:.1f} s, ablations {t_abl:.1f} s)")
+    if args.full:
+        print("\nActivation memory per layer vs Korthikanti et al. 2022 (GPT-3 175B layer, s=2048, b=1, t=8, "
+              "no FlashAttention):")
+        print(format_korthikanti(korthikanti_check()))
     if args.calibrate:
         with tempfile.TemporaryDirectory(prefix="autoshard-fidelity-") as tmp:
             out = Path(tmp) / "calibrated.yaml"
             t0 = time.perf_counter()
-            result = calibrate(report.runs_path, out, base_catalog=args.catalog)
+            result = calibrate(dev.runs_path, out, base_catalog=args.catalog)
             dt = time.perf_counter() - t0
-            print(f"\nCalibration on the same runs ({dt:.1f} s):")
+            print(f"\nCalibration on the dev runs ({dt:.1f} s):")
             print(format_calibration(result))
             print("\nWith the calibrated catalog:")
-            print(format_report(validate(report.runs_path, catalog=out)))
+            print(format_report(validate(dev.runs_path, catalog=out)))
     return 0
 
 

@@ -270,6 +270,13 @@ def test_evaluate_without_a_plan(capsys):
      "cluster.topology: unknown topology 'dgx-h100-superpot' (closest: dgx-h100-superpod"),
     (["collective", "all_reduce", "lots", "--cluster", "dgx-h100-superpod", "--gpus", "8"], "BYTES: not a byte count"),
     (["collective", "all_reduce", "1GB", "--cluster", "dgx-h100-superpod", "--gpus", "0"], "--gpus: must be >= 1"),
+    (["collective", "all_reduce", "1e400", "--cluster", "dgx-h100-superpod", "--gpus", "8"],
+     "BYTES: 1e400 is larger than the 1.15e+18 bytes allowed"),
+    (["collective", "all_reduce", "1e400", "--cluster", "dgx-h100-superpod", "--gpus", "8", "--json"],
+     "BYTES: 1e400 is larger than"),
+    (["collective", "all_reduce", "1GB", "--cluster", "dgx-h100-superpod", "--gpus", "1048577"],
+     "--gpus: Input should be less than or equal to 1048576 (got 1048577)"),
+    (["solve", OK, "-o", ""], "--output: must be a file or folder name, got an empty string"),
 ])
 def test_bad_options(argv, fragment, capsys, tmp_path):
     rc, out, err = main(capsys, *argv)
@@ -704,3 +711,35 @@ def test_readme_test_command_works_in_a_new_shell_and_prints_the_summary():
                            "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^1 passed in [0-9.]+s", proc.stdout, re.M), proc.stdout
+
+
+# ---- issue 15: `collective` prices like the solver and never prints inf/NaN ------------------------
+
+
+def test_collective_applies_the_solvers_efficiencies_and_says_so(capsys):
+    """all_gather of 10 GB over the 8 GPUs of one NVLink domain: ring time B (1 - 1/8) / (W eff)
+    plus 7 steps of the level's latency (REFERENCE §4), W the preset's NVLink rate per GPU, eff
+    h100-sxm's scale-up efficiency."""
+    from autoshard.catalog import get_gpu, get_topology  # noqa: PLC0415
+
+    level = get_topology("dgx-h100-superpod").levels[0]
+    link, lat = level.bandwidth_gb_per_s * 1e9, 7 * level.latency_us * 1e-6
+    eff = get_gpu("h100-sxm").efficiency.scaleup
+    nbytes = 1e10
+    base = ["collective", "all_gather", "10GB", "--cluster", "dgx-h100-superpod", "--gpus", "8", "--json"]
+    rc, out, _ = main(capsys, *base)
+    doc = json.loads(out)
+    assert rc == 0 and doc["efficiency_applied"] is True
+    assert doc["time_s"] == pytest.approx(nbytes * 7 / 8 / (link * eff) + lat, rel=1e-6)
+    rc, out, _ = main(capsys, *base, "--raw")
+    assert json.loads(out)["time_s"] == pytest.approx(nbytes * 7 / 8 / link + lat, rel=1e-6)
+    rc, out, _ = main(capsys, *base[:-1])
+    assert rc == 0 and "efficiencies as the solver applies them (scale-up 0.8" in out
+
+
+def test_collective_json_is_strict_json(capsys):
+    for gpus in ("1", "8", "4096"):
+        rc, out, err = main(capsys, "collective", "all_reduce", "1.15e18", "--cluster", "dgx-h100-superpod",
+                            "--gpus", gpus, "--json")
+        assert rc == 0, err
+        json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))

@@ -523,3 +523,91 @@ def test_ablations_dev_report(capsys):
     assert doc["summary"]["pairs_compared"] == rep.summary.pairs_compared
     assert main(["validate", "--ablations", str(ABLATIONS_DEV)]) == 0
     assert "concordance" in capsys.readouterr().out.splitlines()[-1]
+
+
+# ---- prediction intervals -------------------------------------------------------------------
+
+
+def test_regime_classification_by_hand():
+    from autoshard.intervals import regime
+
+    assert regime({"compute": 8.0, "tp_comm": 1.0, "pipeline_bubble": 1.0}, 10.0, moe=True) == "moe"
+    assert regime({"compute": 8.0, "pipeline_bubble": 1.0, "pp_comm": 0.5}, 10.0, moe=False) == "pipeline-bound"
+    assert regime({"compute": 8.0, "pipeline_bubble": 1.4}, 10.0, moe=False) == "compute-bound"  # 14% < 15%
+    assert regime({"compute": 7.0, "tp_comm": 1.0, "dp_comm": 0.5, "zero3_comm": 0.5}, 10.0, moe=False) \
+        == "communication-bound"  # 20%
+    assert regime({"compute": 8.1, "tp_comm": 1.9}, 10.0, moe=False) == "compute-bound"
+
+
+@pytest.mark.skipif(not MODERN_DEV.is_file() or not DEV_RUNS.is_file(), reason="shared/validation not present")
+def test_intervals_contain_the_stated_fraction_of_dev_residuals():
+    from autoshard.intervals import MIN_RUNS, QUANTILES, fit_intervals, residuals
+
+    reports = [validate(DEV_RUNS), validate(MODERN_DEV)]
+    doc = fit_intervals(reports)
+    res = residuals(reports)
+    assert doc["regimes"]["all"]["n"] == len(res) == sum(r.summary.n for r in reports)
+    stated = QUANTILES[1] - QUANTILES[0]  # 80%
+    for name, q in doc["regimes"].items():
+        ratios = [x for g, x in res if name in ("all", g)]
+        assert q["n"] == len(ratios)
+        # independent quantiles: numpy's linear interpolation
+        assert q["low"] == pytest.approx(np.percentile(ratios, 100 * QUANTILES[0]), abs=1e-4)
+        assert q["high"] == pytest.approx(np.percentile(ratios, 100 * QUANTILES[1]), abs=1e-4)
+        inside = sum(q["low"] <= x <= q["high"] for x in ratios) / len(ratios)
+        if len(ratios) >= 20:
+            assert abs(inside - stated) <= 0.05, (name, inside)
+        elif len(ratios) >= MIN_RUNS:
+            assert inside >= stated - 2 / len(ratios), (name, inside)
+
+
+def test_bundled_intervals_file_and_estimates_carry_intervals():
+    from autoshard.intervals import interval, regime, table
+
+    doc = table()
+    assert doc is not None and doc["quantiles"] == [0.1, 0.9] and doc["date"]
+    assert any("dev_runs.json" in s for s in doc["sources"]) and any("modern_runs_dev.json" in s for s in doc["sources"])
+    for q in doc["regimes"].values():
+        assert 0 < q["low"] <= q["median"] <= q["high"] and q["n"] >= 1
+    problem = load_problem(Path(__file__).resolve().parents[1] / "problems" / "llama3-8b-64xh100.yaml")
+    est = cost.evaluate(problem, {"tp": 1, "pp": 1, "dp": 64, "zero_stage": 1, "micro_batch_size": 1,
+                                  "recompute": "selective"})
+    assert est.step_time_s > 0 and est.step_time_interval_s is not None
+    name = regime(est.time_breakdown_s, est.step_time_s, moe=False)
+    q = doc["regimes"][name] if doc["regimes"].get(name, {}).get("n", 0) >= 5 else doc["regimes"]["all"]
+    lo, hi = est.step_time_interval_s
+    assert (lo, hi) == pytest.approx((est.step_time_s * q["low"], est.step_time_s * q["high"]))
+    assert interval(2.0, "no-such-regime") == pytest.approx((2 * doc["regimes"]["all"]["low"],
+                                                            2 * doc["regimes"]["all"]["high"]))
+    bad = cost.evaluate(problem, {"tp": 3})
+    assert bad.step_time_interval_s is None
+
+
+def test_indistinguishable_alternatives_and_robust_choice():
+    from autoshard.intervals import overlaps, robust_choice
+    from autoshard.render import alternative_line
+    from autoshard.solver.records import Alternative, Solution, SolverStats
+
+    assert overlaps((1.0, 2.0), (1.9, 3.0)) and not overlaps((1.0, 2.0), (2.1, 3.0)) and not overlaps(None, (1, 2))
+    problem = load_problem(Path(__file__).resolve().parents[1] / "problems" / "llama3-8b-64xh100.yaml")
+    a = cost.evaluate(problem, {"tp": 1, "dp": 64, "micro_batch_size": 1, "recompute": "selective"})
+    b = cost.evaluate(problem, {"tp": 2, "dp": 32, "micro_batch_size": 1, "recompute": "selective"})
+    c = cost.evaluate(problem, {"tp": 4, "dp": 16, "micro_batch_size": 1, "recompute": "selective"})
+    # hand-set intervals: b is 2% slower but has the tighter upper end; c is far apart
+    a = a.model_copy(update={"step_time_s": 1.00, "step_time_interval_s": (0.90, 1.50)})
+    b = b.model_copy(update={"step_time_s": 1.02, "step_time_interval_s": (0.95, 1.20)})
+    c = c.model_copy(update={"step_time_s": 2.00, "step_time_interval_s": (1.80, 3.00)})
+    stats = SolverStats(status="OPTIMAL", solve_time_s=0.1, objective_s=1.0, objective_bound_s=1.0, gap=0.0,
+                        candidates=3, pruned_by_memory=0, pruned_by_bound=0, cp_sat_solves=1, rounding_tolerance_s=0.0)
+    sol = Solution(plan=a.plan, estimate=a, solver=stats, alternatives=[
+        Alternative(plan=b.plan, estimate=b, differs="tp 1 -> 2", slower_pct=2.0),
+        Alternative(plan=c.plan, estimate=c, differs="tp 1 -> 4", slower_pct=100.0)])
+    assert "indistinguishable" in alternative_line(a, sol.alternatives[0])
+    assert "indistinguishable" not in alternative_line(a, sol.alternatives[1])
+    robust = robust_choice(sol)
+    assert robust.plan == b.plan and robust.estimate.step_time_interval_s == (0.95, 1.20)
+    assert [x.plan.tp for x in robust.alternatives] == [1, 4]
+    assert robust.alternatives[0].slower_pct == pytest.approx(100 * (1.00 - 1.02) / 1.02)
+    # when the point optimum also has the lowest upper end, nothing changes
+    assert robust_choice(sol.model_copy(update={"alternatives": sol.alternatives[1:]})) is not None
+    assert robust_choice(sol.model_copy(update={"alternatives": sol.alternatives[1:]})).plan == a.plan

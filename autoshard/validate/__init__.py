@@ -450,6 +450,7 @@ class RunResult:
     framework: str = "megatron"
     arch: str = ""
     moe: bool = False
+    step_time_interval_s: tuple[float, float] | None = None  # the estimate's prediction interval
 
     @property
     def regimes(self) -> list[str]:
@@ -561,7 +562,8 @@ def evaluate_case(case: Case) -> RunResult | Skip:
         predicted_step_s=est.step_time_s, error_pct=err, abs_error_pct=abs(err), fits=est.fits,
         reasons=list(est.reasons), time_breakdown_s=dict(est.time_breakdown_s),
         peak_memory_gib=est.peak_memory_gib, notes=list(case.notes), recipe=case.recipe or case.precision,
-        framework=case.framework, arch=case.arch or gpu_arch(case.gpu), moe=case.problem.model.is_moe)
+        framework=case.framework, arch=case.arch or gpu_arch(case.gpu), moe=case.problem.model.is_moe,
+        step_time_interval_s=getattr(est, "step_time_interval_s", None))
 
 
 def convert(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Case], list[Skip]]:
