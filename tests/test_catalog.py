@@ -1,0 +1,289 @@
+"""The catalog against published figures: GPUs (GB vs GiB, usable HBM, peaks per precision), which GPU
+runs which precision recipe, the recipes' memory and HBM costs, topology presets and level-size rules."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoshard import Plan, evaluate, load_problem
+from autoshard.catalog import (_recipes, check_precision, gemm_flops_per_s, gemm_peak_flops_per_s, get_gpu,
+                               get_recipe, get_topology, gpu_ids, low_precision_fraction, precision_id,
+                               precision_ids, quant_overhead_bytes_per_element, supports, topology_ids,
+                               weight_copy_bytes_per_param)
+from autoshard.errors import InputError
+from autoshard.spec import ClusterSpec, Precision, TopologyLevel
+from autoshard.topology import all_reduce_s, all_to_all_s, cluster_graph, contiguous_profile, level_size_error, \
+    resolve_levels
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+
+# ---- GPUs: every figure sourced, GB vs GiB ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("gid", gpu_ids())
+def test_every_gpu_figure_has_a_source(gid):
+    g = get_gpu(gid)
+    for key in ("peak_tflops", "hbm_usable_gib", "hbm", "scaleup_gb_per_s", "tdp_w", "price", "efficiency"):
+        assert g.sources.get(key, "").strip(), f"{gid}: no source for {key}"
+    if g.host_memory_gb is not None:
+        assert g.host_link_gb_per_s and g.sources.get("host_memory"), gid
+    assert g.default_topology in topology_ids()
+    assert g.precisions and all(precision_id(p) for p in g.precisions), gid
+
+
+@pytest.mark.parametrize("gid", gpu_ids())
+def test_usable_hbm_is_in_gib_and_below_the_vendor_figure(gid):
+    # HBM stacks are binary (an "80 GB" H100 has 80 GiB of HBM3); the driver exposes a little less
+    # (ECC, its reserve). So usable GiB <= vendor figure, and within a few percent of it ...
+    g = get_gpu(gid)
+    assert 0.9 * g.hbm_gb <= g.hbm_usable_gib <= g.hbm_gb
+    # ... and bytes are GiB x 2**30, never GB x 1e9.
+    assert g.hbm_bytes == g.hbm_usable_gib * GIB
+    assert g.hbm_vendor_bytes == g.hbm_gb * 1e9
+
+
+def test_usable_hbm_matches_published_figures():
+    # seed002: B200 "192 GB (180 usable)"; nvidia-smi totals: H100 81,559 MiB, H200 143,771 MiB.
+    assert get_gpu("b200").hbm_gb == 192 and get_gpu("b200").hbm_usable_gib == pytest.approx(180, abs=1)
+    assert get_gpu("h100").hbm_usable_gib == pytest.approx(81559 / 1024, abs=0.01)
+    assert get_gpu("h200").hbm_usable_gib == pytest.approx(143771 / 1024, abs=0.01)
+    # The old catalog held GB figures in a GiB field: B200 "180 GiB" is 193 GB, above the seeds' 180.
+    assert get_gpu("b200").hbm_bytes / 1e9 == pytest.approx(192.3, abs=0.1)
+    # seed002 / REF §2: Blackwell Ultra 288 GB; GB200 NVL72 13.4-13.8 TB HBM per 72 GPUs; MI3xx.
+    for gid in ("b300", "gb300"):
+        assert get_gpu(gid).hbm_gb == 288
+    assert 13.3e12 <= 72 * get_gpu("gb200").hbm_vendor_bytes <= 13.9e12
+    assert (get_gpu("mi300x").hbm_gb, get_gpu("mi325x").hbm_gb, get_gpu("mi355x").hbm_gb) == (192, 256, 288)
+
+
+def test_peaks_per_precision_match_published_figures():
+    # REF §2 / seed001 (dense): H100 989 / 1,979; B200 2,250 / 4,500 / fp4 9,000; B100 fp4 7,000.
+    h = get_gpu("h100-sxm").peak_tflops
+    assert (h["bf16"], h["fp8"]) == (989, 1979) and "fp4" not in h
+    b = get_gpu("b200").peak_tflops
+    assert (b["bf16"], b["fp8"], b["fp4"]) == (2250, 4500, 9000)
+    assert get_gpu("b100").peak_tflops["fp4"] == 7000
+    assert get_gpu("b100").peak_tflops["bf16"] == pytest.approx(1800, rel=0.03)  # REF rounds to 1,800
+    # Rack figures: GB200 NVL72 720 PF fp8 with sparsity; GB300 NVL72 1.1 EF dense fp4, 360 PF dense fp8.
+    assert 72 * 2 * get_gpu("gb200").peak_tflops["fp8"] == pytest.approx(720e3)
+    assert 72 * get_gpu("gb300").peak_tflops["fp4"] == pytest.approx(1.08e6)
+    assert 72 * get_gpu("gb300").peak_tflops["fp8"] == pytest.approx(360e3)
+    # AMD: MI300X/MI325X share CDNA3 (1,307 bf16); MI355X 2.5 PF bf16, 10 PF MXFP4.
+    assert get_gpu("mi325x").peak_tflops["bf16"] == pytest.approx(get_gpu("mi300x").peak_tflops["bf16"], rel=1e-3)
+    assert get_gpu("mi355x").peak_tflops["fp4"] == pytest.approx(10_000, rel=0.01)
+
+
+@pytest.mark.parametrize("gid", gpu_ids())
+def test_fp8_is_twice_16_bit_wherever_it_exists(gid):
+    # Every tensor-core generation with fp8 (Ada, Hopper, Blackwell, CDNA3/4) doubles the 16-bit rate.
+    p = get_gpu(gid).peak_tflops
+    if "fp8" in p:
+        assert p["fp8"] == pytest.approx(2 * p.get("bf16", p.get("fp16")), rel=0.01)
+    assert "fp4" not in p or p["fp4"] >= 2 * p["fp8"] * 0.99
+
+
+def test_grace_superchips_reach_host_memory_over_c2c():
+    # NVIDIA GH200 datasheet: 480 GB LPDDR5X, NVLink-C2C 900 GB/s bidirectional = 450 each way.
+    gh = get_gpu("gh200")
+    assert (gh.host_memory_gb, gh.host_link_gb_per_s) == (480, 450)
+    assert get_gpu("gb200").host_memory_gb and get_gpu("gb300").host_memory_gb
+    assert get_gpu("h100").host_memory_gb is None
+
+
+@pytest.mark.parametrize("name, gid", [
+    ("DGX-H100", "h100-sxm"), ("H100-SXM5-80GB", "h100-sxm"), ("DGX-B200", "b200"), ("B200", "b200"),
+    ("DGX-GB200", "gb200"), ("GB200", "gb200"), ("DGX-GB300", "gb300"), ("GB300", "gb300"),
+    ("DGX-B300", "b300"), ("MI300", "mi300x"), ("MI300X", "mi300x"), ("MI325X", "mi325x"), ("MI355", "mi355x"),
+    ("GH200", "gh200"), ("B100", "b100")])
+def test_validation_row_names_resolve(name, gid):
+    # The `gpu` names of shared/validation/modern_runs_dev.json that name one GPU unambiguously.
+    assert get_gpu(name).id == gid
+
+
+# ---- precisions ------------------------------------------------------------------------------------
+
+
+def test_spec_precisions_are_the_data_files():
+    assert set(Precision.__args__) == set(precision_ids())
+
+
+@pytest.mark.parametrize("name, rid", [
+    ("BF16", "bf16"), ("FP8", "fp8-delayed"), ("fp8", "fp8-delayed"), ("FP8-CS", "fp8-current"),
+    ("tensorwise", "fp8-current"), ("FP8-MX", "mxfp8"), ("MXFP8", "mxfp8"), ("NVFP4", "nvfp4"),
+    ("blockwise", "fp8-blockwise"), ("fp16", "fp16")])
+def test_precision_names_of_published_runs(name, rid):
+    assert precision_id(name) == rid
+
+
+@pytest.mark.parametrize("gpu, precision", [
+    ("a100", "fp8"), ("a100-sxm-40gb", "fp8-current"), ("v100", "bf16"), ("h100", "mxfp8"), ("h100", "nvfp4"),
+    ("mi300x", "mxfp8"), ("mi355x", "nvfp4"), ("rtx-4090", "nvfp4")])
+def test_precisions_a_gpu_lacks_are_bad_input(gpu, precision):
+    # Issue 15 defect 6: fp8 on A100 (no fp8 tensor cores) and bf16 on V100 were priced silently.
+    doc = {"model": "llama3-8b", "training": {"seq_len": 1024, "global_batch_size": 8, "precision": precision},
+           "cluster": {"gpu": gpu, "num_gpus": 8}}
+    with pytest.raises(InputError) as exc:
+        load_problem(doc)
+    assert exc.value.field == "training.precision" and "cannot train in" in str(exc.value)
+
+
+@pytest.mark.parametrize("gpu, precision", [
+    ("b200", "nvfp4"), ("gb300", "mxfp8"), ("h100", "fp8-blockwise"), ("mi355x", "mxfp8"), ("mi325x", "fp8"),
+    ("v100", "fp16"), ("rtx-4090", "fp8-current")])
+def test_precisions_a_gpu_runs_load(gpu, precision):
+    p = load_problem({"model": "llama3-8b", "training": {"seq_len": 1024, "global_batch_size": 8,
+                                                         "precision": precision},
+                      "cluster": {"gpu": gpu, "num_gpus": 8}})
+    assert supports(get_gpu(gpu), p.training.precision)
+
+
+def test_v100_without_a_precision_trains_in_fp16():
+    p = load_problem({"model": "llama3-8b", "training": {"seq_len": 1024, "global_batch_size": 8},
+                      "cluster": {"gpu": "v100", "num_gpus": 8}})
+    assert p.training.precision == "fp16"
+    assert gemm_peak_flops_per_s(get_gpu("v100"), "fp16") == 125e12
+
+
+def test_fp8_on_a100_from_the_cli_is_one_line_exit_2(tmp_path):
+    prob = tmp_path / "p.yaml"
+    prob.write_text("model: llama3-8b\ntraining: {seq_len: 1024, global_batch_size: 8, precision: fp8}\n"
+                    "cluster: {gpu: a100, num_gpus: 8}\n")
+    out = tmp_path / "s.json"
+    proc = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", str(prob), "-o", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "training.precision" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_recipe_gemm_rates():
+    h, b = get_gpu("h100"), get_gpu("b200")
+    # `fp8` is the frameworks' default recipe, delayed scaling (Megatron --fp8-recipe default).
+    assert gemm_flops_per_s(h, "fp8") == gemm_flops_per_s(h, "fp8-delayed")
+    # Per-tensor current scaling runs the same GEMM; MXFP8's block scales are applied by Blackwell's
+    # tensor cores at the fp8 rate; blockwise scaling on Hopper promotes on CUDA cores (slower).
+    assert gemm_flops_per_s(b, "mxfp8") == gemm_flops_per_s(b, "fp8-current") == gemm_flops_per_s(b, "fp8")
+    assert gemm_flops_per_s(h, "fp8-blockwise") < gemm_flops_per_s(h, "fp8")
+    # FP8 GEMMs: between 1x and 2x the bf16 rate (2x peak, less of it reached).
+    assert 1.0 < gemm_flops_per_s(h, "fp8") / gemm_flops_per_s(h, "bf16") <= 2.0
+    # NVFP4 keeps 16% of the layers in bf16: the FLOP-weighted harmonic mean of the two rates.
+    lo, hi = gemm_flops_per_s(b, "nvfp4"), gemm_flops_per_s(b, "bf16")
+    fp4 = 9000e12 * b.matmul_efficiency("fp4")
+    assert lo == pytest.approx(1 / (0.16 / hi + 0.84 / fp4))
+    assert gemm_flops_per_s(b, "fp8") < lo < fp4
+    assert low_precision_fraction("nvfp4") == pytest.approx(0.84) and low_precision_fraction("bf16") == 0
+    # MFU's denominator is the recipe's data type peak.
+    assert gemm_peak_flops_per_s(b, "nvfp4") == 9000e12 and gemm_peak_flops_per_s(h, "fp8-current") == 1979e12
+
+
+def test_recipe_memory_and_quantization_costs():
+    h, b = get_gpu("h100"), get_gpu("b200")
+    assert weight_copy_bytes_per_param("bf16", h) == 0 and quant_overhead_bytes_per_element("bf16", h) == 0
+    # Hopper's FP8 GEMMs are TN-only: the transposed FP8 weight is cached too; Blackwell's are not.
+    assert weight_copy_bytes_per_param("fp8", h) == 2 and weight_copy_bytes_per_param("fp8", b) == 1
+    # OCP MX: one 8-bit scale per 32 elements, rowwise and columnwise copies.
+    assert weight_copy_bytes_per_param("mxfp8", b) == pytest.approx(2 * (1 + 1 / 32))
+    # NVFP4: 4-bit values with one E4M3 scale per 16, both directions, on the 84% low-precision layers.
+    assert weight_copy_bytes_per_param("nvfp4", b) == pytest.approx(2 * (0.5 + 1 / 16) * 0.84)
+    # Current scaling reads the bf16 tensor once more for its amax than delayed scaling: +2 B/element.
+    for g in (h, b):
+        assert quant_overhead_bytes_per_element("fp8-current", g) - quant_overhead_bytes_per_element("fp8", g) == 2
+    # One read of bf16 (2 B) is the floor of every quantizing recipe.
+    for rid in ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4"):
+        assert quant_overhead_bytes_per_element(rid, b) > 2
+        assert get_recipe(rid).sources.get("recipe")
+
+
+def test_fp8_keeps_more_weight_memory_on_hopper_in_the_cost_model():
+    # The cost model's static memory calls the catalog: H100 fp8 adds 2 B/param to the bf16 weights.
+    doc = {"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 8},
+           "cluster": {"gpu": "h100", "num_gpus": 8}}
+    plan = Plan(tp=8, zero_stage=1)
+    bf16 = evaluate(load_problem(doc), plan)
+    doc["training"]["precision"] = "fp8"
+    fp8 = evaluate(load_problem(doc), plan)
+    w_bf16, w_fp8 = bf16.memory_breakdown_gib["weights"], fp8.memory_breakdown_gib["weights"]
+    assert w_fp8 == pytest.approx(w_bf16 * 2, rel=1e-9)  # 2 B bf16 + 2 B fp8 copies = 2x
+    assert fp8.step_time_s < bf16.step_time_s
+
+
+# ---- topologies --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tid", topology_ids())
+def test_presets_follow_the_level_size_rule_and_are_sourced(tid):
+    t = get_topology(tid)
+    assert level_size_error([lv.size for lv in t.levels]) is None
+    assert t.source.strip()
+
+
+def test_top_level_need_not_divide_for_users_as_for_presets():
+    # GB200: 576-GPU leaves under a 16,384-GPU spine (16,384 / 576 is not whole), preset and user alike.
+    gb = get_topology("gb200-nvl72").levels
+    assert gb[-1].size % gb[-2].size
+    levels = [lv.model_dump() for lv in gb]
+    p = load_problem({"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 1152},
+                      "cluster": {"gpu": "gb200", "num_gpus": 1152, "topology": levels}})
+    assert evaluate(p, Plan(tp=1, zero_stage=1)).step_time_s > 0
+    # A level below the top must still divide the next one.
+    bad = [dict(levels[0]), {**levels[1], "size": 100}, dict(levels[2])]
+    with pytest.raises(InputError) as exc:
+        load_problem({"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 8},
+                      "cluster": {"gpu": "gb200", "num_gpus": 1152, "topology": bad}})
+    assert exc.value.field == "cluster.topology.1.size"
+    assert level_size_error([8, 6]) == (1, "level sizes must grow (8 -> 6)")
+
+
+def test_nvl576_is_one_full_bandwidth_domain_of_576():
+    # seed001: NVL576 makes 576 GPUs one full-bandwidth domain through two switch layers. An all-to-all
+    # over 576 GPUs (expert parallelism) then sends the 7/8 of its bytes bound for other racks at
+    # 900 GB/s; between NVL72 racks they leave at 100 GB/s (REFERENCE §4 level by level).
+    def a2a(topo):
+        cl = ClusterSpec(gpu="gb200", num_gpus=576, topology=topo)
+        lv = tuple(lvl.__class__(**{**lvl.__dict__, "bytes_per_s": lvl.link_bytes_per_s, "latency_s": 0.0})
+                   for lvl in resolve_levels(cl, get_gpu("gb200")))
+        return all_to_all_s(lv, contiguous_profile(cluster_graph(lv, 576), 576), 1e9)
+    assert a2a("nvl576") == pytest.approx(1e9 * (1 - 72 / 576) / 900e9)
+    assert a2a("gb200-nvl72") == pytest.approx(1e9 * (1 - 72 / 576) / 100e9)
+
+
+def test_h800_reduces_in_the_network_and_h100_pcie_is_a_gen5_server():
+    # The seeds: Hopper-generation switches bring in-network reduction (H800 too).
+    assert all(lv.sharp for lv in get_topology("h800-cluster").levels)
+    g = get_gpu("h100-pcie")
+    pcie = get_topology(g.default_topology).levels
+    # PCIe 5.0 x16: 32 GT/s x 16 lanes x 128/130 / 8 = 63 GB/s each way (not the 4.0 box's 32).
+    assert pcie[0].bandwidth_gb_per_s == pytest.approx(32 * 16 * 128 / 130 / 8, rel=0.02)
+    assert pcie[0].bandwidth_gb_per_s == g.scaleup_gb_per_s
+    assert pcie[1].bandwidth_gb_per_s >= 25  # a 400 Gb/s NIC per 2 GPUs, not 100 GbE per box
+
+
+def test_ring_vs_in_network_allreduce_is_the_seeds_factor_of_two():
+    # seed000: 40-50% efficiency without in-network reduction vs 70-80% with it, i.e. about twice the
+    # bandwidth; the idealized formulas (REF §4) give exactly 2 (N-1)/N : 1 on the same links.
+    def ar(sharp):
+        lv = [TopologyLevel(name="nvlink", size=8, bandwidth_gb_per_s=450, sharp=sharp, latency_us=0, efficiency=1.0)]
+        levels = resolve_levels(ClusterSpec(gpu="h100", num_gpus=8, topology=lv), get_gpu("h100"))
+        return all_reduce_s(levels, contiguous_profile(cluster_graph(levels, 8), 8), 1e9)
+    assert ar(False) / ar(True) == pytest.approx(2 * 7 / 8)
+    assert 70 / 50 <= ar(False) / ar(True) <= 80 / 40
+
+
+def test_old_preset_names_and_aliases_resolve():
+    for name, tid in (("dgx-h100-superpod", "dgx-h100-superpod"), ("pcie-box", "pcie-box"), ("NVL576", "gb200-nvl576"),
+                      ("selene", "dgx-a100-superpod"), ("nvl72", "gb200-nvl72"), ("h800", "h800-cluster")):
+        assert get_topology(name).id == tid
+    for f in sorted((ROOT / "problems").glob("*.yaml")):
+        load_problem(str(f))  # every bundled problem still loads
+
+
+def test_every_recipe_is_sourced():
+    for rid, r in _recipes()[0].items():
+        assert r.sources.get("recipe"), rid
+        if r.gemm_dtype not in ("bf16", "fp16"):
+            assert r.sources.get("weight_copy") and r.sources.get("quant_overhead"), rid
