@@ -12,11 +12,16 @@ Regimes, read from the estimate's time breakdown (seconds per step on the critic
 
 - `moe`: the model has experts (all-to-all, grouped GEMMs and routing dominate what the model
   gets wrong);
-- `pipeline-bound`: the pipeline bubble and PP sends are at least 15% of the step;
-- `communication-bound`: exposed TP, CP, EP, ZeRO-3 and DP communication are at least 20% of the step;
+- `pipeline-bound`: the pipeline bubble and PP sends are at least 8% of the step;
+- `communication-bound`: exposed TP, CP, EP, ZeRO-3 and DP communication are at least 10% of the step;
 - `compute-bound`: the rest.
 
-A regime with fewer than `MIN_RUNS` residuals uses the quantiles of all runs (`all`).
+The shares are low because published runs are tuned: on the dev and modern runs the exposed
+communication is 0-24% of the step and the bubble 0-46%; 8% and 10% split them into groups of
+10-20 runs whose errors differ. A regime with fewer than `MIN_RUNS` residuals uses the quantiles
+of all runs (`all`). Because an interval is the predicted time times factors of its regime, plans
+of one regime keep their order under `solve --robust`; the robust choice differs where the
+alternatives fall in regimes the model gets differently wrong.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ import yaml
 REGIMES = ("compute-bound", "communication-bound", "pipeline-bound", "moe")
 QUANTILES = (0.10, 0.90)  # an 80% interval
 MIN_RUNS = 5
-PIPELINE_SHARE = 0.15
-COMM_SHARE = 0.20
+PIPELINE_SHARE = 0.08
+COMM_SHARE = 0.10
 COMM_KEYS = ("tp_comm", "cp_comm", "ep_comm", "zero3_comm", "dp_comm")
 PIPE_KEYS = ("pipeline_bubble", "pp_comm")
 DATA_PATH = Path(__file__).resolve().parent / "data" / "intervals.yaml"

@@ -533,10 +533,10 @@ def test_regime_classification_by_hand():
 
     assert regime({"compute": 8.0, "tp_comm": 1.0, "pipeline_bubble": 1.0}, 10.0, moe=True) == "moe"
     assert regime({"compute": 8.0, "pipeline_bubble": 1.0, "pp_comm": 0.5}, 10.0, moe=False) == "pipeline-bound"
-    assert regime({"compute": 8.0, "pipeline_bubble": 1.4}, 10.0, moe=False) == "compute-bound"  # 14% < 15%
-    assert regime({"compute": 7.0, "tp_comm": 1.0, "dp_comm": 0.5, "zero3_comm": 0.5}, 10.0, moe=False) \
-        == "communication-bound"  # 20%
-    assert regime({"compute": 8.1, "tp_comm": 1.9}, 10.0, moe=False) == "compute-bound"
+    assert regime({"compute": 9.0, "pipeline_bubble": 0.7}, 10.0, moe=False) == "compute-bound"  # 7% < 8%
+    assert regime({"compute": 8.0, "tp_comm": 0.5, "dp_comm": 0.25, "zero3_comm": 0.25}, 10.0, moe=False) \
+        == "communication-bound"  # 10%
+    assert regime({"compute": 9.1, "tp_comm": 0.9}, 10.0, moe=False) == "compute-bound"
 
 
 @pytest.mark.skipif(not MODERN_DEV.is_file() or not DEV_RUNS.is_file(), reason="shared/validation not present")
