@@ -17,7 +17,9 @@ as soon as it finishes, then `<out>/summary.csv`.
   (`a__x`, `b__x`). Names depend only on the set of files, never on the order given.
 - **Incremental.** A problem whose `input_hash` (the file's bytes, the files it refers to,
   the autoshard version, `time_limit_s` and `top_k`) equals the `input_sha256` of its
-  existing `<name>.json` is skipped (status `skipped-unchanged`) unless `force`.
+  existing `<name>.json` is skipped (status `skipped-unchanged`) unless `force`, provided
+  that record is intact: every record carries `record_sha256`, the hash of its own content,
+  and a record edited since it was written (a valid JSON with another plan) is solved again.
 - **Interruption.** SIGINT, or SIGTERM while the batch runs (a handler raising
   KeyboardInterrupt is installed and restored after), cancels what has not finished,
   stops the workers, writes `summary.csv` of what finished and re-raises. Outputs are
@@ -67,7 +69,9 @@ from .render import (
 
 PROBLEM_SUFFIXES = (".yaml", ".yml", ".json")
 SUMMARY_NAME = "summary.csv"
-SUMMARY_COLUMNS = ("name", "status", "result", "gpu", "num_gpus", "model", "step_time_s", "tokens_per_s", "mfu",
+# status: the outcome on file (optimal, feasible, infeasible, error); run: what this run did with it
+# (solved, or skipped-unchanged: the record on file was kept).
+SUMMARY_COLUMNS = ("name", "status", "run", "gpu", "num_gpus", "model", "step_time_s", "tokens_per_s", "mfu",
                    "peak_memory_gib", "plan", "solve_time_s", "input", "message")
 STATUSES = ("optimal", "feasible", "infeasible", "error", "skipped-unchanged")
 
@@ -101,7 +105,8 @@ class ProblemResult:
         est = rec.get("estimate") or {}
         err = rec.get("error") or {}
         return {
-            "name": self.name, "status": self.status, "result": self.result,
+            "name": self.name, "status": self.result,
+            "run": "skipped-unchanged" if self.status == "skipped-unchanged" else "solved",
             "gpu": info.get("gpu", ""), "num_gpus": info.get("num_gpus", ""), "model": info.get("model", ""),
             "step_time_s": est.get("step_time_s", ""), "tokens_per_s": est.get("tokens_per_s", ""),
             "mfu": est.get("mfu", ""), "peak_memory_gib": est.get("peak_memory_gib", ""),
@@ -355,6 +360,31 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
     return input_hash(data, _settings(time_limit_s, top_k, gap_limit), extra)
 
 
+def record_problem_paths(record: dict[str, Any], problem_path: str | os.PathLike[str] | None) -> None:
+    """Add the problem's absolute path (`abs_path`) to the record's `problem` section, next to
+    `path` (relative to where it was solved), so `export` finds the problem from any directory."""
+    info = record.get("problem")
+    if isinstance(info, dict) and problem_path is not None:
+        info["abs_path"] = os.path.abspath(problem_path)
+
+
+def find_problem_file(info: dict[str, Any], record_path: str | os.PathLike[str]) -> str | None:
+    """The problem file a record names: its `path` from here, its `abs_path`, or `path` from the
+    record's folder and its parents (a solutions/ folder next to problems/, moved together)."""
+    folder = Path(os.path.abspath(record_path)).parent
+    candidates: list[Path] = []
+    if info.get("path"):
+        candidates.append(Path(str(info["path"])))
+    if info.get("abs_path"):
+        candidates.append(Path(str(info["abs_path"])))
+    if info.get("path") and not os.path.isabs(str(info["path"])):
+        candidates += [d / str(info["path"]) for d in (folder, *folder.parents)]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    return None
+
+
 def solve_task(task: _Task) -> tuple[str, dict[str, Any], str]:
     """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt)."""
     from .loader import load_problem  # noqa: PLC0415
@@ -527,6 +557,28 @@ def _read_record(path: Path) -> dict[str, Any] | None:
     return rec if isinstance(rec, dict) else None
 
 
+RECORD_HASH_KEY = "record_sha256"
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """sha256 of a record's canonical JSON without its own `record_sha256`."""
+    import hashlib  # noqa: PLC0415
+
+    body = {k: v for k, v in record.items() if k != RECORD_HASH_KEY}
+    return hashlib.sha256(dumps_json(body).encode("utf-8")).hexdigest()
+
+
+def seal_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with `record_sha256` set (what `batch` writes)."""
+    record[RECORD_HASH_KEY] = record_digest(record)
+    return record
+
+
+def record_intact(record: dict[str, Any]) -> bool:
+    """Whether a record is as `batch` wrote it (its `record_sha256` matches its content)."""
+    return record.get(RECORD_HASH_KEY) == record_digest(record)
+
+
 def _result_of(record: dict[str, Any]) -> str:
     st = str(record.get("status", ""))
     if st in ("optimal", "feasible", "infeasible"):
@@ -578,8 +630,9 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
 
     def finish(name: str, path: str, record: dict[str, Any], md: str) -> None:
         jp, mp = out / f"{name}.json", out / f"{name}.md"
+        record_problem_paths(record, path)
         try:
-            atomic_write(jp, dumps_json(record))
+            atomic_write(jp, dumps_json(seal_record(record)))
             atomic_write(mp, md)
         except OSError as exc:
             raise InputError(f"cannot write the output: {exc.strerror or exc}", source=str(jp)) from None
@@ -600,7 +653,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
             key = input_key(path, time_limit_s, top_k, gap_limit)
             jp, mp = out / f"{name}.json", out / f"{name}.md"
             old = None if force or key is None else _read_record(jp)
-            if (old is not None and old.get("input_sha256") == key and mp.is_file()
+            if (old is not None and old.get("input_sha256") == key and mp.is_file() and record_intact(old)
                     and (old.get("error") or {}).get("kind") != "internal"):
                 report(ProblemResult(name, path, "skipped-unchanged", _result_of(old), record_exit_code(old), old,
                                      str(jp), str(mp)))

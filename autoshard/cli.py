@@ -171,6 +171,9 @@ def cmd_solve(a: argparse.Namespace) -> int:
         print(f"{a.problem}: infeasible: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
     record = solution_record(a.problem, problem, sol)
+    from .batch import record_problem_paths  # noqa: PLC0415
+
+    record_problem_paths(record, a.problem)
     if a.output:
         text = dumps_json(record) if a.output.endswith(".json") else solution_markdown(problem, sol)
         _write_or_print(text, a.output)
@@ -328,7 +331,15 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     doc = read_document(a.solution)
     info = doc.get("problem") if isinstance(doc, dict) and isinstance(doc.get("problem"), dict) else {}
-    problem_path = a.problem or info.get("path")
+    problem_path = a.problem
+    if not problem_path and info:
+        from .batch import find_problem_file  # noqa: PLC0415
+
+        problem_path = find_problem_file(info, a.solution)
+        if problem_path is None and (info.get("path") or info.get("abs_path")):
+            raise InputError(f"the problem file {info.get('path') or info.get('abs_path')!r} named in the solution "
+                             "is not found from here nor from the solution's folder: pass --problem PROBLEM",
+                             source=a.solution)
     if not problem_path:
         raise InputError("cannot tell which problem this plan is for: pass --problem PROBLEM", source=a.solution)
     problem = load_problem(problem_path)
@@ -497,9 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--gpus-per-node", type=int, default=8, metavar="N", help="largest TP degree (default 8)")
     sm.add_argument("--json", action="store_true")
 
-    x = add("export", cmd_export, "Write a plan as launcher configuration (megatron, torchtitan, deepspeed, jax).")
+    x = add("export", cmd_export, "Write a plan as launcher configuration (megatron, torchtitan, deepspeed, "
+            "maxtext, jax).")
     x.add_argument("solution", metavar="SOLUTION", help="solution JSON (from solve/batch) or a plan file")
-    x.add_argument("--format", required=True, choices=["megatron", "torchtitan", "deepspeed", "jax"])
+    x.add_argument("--format", required=True, choices=["megatron", "torchtitan", "deepspeed", "maxtext", "jax"],
+                   help="megatron: pretrain_gpt.py flags; torchtitan: v0.2 TOML (+ 0.3 overrides); deepspeed: "
+                        "JSON config; maxtext: MaxText YAML config; jax: JSON of mesh and PartitionSpecs")
     x.add_argument("--problem", metavar="PROBLEM", help="the problem file (default: the one named in the solution)")
     x.add_argument("-o", "--output", metavar="FILE")
 

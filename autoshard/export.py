@@ -1,24 +1,27 @@
-"""Export a plan to the launchers that run it: Megatron-LM, torchtitan, DeepSpeed, JAX.
+"""Export a plan to the launchers that run it: Megatron-LM, torchtitan, DeepSpeed, MaxText, JAX.
 
 `export_plan(problem, plan, fmt)` returns an `Export`: the text to write (a bash
-flag list, a TOML file or a JSON document) and the warnings, one line each, about
-what the target cannot express exactly (to print on stderr). The text is
-byte-stable: the same problem and plan give the same bytes.
+flag list, a TOML file, a YAML or JSON document) and the warnings, one line each, about
+what the target cannot express exactly and what that costs (to print on stderr). The
+text is byte-stable: the same problem and plan give the same bytes.
 
 Targets and the names used (ECOSYSTEM.md §1):
 
-- `megatron`: Megatron-LM core_r0.16 (megatron-core 0.16) `pretrain_gpt.py` flags.
+- `megatron`: Megatron-LM core_r0.16 (megatron-core 0.16) `pretrain_gpt.py` flags, with the
+  planned model (rotary base, no dropout, router, MTP, norms) and the environment it needs.
   DP is not a flag: Megatron derives it as WORLD_SIZE // (TP*PP*CP).
-- `torchtitan`: a torchtitan v0.2.x TOML job file (`--job.config_file`), with the
-  equivalent torchtitan >= 0.3 `--parallelism.*` override line as trailing comments.
-- `deepspeed`: a DeepSpeed 0.19 JSON config (`train_batch_size = micro x GAS x DP`,
-  DP excluding TP/PP/CP ranks) plus an `"autoshard"` block carrying the degrees
-  DeepSpeed sets in code (TP, PP, EP).
-- `jax`: a JSON mesh (`mesh_shape`, `axis_names`, outermost axis first),
-  MaxText-style `ici_*/dcn_*_parallelism` degrees and per-tensor PartitionSpecs.
+- `torchtitan`: a torchtitan v0.2.x TOML job file (`--job.config_file`) with its `[model]`
+  section, and the equivalent torchtitan 0.3 override line as trailing comments.
+- `deepspeed`: a DeepSpeed 0.19 JSON config for `deepspeed.initialize` (micro-batch and
+  gradient accumulation; the global batch only where every rank is data-parallel) plus an
+  `"autoshard"` block with what DeepSpeed sets in code (PipelineModule, MoE) and the
+  Megatron-DeepSpeed flags for TP/PP.
+- `maxtext`: a MaxText config (base.yml key names: ici_/dcn_ degrees, batch, pipeline, model).
+- `jax`: a JSON of the mesh (`mesh_shape`, `axis_names`, outermost first) and per-tensor
+  shapes and PartitionSpecs that divide them, for plain JAX.
 
-Mesh axis mapping (MaxText names): pp -> `stage`, dp -> `data` (`fsdp` under
-ZeRO-3), cp -> `context`, ep -> `expert`, tp -> `tensor`.
+Mesh axis mapping (MaxText names): pp -> `stage`, dp -> `data` (`fsdp` under ZeRO-3),
+cp -> `context`, ep -> `expert`, tp -> `tensor`.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ from typing import Any
 from .errors import InputError
 from .spec import Plan, Problem
 
-FORMATS = ("megatron", "torchtitan", "deepspeed", "jax")
+FORMATS = ("megatron", "torchtitan", "deepspeed", "maxtext", "jax")
 
 TARGETS = {
     "megatron": "Megatron-LM core_r0.16 (megatron-core 0.16)",
     "torchtitan": "torchtitan v0.2.2 (TOML); torchtitan 0.3 overrides in the trailing comments",
     "deepspeed": "DeepSpeed 0.19",
-    "jax": "jax 0.10 / MaxText",
+    "maxtext": "MaxText (src/maxtext/configs/base.yml keys)",
+    "jax": "jax 0.10 (jax.sharding.Mesh, NamedSharding)",
 }
 
 # autoshard mesh axis -> MaxText mesh axis name (dp becomes 'fsdp' under ZeRO-3).
@@ -82,6 +86,9 @@ class _Ctx:
     microbatches: int  # per step per data-parallel rank (gradient accumulation x pipeline)
     gpus_per_node: int
     fmt: str
+    tp_overlap: bool = False  # TP communication overlapped, as priced (the plan's or the framework's default)
+    ep_overlap: bool = False  # expert all-to-all overlapped, as priced
+    mtp_layers: int = 0  # multi-token-prediction layers of the model family (Megatron --mtp-num-layers)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -124,14 +131,15 @@ class _Ctx:
             f"model: {m.name} ({m.num_hidden_layers} layers); cluster: {self.world} x {cl.gpu}; "
             f"seq_len {self.training.seq_len}, global batch {self.training.global_batch_size} sequences",
             f"degrees: tp={self.plan.tp} pp={self.plan.pp} cp={self.plan.cp} dp={self.dp} ep={self.plan.ep} "
-            f"(ep within dp) vpp={self.plan.vpp}; world size {self.world}; placement {self.plan.placement}",
+            f"etp={self.plan.expert_tp} vpp={self.plan.vpp}; world size {self.world}; placement {self.plan.placement}",
         ]
         if self.plan.pp > 1:
             lines.append("layers per virtual stage: " + ",".join(map(str, self.stages)))
         return lines
 
 
-TARGETS_SHORT = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed", "jax": "JAX"}
+TARGETS_SHORT = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed",
+                 "maxtext": "MaxText", "jax": "JAX"}
 
 
 def _default_gpus_per_node(problem: Problem) -> int:
@@ -158,7 +166,7 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     chunks = plan.pp * plan.vpp
     stages = list(plan.stage_layers) if plan.stage_layers is not None else even_split(n, chunks)
     if gpus_per_node is None:  # only the JAX export splits axes into ICI / DCN
-        gpus_per_node = _default_gpus_per_node(problem) if fmt == "jax" else 8
+        gpus_per_node = _default_gpus_per_node(problem) if fmt in ("jax", "maxtext") else 8
     if gpus_per_node < 1:
         raise InputError(f"gpus_per_node must be >= 1, got {gpus_per_node}", field="gpus_per_node")
     full_plan = plan.model_copy(update={"dp": dp})
@@ -167,7 +175,30 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
                even=len(set(stages)) == 1, recompute=list(plan.recompute_per_layer(n)),
                microbatches=t.global_batch_size // (dp * plan.micro_batch_size),
                gpus_per_node=gpus_per_node, fmt=fmt)
+    ctx.tp_overlap, ctx.ep_overlap = _overlaps(problem, full_plan, ctx.microbatches)
+    fam = model_family(problem.model) or {}
+    if problem.model.is_moe and fmt == "megatron":
+        ctx.mtp_layers = int(fam.get("mtp_layers", 0))
+    if ctx.ep_overlap and "full" in ctx.recompute and fmt == "megatron":
+        ctx.ep_overlap = False
+        ctx.warn("expert all-to-all overlap is not exported: Megatron forbids it with full recompute "
+                 "(TransformerConfig), so the all-to-all runs exposed (slower than planned)")
     return ctx
+
+
+def _overlaps(problem: Problem, plan: Plan, microbatches: int) -> tuple[bool, bool]:
+    """(tp_comm_overlap, ep_overlap) as the cost model prices them: the plan's choice, or where it
+    leaves it open (None) the problem framework's default where the plan allows it."""
+    from .frameworks import get_framework  # noqa: PLC0415
+
+    fw = get_framework(problem.framework)
+    tp = bool(plan.sp and plan.tp > 1 and plan.tp_comm_overlap is not False
+              and (plan.tp_comm_overlap or fw.tp_comm_overlap))
+    if tp and plan.tp_comm_overlap is None:
+        tp = plan.tp <= _default_gpus_per_node(problem)  # userbuffers need the TP group in one NVLink domain
+    ep = bool(problem.model.is_moe and plan.ep > 1 and plan.ep_overlap is not False
+              and (plan.ep_overlap or fw.ep_overlap) and (plan.pp == 1 or plan.vpp >= 2) and microbatches >= 2)
+    return tp, ep
 
 
 def export_plan(problem: Problem, plan: Plan, fmt: str, *, gpus_per_node: int | None = None) -> Export:
@@ -178,7 +209,8 @@ def export_plan(problem: Problem, plan: Plan, fmt: str, *, gpus_per_node: int | 
     if key not in FORMATS:
         raise InputError(f"unknown export format {fmt!r}; valid formats: {', '.join(FORMATS)}", field="format")
     ctx = _resolve(problem, plan, key, gpus_per_node)
-    text = {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed, "jax": _jax}[key](ctx)
+    text = {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed, "maxtext": _maxtext,
+            "jax": _jax}[key](ctx)
     return Export(fmt=key, text=text, warnings=list(ctx.warnings))
 
 
@@ -239,23 +271,148 @@ def _most_conservative(modes: list[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# Architecture facts a Hugging Face-shaped ModelSpec does not carry (rotary base, router,
+# norms, MTP), per model family, matched on the model name. Sources per row.
+# ---------------------------------------------------------------------------------------
+
+FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("deepseek-v3", "deepseek_v3", "deepseekv3"), {
+        "family": "deepseek-v3", "rotary_base": 10000, "norm_epsilon": 1e-6,
+        # DeepSeek-V3 config.json: yarn factor 40 over 4096, sigmoid scoring, noaux_tc bias, 8 groups
+        # top-4, routed_scaling_factor 2.5, 1 MTP layer; Megatron-LM
+        # examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh (d98e8a64dd) for the flag spellings.
+        "megatron": [("--rotary-scaling-factor", 40), ("--mscale", 1.0), ("--mscale-all-dim", 1.0),
+                     ("--qk-layernorm", None),
+                     ("--moe-router-load-balancing-type", "seq_aux_loss"), ("--moe-aux-loss-coeff", 1e-4),
+                     ("--moe-router-score-function", "sigmoid"), ("--moe-router-pre-softmax", None),
+                     ("--moe-router-enable-expert-bias", None), ("--moe-router-bias-update-rate", 1e-3),
+                     ("--moe-router-num-groups", 8), ("--moe-router-group-topk", 4),
+                     ("--moe-router-topk-scaling-factor", 2.5), ("--moe-router-dtype", "fp32"),
+                     ("--mtp-num-layers", 1), ("--mtp-loss-scaling-factor", 0.1)],
+        "mtp_layers": 1,
+        "titan": ("deepseek_v3", "671B"),
+        "source": "DeepSeek-V3 config.json (ECOSYSTEM §2); Megatron-LM sbatch_mfsdp_deepseek_v3.sh",
+    }),
+    (("qwen3",), {
+        "family": "qwen3", "rotary_base": 1000000, "norm_epsilon": 1e-6,
+        # Qwen3 q_norm/k_norm, rope_theta 1e6, router_aux_loss_coef 1e-3: Megatron-LM
+        # examples/post_training/modelopt/conf/Qwen/Qwen3-235B-A22B.sh (d98e8a64dd).
+        "megatron": [("--qk-layernorm", None), ("--moe-router-load-balancing-type", "aux_loss"),
+                     ("--moe-aux-loss-coeff", 1e-3), ("--moe-router-dtype", "fp32")],
+        "titan_flavors": {"qwen3-235b-a22b": ("qwen3", "235B-A22B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
+                          "qwen3-8b": ("qwen3", "8B")},
+        "source": "Qwen3 config.json (ECOSYSTEM §2); Megatron-LM Qwen3-235B-A22B.sh",
+    }),
+    (("mixtral",), {
+        "family": "mixtral", "rotary_base": 1000000, "norm_epsilon": 1e-5,
+        # Mixtral config.json rope_theta 1e6, router_aux_loss_coef 0.02 (Megatron-LM
+        # examples/mixtral/train_mixtral_8x7b_distributed.sh uses 1e-2).
+        "megatron": [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", 0.02)],
+        "source": "mistralai/Mixtral-8x7B-v0.1 config.json (ECOSYSTEM §2)",
+    }),
+    (("llama3", "llama-3", "llama_3", "meta-llama-3"), {
+        "family": "llama3", "rotary_base": 500000, "norm_epsilon": 1e-5,
+        "titan_flavors": {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
+                          "llama3-405b": ("llama3", "405B")},
+        "source": "meta-llama Llama 3 config.json rope_theta 500000 (ECOSYSTEM §2; torchtitan llama3 flavors)",
+    }),
+    (("llama2", "llama-2"), {
+        "family": "llama2", "rotary_base": 10000, "norm_epsilon": 1e-5,
+        "source": "meta-llama/Llama-2-70b-hf config.json rope_theta 10000",
+    }),
+    (("gpt3", "gpt-3"), {
+        "family": "gpt3", "rotary_base": None, "norm_epsilon": 1e-5,
+        "source": "Brown et al. 2020: learned absolute positions, LayerNorm, GeLU, dropout 0.1",
+    }),
+)
+
+
+def model_family(model) -> dict[str, Any] | None:
+    """The FAMILIES row whose key occurs in the model's name, or None."""
+    name = str(model.name).lower().replace("_", "-")
+    for keys, facts in FAMILIES:
+        if any(k.replace("_", "-") in name for k in keys):
+            return facts
+    return None
+
+
+def titan_flavor(model) -> tuple[str, str] | None:
+    """torchtitan (model name, flavor) for a preset whose shape torchtitan ships."""
+    fam = model_family(model) or {}
+    if "titan" in fam:
+        return fam["titan"]
+    return fam.get("titan_flavors", {}).get(str(model.name).lower())
+
+
+def gpu_arch(problem: Problem) -> str:
+    try:
+        from .catalog import get_gpu  # noqa: PLC0415
+
+        return str(get_gpu(problem.cluster.gpu, problem.cluster.catalog).arch)
+    except Exception:  # noqa: BLE001 - unknown GPU: treated as pre-Blackwell
+        return "unknown"
+
+
+# training.precision -> (Megatron --fp8-format, --fp8-recipe, --fp4-format, --fp4-recipe,
+# torchtitan float8 recipe_name). Megatron-LM arguments.py (d98e8a64dd): --fp8-recipe
+# {tensorwise,delayed,mxfp8,blockwise,custom}, --fp4-format e2m1, --fp4-recipe nvfp4;
+# torchtitan components/quantization/float8.py recipe_name {tensorwise, rowwise, rowwise_with_gw_hp}
+# and mx.py (MXLinear).
+PRECISION_RECIPES: dict[str, dict[str, Any]] = {
+    "fp8": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")], "titan": "tensorwise"},
+    "fp8-delayed": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")], "titan": "tensorwise"},
+    "fp8-current": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")], "titan": "tensorwise"},
+    "fp8-blockwise": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "blockwise")], "titan": "rowwise"},
+    "mxfp8": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")], "titan": "mxfp8"},
+    "nvfp4": {"megatron": [("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")], "titan": None},
+}
+
+
+# ---------------------------------------------------------------------------------------
 # Megatron-LM
 # ---------------------------------------------------------------------------------------
 
 
-def megatron_layout(stages: list[int]) -> str:
+def megatron_layout(stages: list[int], mtp_layers: int = 0) -> str:
     """`--pipeline-model-parallel-layout` string: virtual stages (in layer order, which is
     Megatron's `vpp_rank * pp + pp_rank` order) separated by `|`, `E` = embedding on the
-    first, `L` = loss on the last, `t*n` = n transformer layers."""
+    first, `L` = loss on the last, `t*n` = n transformer layers, `m` = an MTP layer (last stage)."""
     parts = []
     for i, n in enumerate(stages):
         body = "t" if n == 1 else (f"t*{n}" if n > 1 else "")
-        parts.append(("E" if i == 0 else "") + body + ("L" if i == len(stages) - 1 else ""))
+        last = i == len(stages) - 1
+        parts.append(("E" if i == 0 else "") + body + ("m" * mtp_layers if last else "") + ("L" if last else ""))
     return "|".join(parts)
+
+
+def megatron_order(plan: Plan) -> str | None:
+    """The Megatron rank order (`initialize_model_parallel(order=...)`) that realizes the plan's
+    placement, or None when Megatron has none: it offers tp-cp-ep-dp-pp (default) and, with
+    --use-tp-pp-dp-mapping, tp-cp-ep-pp-dp (size-1 axes do not matter)."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp or 1, "pp": plan.pp}
+    live = [a for a in plan.axes if sizes[a] > 1 or (a == "ep" and plan.ep > 1)]
+    for order in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
+        want = [a for a in order.split("-") if a in live]
+        if want == live:
+            return order
+    return None
+
+
+def megatron_env(ctx: _Ctx) -> dict[str, str]:
+    """Environment variables the Megatron launch needs (arguments.py validate_args, d98e8a64dd):
+    TP or CP on pre-Blackwell GPUs asserts CUDA_DEVICE_MAX_CONNECTIONS=1 unless Megatron-FSDP or
+    --overlap-moe-expert-parallel-comm is on; Megatron-FSDP asserts it is not 1."""
+    p = ctx.plan
+    if p.zero_stage >= 2:
+        return {}
+    if (p.tp > 1 or p.cp > 1) and not ctx.ep_overlap and not gpu_arch(ctx.problem).startswith("blackwell"):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
 
 
 def _megatron(ctx: _Ctx) -> str:
     p, m, t = ctx.plan, ctx.model, ctx.training
+    fam = model_family(m) or {}
     flags: list[tuple[str, Any]] = []
 
     def add(flag: str, value: Any = None) -> None:
@@ -265,18 +422,45 @@ def _megatron(ctx: _Ctx) -> str:
     add("--tensor-model-parallel-size", p.tp)
     add("--pipeline-model-parallel-size", p.pp)
     add("--context-parallel-size", p.cp)
+    etp = p.expert_tp
     if m.is_moe:
         add("--expert-model-parallel-size", p.ep)
-        add("--expert-tensor-parallel-size", p.tp)
+        add("--expert-tensor-parallel-size", etp)
     elif p.ep > 1:
         ctx.warn(f"ep={p.ep} ignored: {m.name} is a dense model")
     if p.sp and p.tp > 1:
         add("--sequence-parallel")
-    if p.placement == "tp-cp-ep-pp-dp":
-        add("--use-tp-pp-dp-mapping")
-    elif p.placement != "tp-cp-ep-dp-pp":
+    order = megatron_order(p)
+    # Megatron always builds the expert grid etp x ep x edp x pp (dense models: tp x 1 x tp*cp*dp/tp).
+    m_etp, m_ep = (etp, p.ep) if m.is_moe else (p.tp, 1)
+    edp = ctx.world // (m_etp * m_ep * p.pp)
+    if order == "tp-cp-ep-pp-dp" and p.pp > 1:
+        if edp != ctx.dp:
+            # initialize_model_parallel: "When not using pp-last rank ordering, the data parallel size of
+            # the attention and moe layers must be the same" (parallel_state.py, core_v0.16.1).
+            ctx.warn(f"placement {p.placement} needs --use-tp-pp-dp-mapping, which Megatron rejects when the "
+                     f"attention and expert data-parallel sizes differ ({ctx.dp} vs {edp}, with cp or ep > 1): "
+                     "exported with the default order tp-cp-ep-dp-pp, so pipeline neighbours are "
+                     f"{p.tp * p.cp * ctx.dp} ranks apart instead of {p.tp * p.cp} and data-parallel groups "
+                     "are contiguous (PP and DP traffic swap network levels)")
+        else:
+            add("--use-tp-pp-dp-mapping")
+    elif order is None:
         ctx.warn(f"placement {p.placement} is not expressible: Megatron orders ranks tp-cp-ep-dp-pp "
-                 "(or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping); the default order is used")
+                 "(or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping); the default order is used, so groups "
+                 "land on other network levels than planned")
+    if m.is_moe and p.ep > 1 and p.cp > 1 and etp == p.tp and ctx.dp % p.ep == 0:
+        ctx.warn(f"expert groups differ from the plan: Megatron lays experts out as etp x ep x edp over the "
+                 f"stage's ranks, so each ep={p.ep} group spans ranks {etp} apart (across the CP ranks), "
+                 f"while the plan carved EP out of DP ({p.tp * p.cp} apart); the all-to-all crosses the "
+                 "network levels of TP x CP neighbours instead")
+
+    # --- overlaps ---------------------------------------------------------------------------
+    if ctx.tp_overlap:
+        add("--tp-comm-overlap")
+    if ctx.ep_overlap:
+        add("--overlap-moe-expert-parallel-comm")
+        add("--delay-wgrad-compute")
 
     # --- pipeline split and schedule ------------------------------------------------------
     if p.pp > 1:
@@ -285,14 +469,15 @@ def _megatron(ctx: _Ctx) -> str:
             if ctx.even:
                 add("--num-layers-per-virtual-pipeline-stage", stages[0])
             else:
-                add("--pipeline-model-parallel-layout", megatron_layout(stages))
+                add("--pipeline-model-parallel-layout", megatron_layout(stages, ctx.mtp_layers))
         elif not ctx.even:
             middle = stages[1:-1]
-            if stages[0] > 0 and stages[-1] > 0 and len(set(middle)) <= 1 and (not middle or middle[0] > 0):
+            if (stages[0] > 0 and stages[-1] > 0 and len(set(middle)) <= 1
+                    and (not middle or middle[0] > 0)):
                 add("--decoder-first-pipeline-num-layers", stages[0])
                 add("--decoder-last-pipeline-num-layers", stages[-1])
             else:
-                add("--pipeline-model-parallel-layout", megatron_layout(stages))
+                add("--pipeline-model-parallel-layout", megatron_layout(stages, ctx.mtp_layers))
         if p.schedule == "gpipe":
             ctx.warn("schedule gpipe is not offered by Megatron-LM: it runs 1F1B (less activation memory, "
                      "same bubble)")
@@ -305,15 +490,17 @@ def _megatron(ctx: _Ctx) -> str:
     add("--global-batch-size", t.global_batch_size)
     add("--seq-length", t.seq_len)
     add("--max-position-embeddings", t.seq_len)
-    if p.cp > 1 and t.seq_len % (2 * p.cp):
-        ctx.warn(f"Megatron asserts seq_length % (2*cp) == 0; seq_len {t.seq_len} with cp={p.cp} fails")
 
     # --- data parallelism / ZeRO ------------------------------------------------------------
-    if p.zero_stage >= 1:
+    if p.zero_stage == 1:
         add("--use-distributed-optimizer")
     if p.zero_stage >= 2:
         add("--use-megatron-fsdp")
         add("--data-parallel-sharding-strategy", "optim_grads" if p.zero_stage == 2 else "optim_grads_params")
+        add("--ckpt-format", "fsdp_dtensor")  # validate_args: Megatron-FSDP requires it
+        if p.tp > 1 or p.cp > 1:
+            ctx.warn("Megatron-FSDP with TP/CP: Megatron asks for CUDA_DEVICE_MAX_CONNECTIONS unset (FSDP) "
+                     "and 1 (TP/CP) at once; it is left unset, so TP/CP communication may not overlap as planned")
     add("--overlap-grad-reduce")
     if p.zero_stage >= 1:
         add("--overlap-param-gather")
@@ -323,9 +510,12 @@ def _megatron(ctx: _Ctx) -> str:
 
     # --- precision ---------------------------------------------------------------------------
     add("--bf16")
-    if t.precision == "fp8":
-        add("--fp8-format", "hybrid")
-        add("--fp8-recipe", "delayed")
+    recipe = PRECISION_RECIPES.get(str(t.precision))
+    if recipe:
+        for flag, value in recipe["megatron"]:
+            add(flag, value)
+    elif t.precision != "bf16":
+        ctx.warn(f"precision {t.precision} has no Megatron recipe in this exporter: trains in bf16")
 
     # --- model shape ---------------------------------------------------------------------------
     add("--num-layers", m.num_hidden_layers)
@@ -348,8 +538,20 @@ def _megatron(ctx: _Ctx) -> str:
         add("--disable-bias-linear")
     elif m.hidden_act in ("relu", "relu2"):
         ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
+    if fam.get("norm_epsilon") is not None:
+        add("--norm-epsilon", fam["norm_epsilon"])
+    if m.gated:
+        if fam.get("rotary_base"):
+            add("--rotary-base", fam["rotary_base"])
+        else:
+            ctx.warn(f"rotary base of {m.name} unknown: Megatron's default --rotary-base 10000 is used; "
+                     "set it to the model's rope_theta")
+    if not m.dropout:  # the plan prices no dropout masks; Megatron defaults to 0.1
+        add("--attention-dropout", 0.0)
+        add("--hidden-dropout", 0.0)
 
     # --- mixture of experts ------------------------------------------------------------------
+    fam_flags = dict(fam.get("megatron", []))
     if m.is_moe:
         add("--num-experts", m.num_experts)
         add("--moe-router-topk", m.num_experts_per_tok)
@@ -360,6 +562,17 @@ def _megatron(ctx: _Ctx) -> str:
             add("--moe-layer-freq", f"[0]*{m.num_dense_layers}+[1]*{m.num_moe_layers}")
         add("--moe-token-dispatcher-type", "alltoall")
         add("--moe-grouped-gemm")
+        if not any(f.startswith("--moe-router-load-balancing-type") for f in fam_flags):
+            ctx.warn(f"router settings of {m.name} unknown: Megatron's defaults are used (softmax top-k, "
+                     "aux_loss coefficient 0); set --moe-aux-loss-coeff to the model's router_aux_loss_coef")
+    for flag, value in fam.get("megatron", []):
+        if flag.startswith(("--moe-", "--mtp-")) and not m.is_moe:
+            continue
+        if flag in ("--rotary-scaling-factor", "--mscale", "--mscale-all-dim") and not m.is_mla:
+            continue
+        if flag.startswith("--mtp-") and ctx.ep_overlap and int(fam.get("mtp_layers", 0)) > 1:
+            continue
+        add(flag, value)
 
     # --- multi-head latent attention ----------------------------------------------------------
     if m.is_mla:
@@ -370,12 +583,20 @@ def _megatron(ctx: _Ctx) -> str:
         add("--qk-head-dim", m.qk_nope_head_dim)
         add("--qk-pos-emb-head-dim", m.qk_rope_head_dim)
         add("--v-head-dim", m.v_head_dim)
+    if ctx.mtp_layers:
+        ctx.warn(f"{m.name} trains with {ctx.mtp_layers} multi-token-prediction layer(s) (--mtp-num-layers), "
+                 "which the plan does not price: the last stage computes it on top of its planned layers")
 
     head = [f"# {line}" for line in ctx.header()]
     head.append(f"# data-parallel size is derived by Megatron: {ctx.world} // (TP*PP*CP = "
                 f"{p.tp * p.pp * p.cp}) = {ctx.dp}; {ctx.microbatches} micro-batches per step")
-    if not m.dropout:
-        head.append("# the model trains without dropout: consider --attention-dropout 0 --hidden-dropout 0")
+    if m.is_moe:
+        head.append(f"# expert grid (MoE parallel folding): etp {etp} x ep {p.ep} x edp {edp} x pp {p.pp}")
+    if fam:
+        head.append(f"# architecture facts ({fam['family']}): {fam['source']}")
+    env = megatron_env(ctx)
+    for k, v in env.items():
+        head.append(f"# launch with: export {k}={v}   (Megatron asserts it for TP/CP on pre-Blackwell GPUs)")
     for w in ctx.warnings:
         head.append(f"# warning: {w}")
     body = []
@@ -464,7 +685,9 @@ def _titan_parts(stages: list[int], n_layers: int) -> list[list[str]]:
 
 
 def _titan_ac(ctx: _Ctx) -> dict[str, Any]:
-    """[activation_checkpoint] for the per-layer recompute list."""
+    """[activation_checkpoint] for the per-layer recompute list: exact where torchtitan can say it
+    (none, per-op selective, full, or full on every Nth block of each rank), else the closest
+    setting that keeps memory within the plan (more recompute), with a warning naming the cost."""
     modes = ctx.recompute
     kinds = set(modes)
     if kinds == {"none"}:
@@ -476,27 +699,24 @@ def _titan_ac(ctx: _Ctx) -> dict[str, Any]:
     mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
     if "full" not in kinds:
         ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in torchtitan: per-op selective "
-                 "checkpointing is applied to every layer")
+                 f"checkpointing is applied to all {len(modes)} layers (the {modes.count('none')} planned "
+                 "without recompute also recompute their cheap ops: a few % of their forward time)")
         return {"mode": "selective", "selective_ac_option": "op"}
-    # torchtitan's layer-SAC: selective_ac_option "N" fully checkpoints every Nth block on each rank
-    # (its counter runs over the rank's blocks in order: the Nth, 2Nth, ...).
+    # torchtitan's layer SAC (distributed/activation_checkpoint.py _apply_layer_sac): a counter over
+    # the blocks each rank wraps, in order (its chunks in order); every Nth block is fully checkpointed.
     ranks = [[modes[i] for i in layers] for layers in ctx.rank_layers()]
-    longest = max(len(r) for r in ranks)
-    for n in range(1, longest + 1):
-        if all(all((mode == "full") == ((j + 1) % n == 0) for j, mode in enumerate(r)) for r in ranks):
-            if "selective" in kinds:
-                break
-            return {"mode": "selective", "selective_ac_option": str(n)}
+    if "selective" not in kinds:
+        longest = max(len(r) for r in ranks)
+        for n in range(2, longest + 1):
+            if all(all((mode == "full") == ((j + 1) % n == 0) for j, mode in enumerate(r)) for r in ranks):
+                return {"mode": "selective", "selective_ac_option": str(n)}
     fulls = modes.count("full")
-    n = max(1, round(len(modes) / fulls))
-    msg = (f"per-layer recompute mix ({mix}) is not exactly expressible in torchtitan: closest is full "
-           f"checkpointing of every {n}{'st' if n == 1 else 'th'} block per rank (selective_ac_option \"{n}\")")
-    if "selective" in kinds:
-        msg += "; per-op selective layers are not checkpointed"
-    ctx.warn(msg)
-    if n == 1:
-        return {"mode": "full"}
-    return {"mode": "selective", "selective_ac_option": str(n)}
+    extra = len(modes) - fulls
+    ctx.warn(f"per-layer recompute mix ({mix}) is not exactly expressible in torchtitan (it fully "
+             f"checkpoints every Nth block of a rank, or all): exported as full checkpointing of all "
+             f"{len(modes)} layers, so {extra} layers planned without full recompute rerun their forward "
+             f"pass (about +{100 * extra / (3 * len(modes)):.0f}% of the step's compute)")
+    return {"mode": "full"}
 
 
 def _titan_shard(ctx: _Ctx) -> tuple[int, int]:
@@ -504,18 +724,20 @@ def _titan_shard(ctx: _Ctx) -> tuple[int, int]:
     p, dp = ctx.plan, ctx.dp
     if p.zero_stage == 3:
         return 1, dp
-    shard = 1
-    if ctx.model.is_moe and p.ep > 1:
-        # torchtitan builds EP (with ETP = TP) out of dp_shard x cp: efsdp = dp_shard*cp*tp/(etp*ep).
-        shard = next(s for s in range(1, dp + 1) if dp % s == 0 and (s * p.cp) % p.ep == 0)
-    if shard > 1:
-        ctx.warn(f"torchtitan carves expert parallelism out of the FSDP dimension: exported as HSDP "
-                 f"(replicate {dp // shard} x shard {shard}), so non-expert parameters are also sharded "
-                 f"{shard} ways (more sharding than ZeRO-{p.zero_stage})")
-    elif p.zero_stage in (1, 2):
-        ctx.warn(f"torchtitan has no ZeRO-{p.zero_stage} distinct from FSDP: exported as pure data-parallel "
-                 "replication (optimizer state not sharded); use data_parallel_shard_degree for FSDP")
-    return dp // shard, shard
+    multi = p.tp > 1 or p.pp > 1 or p.cp > 1 or (ctx.model.is_moe and p.ep > 1)
+    if multi and dp > 1:
+        # parallelize_llama (torchtitan 0.2.2): "DDP has not supported > 1D parallelism"; EP also
+        # borrows its ranks from the FSDP dimension.
+        ctx.warn(f"torchtitan runs no DDP next to TP/PP/CP/EP: ZeRO-{p.zero_stage} exported as FSDP over "
+                 f"dp={dp} with fsdp_reshard_after_forward 'never' (parameters, gradients and optimizer state "
+                 f"sharded {dp} ways: less memory than planned; the same all-gather + reduce-scatter volume "
+                 f"per step, but FSDP2 reduce-scatters gradients every micro-batch: up to "
+                 f"{ctx.microbatches}x the planned gradient traffic)")
+        return 1, dp
+    if p.zero_stage in (1, 2) and dp > 1:
+        ctx.warn(f"torchtitan has no ZeRO-{p.zero_stage} distinct from FSDP: exported as DDP (optimizer state "
+                 f"replicated: {dp}x the planned optimizer memory per GPU)")
+    return dp, 1
 
 
 def _titan_schedule(ctx: _Ctx) -> tuple[str, list[int]]:
@@ -529,8 +751,12 @@ def _titan_schedule(ctx: _Ctx) -> tuple[str, list[int]]:
         if all(n >= 2 for n in stages):
             first = [n // 2 for n in stages]
             second = [n - f for n, f in zip(stages, first)]
+            m = ctx.model
+            head_m = m.vocab_size * m.hidden_size / 1e6
             ctx.warn("zero_bubble with one stage per rank: exported as torchtitan ZBVZeroBubble, which places "
-                     "two chunks per rank in a V (same layer count per rank, different layers)")
+                     "two chunks per rank in a V (same layer count per rank, different layers); the last chunk "
+                     f"(final norm + output head, {head_m:.0f}M parameters and the logits' compute and memory) "
+                     "lands on rank 0 next to the embedding instead of on the last rank")
             return "ZBVZeroBubble", first + second[::-1]
         ctx.warn("zero_bubble needs two chunks per rank in torchtitan and a stage has < 2 layers: exported as 1F1B")
         return "1F1B", stages
@@ -544,8 +770,27 @@ def _titan_schedule(ctx: _Ctx) -> tuple[str, list[int]]:
 def _torchtitan(ctx: _Ctx) -> str:
     p, m, t = ctx.plan, ctx.model, ctx.training
     replicate, shard = _titan_shard(ctx)
+    model: dict[str, Any] = {}
     training: dict[str, Any] = {}
     parallelism: dict[str, Any] = {}
+    compile_: dict[str, Any] = {}
+    flavor = titan_flavor(m)
+    if flavor is not None:
+        model["name"], model["flavor"] = flavor
+    else:
+        model["name"], model["flavor"] = "llama3", m.name
+        ctx.warn(f"torchtitan ships no flavor with {m.name}'s shape: [model] flavor = {m.name!r} must be "
+                 f"registered (dim={m.hidden_size}, n_layers={m.num_hidden_layers}, "
+                 f"n_heads={m.num_attention_heads}, n_kv_heads={m.kv_heads}, vocab_size={m.vocab_size}) before "
+                 "the job runs")
+    recipe = PRECISION_RECIPES.get(str(t.precision))
+    if t.precision != "bf16":
+        if recipe and recipe["titan"] and recipe["titan"] != "mxfp8":
+            model["converters"] = ["float8"]
+        elif recipe and recipe["titan"] == "mxfp8":
+            model["converters"] = ["mx"]
+        else:
+            ctx.warn(f"precision {t.precision} has no torchtitan converter: the exported job trains in bf16")
     if p.pp > 1:
         # The whole per-rank batch goes through the pipeline in micro-batches of micro_batch_size.
         training["local_batch_size"] = p.micro_batch_size * ctx.microbatches
@@ -554,17 +799,19 @@ def _torchtitan(ctx: _Ctx) -> str:
     training["global_batch_size"] = t.global_batch_size
     training["seq_len"] = t.seq_len
     training["mixed_precision_param"] = "bfloat16"
-    if t.precision == "fp8":
-        ctx.warn("fp8: enable torchtitan's float8 converter by hand ([model] converters = "
-                 "[\"quantize.linear.float8\"]); the exported job trains in bf16")
+    training["mixed_precision_reduce"] = "float32"
 
     parallelism["data_parallel_replicate_degree"] = replicate
     parallelism["data_parallel_shard_degree"] = shard
-    if shard > 1:
-        parallelism["fsdp_reshard_after_forward"] = "default"
+    if shard > 1 or p.cp > 1:
+        parallelism["fsdp_reshard_after_forward"] = "default" if p.zero_stage == 3 else "never"
     parallelism["tensor_parallel_degree"] = p.tp
     if p.tp > 1 and not p.sp:
-        ctx.warn("torchtitan v0.2 always uses sequence parallelism with tensor parallelism")
+        ctx.warn("torchtitan always uses sequence parallelism with tensor parallelism (the plan has none: "
+                 "less activation memory, the same TP traffic)")
+    if ctx.tp_overlap:
+        parallelism["enable_async_tensor_parallel"] = True
+        compile_ = {"enable": True, "components": ["model", "loss"]}
     parallelism["pipeline_parallel_degree"] = p.pp
     parts_listing = None
     if p.pp > 1:
@@ -579,19 +826,32 @@ def _torchtitan(ctx: _Ctx) -> str:
             parts_listing = _titan_parts(chunks, m.num_hidden_layers)
             parallelism["module_fqns_per_model_part"] = parts_listing
     parallelism["context_parallel_degree"] = p.cp
+    if p.cp > 1:
+        ctx.warn(f"torchtitan folds CP into FSDP (its fsdp mesh is dp_shard x cp = {shard * p.cp}): parameters, "
+                 f"gradients and optimizer state are sharded over the cp={p.cp} ranks too, which adds a "
+                 "parameter all-gather per pass over them")
     if m.is_moe:
+        etp = p.expert_tp
+        t_etp = etp if etp in (1, p.tp) else 1
+        if t_etp != etp:
+            ctx.warn(f"etp={etp}: torchtitan supports expert_tensor_parallel_degree 1 or tp only; exported as 1 "
+                     "(expert weights unsplit: more expert memory per GPU, no expert TP traffic)")
         parallelism["expert_parallel_degree"] = p.ep
-        parallelism["expert_tensor_parallel_degree"] = p.tp
+        parallelism["expert_tensor_parallel_degree"] = t_etp
     elif p.ep > 1:
         ctx.warn(f"ep={p.ep} ignored: {m.name} is a dense model")
-    if p.placement != "tp-cp-ep-dp-pp":
+    if ctx.ep_overlap:
+        ctx.warn("expert all-to-all overlap has no torchtitan option: the all-to-all runs exposed")
+    if megatron_order(p) != "tp-cp-ep-dp-pp" and not (p.pp == 1 and megatron_order(p)):
         ctx.warn(f"placement {p.placement} is not expressible: torchtitan orders its mesh pp, dp_replicate, "
-                 "fsdp (dp_shard x cp), tp (tp innermost)")
+                 "fsdp (dp_shard x cp), tp (tp innermost); groups land on other network levels than planned")
     ac = _titan_ac(ctx)
 
-    sections = [("training", training), ("parallelism", parallelism), ("activation_checkpoint", ac)]
+    sections = [("model", model), ("training", training), ("parallelism", parallelism)]
+    if compile_:
+        sections.append(("compile", compile_))
+    sections.append(("activation_checkpoint", ac))
     lines = [f"# {line}" for line in ctx.header()]
-    lines.append(f"# [model] name/flavor for {m.name}: set them for your torchtitan model registry")
     for w in ctx.warnings:
         lines.append(f"# warning: {w}")
     lines += ["", "[job]", f"description = {_toml_value('autoshard: ' + p.short())}"]
@@ -599,29 +859,60 @@ def _torchtitan(ctx: _Ctx) -> str:
         lines += ["", f"[{name}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
 
-    # torchtitan >= 0.3: same degrees as tyro overrides (lists and AC configs live in the recipe function).
+    # torchtitan 0.3 (configs.py): the same degrees as tyro overrides; expert TP is not a 0.3 option
+    # (EP borrows from FSDP x TP), async TP lives under compile, and pipelines or EP need CUDA graphs off.
     override = []
     for name, table in (("training", training), ("parallelism", parallelism)):
         for k, v in table.items():
-            if isinstance(v, list):
+            if isinstance(v, list) or k in ("expert_tensor_parallel_degree", "enable_async_tensor_parallel"):
                 continue
             override.append(f"--{name}.{k} {shlex.quote(str(v).lower() if isinstance(v, bool) else str(v))}")
+    if p.pp > 1 or (m.is_moe and p.ep > 1):
+        override.append("--training.disable_cuda_graphs")
+    if ctx.tp_overlap:
+        override += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
     ac_cfg = {"none": "no activation checkpointing (activation_checkpoint=None)",
               "full": "activation_checkpoint=FullAC.Config()",
               "selective": "activation_checkpoint=SelectiveAC.Config() ([activation_checkpoint] above: "
                            f"selective_ac_option {ac.get('selective_ac_option')!r})"}[ac["mode"]]
     lines += ["", "# torchtitan >= 0.3 (--module <pkg.module> --config <function>), the same plan as overrides:",
               "#   " + " ".join(override)]
+    if m.is_moe and p.expert_tp != 1:
+        lines.append(f"#   expert TP: torchtitan 0.3 has no expert_tensor_parallel_degree (ETP is 1 there; "
+                     f"the plan has etp={p.expert_tp})")
     if parts_listing is not None:
         lines.append("#   module_fqns_per_model_part: set ParallelismConfig.module_fqns_per_model_part in the "
                      "recipe function to the list above")
-    lines.append(f"#   in the recipe function: {ac_cfg}")
+    lines.append(f"#   in the recipe function: {ac_cfg}; model {model['name']} flavor {model['flavor']}")
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------
 # DeepSpeed
 # ---------------------------------------------------------------------------------------
+
+
+def megatron_deepspeed_args(ctx: _Ctx) -> list[str]:
+    """microsoft/Megatron-DeepSpeed flags for what DeepSpeed's JSON cannot carry (TP, PP, EP,
+    recompute) next to `--deepspeed --deepspeed_config <this file>`."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
+    args = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp)]
+    if p.pp == 1:
+        args.append("--no-pipeline-parallel")
+    if m.is_moe:
+        args += ["--num-experts", str(m.num_experts), "--moe-expert-parallel-size", str(p.ep)]
+    if p.sp and p.tp > 1:
+        args.append("--sequence-parallel")
+    args += ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(t.global_batch_size),
+             "--seq-length", str(t.seq_len), "--max-position-embeddings", str(t.seq_len),
+             "--num-layers", str(m.num_hidden_layers), "--hidden-size", str(m.hidden_size),
+             "--ffn-hidden-size", str(m.intermediate_size), "--num-attention-heads", str(m.num_attention_heads)]
+    if m.kv_heads != m.num_attention_heads and not m.is_mla:
+        args += ["--num-key-value-heads", str(m.kv_heads)]
+    args += ["--zero-stage", str(p.zero_stage), "--bf16", "--deepspeed"]
+    if "full" in ctx.recompute:
+        args += ["--checkpoint-activations", "--checkpoint-num-layers", "1"]
+    return args
 
 
 def _deepspeed(ctx: _Ctx) -> str:
@@ -633,7 +924,7 @@ def _deepspeed(ctx: _Ctx) -> str:
                  "model code (DeepSpeed's Ulysses sequence parallelism is a different scheme)")
     if p.pp > 1 and p.vpp > 1:
         ctx.warn(f"interleaved pipeline (vpp={p.vpp}) is not expressible: DeepSpeed's PipelineModule holds "
-                 "one stage per rank")
+                 f"one stage per rank (bubble {p.vpp}x the planned one)")
     if p.pp > 1 and p.schedule != "1f1b" and not (p.schedule == "interleaved" and p.vpp > 1):
         ctx.warn(f"schedule {p.schedule} is not expressible: DeepSpeed's pipeline engine runs its 1F1B-style "
                  "TrainSchedule")
@@ -641,15 +932,22 @@ def _deepspeed(ctx: _Ctx) -> str:
         ctx.warn(f"DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; zero_stage {p.zero_stage} "
                  "with pp > 1 will be rejected")
     if p.pp > 1 and not ctx.even:
-        ctx.warn("uneven stage layers are not expressible in the config: pass a custom partition to "
-                 "PipelineModule (layers per stage in the autoshard block)")
+        ctx.warn("uneven stage layers are not a config option: pass PipelineModule a partition "
+                 "(autoshard.pipeline_module.stage_layers) in code")
     if m.is_moe and p.ep > 1:
         ctx.warn(f"expert parallelism is set in code: deepspeed.moe.layer.MoE(ep_size={p.ep}, "
-                 f"num_experts={m.num_experts}, k={m.num_experts_per_tok})")
+                 f"num_experts={m.num_experts}, k={m.num_experts_per_tok}) or Megatron-DeepSpeed "
+                 f"--moe-expert-parallel-size {p.ep}")
+    if p.expert_tp != p.tp and m.is_moe:
+        ctx.warn(f"etp={p.expert_tp}: DeepSpeed-MoE has no expert tensor parallelism distinct from TP")
     if p.tp > 1 and p.sp:
-        ctx.warn("Megatron-style sequence parallelism is not a DeepSpeed config option")
-    if t.precision == "fp8":
-        ctx.warn("fp8 is not a DeepSpeed config option (use Transformer Engine in the model); exported as bf16")
+        ctx.warn("Megatron-style sequence parallelism is not a DeepSpeed config option (Megatron-DeepSpeed "
+                 "--sequence-parallel)")
+    if t.precision != "bf16":
+        ctx.warn(f"{t.precision} is not a DeepSpeed config option (use Transformer Engine in the model); "
+                 "exported as bf16")
+    if ctx.tp_overlap:
+        ctx.warn("TP communication overlap has no DeepSpeed option: TP all-gathers / reduce-scatters run exposed")
 
     # Recompute.
     kinds = set(ctx.recompute)
@@ -660,7 +958,7 @@ def _deepspeed(ctx: _Ctx) -> str:
         if ctx.mixed:
             mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
             ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in DeepSpeed: "
-                     + ("every layer is checkpointed" if mode == "full" else
+                     + ("every layer is checkpointed (more recompute than planned)" if mode == "full" else
                         "no layer is checkpointed (selective recompute has no DeepSpeed equivalent)"))
         elif mode == "selective":
             ctx.warn("selective (attention-core) recompute has no DeepSpeed config option: not exported "
@@ -671,22 +969,35 @@ def _deepspeed(ctx: _Ctx) -> str:
                     "contiguous_memory_optimization": False, "number_checkpoints": None,
                     "synchronize_checkpoint_boundary": False, "profile": False}
 
+    model_parallel = p.tp * p.pp * p.cp
     cfg["autoshard"] = {
         "version": autoshard_version(),
         "target": TARGETS["deepspeed"],
         "plan": p.short(),
         "model": m.name,
         "world_size": ctx.world,
-        "tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": ctx.dp, "ep": p.ep, "vpp": p.vpp,
+        "tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": ctx.dp, "ep": p.ep, "etp": p.expert_tp, "vpp": p.vpp,
         "sequence_parallel": p.sp,
         "placement": p.placement,
-        "stage_layers": ctx.stages,
+        "global_batch_size": t.global_batch_size,
         "recompute": p.recompute if isinstance(p.recompute, str) else recompute_runs(ctx.recompute),
-        "note": "train_batch_size = micro x gradient_accumulation_steps x dp; dp excludes TP/PP/CP ranks "
-                "(DeepSpeed reads it from the mpu); TP/PP/EP degrees are set in code",
+        "note": ("deepspeed.initialize(model=..., config=<this file>) as is: every rank is a data-parallel "
+                 "rank, train_batch_size = micro x gradient_accumulation_steps x world"
+                 if model_parallel == 1 else
+                 f"TP/PP/CP ranks ({model_parallel} per replica) are not data-parallel: pass "
+                 "deepspeed.initialize(..., mpu=<your model-parallel unit>) (Megatron-DeepSpeed passes "
+                 "megatron.mpu) so DeepSpeed counts dp = mpu.get_data_parallel_world_size() = "
+                 f"{ctx.dp}; train_batch_size is left to DeepSpeed (micro x GAS x dp = "
+                 f"{t.global_batch_size})"),
+        "megatron_deepspeed_args": megatron_deepspeed_args(ctx),
         "warnings": [],  # filled in last, once every warning is known
     }
-    cfg["train_batch_size"] = t.global_batch_size
+    if p.pp > 1:
+        cfg["autoshard"]["pipeline_module"] = {
+            "num_stages": p.pp, "partition_method": "uniform" if ctx.even else "custom",
+            "stage_layers": ctx.stages, "activation_checkpoint_interval": interval}
+    if model_parallel == 1:
+        cfg["train_batch_size"] = t.global_batch_size
     cfg["train_micro_batch_size_per_gpu"] = p.micro_batch_size
     cfg["gradient_accumulation_steps"] = gas
     cfg["bf16"] = {"enabled": True}
@@ -696,11 +1007,8 @@ def _deepspeed(ctx: _Ctx) -> str:
     if p.zero_stage == 2:
         zero["reduce_scatter"] = True
     cfg["zero_optimization"] = zero
-    if p.tp > 1:
+    if p.tp > 1 and p.pp == 1 and not m.is_moe:
         cfg["tensor_parallel"] = {"autotp_size": p.tp}
-    if p.pp > 1:
-        cfg["pipeline"] = {"stages": p.pp, "partition": "uniform" if ctx.even else "parameters",
-                           "activation_checkpoint_interval": interval}
     if ckpt is not None:
         cfg["activation_checkpointing"] = ckpt
     cfg["autoshard"]["warnings"] = list(ctx.warnings)
@@ -730,173 +1038,321 @@ def _ici_dcn(axes: list[tuple[str, int]], gpus_per_node: int, ctx: _Ctx) -> dict
     return out
 
 
-def _jax(ctx: _Ctx) -> str:
-    p, m, t = ctx.plan, ctx.model, ctx.training
+def _jax_mesh(ctx: _Ctx) -> tuple[dict[str, str], dict[str, int], list[tuple[str, int]]]:
+    """(autoshard axis -> JAX axis name, JAX axis name -> size, [(name, size)] innermost first)."""
+    p = ctx.plan
+    ep = p.ep if ctx.model.is_moe else 1
+    if ep > 1 and (ctx.dp % ep or p.expert_tp != p.tp):
+        ctx.warn(f"MoE parallel folding (ep={ep}, etp={p.expert_tp}, dp={ctx.dp}) has no single JAX mesh: "
+                 "experts are sharded over the data axis only (ep=1 in the mesh): expert all-to-all becomes "
+                 "data-axis collectives")
+        ep = 1
     dpax = "fsdp" if p.zero_stage == 3 else "data"
     names = {**JAX_AXIS, "dp": dpax}
-    sizes = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": ctx.dp // p.ep, "pp": p.pp}
+    sizes = {"tp": p.tp, "cp": p.cp, "ep": ep, "dp": ctx.dp // ep, "pp": p.pp}
     inner_first = [(names[a], sizes[a]) for a in p.axes]
-    split = _ici_dcn(inner_first, ctx.gpus_per_node, ctx)
-    outer_first = inner_first[::-1]
+    return names, {n: s for n, s in inner_first}, inner_first
 
-    # Batch handling: with pp the pipeline consumes all micro-batches in one step.
-    if p.pp > 1:
-        gas = 1
-        per_device = t.global_batch_size / ctx.world
-        pipeline = {"num_pipeline_microbatches": ctx.microbatches,
-                    "num_pipeline_repeats": p.vpp}
-        if ctx.even:
-            pipeline["num_layers_per_pipeline_stage"] = ctx.stages[0]
+
+def _shard_dims(name: str, shape: list[int], want: list[Any], axis_size: dict[str, int], ctx: _Ctx) -> list[Any]:
+    """`want` (one entry per dimension: None, an axis or a list of axes) made legal for `shape`:
+    an axis that does not divide its dimension moves to another dimension it divides (largest
+    first; data-like axes only, TP keeps its dimension), else the tensor is replicated over it
+    with a warning, so NamedSharding never raises IndivisibleError."""
+    dims: list[list[str]] = []
+    for spec in want:
+        axes = [] if spec is None else ([spec] if isinstance(spec, str) else list(spec))
+        dims.append([a for a in axes if axis_size.get(a, 1) > 1])
+    dropped: list[str] = []
+    for d, dim in enumerate(shape):
+        while dims[d] and dim % math.prod(axis_size[a] for a in dims[d]):
+            dropped.append(dims[d].pop())
+    for a in dropped:
+        placed = False
+        if a != "tensor":
+            for d in sorted(range(len(shape)), key=lambda i: -shape[i]):
+                if shape[d] % (math.prod(axis_size[x] for x in dims[d]) * axis_size[a]) == 0:
+                    dims[d].append(a)
+                    placed = True
+                    break
+        if not placed:
+            ctx.warn(f"{name}: no dimension of {shape} is divisible over {a!r} ({axis_size[a]}): replicated "
+                     "over it (more memory per device than planned for this tensor)")
+    return [None if not axes else (axes[0] if len(axes) == 1 else axes) for axes in dims]
+
+
+def _tensor_shapes(m) -> dict[str, tuple[list[int], str]]:
+    """Per-layer and global tensor shapes: name -> (shape, kind) with kind global | layer | dense | moe."""
+    h, hd = m.hidden_size, m.head_size
+    out: dict[str, tuple[list[int], str]] = {"embed": ([m.vocab_size, h], "global")}
+    if not m.tie_word_embeddings:
+        out["lm_head"] = ([h, m.vocab_size], "global")
+    out["final_norm"] = ([h], "global")
+    if m.is_mla:
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank is not None:
+            out["wq_a"] = ([h, m.q_lora_rank], "layer")
+            out["wq_b"] = ([m.q_lora_rank, m.num_attention_heads * qk], "layer")
         else:
-            ctx.warn("uneven stage layers are not expressible in MaxText (even layers per stage): "
-                     "the exported pipeline uses num_decoder_layers / (pp*vpp)")
+            out["wq"] = ([h, m.num_attention_heads * qk], "layer")
+        out["wkv_a"] = ([h, m.kv_lora_rank + m.qk_rope_head_dim], "layer")
+        out["wkv_b"] = ([m.kv_lora_rank, m.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)], "layer")
+        out["wo"] = ([m.num_attention_heads * m.v_head_dim, h], "layer")
+    else:
+        out["wq"] = ([h, m.num_attention_heads * hd], "layer")
+        out["wk"] = ([h, m.kv_heads * hd], "layer")
+        out["wv"] = ([h, m.kv_heads * hd], "layer")
+        out["wo"] = ([m.num_attention_heads * hd, h], "layer")
+    out["attention_norm"] = ([h], "layer")
+    out["mlp_norm"] = ([h], "layer")
+    if m.num_dense_layers:
+        out["mlp_gate"] = ([h, m.intermediate_size], "dense")
+        out["mlp_up"] = ([h, m.intermediate_size], "dense")
+        out["mlp_down"] = ([m.intermediate_size, h], "dense")
+    if m.is_moe:
+        e, f = m.num_experts, m.expert_ffn
+        out["router"] = ([h, e], "moe")
+        out["expert_gate"] = ([e, h, f], "moe")
+        out["expert_up"] = ([e, h, f], "moe")
+        out["expert_down"] = ([e, f, h], "moe")
+        if m.num_shared_experts:
+            s = m.num_shared_experts * f
+            out["shared_gate"] = ([h, s], "moe")
+            out["shared_up"] = ([h, s], "moe")
+            out["shared_down"] = ([s, h], "moe")
+    return out
+
+
+def _jax(ctx: _Ctx) -> str:
+    """A JSON of the device mesh and per-tensor PartitionSpecs (with the real shapes) for plain JAX."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
+    names, axis_size, inner_first = _jax_mesh(ctx)
+    outer_first = inner_first[::-1]
+    dpax = names["dp"]
+    ep_on = axis_size.get("expert", 1) > 1
+    tp = "tensor" if p.tp > 1 else None
+    fs = [a for a in ("fsdp" if p.zero_stage == 3 else "", "expert" if p.zero_stage == 3 and ep_on else "") if a]
+    fs = fs or None
+    exp = "expert" if ep_on else None
+    kv_tp = tp if (m.is_mla or m.kv_heads % max(p.tp, 1) == 0) else None
+
+    def want(name: str, shard: Any, expert_shard: Any) -> list[Any]:
+        return {
+            "embed": [tp, shard], "lm_head": [shard, tp], "final_norm": [None],
+            "wq": [shard, tp], "wk": [shard, kv_tp], "wv": [shard, kv_tp], "wo": [tp, shard],
+            "wq_a": [shard, None], "wq_b": [None, tp], "wkv_a": [shard, None], "wkv_b": [None, tp],
+            "attention_norm": [None], "mlp_norm": [None],
+            "mlp_gate": [shard, tp], "mlp_up": [shard, tp], "mlp_down": [tp, shard],
+            "router": [shard, None],
+            "expert_gate": [exp, expert_shard, tp], "expert_up": [exp, expert_shard, tp],
+            "expert_down": [exp, tp, expert_shard],
+            "shared_gate": [shard, tp], "shared_up": [shard, tp], "shared_down": [tp, shard],
+        }[name]
+
+    shapes = _tensor_shapes(m)
+    params = {}
+    for name, (shape, kind) in shapes.items():
+        spec = _shard_dims(f"params.{name}", shape, want(name, fs, "fsdp" if p.zero_stage == 3 else None),
+                           axis_size, ctx)
+        params[name] = {"shape": shape, "kind": kind, "spec": spec}
+    optimizer = None
+    if p.zero_stage in (1, 2):
+        opt_axes = [a for a in (dpax, "expert" if ep_on else "") if a]
+        optimizer = {}
+        for name, (shape, kind) in shapes.items():
+            # ZeRO-1/2: optimizer state additionally sharded over the data axes (largest dimension first).
+            base = want(name, None, None)
+            big = max(range(len(shape)), key=lambda i: shape[i])
+            entry = base[big]
+            have = [] if entry is None else ([entry] if isinstance(entry, str) else list(entry))
+            base[big] = have + opt_axes
+            spec = _shard_dims(f"optimizer.{name}", shape, base, axis_size, ctx)
+            optimizer[name] = {"shape": shape, "kind": kind, "spec": spec}
+
+    batch_axes = [a for a in (dpax, "expert" if ep_on else "") if axis_size.get(a, 1) > 1] or None
+    micro_global = p.micro_batch_size * ctx.dp  # sequences per micro-batch over all replicas
+    ctxax = "context" if p.cp > 1 else None
+    seq_sp = [a for a in ("context" if p.cp > 1 else "", "tensor" if p.sp else "") if a] or None
+    hd = m.head_size
+    acts_want = {
+        "tokens": ([micro_global, t.seq_len], [batch_axes, ctxax]),
+        "hidden": ([micro_global, t.seq_len, m.hidden_size], [batch_axes, ctxax, None]),
+        "hidden_norm": ([micro_global, t.seq_len, m.hidden_size], [batch_axes, seq_sp, None]),
+        "attention_heads": ([micro_global, t.seq_len, m.num_attention_heads, hd], [batch_axes, ctxax, tp, None]),
+        "logits": ([micro_global, t.seq_len, m.vocab_size], [batch_axes, ctxax, tp]),
+    }
+    if m.num_dense_layers:
+        acts_want["mlp_hidden"] = ([micro_global, t.seq_len, m.intermediate_size], [batch_axes, ctxax, tp])
+    activations = {k: {"shape": s, "spec": _shard_dims(f"activations.{k}", s, w, axis_size, ctx)}
+                   for k, (s, w) in acts_want.items()}
+
+    stage_of_layer: list[int] = [0] * m.num_hidden_layers
+    for r, layers in enumerate(ctx.rank_layers()):
+        for i in layers:
+            stage_of_layer[i] = r
+    doc: dict[str, Any] = {
+        "autoshard": {
+            "version": autoshard_version(), "target": "JAX (jax.sharding.Mesh / NamedSharding)",
+            "plan": p.short(), "model": m.name, "world_size": ctx.world,
+            "axis_map": {a: names[a] for a in ("tp", "cp", "ep", "dp", "pp")},
+            "note": "mesh = jax.make_mesh(mesh_shape, axis_names) over devices in rank order (the last axis holds "
+                    "consecutive ranks); NamedSharding(mesh, P(*spec)) per tensor. Per-layer tensors are one "
+                    "layer's weights: stack the layers of each pipeline stage (layer_stage) on that stage's "
+                    "sub-mesh. Activation shapes are per micro-batch over all replicas.",
+            "warnings": [],
+        },
+        "mesh_shape": [size for _, size in outer_first],
+        "axis_names": [name for name, _ in outer_first],
+        "layer_stage": stage_of_layer,
+        "layer_kind": m.layer_kinds(),
+        "stage_layers": ctx.stages,
+        "params": params,
+    }
+    if optimizer is not None:
+        doc["optimizer_state"] = optimizer
+    doc["activations"] = activations
+    doc["autoshard"]["warnings"] = list(ctx.warnings)
+    return dumps_json(doc) + "\n"
+
+
+# MaxText decoder_block per model family (maxtext common_types.DecoderBlockType).
+MAXTEXT_DECODER = {"llama3": "llama2", "llama2": "llama2", "mixtral": "mixtral", "deepseek-v3": "deepseek",
+                   "qwen3": "qwen3", "gpt3": "gpt3"}
+
+
+def _yaml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
+    raise TypeError(f"no YAML form for {type(v).__name__}")
+
+
+def _maxtext(ctx: _Ctx) -> str:
+    """A MaxText config (its base.yml key names), to pass as `python -m maxtext.train <this file>`."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
+    fam = model_family(m) or {}
+    names, axis_size, inner_first = _jax_mesh(ctx)
+    split = _ici_dcn(inner_first, ctx.gpus_per_node, ctx)
+    cfg: dict[str, Any] = {}
+    # --- model ----------------------------------------------------------------------------
+    block = MAXTEXT_DECODER.get(fam.get("family", ""))
+    if block is None:
+        block = "llama2" if m.gated else "gpt3"
+        ctx.warn(f"no MaxText decoder_block known for {m.name}: {block!r} used (check norms, activations and "
+                 "positions)")
+    if block == "qwen3" and m.is_moe:
+        block = "qwen3_moe"
+    cfg["model_name"] = "default"
+    cfg["decoder_block"] = block
+    cfg["base_emb_dim"] = m.hidden_size
+    cfg["base_num_query_heads"] = m.num_attention_heads
+    cfg["base_num_kv_heads"] = m.kv_heads
+    cfg["base_mlp_dim"] = m.intermediate_size
+    cfg["base_num_decoder_layers"] = m.num_hidden_layers
+    cfg["head_dim"] = m.head_size
+    cfg["vocab_size"] = m.vocab_size
+    cfg["mlp_activations"] = ["silu", "linear"] if m.gated else ["gelu"]
+    cfg["logits_via_embedding"] = bool(m.tie_word_embeddings)
+    cfg["enable_dropout"] = bool(m.dropout)
+    cfg["dropout_rate"] = 0.1 if m.dropout else 0.0
+    if fam.get("rotary_base"):
+        cfg["rope_max_timescale"] = fam["rotary_base"]
+    if fam.get("norm_epsilon"):
+        cfg["normalization_layer_epsilon"] = fam["norm_epsilon"]
+    if fam.get("family") == "qwen3":
+        cfg["use_qk_norm"] = True
+    if m.is_moe:
+        cfg["num_experts"] = m.num_experts
+        cfg["num_experts_per_tok"] = m.num_experts_per_tok
+        cfg["base_moe_mlp_dim"] = m.expert_ffn
+        if m.num_shared_experts:
+            cfg["shared_experts"] = m.num_shared_experts
+        if m.first_k_dense_replace:
+            cfg["first_num_dense_layers"] = m.first_k_dense_replace
+        if fam.get("family") == "deepseek-v3":
+            cfg.update(routed_score_func="sigmoid", routed_bias=True, routed_bias_update_rate=1e-3,
+                       routed_scaling_factor=2.5, n_routing_groups=8, topk_routing_group=4, mtp_num_layers=1)
+    if m.is_mla:
+        cfg["attention_type"] = "mla"
+        if m.q_lora_rank is not None:
+            cfg["q_lora_rank"] = m.q_lora_rank
+        cfg.update(kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
+                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
+    # --- mesh ------------------------------------------------------------------------------
+    ici_total = 1
+    for name in ("data", "fsdp", "stage", "context", "expert", "tensor"):
+        ici, dcn = split.get(name, (1, 1))
+        cfg[f"ici_{MAXTEXT_PARAM[name]}_parallelism"] = ici
+        ici_total *= ici
+    for name in ("data", "fsdp", "stage", "context", "expert", "tensor"):
+        ici, dcn = split.get(name, (1, 1))
+        cfg[f"dcn_{MAXTEXT_PARAM[name]}_parallelism"] = dcn
+    cfg["num_slices"] = ctx.world // ici_total
+    if megatron_order(p) != "tp-cp-ep-dp-pp" and p.pp > 1:
+        ctx.warn(f"placement {p.placement}: MaxText orders its mesh by mesh_axes (data, stage, fsdp, context, "
+                 "tensor, expert) within and across slices; the plan's rank order is not kept")
+    # --- batch and pipeline ---------------------------------------------------------------------
+    cfg["max_target_length"] = t.seq_len
+    if p.pp > 1:
+        per_device = t.global_batch_size / ctx.world
+        cfg["num_pipeline_microbatches"] = ctx.microbatches
+        chunks = p.pp * p.vpp
+        # MaxText pipelines the MoE layers of a deepseek block and every layer otherwise
+        # (configs/types.py); the product stages x repeats x layers/stage must equal that count.
+        pipelined = m.num_moe_layers if block == "deepseek" else m.num_hidden_layers
+        per_stage = pipelined // chunks
+        if per_stage == 0:
+            raise InputError(f"MaxText cannot pipeline {pipelined} layers over pp*vpp = {chunks} stages",
+                             field="plan.pp")
+        cfg["num_layers_per_pipeline_stage"] = per_stage
+        cfg["num_pipeline_repeats"] = p.vpp
+        if per_stage * chunks != pipelined or not ctx.even or block == "deepseek":
+            cfg["pipeline_parallel_layers"] = per_stage * chunks
+            left = m.num_hidden_layers - per_stage * chunks
+            if left:
+                ctx.warn(f"MaxText runs one layer count per stage: {per_stage * chunks} layers pipelined "
+                         f"({per_stage} per stage x {p.pp} stages x {p.vpp} repeats), the other {left} run outside "
+                         "the pipeline with the stage axis acting as data parallelism (planned split "
+                         + ",".join(map(str, ctx.stages)) + ")")
         if ctx.microbatches % p.pp:
             ctx.warn(f"MaxText needs num_pipeline_microbatches ({ctx.microbatches}) divisible by the "
-                     f"stage count ({p.pp})")
+                     f"stage count ({p.pp}): it will reject this config")
         if p.schedule != "gpipe":
             ctx.warn(f"schedule {p.schedule} is not expressible: MaxText's SPMD pipeline runs a GPipe-style "
                      "circular schedule (more in-flight activations than 1F1B)")
+        gas = 1
     else:
-        gas = ctx.microbatches
         per_device = p.micro_batch_size * ctx.dp / ctx.world
-        pipeline = {}
-    if per_device == int(per_device):
-        per_device = int(per_device)
-
-    # Recompute -> MaxText remat_policy.
+        gas = ctx.microbatches
+    cfg["per_device_batch_size"] = int(per_device) if per_device == int(per_device) else per_device
+    cfg["gradient_accumulation_steps"] = gas
+    # --- memory ------------------------------------------------------------------------------
     remat_of = {"none": "minimal_with_context", "selective": "minimal", "full": "full"}
     mode = _most_conservative(sorted(set(ctx.recompute)))
     if ctx.mixed:
         mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
         ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in MaxText (one remat_policy for all "
-                 f"layers): exported as {remat_of[mode]!r} ({mode})")
+                 f"layers): exported as {remat_of[mode]!r} ({mode}), more recompute than planned")
+    cfg["remat_policy"] = remat_of[mode] if mode != "none" else "minimal_with_context"
     if p.zero_stage in (1, 2):
-        ctx.warn(f"ZeRO-{p.zero_stage}: MaxText has no switch for it; shard the optimizer state with "
-                 "partition_specs.optimizer_state (parameters stay replicated over 'data')")
-    if t.precision == "fp8":
-        ctx.warn("fp8: set MaxText quantization (e.g. quantization='fp8') by hand; the export trains in bf16")
-
-    # PartitionSpecs (lists; a nested list shards one dimension over several axes).
-    def axes_or_none(*axs: str) -> Any:
-        live = [a for a in axs if a]
-        if not live:
-            return None
-        return live[0] if len(live) == 1 else live
-
-    fs = axes_or_none("fsdp" if p.zero_stage == 3 else "", "expert" if (p.zero_stage == 3 and p.ep > 1) else "")
-    opt = axes_or_none(dpax, "expert" if p.ep > 1 else "")
-    stage = "stage" if p.pp > 1 else None
-    tp = "tensor" if p.tp > 1 else None
-
-    def param_specs(shard: Any, expert_shard: Any) -> dict[str, Any]:
-        lay = [stage] if stage else []  # stacked layer weights: leading layer dim over 'stage'
-        specs: dict[str, Any] = {
-            "embed": [tp, shard],  # [vocab, embed]
-        }
-        if not m.tie_word_embeddings:
-            specs["lm_head"] = [shard, tp]  # [embed, vocab]
-        specs["final_norm"] = [None]
-        if m.is_mla:
-            if m.q_lora_rank is not None:
-                specs["wq_a"] = lay + [shard, None]  # [embed, q_lora_rank]
-                specs["wq_b"] = lay + [None, tp]  # [q_lora_rank, heads*qk_head_dim]
-            else:
-                specs["wq"] = lay + [shard, tp]
-            specs["wkv_a"] = lay + [shard, None]  # [embed, kv_lora_rank + qk_rope_head_dim]
-            specs["wkv_b"] = lay + [None, tp]  # [kv_lora_rank, heads*(qk_nope_head_dim + v_head_dim)]
-        else:
-            kv_tp = tp if (m.kv_heads % p.tp == 0) else None  # fewer KV heads than TP ranks: replicated
-            specs["wq"] = lay + [shard, tp]  # [embed, heads*head_dim]
-            specs["wk"] = lay + [shard, kv_tp]  # [embed, kv_heads*head_dim]
-            specs["wv"] = lay + [shard, kv_tp]
-        specs["wo"] = lay + [tp, shard]  # [heads*head_dim, embed]
-        specs["attention_norm"] = lay + [None]
-        specs["mlp_norm"] = lay + [None]
-        if m.num_dense_layers:
-            specs["mlp_gate"] = lay + [shard, tp]  # [embed, ffn]
-            specs["mlp_up"] = lay + [shard, tp]
-            specs["mlp_down"] = lay + [tp, shard]  # [ffn, embed]
-        if m.is_moe:
-            exp = "expert" if p.ep > 1 else None
-            specs["router"] = lay + [shard, None]  # [embed, num_experts]
-            specs["expert_gate"] = lay + [exp, expert_shard, tp]  # [num_experts, embed, expert_ffn]
-            specs["expert_up"] = lay + [exp, expert_shard, tp]
-            specs["expert_down"] = lay + [exp, tp, expert_shard]  # [num_experts, expert_ffn, embed]
-            if m.num_shared_experts:
-                specs["shared_gate"] = lay + [shard, tp]
-                specs["shared_up"] = lay + [shard, tp]
-                specs["shared_down"] = lay + [tp, shard]
-        return specs
-
-    expert_fs = "fsdp" if p.zero_stage == 3 else None  # the 'expert' axis already shards expert weights
-    params = param_specs(fs, expert_fs)
-    batch = axes_or_none(dpax, "expert" if p.ep > 1 else "")
-    ctxax = "context" if p.cp > 1 else None
-    seq_sp = axes_or_none("context" if p.cp > 1 else "", "tensor" if p.sp else "")
-    activations = {
-        "tokens": [batch, ctxax],  # [batch, seq]
-        "hidden": [batch, ctxax, None],  # [batch, seq, hidden] inside attention / MLP blocks
-        "hidden_norm": [batch, seq_sp, None],  # around norms and residuals (sequence parallel)
-        "attention_heads": [batch, ctxax, tp, None],  # [batch, seq, heads, head_dim]
-        "mlp_hidden": [batch, ctxax, tp],  # [batch, seq, ffn]
-        "logits": [batch, ctxax, tp],  # [batch, seq, vocab]
-    }
-    if m.is_moe:
-        activations["expert_tokens"] = ["expert" if p.ep > 1 else None, None, None]  # [experts, tokens, hidden]
-    partition_specs: dict[str, Any] = {"params": params, "activations": activations}
-    if p.zero_stage in (1, 2):
-        partition_specs["optimizer_state"] = param_specs(opt, dpax)
-
-    logical_rules = [
-        ["activation_batch", [a for a in (dpax, "expert" if p.ep > 1 else "") if a]],
-        ["activation_length", ["context"] if p.cp > 1 else []],
-        ["activation_heads", ["tensor"] if p.tp > 1 else []],
-        ["activation_mlp", ["tensor"] if p.tp > 1 else []],
-        ["activation_vocab", ["tensor"] if p.tp > 1 else []],
-        ["embed", [a for a in ("fsdp" if p.zero_stage == 3 else "",
-                               "expert" if p.zero_stage == 3 and p.ep > 1 else "") if a]],
-        ["heads", ["tensor"] if p.tp > 1 else []],
-        ["kv_heads", ["tensor"] if p.tp > 1 and m.kv_heads % p.tp == 0 else []],
-        ["mlp", ["tensor"] if p.tp > 1 else []],
-        ["vocab", ["tensor"] if p.tp > 1 else []],
-        ["exp", ["expert"] if p.ep > 1 else []],
-        ["layers", ["stage"] if p.pp > 1 else []],
-    ]
-
-    doc: dict[str, Any] = {
-        "autoshard": {
-            "version": autoshard_version(),
-            "target": TARGETS["jax"],
-            "plan": p.short(),
-            "model": m.name,
-            "world_size": ctx.world,
-            "gpus_per_node": ctx.gpus_per_node,
-            "axis_map": {a: names[a] for a in ("tp", "cp", "ep", "dp", "pp")},
-            "stage_layers": ctx.stages,
-            "note": "jax.make_mesh(mesh_shape, axis_names) over devices in rank order: the last axis holds "
-                    "consecutive ranks; ep is carved out of dp, so the data axis has dp/ep entries and batch "
-                    "shards over (data, expert)",
-            "warnings": [],
-        },
-        "mesh_shape": [size for _, size in outer_first],
-        "axis_names": [name for name, _ in outer_first],
-    }
-    for name in ("data", "fsdp", "stage", "context", "expert", "tensor"):
-        ici, dcn = split.get(name, (1, 1))
-        doc[f"ici_{MAXTEXT_PARAM[name]}_parallelism"] = ici
-    for name in ("data", "fsdp", "stage", "context", "expert", "tensor"):
-        ici, dcn = split.get(name, (1, 1))
-        doc[f"dcn_{MAXTEXT_PARAM[name]}_parallelism"] = dcn
-    doc["num_nodes"] = -(-ctx.world // ctx.gpus_per_node)
-    doc["global_batch_size"] = t.global_batch_size
-    doc["micro_batch_size"] = p.micro_batch_size
-    doc["per_device_batch_size"] = per_device
-    doc["gradient_accumulation_steps"] = gas
-    doc["max_target_length"] = t.seq_len
-    doc.update(pipeline)
-    doc["remat_policy"] = remat_of[mode]
-    doc["dtype"] = "bfloat16"
-    doc["logical_axis_rules"] = logical_rules
-    doc["partition_specs"] = partition_specs
-    doc["autoshard"]["warnings"] = list(ctx.warnings)
-    return dumps_json(doc) + "\n"
+        ctx.warn(f"ZeRO-{p.zero_stage}: MaxText has no switch for it: parameters and optimizer state stay "
+                 "replicated over 'data' (use the jax export's optimizer_state specs in your own loop)")
+    cfg["dtype"] = "bfloat16"
+    cfg["weight_dtype"] = "float32"
+    recipe = str(t.precision)
+    if recipe != "bf16":
+        cfg["quantization"] = {"fp8": "fp8", "fp8-delayed": "fp8", "fp8-current": "fp8",
+                               "fp8-blockwise": "fp8", "mxfp8": "fp8", "nvfp4": ""}.get(recipe, "")
+        if cfg["quantization"] != recipe:
+            ctx.warn(f"precision {recipe}: MaxText quantization {cfg['quantization']!r} is the closest")
+    lines = [f"# {line}" for line in ctx.header()]
+    lines.append("# MaxText config (src/maxtext/configs/base.yml key names): python -m maxtext.train <this file>")
+    for w in ctx.warnings:
+        lines.append(f"# warning: {w}")
+    lines += [f"{k}: {_yaml_value(v)}" for k, v in cfg.items()]
+    return "\n".join(lines) + "\n"

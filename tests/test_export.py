@@ -10,6 +10,7 @@ import shlex
 import tomllib
 
 import pytest
+import yaml
 
 from autoshard.errors import InputError
 from autoshard.export import FORMATS, Export, export_plan, megatron_layout, recompute_runs
@@ -50,6 +51,14 @@ MEGATRON_ALLOWED = frozenset({
     # other flags the planner needs
     "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--bf16", "--fp8-format", "--fp8-recipe",
     "--transformer-impl", "--ckpt-format",
+    # the planned model and overlaps: TransformerConfig fields (megatron-core 0.16.1, flag = --field-name)
+    # spelled as in Megatron-LM examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh, examples/mixtral and
+    # examples/post_training/modelopt/conf/Qwen/Qwen3-235B-A22B.sh (d98e8a64dd)
+    "--attention-dropout", "--hidden-dropout", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff",
+    "--moe-router-pre-softmax", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+    "--moe-router-dtype", "--mtp-loss-scaling-factor", "--rotary-scaling-factor", "--mscale",
+    "--mscale-all-dim", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--fp4-format",
+    "--fp4-recipe",
 })
 NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
 
@@ -80,7 +89,7 @@ CASES = {
     "per-layer-recompute-mix": (LLAMA, Plan(tp=8, pp=4, zero_stage=1, recompute=MIX_IRREGULAR)),
     "cp2-fp8-zero2": (problem("llama3-70b", precision="fp8"), Plan(tp=8, cp=2, pp=4, zero_stage=2)),
     "zero-bubble": (LLAMA, Plan(tp=8, pp=4, schedule="zero_bubble")),
-    "gpipe-tp-pp-dp-order": (LLAMA, Plan(tp=8, pp=4, schedule="gpipe", placement="tp-cp-ep-pp-dp")),
+    "tp-pp-dp-order": (LLAMA, Plan(tp=8, pp=4, placement="tp-cp-ep-pp-dp")),
     "dense-no-tp": (problem("llama3-8b"), Plan(tp=1, zero_stage=0, micro_batch_size=2)),
 }
 
@@ -118,6 +127,8 @@ def parse(fmt: str, text: str):
         return megatron_flags(text)
     if fmt == "torchtitan":
         return tomllib.loads(text)
+    if fmt == "maxtext":
+        return yaml.safe_load(text)
     return json.loads(text)
 
 
@@ -141,11 +152,11 @@ def test_export_parses_and_is_consistent(case: str, fmt: str) -> None:
     L = prob.model.num_hidden_layers
     dp = resolved_dp(prob, plan)
     {"megatron": check_megatron, "torchtitan": check_torchtitan, "deepspeed": check_deepspeed,
-     "jax": check_jax}[fmt](doc, prob, plan, dp, L)
+     "maxtext": check_maxtext, "jax": check_jax}[fmt](doc, prob, plan, dp, L)
     # Header names autoshard, the plan summary and the target version.
     short = plan.model_copy(update={"dp": dp}).short()
     assert "autoshard" in out.text and short in out.text
-    if case in MIXED:
+    if case in MIXED and fmt != "jax":  # the JAX mesh/spec file carries no recompute
         assert any("recompute" in w for w in out.warnings), out.warnings
     # Determinism: byte-identical on a second export.
     again = export_plan(prob, plan, fmt)
@@ -171,7 +182,7 @@ def check_megatron(f: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
         assert len(stages) % pp == 0 and len(stages) == pp * plan.vpp
         flat = [c for s in stages for c in s]
         assert flat[0] == "E" and flat[-1] == "L" and flat.count("E") == flat.count("L") == 1
-        assert flat.count("t") == L
+        assert flat.count("t") == L and flat.count("m") == int(f.get("--mtp-num-layers", 0))
         assert not any(k in f for k in ("--num-layers-per-virtual-pipeline-stage",
                                          "--decoder-first-pipeline-num-layers"))
     elif "--decoder-first-pipeline-num-layers" in f:
@@ -187,15 +198,21 @@ def check_megatron(f: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
     else:
         assert L % pp == 0
     # ZeRO.
-    assert ("--use-distributed-optimizer" in f) == (plan.zero_stage >= 1)
-    if plan.zero_stage >= 2:
+    assert ("--use-distributed-optimizer" in f) == (plan.zero_stage == 1)
+    if plan.zero_stage >= 2:  # Megatron-FSDP (which turns the distributed optimizer on itself)
         assert f["--data-parallel-sharding-strategy"] == ("optim_grads" if plan.zero_stage == 2
                                                            else "optim_grads_params")
+        assert f["--ckpt-format"] == "fsdp_dtensor"
+    else:
+        assert "--ckpt-format" not in f
+    # The planned model: no dropout unless the model has it, RoPE base of the family.
+    if not prob.model.dropout:
+        assert float(f["--attention-dropout"]) == float(f["--hidden-dropout"]) == 0.0
     # MoE / MLA.
     m = prob.model
     if m.is_moe:
         assert int(f["--expert-model-parallel-size"]) == plan.ep
-        assert int(f["--expert-tensor-parallel-size"]) == plan.tp
+        assert int(f["--expert-tensor-parallel-size"]) == plan.expert_tp
         assert int(f["--num-experts"]) == m.num_experts
         assert int(f["--moe-router-topk"]) == m.num_experts_per_tok
         if m.first_k_dense_replace:
@@ -271,17 +288,42 @@ def check_deepspeed(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> No
     assert a["tp"] * a["pp"] * a["cp"] * a["dp"] == a["world_size"] == WORLD
     assert (a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]) == (plan.tp, plan.pp, plan.cp, plan.ep, dp)
     micro, gas = doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]
-    assert doc["train_batch_size"] == micro * gas * dp == GBS
+    assert micro * gas * dp == GBS == a["global_batch_size"]
+    if plan.tp * plan.pp * plan.cp == 1:
+        assert doc["train_batch_size"] == GBS
+    else:  # left to DeepSpeed: micro x GAS x the mpu's data-parallel size
+        assert "train_batch_size" not in doc
     assert doc["zero_optimization"]["stage"] == plan.zero_stage
     assert doc["bf16"]["enabled"] is True
-    assert sum(a["stage_layers"]) == L and len(a["stage_layers"]) == plan.pp * plan.vpp
+    assert "pipeline" not in doc  # DeepSpeed never reads pipeline.stages / partition
     if plan.pp > 1:
-        assert doc["pipeline"]["stages"] == plan.pp
-    else:
-        assert "pipeline" not in doc
+        pm = a["pipeline_module"]
+        assert pm["num_stages"] == plan.pp and sum(pm["stage_layers"]) == L
+    args = a["megatron_deepspeed_args"]
+    assert args[args.index("--tensor-model-parallel-size") + 1] == str(plan.tp)
+    assert args[args.index("--pipeline-model-parallel-size") + 1] == str(plan.pp)
     assert ("activation_checkpointing" in doc) == ("full" in plan.recompute_per_layer(L))
     if isinstance(plan.recompute, list):
         assert [m for m, n in a["recompute"] for _ in range(n)] == plan.recompute
+
+
+def check_maxtext(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
+    param = {"data": "data", "fsdp": "fsdp", "stage": "pipeline", "context": "context",
+             "expert": "expert", "tensor": "tensor"}
+    size = {n: doc[f"ici_{p}_parallelism"] * doc[f"dcn_{p}_parallelism"] for n, p in param.items()}
+    assert math.prod(size.values()) == WORLD
+    assert (size["tensor"], size["stage"], size["context"]) == (plan.tp, plan.pp, plan.cp)
+    assert size["data"] * size["fsdp"] * size["expert"] == dp
+    dcn = math.prod(doc[f"dcn_{p}_parallelism"] for p in param.values())
+    assert doc["num_slices"] == dcn
+    assert doc["base_num_decoder_layers"] == L and doc["base_emb_dim"] == prob.model.hidden_size
+    assert doc["max_target_length"] == prob.training.seq_len
+    micro_total = doc["per_device_batch_size"] * WORLD * doc["gradient_accumulation_steps"]
+    assert math.isclose(micro_total, GBS)
+    if plan.pp > 1:  # MaxText's own assertion (configs/types.py): stages x repeats x layers/stage
+        pipelined = doc.get("pipeline_parallel_layers", L)
+        assert plan.pp * doc["num_pipeline_repeats"] * doc["num_layers_per_pipeline_stage"] == pipelined <= L
+    assert doc["remat_policy"] in ("full", "minimal", "minimal_with_context")
 
 
 def check_jax(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
@@ -291,45 +333,21 @@ def check_jax(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> None:
     size = dict(zip(names, shape))
     dp_axis = "fsdp" if plan.zero_stage == 3 else "data"
     assert set(names) == {"stage", dp_axis, "context", "expert", "tensor"}
-    assert (size["tensor"], size["stage"], size["context"], size["expert"]) == (plan.tp, plan.pp, plan.cp, plan.ep)
+    assert (size["tensor"], size["stage"], size["context"]) == (plan.tp, plan.pp, plan.cp)
     assert size[dp_axis] * size["expert"] == dp
-    # Innermost placement axis is the last mesh axis.
     inner = {"tp": "tensor", "cp": "context", "ep": "expert", "dp": dp_axis, "pp": "stage"}
     assert names == [inner[a] for a in reversed(plan.axes)]
-    # ICI x DCN per axis gives the axis size; ICI fits a node.
-    param = {"data": "data", "fsdp": "fsdp", "stage": "pipeline", "context": "context",
-             "expert": "expert", "tensor": "tensor"}
-    ici_total = 1
-    for n in names:
-        ici, dcn = doc[f"ici_{param[n]}_parallelism"], doc[f"dcn_{param[n]}_parallelism"]
-        assert ici * dcn == size[n]
-        ici_total *= ici
-    assert ici_total <= doc["autoshard"]["gpus_per_node"]
-    # Batch.
-    micro, gbs = doc["micro_batch_size"], doc["global_batch_size"]
-    ga = doc["gradient_accumulation_steps"] * doc.get("num_pipeline_microbatches", 1)
-    assert gbs == GBS and micro * ga * dp == GBS
-    assert math.isclose(doc["per_device_batch_size"] * WORLD * doc["gradient_accumulation_steps"], GBS)
-    assert sum(doc["autoshard"]["stage_layers"]) == L
-    if "num_layers_per_pipeline_stage" in doc:
-        assert doc["num_layers_per_pipeline_stage"] * plan.pp * doc["num_pipeline_repeats"] == L
-    # PartitionSpecs use only mesh axes.
-    specs = doc["partition_specs"]
-    for group in specs.values():
-        for spec in group.values():
-            for entry in spec:
-                for ax in (entry if isinstance(entry, list) else [entry]):
-                    assert ax is None or ax in names
-    params = specs["params"]
+    assert len(doc["layer_stage"]) == L and sorted(set(doc["layer_stage"])) == list(range(plan.pp))
+    # Every spec divides its tensor's dimension (no IndivisibleError).
+    for group in ("params", "optimizer_state", "activations"):
+        for name, t in doc.get(group, {}).items():
+            assert len(t["spec"]) == len(t["shape"]), name
+            for dim, entry in zip(t["shape"], t["spec"]):
+                axes = [] if entry is None else (entry if isinstance(entry, list) else [entry])
+                assert all(a in names for a in axes)
+                assert dim % math.prod(size[a] for a in axes) == 0, (name, dim, entry)
     t = "tensor" if plan.tp > 1 else None
-    fs = None
-    if plan.zero_stage == 3:
-        fs = ["fsdp", "expert"] if plan.ep > 1 else "fsdp"
-    lay = ["stage"] if plan.pp > 1 else []
-    assert params["wo"] == lay + [t, fs]
-    if not prob.model.is_mla:
-        assert params["wq"] == lay + [fs, t]
-    assert doc["remat_policy"] in ("full", "minimal", "minimal_with_context")
+    assert doc["params"]["wo"]["spec"][0] == t
 
 
 # ---------------------------------------------------------------------------------------
@@ -409,11 +427,19 @@ def test_megatron_deepseek_moe_mla() -> None:
 
 
 def test_megatron_schedules_warn() -> None:
-    for case in ("zero-bubble", "gpipe-tp-pp-dp-order"):
-        out = export_plan(*CASES[case], "megatron")
-        assert any("1F1B" in w for w in out.warnings), out.warnings
-    f = megatron_flags(export_plan(*CASES["gpipe-tp-pp-dp-order"], "megatron").text)
+    out = export_plan(*CASES["zero-bubble"], "megatron")
+    assert any("1F1B" in w for w in out.warnings), out.warnings
+    # pp-before-dp order: Megatron's --use-tp-pp-dp-mapping, allowed because cp = ep = 1.
+    f = megatron_flags(export_plan(*CASES["tp-pp-dp-order"], "megatron").text)
     assert f["--use-tp-pp-dp-mapping"] is True
+
+
+def test_megatron_tp_pp_dp_mapping_dropped_where_megatron_rejects_it() -> None:
+    # parallel_state.initialize_model_parallel asserts equal attention / expert dp sizes for a
+    # non-pp-last order: with cp=2 they differ (dp vs dp*cp), so the mapping is not exported.
+    out = export_plan(LLAMA, Plan(tp=8, pp=4, cp=2, placement="tp-cp-ep-pp-dp"), "megatron")
+    assert "--use-tp-pp-dp-mapping" not in megatron_flags(out.text)
+    assert any("--use-tp-pp-dp-mapping" in w and "pipeline neighbours" in w for w in out.warnings)
 
 
 def test_megatron_recompute_block_prefix_is_exact() -> None:
@@ -448,12 +474,20 @@ def test_torchtitan_zero_mapping() -> None:
     assert doc["parallelism"]["data_parallel_shard_degree"] == 80
     assert doc["parallelism"]["data_parallel_replicate_degree"] == 1
     assert doc["activation_checkpoint"]["mode"] == "full"
+    # ZeRO-1 with TP/PP: torchtitan raises "DDP has not supported > 1D parallelism" for replication,
+    # so the export shards (FSDP, no reshard after forward) and names the cost.
     out = export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "torchtitan")
     doc = tomllib.loads(out.text)
     assert (doc["parallelism"]["data_parallel_replicate_degree"], doc["parallelism"]["data_parallel_shard_degree"]) \
-        == (20, 1)
-    assert any("ZeRO-1" in w for w in out.warnings)
+        == (1, 20)
+    assert doc["parallelism"]["fsdp_reshard_after_forward"] == "never"
+    assert any("ZeRO-1" in w and "no DDP" in w for w in out.warnings)
     assert doc["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    # Pure data parallelism stays DDP.
+    doc = tomllib.loads(export_plan(*CASES["dense-no-tp"], "torchtitan").text)
+    assert (doc["parallelism"]["data_parallel_replicate_degree"], doc["parallelism"]["data_parallel_shard_degree"]) \
+        == (640, 1)
+    assert doc["model"] == {"name": "llama3", "flavor": "8B"}
     doc = tomllib.loads(export_plan(*CASES["interleaved-vpp2"], "torchtitan").text)
     assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert doc["parallelism"]["pipeline_parallel_layers_per_stage"] == 10
@@ -481,23 +515,55 @@ def test_deepspeed_batch_rule_excludes_model_parallel_ranks() -> None:
     assert any("ZeRO stage 0 or 1" in w for w in out.warnings)
 
 
-def test_jax_mesh_and_ici_dcn_split() -> None:
-    doc = json.loads(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=8).text)
-    assert doc["axis_names"] == ["stage", "data", "expert", "context", "tensor"]
-    assert doc["mesh_shape"] == [4, 20, 1, 1, 8]
+def test_maxtext_mesh_and_ici_dcn_split() -> None:
+    doc = yaml.safe_load(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "maxtext", gpus_per_node=8).text)
     assert (doc["ici_tensor_parallelism"], doc["dcn_tensor_parallelism"]) == (8, 1)
     assert (doc["ici_data_parallelism"], doc["dcn_data_parallelism"]) == (1, 20)
     assert (doc["ici_pipeline_parallelism"], doc["dcn_pipeline_parallelism"]) == (1, 4)
+    assert doc["num_slices"] == 80
     # A wider node holds part of the data axis too.
-    doc = json.loads(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=32).text)
+    doc = yaml.safe_load(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "maxtext", gpus_per_node=32).text)
     assert (doc["ici_data_parallelism"], doc["dcn_data_parallelism"]) == (4, 5)
-    # ZeRO-3 names the data axis fsdp and shards weights over it.
+    doc = yaml.safe_load(export_plan(*CASES["zero3-full-recompute"], "maxtext").text)
+    assert doc["ici_fsdp_parallelism"] * doc["dcn_fsdp_parallelism"] == 80 and doc["remat_policy"] == "full"
+
+
+def test_maxtext_uneven_pipeline_pipelines_what_maxtext_can() -> None:
+    # 61 DeepSeek-V3 layers over 8 stages: MaxText pipelines the 58 MoE layers of a deepseek block
+    # (configs/types.py), 7 per stage = 56, and runs the rest outside the pipeline, with a warning.
+    out = export_plan(*CASES["deepseek-v3-mla-ep8"], "maxtext")
+    doc = yaml.safe_load(out.text)
+    assert doc["decoder_block"] == "deepseek"
+    assert (doc["num_layers_per_pipeline_stage"], doc["pipeline_parallel_layers"]) == (7, 56)
+    assert any("outside the pipeline" in w for w in out.warnings)
+
+
+def test_jax_specs_divide_the_real_shapes() -> None:
+    doc = json.loads(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax").text)
+    assert doc["axis_names"] == ["stage", "data", "expert", "context", "tensor"]
+    assert doc["mesh_shape"] == [4, 20, 1, 1, 8]
+    assert doc["params"]["wq"] == {"shape": [8192, 8192], "kind": "layer", "spec": [None, "tensor"]}
+    # Optimizer state over data=20: no dimension of wq (8192) or mlp_gate (8192 x 28672/8) is a multiple of
+    # 20, so ZeRO-1 sharding cannot be expressed for them: replicated, with a warning (not IndivisibleError).
+    assert doc["optimizer_state"]["mlp_gate"]["spec"] == [None, "tensor"]
+    assert any(w.startswith("optimizer.wq:") for w in doc["autoshard"]["warnings"])
+    # dp=80 = data 5 x expert 16 (deepseek-v3, tp1): the embedding's 129280 rows = 80 x 1616 take both axes;
+    # the router (7168 x 256) has no dimension that 80 divides: 16 (expert) divides 7168, 5 (data) nothing.
+    doc = json.loads(export_plan(*CASES["deepseek-v3-default-split"], "jax").text)
+    assert doc["mesh_shape"] == [8, 5, 16, 1, 1]
+    assert doc["optimizer_state"]["embed"]["spec"] == [["data", "expert"], None]
+    assert doc["optimizer_state"]["router"]["spec"] == ["expert", None]
+    assert any(w.startswith("optimizer.router:") and "'data'" in w for w in doc["autoshard"]["warnings"])
+    # ZeRO-3 names the data axis fsdp and shards weights over it (dp=64 divides 8192; dp=80 does not).
+    prob512 = Problem(**{**LLAMA.model_dump(), "cluster": {"gpu": "h100-sxm", "num_gpus": 512}})
+    doc = json.loads(export_plan(prob512, Plan(tp=8, zero_stage=3, recompute="full"), "jax").text)
+    assert "fsdp" in doc["axis_names"] and doc["params"]["wq"]["spec"] == ["fsdp", "tensor"]
     doc = json.loads(export_plan(*CASES["zero3-full-recompute"], "jax").text)
-    assert "fsdp" in doc["axis_names"] and doc["partition_specs"]["params"]["wq"] == ["fsdp", "tensor"]
-    assert doc["remat_policy"] == "full"
+    assert doc["params"]["wq"]["spec"] == [None, "tensor"]
+    assert doc["params"]["embed"]["spec"] == ["tensor", None]  # 128256/8 rows; 8192 is no multiple of 80
     # Expert weights shard their expert dimension over 'expert'.
     doc = json.loads(export_plan(*CASES["mixtral-ep8"], "jax").text)
-    assert doc["partition_specs"]["params"]["expert_up"][1] == "expert"
+    assert doc["params"]["expert_up"]["spec"][0] == "expert"
 
 
 def test_recompute_runs() -> None:
@@ -509,16 +575,16 @@ def test_exports_differ_across_formats_and_plans() -> None:
     assert len(texts) == len(CASES) * len(FORMATS)
 
 
-def test_jax_axis_straddling_nodes_warns() -> None:
+def test_maxtext_axis_straddling_nodes_warns() -> None:
     # tp=8 on 6-GPU nodes cannot be split into whole ICI x DCN factors.
-    out = export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=6)
+    out = export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "maxtext", gpus_per_node=6)
     assert any("straddles node boundaries" in w for w in out.warnings)
-    doc = json.loads(out.text)
+    doc = yaml.safe_load(out.text)
     assert doc["ici_tensor_parallelism"] * doc["dcn_tensor_parallelism"] == 8
     with pytest.raises(InputError):
-        export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax", gpus_per_node=0)
+        export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "maxtext", gpus_per_node=0)
 
 
 def test_default_gpus_per_node_comes_from_the_topology() -> None:
-    doc = json.loads(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "jax").text)
-    assert doc["autoshard"]["gpus_per_node"] == 8  # h100-sxm: 8-GPU NVLink domain
+    doc = yaml.safe_load(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "maxtext").text)
+    assert doc["ici_tensor_parallelism"] == 8 and doc["num_slices"] == 80  # h100-sxm: 8-GPU NVLink domain
