@@ -190,8 +190,9 @@ def test_run_study_writes_results_and_report(tmp_path):
         assert all(key in r for r in rows), key
     feas = [r for r in rows if r["feasible"]]
     assert feas, rows
-    flags = pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in feas])
-    assert [r["pareto"] for r in feas] == flags
+    ok = [r for r in feas if r["meets_constraints"]]  # the front counts only options meeting every constraint
+    flags = pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in ok])
+    assert [r["pareto"] for r in ok] == flags and not any(r["pareto"] for r in feas if not r["meets_constraints"])
     # goodput falls with the GPU count; energy = GPUs x (TDP + overhead) x PUE x hours
     h100 = {r["num_gpus"]: r for r in feas if r["gpu"] == "h100-sxm" and r["mode"] == "cloud"}
     if 8 in h100 and 16 in h100:
@@ -524,3 +525,122 @@ def test_sigterm_keeps_finished_options_and_exits_143(tmp_path, group):
     doc = json.loads((out / "results.json").read_text())
     assert doc["complete"] is False and 1 <= len(doc["rows"]) < 6 and doc["recommended"] is None
     assert not [p for p in out.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
+
+
+# ---- what a buyer sees: plots and report (issue 15) ------------------------------------------------
+
+
+def _synthetic_rows():
+    """Options around a 5 MW power cap, a $10M budget and a 60-day deadline (days, $M, MW, gpu x n)."""
+    spec = [("b200", 4096, 20, 8.9, 6.9), ("gb200", 2304, 28, 9.3, 3.95), ("b200", 2048, 34, 7.6, 3.5),
+            ("mi300x", 2048, 61, 7.5, 2.6), ("h100-sxm", 4096, 39, 9.6, 4.9), ("h200-sxm", 4096, 36, 12.5, 4.9),
+            ("h100-sxm", 512, 320, 8.5, 0.6)]
+    cons = ConstraintSpec(budget_usd=10e6, deadline_days=60, power_cap_mw=5.0)
+    rows = []
+    for gpu, n, days, musd, mw in spec:
+        c = Candidate(f"{gpu}/{n}/x/cloud", days * 86400, musd * 1e6, 0.0, mw)
+        v = violations(c, cons)
+        rows.append({"gpu": gpu, "num_gpus": n, "topology": "x", "mode": "cloud", "option": c.id, "feasible": True,
+                     "time_to_train_days": days, "cost_usd": musd * 1e6, "power_mw": mw, "energy_mwh": mw * days * 24,
+                     "cloud_usd": musd * 1e6, "violations": v, "meets_constraints": not v})
+    ok = [r for r in rows if r["meets_constraints"]]
+    for r, f in zip(ok, pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in ok])):
+        r["pareto"] = f
+    dec = optimize_purchase([Candidate(r["option"], r["time_to_train_days"] * 86400, r["cost_usd"], 0.0, r["power_mw"])
+                             for r in rows], cons)
+    for i, r in enumerate(rows):
+        r.setdefault("pareto", False)
+        r["recommended"] = i == dec.index
+    return rows, cons
+
+
+def _figure(monkeypatch, plot, *args):
+    """Run a plot function and return its matplotlib figure (drawn, not closed)."""
+    import autoshard.whatif.report as report
+
+    figs = []
+    monkeypatch.setattr(report, "_png", lambda fig: (figs.append(fig), fig.canvas.draw(), b"")[2])
+    plt = report._plt()
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    plot(*args)
+    return figs[0]
+
+
+def test_time_cost_plot_star_on_the_constrained_front_and_every_point_labelled(monkeypatch):
+    from autoshard.whatif.report import plot_time_cost
+
+    rows, cons = _synthetic_rows()
+    rec = next(r for r in rows if r["recommended"])
+    # b200 x4096 is faster and cheaper than the recommended GB200 but breaks the 5 MW cap: not on the front
+    assert rec["gpu"] == "gb200" and rec["pareto"]
+    assert not next(r for r in rows if r["num_gpus"] == 4096 and r["gpu"] == "b200")["pareto"]
+    fig = _figure(monkeypatch, plot_time_cost, rows, ["h100-sxm", "h200-sxm", "b200", "gb200", "mi300x"],
+                  cons.model_dump(exclude_none=True), "t")
+    ax = fig.axes[0]
+    texts = [t for t in ax.texts if " x" in t.get_text()]
+    names = {t.get_text() for t in texts}
+    assert "b200 x4096 (over power cap)" in names and "h200-sxm x4096 (over budget)" in names
+    assert "h100-sxm x512 (misses deadline)" in names and "gb200 x2304" in names
+    assert len(texts) == len(rows)  # every point labelled, the ones off the front too
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    frame = ax.get_window_extent(renderer)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 for b in boxes)
+    ticks = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
+    assert ax.get_xscale() == "log" and "20" in ticks and "100" in ticks  # plain numbers on the log axis
+    assert not any("times" in t or "^" in t or "mathdefault" in t for t in ticks), ticks
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("Pareto front (of the options") for t in legend)
+
+
+def test_cost_bars_mark_options_that_miss_a_constraint(monkeypatch):
+    from autoshard.whatif.report import plot_cost_energy
+
+    rows, _ = _synthetic_rows()
+    fig = _figure(monkeypatch, plot_cost_energy, rows, "t", False)
+    ax1 = fig.axes[0]
+    notes = {t.get_text() for t in ax1.texts}
+    assert "$12.5M  over budget" in notes and "$8.5M  misses deadline" in notes and "$8.9M  over power cap" in notes
+    assert "$9.3M" in notes  # the recommended option meets everything: no mark
+    hatched = [p for p in ax1.patches if p.get_hatch()]
+    assert len(hatched) == sum(not r["meets_constraints"] for r in rows)
+    labels = [t.get_text() for t in ax1.get_yticklabels()]
+    assert sum(t.startswith("* ") for t in labels) == 1
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "* recommended" in legend and any(t.startswith("hatched: misses") for t in legend)
+
+
+def test_binding_is_named_only_for_a_meaningful_gain(tmp_path):
+    from autoshard.whatif.sensitivity import BINDING_MIN_GAIN_PCT
+
+    run_study({**SMALL, "pricing": {"mode": "cloud"}, "constraints": {}}, tmp_path, report=False)
+    raw = json.loads((tmp_path / "results.json").read_text())
+    assert BINDING_MIN_GAIN_PCT == 5.0
+    for r in raw["rows"]:
+        gains = r["relax_gain_pct"]
+        best = max(gains, key=lambda k: (gains[k], k))
+        if gains[best] >= 5.0:
+            assert r["binding"] == best
+        else:
+            assert r["binding"] == "none"
+        # twice a resource's speed is estimated as half its share of the step
+        for k, share in r["resource_shares"].items():
+            assert gains[k] == pytest.approx(50.0 * share, abs=1e-3)
+
+
+def test_report_html_tables_fit_a_window(tmp_path):
+    """Structural check of what Chromium showed at 1,280 px: each table in a horizontally scrolling
+    wrapper, long cells allowed to wrap, numbers kept whole; the `*` and the front explained."""
+    import re
+
+    run_study({**SMALL, "sensitivity": "off"}, tmp_path)
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("<table>") == html.count('<div class="tw"><table>') > 0
+    assert ".tw{max-width:100%;overflow-x:auto}" in html and "td.w{white-space:normal" in html
+    assert "td{" not in html or "white-space:nowrap" in html
+    for cell in re.findall(r'<td class="w">(.*?)</td>', html):
+        assert len(re.sub("<[^>]+>", "", cell)) > 16
+    for cell in re.findall(r"<td>(.*?)</td>", html):
+        assert len(re.sub("<[^>]+>", "", cell)) <= 16 + 11  # escaped / tagged, still short
+    assert "`*` marks the recommended option" in (tmp_path / "report.md").read_text()

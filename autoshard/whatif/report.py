@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..loader import atomic_write, dumps_json
+from .sensitivity import BINDING_MIN_GAIN_PCT
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm",
              "pipeline_bubble", "dp_comm", "optimizer")
@@ -109,10 +110,32 @@ def _colors(gpus: Sequence[str]) -> dict[str, Any]:
     return {g: cmap(i % 10) for i, g in enumerate(gpus)}
 
 
-def _log_if_wide(ax, axis: str, values: Sequence[float], ratio: float = 15.0) -> None:
+def _plain(v: float) -> str:
+    """A tick label as a plain number: 20, 50, 100, 1,000, 0.5 (never 2x10^1)."""
+    return f"{v:,.0f}" if v >= 10 else f"{v:g}"
+
+
+def _log_if_wide(ax, axis: str, values: Sequence[float], ratio: float = 15.0, fmt: Any = None) -> None:
+    """A log scale when the values span more than `ratio`, its ticks at 1, 2 and 5 of each decade
+    labelled as plain numbers (`fmt`, default `_plain`); no minor-tick labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: PLC0415
+
     vals = [v for v in values if v and v > 0]
     if vals and max(vals) / min(vals) > ratio:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        a = ax.xaxis if axis == "x" else ax.yaxis
+        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        a.set_major_formatter(FuncFormatter(lambda v, _p: (fmt or _plain)(v)))
+        a.set_minor_formatter(NullFormatter())
+
+
+def _short_violations(r: dict) -> str:
+    """`misses deadline, over budget` for a row that breaks constraints; '' for one that meets them."""
+    words = []
+    for v in r.get("violations") or []:
+        words.append("misses deadline" if "deadline" in v else "over capex budget" if "capex" in v else
+                     "over budget" if "budget" in v else "over power cap" if "power" in v else v)
+    return ", ".join(words)
 
 
 def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: str) -> bytes:
@@ -132,12 +155,15 @@ def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: 
         ys = [r["cost_usd"] for r in front]
         ax.step(xs, ys, where="post", color="black", lw=1.2, zorder=2)
         ax.scatter(xs, ys, facecolors="none", edgecolors="black", s=110, lw=1.2, zorder=4)
-        step = max(1, math.ceil(len(front) / 14))
-        for k, r in enumerate(front):
-            if k % step == 0 or r.get("recommended"):
-                ax.annotate(f"{r['gpu']} x{r['num_gpus']}", (r["time_to_train_days"], r["cost_usd"]),
-                            textcoords="offset points", xytext=(7, 5 if k % 2 == 0 else -11), fontsize=7,
-                            color="0.15", zorder=6)
+    labels: list[tuple[float, float, str, dict]] = []  # placed last, without overlaps
+    for r in sorted(feas, key=lambda r: (not r.get("recommended"), not r.get("pareto"), r["time_to_train_days"])):
+        if not (r.get("pareto") or r.get("recommended")) and len(feas) > 40:
+            continue  # a larger sweep labels its front only
+        why = _short_violations(r)
+        strong = r.get("pareto") or r.get("recommended")
+        labels.append((r["time_to_train_days"], r["cost_usd"], f"{r['gpu']} x{r['num_gpus']}"
+                       + (f" ({why})" if why else ""), {"fontsize": 7 if strong else 6.5,
+                                                         "color": "0.1" if strong else "0.45"}))
     rec = [r for r in feas if r.get("recommended")]
     for r in rec:
         ax.scatter(r["time_to_train_days"], r["cost_usd"], marker="*", s=420, color="gold", edgecolors="black",
@@ -154,7 +180,7 @@ def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: 
     if bu and not show_bu:
         off.append(f"budget {money(bu)} (off chart)")
     _log_if_wide(ax, "x", xs_all + ([dl] if show_dl else []))
-    _log_if_wide(ax, "y", ys_all + ([bu] if show_bu else []))
+    _log_if_wide(ax, "y", ys_all + ([bu] if show_bu else []), fmt=lambda v: money(v) if v > 0 else "0")
     if show_dl:
         ax.axvline(dl, color="tab:red", ls="--", lw=1)
         ax.annotate(f"deadline {dl:g} d", (dl, 1), xycoords=("data", "axes fraction"), xytext=(-4, -6),
@@ -172,22 +198,48 @@ def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: 
                 fontsize=8, color="0.3", bbox={"boxstyle": "round", "fc": "white", "ec": "0.8"})
     ax.set_xlabel("time to train (days, incl. failure losses)")
     ax.set_ylabel("cost to train (USD)")
-    ax.yaxis.set_major_formatter(_money_formatter())
+    if ax.get_yscale() != "log":
+        ax.yaxis.set_major_formatter(_money_formatter())
     ax.set_title(title)
     handles = [Line2D([], [], ls="", marker="o", color=colors[g], label=g) for g in gpus
                if any(r["gpu"] == g for r in feas)]
     modes = sorted({r["mode"] for r in feas})
     if len(modes) > 1:
         handles += [Line2D([], [], ls="", marker=markers[m], color="0.4", label=m) for m in modes]
-    handles.append(Line2D([], [], color="black", marker="o", mfc="none", label="Pareto front"))
+    handles.append(Line2D([], [], color="black", marker="o", mfc="none",
+                          label="Pareto front (of the options\nmeeting every constraint)"))
     if rec:
         handles.append(Line2D([], [], ls="", marker="*", ms=14, color="gold", mec="black", label="recommended"))
     if any(not r.get("meets_constraints") for r in feas):
-        handles.append(Line2D([], [], ls="", marker="o", color="0.4", alpha=0.35, label="breaks a constraint"))
+        handles.append(Line2D([], [], ls="", marker="o", color="0.4", alpha=0.35,
+                              label="breaks a constraint\n(faded; named in its label)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _place_labels(fig, ax, labels)
     png = _png(fig)
     plt.close(fig)
     return png
+
+
+def _place_labels(fig, ax, labels: Sequence[tuple[float, float, str, dict]]) -> None:
+    """Label points in order of importance, each at the first of a few offsets around its point where
+    it overlaps no earlier label and stays inside the axes; a label with no free place is left out."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    offsets = ((7, 4, "left", "bottom"), (7, -4, "left", "top"), (-7, 4, "right", "bottom"),
+               (-7, -4, "right", "top"), (7, 13, "left", "bottom"), (7, -13, "left", "top"),
+               (-7, 13, "right", "bottom"), (-7, -13, "right", "top"))
+    placed: list[Any] = []
+    for x, y, text, style in labels:
+        for dx, dy, ha, va in offsets:
+            t = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, zorder=6,
+                            **style)
+            box = t.get_window_extent(renderer).expanded(1.03, 1.1)
+            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1)
+            if inside and not any(box.overlaps(b) for b in placed):
+                placed.append(box)
+                break
+            t.remove()
 
 
 def _money_formatter():
@@ -215,24 +267,43 @@ def plot_cost_energy(rows: list[dict], title: str, with_topology: bool) -> bytes
              ("amortized_capex_usd", "capex (amortized share)", "tab:orange"),
              ("power_usd", "electricity", "tab:green"))
     left = [0.0] * len(sel)
+    misses = [not r.get("meets_constraints") for r in sel]
     for key, name, color in parts:
         vals = [r.get(key) or 0.0 for r in sel]
         if any(vals):
             ax1.barh(y, vals, left=left, color=color, label=name, height=0.7)
+            for yi, v, lft, miss in zip(y, vals, left, misses):  # hatched and faded: misses a constraint
+                if miss and v:
+                    ax1.barh([yi], [v], left=[lft], color="white", alpha=0.45, height=0.7, hatch="///",
+                             edgecolor="0.3", lw=0)
             left = [a + b for a, b in zip(left, vals)]
     for yi, r in zip(y, sel):
-        ax1.annotate(money(r["cost_usd"]), (r["cost_usd"], yi), xytext=(3, 0), textcoords="offset points",
-                     va="center", fontsize=7)
-    ax1.set_xlim(0, max(left) * 1.18 if left and max(left) > 0 else 1)
+        why = _short_violations(r)
+        ax1.annotate(money(r["cost_usd"]) + (f"  {why}" if why else ""), (r["cost_usd"], yi), xytext=(3, 0),
+                     textcoords="offset points", va="center", fontsize=7, color="tab:red" if why else "black")
+    ax1.set_xlim(0, max(left) * (1.75 if any(misses) else 1.18) if left and max(left) > 0 else 1)
     ax1.xaxis.set_major_formatter(_money_formatter())
     ax1.set_xlabel("cost to train (USD)")
     ax1.set_yticks(y)
     ax1.set_yticklabels([("* " if r.get("recommended") else "") + label(r, with_topology) for r in sel])
-    fig.legend(*ax1.get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False,
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    handles, labels = ax1.get_legend_handles_labels()
+    if any(misses):
+        handles.append(Patch(facecolor="0.85", hatch="///", edgecolor="0.3", lw=0))
+        labels.append("hatched: misses the deadline, budget or power cap (in red)")
+    if any(r.get("recommended") for r in sel):
+        handles.append(Line2D([], [], ls=""))
+        labels.append("* recommended")
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(handles), 5), frameon=False,
                bbox_to_anchor=(0.5, -0.01))
     ax1.set_title("cost")
     e = [r["energy_mwh"] for r in sel]
     ax2.barh(y, e, color="tab:olive", height=0.7)
+    for yi, v, miss in zip(y, e, misses):
+        if miss:
+            ax2.barh([yi], [v], color="white", alpha=0.45, height=0.7, hatch="///", edgecolor="0.3", lw=0)
     for yi, v in zip(y, e):
         ax2.annotate(f"{v:,.0f}" if v >= 10 else f"{v:.2g}", (v, yi), xytext=(3, 0), textcoords="offset points",
                      va="center", fontsize=7)
@@ -340,10 +411,11 @@ def plot_scaling(rows: list[dict], title: str, gpu_order: list[str]) -> bytes:
             ax.xaxis.set_major_locator(LogLocator(base=2, subs=(1.0,)))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
             ax.xaxis.set_minor_formatter(NullFormatter())
-    _log_if_wide(axes[0], "y", [r["tokens_per_s"] for r in hw])
-    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+    _log_if_wide(axes[0], "y", [r["tokens_per_s"] for r in hw], fmt=lambda v: num(v, 3) if v > 0 else "0")
+    if axes[0].get_yscale() != "log":
+        from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
-    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _p: num(v, 3) if v > 0 else "0"))
+        axes[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _p: num(v, 3) if v > 0 else "0"))
     axes[0].set_ylabel("tokens/s (dotted: linear scaling)")
     axes[0].set_title("throughput")
     axes[1].set_ylabel("MFU (%)")
@@ -385,7 +457,8 @@ def plot_sensitivity(rows: list[dict], title: str, with_topology: bool, gpu_orde
     ax.set_yticklabels([f"{label(r, with_topology, with_mode=False)}  [{r.get('binding') or '-'}]" for r in hw])
     ax.grid(False)
     fig.colorbar(im, ax=ax, label="step-time reduction (%)", shrink=0.8)
-    ax.set_title(title + "\n[binding resource]", pad=24)
+    ax.set_title(title + f"\n[binding: the resource whose relaxation cuts the step by >= {BINDING_MIN_GAIN_PCT:g}%, "
+                 "else none]", pad=24)
     png = _png(fig)
     plt.close(fig)
     return png
@@ -446,16 +519,22 @@ class _Doc:
                 body.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in v) + "</ul>")
             elif kind == "table":
                 head, rows = v
-                t = ["<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
-                t += ["<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in r) + "</tr>" for r in rows]
-                body.append("".join(t) + "</tbody></table>")
+                t = ['<div class="tw"><table><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in head)
+                     + "</tr></thead><tbody>"]
+                wrap = ' class="w"'  # a long cell (option, plan, reasons) may wrap; numbers stay whole
+                t += ["<tr>" + "".join(f"<td{wrap if len(str(c)) > 16 else ''}>{_inline(str(c))}</td>" for c in r)
+                      + "</tr>" for r in rows]
+                body.append("".join(t) + "</tbody></table></div>")
             elif kind == "img":
                 data = base64.b64encode(v[2]).decode("ascii")
                 body.append(f'<figure><img alt="{e(v[1])}" src="data:image/png;base64,{data}">'
                             f"<figcaption>{e(v[1])}</figcaption></figure>")
         css = ("body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;"
-               "padding:0 1em;color:#222;line-height:1.45}table{border-collapse:collapse;margin:1em 0;font-size:13px}"
-               "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f0f0f0}"
+               "padding:0 1em;color:#222;line-height:1.45}"
+               # tables fit the page (1,280 px windows and narrower): long option names and plans wrap
+               ".tw{max-width:100%;overflow-x:auto}table{border-collapse:collapse;margin:1em 0;font-size:12px}"
+               "th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}"
+               "td.w{white-space:normal;overflow-wrap:anywhere;min-width:7em;text-align:left}th{background:#f0f0f0;white-space:normal}"
                "td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}"
                "figure{margin:1.5em 0}figcaption{font-size:12px;color:#666}code{background:#f4f4f4;padding:0 3px}")
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + e(title)
@@ -538,6 +617,8 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
             png = plot_time_cost(rows, gpu_order, cons, f"{w['name']}: time vs cost")
             images.append((name, png))
             d.img(name, f"{w['name']}: time to train vs cost, Pareto front and constraints", png)
+            d.p("`*` marks the recommended option. Pareto: on the front of time vs cost among the options that "
+                "meet every constraint (budget, capex, power cap, deadline); meets: yes, or what the option breaks.")
             d.table(["option", "plan", "step s", "tokens/s", "MFU", "goodput", "days", "cost", "capex", "MWh",
                      "MW", "tokens/$", "Pareto", "meets"],
                     [[("* " if r.get("recommended") else "") + r["option"], r.get("plan_short", ""),
@@ -572,6 +653,11 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
                 images.append((name, png))
                 d.img(name, f"{w['model']}: step-time reduction with 2x inter-node bandwidth, 2x NVLink, "
                             "the larger-HBM sibling GPU, fp8", png)
+                d.p(f"Binding: the resource whose relaxation cuts the step time the most, named only when that cut "
+                    f"is at least {BINDING_MIN_GAIN_PCT:g}% (else none): twice a resource's speed is estimated "
+                    "to save half its share of the step (each share measured by slowing that resource 1.25x); "
+                    "HBM capacity counts for a plan filling >= 90% of its memory, as the plan re-solved on the "
+                    "larger-HBM sibling minus what the same plan gains there from faster HBM alone.")
                 d.table(["hardware", "binding", "2x inter-node", "2x NVLink", "+HBM", "fp8", "notes"],
                         [[label(r, with_topo, with_mode=False), r.get("binding") or "-",
                           *[gain(r.get(k)) for k, _ in GAINS],

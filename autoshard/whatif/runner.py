@@ -405,6 +405,7 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
     sens = res.get("sensitivity") or {}
     gains = sens.get("gains_pct", {})
     row.update(binding=sens.get("binding"), resource_shares=sens.get("shares", {}),
+               relax_gain_pct=sens.get("relax_gain_pct", {}),
                hbm_plus_gpu=sens.get("hbm_plus_gpu"), sensitivity_notes=sens.get("notes", []),
                memory_utilization=sens.get("memory_utilization"))
     for k in ("internode_2x", "nvlink_2x", "hbm_plus", "fp8"):
@@ -524,11 +525,7 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
     for w in study.workloads:
         wr = [r for r in rows if r["workload"] == w.name]
         feas = [r for r in wr if r.get("feasible")]
-        flags = pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in feas])
-        for r, f in zip(feas, flags):
-            r["pareto"] = f
         for r in wr:
-            r.setdefault("pareto", False)
             if r.get("feasible"):
                 v = violations(Candidate(r["option"], r["time_to_train_days"] * 86400, r["cost_usd"],
                                          r["capex_usd"], r["power_mw"]), cons)
@@ -537,6 +534,14 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
             else:
                 r["violations"] = []
                 r["meets_constraints"] = False
+        # The Pareto front of time vs cost counts only the options that meet every constraint (budget,
+        # capex, power cap, deadline): the recommended option is then always on it.
+        ok = [r for r in feas if r["meets_constraints"]]
+        flags = pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in ok])
+        for r, f in zip(ok, flags):
+            r["pareto"] = f
+        for r in wr:
+            r.setdefault("pareto", False)
         pareto[w.name] = [r["option"] for r in feas if r["pareto"]]
     recs = []
     warnings = _warnings(study, rows)

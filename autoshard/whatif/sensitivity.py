@@ -22,6 +22,7 @@ from .schema import DEFAULT_TIME_LIMIT_S, SensitivityMode
 # Larger-HBM siblings for the "+HBM" sensitivity (same compute die, more and faster memory).
 HBM_SIBLING = {"h100-sxm": "h200-sxm", "a100-sxm-40gb": "a100-sxm-80gb"}
 
+BINDING_MIN_GAIN_PCT = 5.0  # a resource is called binding only when relaxing it cuts the step by >= 5%
 SLOWDOWN = 1.25  # resource slow-down used to measure how much of the step time each resource carries
 
 
@@ -101,9 +102,13 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
 
     Shares: each resource slowed down by 1.25x alone (compute: matmul efficiency; HBM
     bandwidth: HBM efficiency; each network level: its bandwidth), share = (t'/t - 1) / 0.25,
-    the fraction of the step that scales with that resource. `binding` is the largest share,
-    or `hbm_capacity` when memory is >= 90% full and more HBM would help more than its
-    bandwidth alone explains (re-solve) or the plan pays for memory (recompute / ZeRO-3).
+    the fraction of the step that scales with that resource.
+
+    `binding`: the resource whose relaxation gains the most (`relax_gain_pct`), named only when
+    that gain is at least BINDING_MIN_GAIN_PCT (5%), else "none". Relaxing a resource: twice its
+    speed, estimated as half its share; HBM capacity (a plan that fills >= 90% of its memory, a
+    GPU with a larger-HBM sibling): the plan re-solved on the sibling minus the gain of the same
+    plan there (its faster HBM alone), measured with one extra solve.
     """
     base = solved.estimate.step_time_s
     plan = solved.plan
@@ -130,11 +135,12 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
     out["gains_pct"]["nvlink_2x"] = gain(best(_levels_problem(problem, lambda i: 2.0 if i == 0 else 1.0)))
     sib = HBM_SIBLING.get(get_gpu(problem.cluster.gpu).id)
     hbm_bw_only = None
+    sib_problem = problem
     if sib:
         out["hbm_plus_gpu"] = sib
-        vp = problem.model_copy(update={"cluster": problem.cluster.model_copy(update={"gpu": sib})})
-        out["gains_pct"]["hbm_plus"] = gain(best(vp))
-        hbm_bw_only = gain(_step(vp, plan))
+        sib_problem = problem.model_copy(update={"cluster": problem.cluster.model_copy(update={"gpu": sib})})
+        out["gains_pct"]["hbm_plus"] = gain(best(sib_problem))
+        hbm_bw_only = gain(_step(sib_problem, plan))
     else:
         out["gains_pct"]["hbm_plus"] = None
         out["notes"].append("no larger-HBM sibling in the catalog")
@@ -174,14 +180,22 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
     est = solved.estimate
     util = est.peak_memory_gib / est.memory_capacity_gib if est.memory_capacity_gib else 0.0
     out["memory_utilization"] = util
-    binding = max(shares, key=lambda k: (shares[k], k)) if shares else "unknown"
-    pays = plan.zero_stage == 3 or plan.recompute != "none"  # the plan trades time for memory
+    # What relaxing each resource would gain: twice its speed cuts its share of the step in half
+    # (estimated from the share); more HBM capacity: the plan re-solved on the larger-HBM sibling
+    # minus what the same plan gains there from the faster HBM alone (measured).
+    relax = {k: 50.0 * v for k, v in shares.items()}
     hp = out["gains_pct"].get("hbm_plus")
-    if mode == "solve" and hp is not None and hbm_bw_only is not None:
-        capacity = hp - hbm_bw_only >= 2.0  # the re-solve on more HBM gains beyond the faster HBM
-    else:
-        capacity = pays
-    if util >= 0.9 and capacity:
-        binding = "hbm_capacity"
+    if sib and util >= 0.9 and hbm_bw_only is not None:
+        if mode != "solve":  # one re-solve, only for a plan that fills its memory
+            try:
+                resolved = gain(solve_option(sib_problem, time_limit_s=time_limit_s).estimate.step_time_s)
+            except InfeasibleError:
+                resolved = None
+            hp = max((g for g in (hp, resolved) if g is not None), default=None)
+        if hp is not None:
+            relax["hbm_capacity"] = hp - hbm_bw_only
+    out["relax_gain_pct"] = {k: round(v, 4) for k, v in relax.items()}
+    best = max(relax, key=lambda k: (relax[k], k)) if relax else None
+    binding = best if best is not None and relax[best] >= BINDING_MIN_GAIN_PCT else "none"
     out["binding"] = binding
     return out
