@@ -263,7 +263,12 @@ def cmd_catalog(a: argparse.Namespace) -> int:
     print("\nTopologies (levels: name size x GB/s per GPU):")
     for t in topos:
         lv = " -> ".join(f"{x.name} {x.size}x{x.bandwidth_gb_per_s:g}{' SHARP' if x.sharp else ''}" for x in t.levels)
-        print(f"  {t.id:<20}{lv}")
+        print(f"  {t.id:<20}{lv}" + (f"  (also: {', '.join(t.aliases)})" if t.aliases else ""))
+    from .catalog import _recipes  # noqa: PLC0415
+
+    print("\nPrecisions (training.precision; fp8 = fp8-delayed, the frameworks' default recipe):")
+    for r in _recipes()[0].values():
+        print(f"  {r.id:<15}{r.gemm_dtype:<6}{r.name}")
     print("\nModel presets: " + ", ".join(model_ids()))
     print("Sources: `autoshard catalog --json` (every figure carries its source).")
     return EXIT_OK
