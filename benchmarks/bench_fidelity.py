@@ -51,6 +51,53 @@ def summary_text(report, title: str) -> str:  # type: ignore[no-untyped-def]
     return "\n".join(lines)
 
 
+def _md_groups(report, title: str) -> list[str]:  # type: ignore[no-untyped-def]
+    rows = [f"| {title} | runs | median \\|err\\| | p90 \\|err\\| | median signed | worst |", "|---|---|---|---|---|---|"]
+    for g in list(report.by_source) + [None] + list(report.by_regime):
+        if g is None:
+            rows.append("| *by regime* | | | | | |")
+            continue
+        rows.append(f"| {g.source_group} | {g.runs} | {g.median_abs_error_pct:.1f}% | {g.p90_abs_error_pct:.1f}% | "
+                    f"{g.median_error_pct:+.1f}% | {g.worst_error_pct:+.1f}% ({g.worst_id}) |")
+    s = report.summary
+    rows.append(f"| **all** | **{s.n}** | **{s.median_abs_error_pct:.1f}%** | **{s.p90_abs_error_pct:.1f}%** | | "
+                f"**{s.worst_error_pct:+.1f}%** ({s.worst_id}) |")
+    return rows
+
+
+def markdown(dev, modern, abl) -> str:  # type: ignore[no-untyped-def]
+    """The README's fidelity tables, from this run."""
+    from autoshard.intervals import table  # noqa: PLC0415
+
+    out = [f"Dev runs (`dev_runs.json`, {dev.summary.n} priced, {len(dev.skipped)} skipped):", ""]
+    out += _md_groups(dev, "source")
+    if modern:
+        out += ["", f"Modern runs (`modern_runs_dev.json`, {modern.summary.n} priced, {len(modern.skipped)} "
+                "skipped with the reason in the report):", ""]
+        out += _md_groups(modern, "source")
+    if abl:
+        s = abl.summary
+        out += ["", f"Ranking (`ablations_dev.json`, {s.groups} groups): concordance {s.pairs_concordant}/"
+                f"{s.pairs_compared} = {s.concordance_pct:.0f}% of the pairs measured >= 8% apart, "
+                f"{s.blind_pairs} pairs predicted equal (within 1%) that measured >= 4% apart, top-1 "
+                f"{s.top1_agree}/{s.top1_groups}, OOM/fit {s.oom_agree}/{s.oom_total}.", "",
+                "| group | metric | configs | concordant / compared | predicted equal, measured apart (knob) | top-1 | OOM/fit |",
+                "|---|---|---|---|---|---|---|"]
+        for g in abl.groups:
+            blind = "; ".join(f"#{p.a}/#{p.b} {p.measured_apart_pct:.0f}% ({'+'.join(k.split(':')[0] for k in p.knobs)})" for p in g.blind)
+            top = "-" if g.top1 is None else "yes" if g.top1 else "no"
+            out.append(f"| {g.id} | {g.metric} | {len(g.configs)} | {g.concordant}/{len(g.compared)} | {blind or '-'} | "
+                       f"{top} | {g.oom_agree}/{g.oom_total} |")
+    doc = table()
+    if doc:
+        out += ["", f"Prediction intervals (`autoshard/data/intervals.yaml`, {doc['date']}: measured / predicted "
+                "over the dev and modern runs):", "",
+                "| regime | runs | 10th pct | median | 90th pct |", "|---|---|---|---|---|"]
+        for name, q in doc["regimes"].items():
+            out.append(f"| {name} | {q['n']} | {q['low']:.2f} | {q['median']:.2f} | {q['high']:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(SHARED / "dev_runs.json"), help="dev runs file")
@@ -60,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="every run and every ablation group, not only the summaries")
     ap.add_argument("--calibrate", action="store_true", help="also fit the efficiency factors on dev_runs and re-validate")
     ap.add_argument("--json", action="store_true", help="print the three reports as one JSON document")
+    ap.add_argument("--markdown", action="store_true", help="print the README's fidelity tables (per source, "
+                    "per regime, ranking, intervals) from this run")
     ap.add_argument("--write-intervals", nargs="?", const="", default=None, metavar="PATH",
                     help="write the prediction intervals fitted on the dev and modern residuals "
                          "(default autoshard/data/intervals.yaml)")
@@ -84,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                                            for k, v in doc["regimes"].items()))
         return 0
 
+    if args.markdown:
+        print(markdown(dev, modern, abl))
+        return 0
     if args.json:
         print(json.dumps({"dev": dev.to_json(), "modern": modern.to_json() if modern else None,
                           "ablations": abl.to_json() if abl else None}, indent=2, sort_keys=True, default=str))
