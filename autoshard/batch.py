@@ -561,10 +561,13 @@ RECORD_HASH_KEY = "record_sha256"
 
 
 def record_digest(record: dict[str, Any]) -> str:
-    """sha256 of a record's canonical JSON without its own `record_sha256`."""
+    """sha256 of a record's canonical JSON without its own `record_sha256` and the timing
+    fields (`strip_timing`), so that the same solution gives the same digest on every run."""
     import hashlib  # noqa: PLC0415
 
-    body = {k: v for k, v in record.items() if k != RECORD_HASH_KEY}
+    from .render import strip_timing  # noqa: PLC0415
+
+    body = strip_timing({k: v for k, v in record.items() if k != RECORD_HASH_KEY})
     return hashlib.sha256(dumps_json(body).encode("utf-8")).hexdigest()
 
 

@@ -146,7 +146,9 @@ def test_rerun_skips_unchanged_then_force_resolves(first_run, tmp_path):
         "good_a": "optimal", "good_b": "optimal", "infeasible": "infeasible", "malformed": "error"}
     assert again.exit_code == 2  # the outcomes on file still include bad input
     assert mtimes(out) == before
-    assert [r["status"] for r in read_summary(out)] == ["skipped-unchanged"] * 4
+    summary = read_summary(out)
+    assert [r["run"] for r in summary] == ["skipped-unchanged"] * 4
+    assert [r["status"] for r in summary] == ["optimal", "optimal", "infeasible", "error"]  # sorted by name
 
     # Editing one file re-solves that one only.
     (inp / "good_a.yaml").write_text((inp / "good_a.yaml").read_text() + "\n# edited\n")
@@ -168,6 +170,35 @@ def test_rerun_skips_unchanged_then_force_resolves(first_run, tmp_path):
     assert {p.name: p.status for p in forced.problems} == {
         "good_a": "optimal", "good_b": "optimal", "infeasible": "infeasible", "malformed": "error"}
     assert all(mtimes(out)[k] > after_edit[k] for k in after_edit)
+
+
+def test_summary_has_no_repeated_column(first_run):
+    """Issue 15: `status` and `result` held the same word on every solved row."""
+    _, out, _, _ = first_run
+    rows = read_summary(out)
+    for col in batch_mod.SUMMARY_COLUMNS:
+        for other in batch_mod.SUMMARY_COLUMNS:
+            if col < other:
+                assert [r[col] for r in rows] != [r[other] for r in rows], (col, other)
+    assert {r["run"] for r in rows} == {"solved"}
+
+
+def test_edited_record_is_solved_again(first_run, tmp_path):
+    """Issue 15 (14): a valid record edited by hand (tp=999) is not trusted by the incremental skip."""
+    inp = copy_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    shutil.copytree(first_run[1], out)
+    rec = json.loads((out / "good_a.json").read_text())
+    assert batch_mod.record_intact(rec)
+    rec["plan"]["tp"] = 999
+    rec["plan_summary"] = rec["plan_summary"].replace("tp", "tp999 was-tp", 1)
+    (out / "good_a.json").write_text(json.dumps(rec, indent=2))  # valid JSON, same input_sha256
+    again = run_batch([str(inp)], str(out), jobs=1)
+    st = {p.name: p.status for p in again.problems}
+    assert st.pop("good_a") == "optimal" and set(st.values()) == {"skipped-unchanged"}
+    fixed = json.loads((out / "good_a.json").read_text())
+    assert fixed["plan"]["tp"] != 999 and batch_mod.record_intact(fixed)
+    assert fixed["plan"] == json.loads((first_run[1] / "good_a.json").read_text())["plan"]
 
 
 def test_deterministic_across_jobs_and_input_order(first_run, tmp_path):
