@@ -132,7 +132,10 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     if a.json:
         _print_json(est.model_dump(mode="json"))
     else:
-        sys.stdout.write(estimate_text(problem, est))
+        sys.stdout.write(estimate_text(problem, est, reasons=False))
+    plan_file = a.plan or a.problem
+    for reason in est.reasons:  # why the plan is invalid or does not fit: stderr, naming the plan's file
+        print(f"autoshard: infeasible: {plan_file}: {reason}", file=sys.stderr)
     return EXIT_OK if est.fits else EXIT_INFEASIBLE
 
 
@@ -293,13 +296,25 @@ def cmd_rooflines(a: argparse.Namespace) -> int:
     from .catalog import get_gpu, get_topology  # noqa: PLC0415
     from .rooflines import render, rooflines  # noqa: PLC0415
 
-    model = _model_arg(a.model)
-    gpu = get_gpu(a.gpu)
-    if a.topology:
-        get_topology(a.topology)
-    if a.gpus is not None and not 2 <= a.gpus <= 1 << 20:
-        raise InputError(f"must be in 2..{1 << 20}, got {a.gpus}", field="--gpus")
-    r = rooflines(model, gpu, a.topology, precision=a.precision, num_gpus=a.gpus, achievable=a.achievable)
+    topology, precision, gpus = a.topology, a.precision, a.gpus
+    if a.model.endswith((".yaml", ".yml")):  # a problem file: its model, GPU, topology, precision and size
+        from .loader import load_problem  # noqa: PLC0415
+
+        problem = load_problem(a.model)
+        model, gpu_name = problem.model, a.gpu or problem.cluster.gpu
+        topology = topology or problem.cluster.topology
+        precision = precision or problem.training.precision
+        gpus = gpus or max(2, problem.cluster.num_gpus)
+    else:
+        if not a.gpu:
+            raise InputError("required unless MODEL is a problem file", field="--gpu")
+        model, gpu_name = _model_arg(a.model), a.gpu
+    gpu = get_gpu(gpu_name)
+    if isinstance(topology, str):
+        get_topology(topology)
+    if gpus is not None and not 2 <= gpus <= 1 << 20:
+        raise InputError(f"must be in 2..{1 << 20}, got {gpus}", field="--gpus")
+    r = rooflines(model, gpu, topology, precision=precision or "bf16", num_gpus=gpus, achievable=a.achievable)
     if a.json:
         _print_json(r)
     else:
@@ -487,10 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = add("rooflines", cmd_rooflines, "Seed 001's rooflines: tokens per GPU above which DP, FSDP and EP stay "
             "compute-bound, and the TP bound F / divisor, per topology level.")
-    r.add_argument("model", metavar="MODEL", help="model preset or Hugging Face config.json")
-    r.add_argument("--gpu", required=True, metavar="GPU", help="GPU id or alias (autoshard catalog)")
+    r.add_argument("model", metavar="MODEL", help="model preset, Hugging Face config.json, or a problem file (YAML: "
+                   "its model, GPU, topology, precision and GPU count, each overridable)")
+    r.add_argument("--gpu", metavar="GPU", help="GPU id or alias (autoshard catalog); required unless MODEL is a problem")
     r.add_argument("--topology", metavar="PRESET", help="topology preset (default: the GPU's standard system)")
-    r.add_argument("--precision", default="bf16", metavar="P", help="training precision: its GEMM peak is C (default bf16)")
+    r.add_argument("--precision", default=None, metavar="P", help="training precision: its GEMM peak is C (default bf16)")
     r.add_argument("--gpus", type=int, metavar="N", help="cluster size (default: the topology's top level)")
     r.add_argument("--achievable", action="store_true",
                    help="use the catalog's matmul and network efficiencies (default: peak and link rates, as the seeds)")
@@ -525,9 +541,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = add("batch", cmd_batch, "Solve every problem file in directories / globs, in parallel, incrementally.")
     b.add_argument("inputs", nargs="+", metavar="DIR_OR_GLOB")
     b.add_argument("-o", "--output", required=True, metavar="DIR")
-    b.add_argument("--jobs", type=int, default=1, metavar="N")
-    b.add_argument("--time-limit", type=float, default=60.0, metavar="S")
-    b.add_argument("--top", type=int, default=3, metavar="K")
+    b.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="problems solved at once, each in its own process (default 1: in this process; 0: one per CPU)")
+    b.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="solver time limit per problem in seconds (default 60)")
+    b.add_argument("--top", type=int, default=3, metavar="K",
+                   help="runners-up to report per problem (default 3; 0 skips that search)")
     b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")

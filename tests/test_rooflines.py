@@ -86,3 +86,17 @@ def test_cli_json_and_bad_input():
         proc = subprocess.run([sys.executable, "-m", "autoshard.cli", *argv], cwd=ROOT, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_problem_file_gives_model_gpu_topology_and_size():
+    # DeepSeek-V3 on 2,048 H800 in fp8: C = 1,979e12; H800's NVLink (200 GB/s egress) binds the DP
+    # all-reduce everywhere (8 x 50 GB/s = 400 at the leaf): 1,979e12 / (2 x 200e9) = 4,947.
+    proc = subprocess.run([sys.executable, "-m", "autoshard.cli", "rooflines", "problems/deepseek-v3-2048xh800.yaml",
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["gpu"], doc["topology"], doc["precision"], doc["num_gpus"]) == ("h800-sxm", "h800-cluster", "fp8", 2048)
+    assert math.floor(doc["levels"][-1]["dp_tokens_per_gpu"]) == 4947
+    proc = subprocess.run([sys.executable, "-m", "autoshard.cli", "rooflines", "llama3-8b"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--gpu" in proc.stderr
