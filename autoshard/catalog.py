@@ -58,6 +58,9 @@ class GPU(Strict):
     scaleup: str
     scaleup_gb_per_s: float = Field(gt=0)
     tdp_w: float = Field(gt=0)
+    # All-in IT power per GPU (its share of CPUs, switches, NICs, fans) by the source that gives it, where
+    # sources differ from tdp_w + the what-if node overhead; a study picks one with `pricing.power_figure`.
+    system_power_w: dict[str, float] = {}
     default_topology: str
     price: Price
     efficiency: Efficiency
