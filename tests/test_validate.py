@@ -611,3 +611,33 @@ def test_indistinguishable_alternatives_and_robust_choice():
     # when the point optimum also has the lowest upper end, nothing changes
     assert robust_choice(sol.model_copy(update={"alternatives": sol.alternatives[1:]})) is not None
     assert robust_choice(sol.model_copy(update={"alternatives": sol.alternatives[1:]})).plan == a.plan
+
+
+def test_bad_ablation_files_are_one_line_errors(tmp_path, capsys):
+    from autoshard.cli import main
+
+    group = {"id": "g", "model": {"name": "Llama 3 8B", "layers": 32, "hidden": 4096, "ffn": 14336, "heads": 32,
+                                  "kv_heads": 8, "vocab": 128256},
+             "gpu": "H100", "gpu_count": 8, "seq_len": 8192, "global_batch_seqs": 16, "precision": "bf16",
+             "source": "hand", "configs": [{"tp": 1, "dp": 8, "measured": {"step_time_s": 2.0}},
+                                           {"tp": 2, "dp": 4, "measured": {"step_time_s": 2.5}}]}
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps([group]))
+    assert main(["validate", str(ok)]) == 0  # detected by shape
+    out = capsys.readouterr().out
+    assert "measured order [0, 1]" in out and out.splitlines()[-1].startswith("ablations: 1 groups")
+    for path, value, expect in ((("configs", 0, "tp"), "x", "[0].configs[0].tp: expected a positive whole number"),
+                                (("configs", 1, "measured"), {"step_time_s": "slow"},
+                                 "[0].configs[1].measured.step_time_s: expected a positive number"),
+                                (("configs", 1, "measured"), {"status": "crashed"}, "measured.status"),
+                                (("gpu_count",), 0, "[0].gpu_count: expected a positive whole number")):
+        bad = json.loads(json.dumps(group))
+        target = bad
+        for k in path[:-1]:
+            target = target[k]
+        target[path[-1]] = value
+        f = tmp_path / "bad.json"
+        f.write_text(json.dumps([bad]))
+        assert main(["validate", "--ablations", str(f)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0] and str(f) in err[0]

@@ -222,7 +222,10 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     from .modern import is_modern_row, modern_row_to_case  # noqa: PLC0415
 
     if is_modern_row(row):
-        return modern_row_to_case(row)
+        try:
+            return modern_row_to_case(row)
+        except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:  # a cell of the wrong kind
+            return Skip(str(row.get("id") or "?"), source_group(row), f"does not convert: {exc}")
 
     rid = str(row.get("id") or "?")
     group = source_group(row)

@@ -71,10 +71,34 @@ def load_groups(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise InputError("expected a list of groups, each with a `configs` list", source=src)
     groups = doc.get("groups") if isinstance(doc, dict) else doc
     for i, g in enumerate(groups):
+        for k in ("gpu_count", "seq_len", "global_batch_seqs"):
+            _check_count(g.get(k), f"[{i}].{k}", src, required=True)
+        if not isinstance(g.get("model"), dict):
+            raise InputError(f"[{i}].model: expected an object", source=src)
+        for k in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "moe_experts", "moe_topk", "moe_ffn"):
+            _check_count(g["model"].get(k), f"[{i}].model.{k}", src)
         for j, c in enumerate(g["configs"]):
+            where = f"[{i}].configs[{j}]"
             if not isinstance(c, dict) or not isinstance(c.get("measured"), dict):
-                raise InputError(f"[{i}].configs[{j}].measured: expected an object", source=src)
+                raise InputError(f"{where}.measured: expected an object", source=src)
+            for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch"):
+                _check_count(c.get(k), f"{where}.{k}", src)
+            meas = c["measured"]
+            status = str(meas.get("status", "ok"))
+            if status.upper() not in ("OK", "OOM"):
+                raise InputError(f"{where}.measured.status: expected 'OOM' (or absent), got {status!r}", source=src)
+            for k in METRICS:
+                v = meas.get(k)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e15):
+                    raise InputError(f"{where}.measured.{k}: expected a positive number, got {v!r}", source=src)
     return groups
+
+
+def _check_count(v: Any, where: str, src: str, required: bool = False) -> None:
+    if v is None and not required:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 24:
+        raise InputError(f"{where}: expected a positive whole number, got {v!r}", source=src)
 
 
 # ---------------------------------------------------------------------------------------
