@@ -455,6 +455,18 @@ def test_modern_dev_report_by_source_and_regime():
     assert "regime" in format_report(rep)
 
 
+@pytest.mark.skipif(not MODERN_DEV.is_file(), reason="shared/validation/modern_runs_dev.json not present")
+def test_modern_dev_json_has_regimes(capsys):
+    from autoshard.cli import main
+
+    assert main(["validate", str(MODERN_DEV), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    regimes = {g["source_group"]: g for g in doc["by_regime"]}
+    assert regimes["dense"]["runs"] + regimes["MoE"]["runs"] == doc["summary"]["n"]
+    assert all("p90_abs_error_pct" in g for g in doc["by_source"])
+    assert {s["id"] for s in doc["skipped"]} >= {"primus_pipe_llama27b_mi300_pp8_1f1b_8gpu"}
+
+
 # ---- ranking of ablations --------------------------------------------------------------------
 
 

@@ -3,6 +3,11 @@
     from autoshard.validate import validate, format_report
     print(format_report(validate()))
 
+Rows of `modern_runs_dev.json` (2024-2026 stacks, with the extra fields `etp`, `moe_ffn`,
+`first_k_dense`, `head_dim`, `nvlink_domain_gpus`) are converted by `autoshard.validate.modern`;
+the report then has per-source and per-regime tables (dense/MoE, GPU architecture, BF16/FP8/FP4).
+Groups of measured configurations (`ablations_dev.json`) are ranked by `autoshard.validate.ablations`.
+
 Every row of the runs file becomes a `Case` (a Problem, a Plan and the measured step time)
 or a `Skip` with the reason. We compare **step times** (sources count FLOPs differently,
 so MFU is not comparable): `step_time_s` where the source gives it; for Narayanan et al.
