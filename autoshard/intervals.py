@@ -175,13 +175,15 @@ def robust_choice(solution: Any) -> Any:
     from .solver.records import Alternative  # noqa: PLC0415
 
     pool = [(solution.plan, solution.estimate, "")] + [
-        (a.plan, a.estimate, a.family) for a in solution.alternatives if a.estimate.fits and a.estimate.step_time_s > 0]
+        (a.plan, a.estimate, getattr(a, "family", "")) for a in solution.alternatives
+        if a.estimate.fits and a.estimate.step_time_s > 0]
     best = min(range(len(pool)), key=lambda i: (upper(pool[i][1]), i))
     if best == 0:
         return solution
     plan, est, _ = pool[best]
+    has_family = "family" in Alternative.model_fields
     alts = [Alternative(plan=p, estimate=e, differs=describe_difference(plan, p),
                         slower_pct=100.0 * (e.step_time_s - est.step_time_s) / est.step_time_s,
-                        family=f or "the point-estimate optimum")
+                        **({"family": f or "the point-estimate optimum"} if has_family else {}))
             for i, (p, e, f) in enumerate(pool) if i != best]
     return solution.model_copy(update={"plan": plan, "estimate": est, "alternatives": alts})
