@@ -27,21 +27,29 @@ Branch and bound ties them together (`_Search`):
    placement), the same with the recompute HBM forces (`_memory_tmax`), and per placement
    its exact table bound; only then CP-SAT, with the incumbent as a cutoff.
 3. A proof stopped by its per-solve cap keeps its proven bound and is resumed at the end
-   with the time left.
+   with the work left. CP-SAT runs as a descent (first solution under the cutoff, then a lower
+   cutoff), so a configuration is closed as soon as nothing is left under the incumbent less the
+   gap limit, without proving its own optimum.
 
-`OPTIMAL` therefore means every candidate was either pruned by a sound bound or solved to
-optimality by CP-SAT (tests check every bound against `evaluate`, and the optimum against
+`OPTIMAL` therefore means every candidate was either pruned by a sound bound or closed by
+CP-SAT (nothing under the cutoff, or solved to optimality) (tests check every bound against `evaluate`, and the optimum against
 brute-force enumeration). Every returned plan is re-evaluated with `evaluate`, and the
 CP-SAT objective must match it to within the rounding.
 
-Determinism: candidates are enumerated in a fixed order, CP-SAT runs single-threaded with
-a fixed seed, ties are broken by a second CP-SAT pass (fewest recomputed layers, then
-layers as early as possible) and by candidate order.
+Determinism: the budget is deterministic work (CP-SAT deterministic time, counted
+configurations), the wall-clock limit only a safety net that reports itself
+(`SolverStats.stopped_by`); candidates are enumerated in a fixed order, CP-SAT runs
+single-threaded with a fixed seed, ties are broken by a second CP-SAT pass (fewest recomputed
+layers, then layers as early as possible) and by candidate order. `SolverStats.fingerprint`
+hashes the problem, the versions and the budget.
+
+Alternatives (`families`): the best plan of each of the K best families (degrees and schedule
+kind) other than the chosen plan's, from the same search.
 
 The package, by part: `candidates` (the declared space, placements), `bounds` (numpy and
 table bounds), `stage_model` (the CP-SAT model), `warm_start` (greedy plans), `search` (branch
-and bound, `solve`), `explain` (plan differences, infeasibility), `records` (what `solve`
-returns).
+and bound, budget, `solve`), `families` (plan families, named alternatives), `explain` (plan
+differences, infeasibility), `records` (what `solve` returns).
 """
 
 from __future__ import annotations
@@ -60,12 +68,14 @@ from .bounds import (
 from .candidates import DEFAULT_MAX_VPP, DEFAULT_MBS, _config_key, _placements, _space, _with_placement, candidates
 from .explain import describe_difference, explain_infeasible, explain_no_candidates, run_length
 from .records import Alternative, Solution, SolverStats
-from .search import RUNNER_UP_CONFIGS, RUNNER_UP_SLOWER, _Found, _Search, solve
+from .families import family_key, family_name, named
+from .search import DEFAULT_WORK_LIMIT, RUNNER_UP_CONFIGS, RUNNER_UP_SLOWER, _Budget, _Found, _Search, fingerprint, solve
 from .stage_model import MEM_UNIT_BYTES, TIME_UNIT_S, StageModel, _b, _rounding_tolerance, _t
 from .warm_start import WARM_SPLIT_CONFIGS, WARM_START_CONFIGS, _Greedy, _warm_start
 
 __all__ = [
     "Alternative", "Solution", "SolverStats", "StageModel", "balanced_max", "bounds", "candidates",
     "describe_difference", "explain_infeasible", "explain_no_candidates", "run_length", "solve",
-    "DEFAULT_MBS", "DEFAULT_MAX_VPP", "TIME_UNIT_S", "MEM_UNIT_BYTES",
+    "DEFAULT_MBS", "DEFAULT_MAX_VPP", "TIME_UNIT_S", "MEM_UNIT_BYTES", "DEFAULT_WORK_LIMIT", "family_key",
+    "family_name", "fingerprint",
 ]

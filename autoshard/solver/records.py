@@ -21,6 +21,14 @@ class SolverStats(BaseModel):
     pruned_by_bound: int  # proven no faster than the incumbent by the numpy time bound
     cp_sat_solves: int
     rounding_tolerance_s: float  # |objective - evaluated step time| allowed by integer rounding
+    # The budget is deterministic work: CP-SAT's deterministic time (about a second per unit on a
+    # current core) and counted configurations, so a solve stopped by it returns the same plan and
+    # gap on a busy or a quiet machine. The wall-clock limit is only a safety net.
+    work_s: float = 0.0  # CP-SAT deterministic time spent
+    work_limit: float = 0.0  # the budget of deterministic time
+    stopped_by: str = ""  # "" (proof complete) | "work budget" | "wall-clock safety net"
+    alternatives_complete: bool = True  # False: the alternatives' share of the budget ran out
+    fingerprint: str = ""  # sha256 of the problem, autoshard and OR-Tools versions and the budget
 
 
 class Alternative(BaseModel):
@@ -29,6 +37,7 @@ class Alternative(BaseModel):
     estimate: Estimate
     differs: str  # what distinguishes it from the chosen plan
     slower_pct: float
+    family: str = ""  # its family (degrees and schedule kind, e.g. `tp2 cp4 pp8 interleaved`) or the named request
 
 
 class Solution(BaseModel):

@@ -1,9 +1,27 @@
-"""Branch and bound over the configurations (`_Search`) and the entry point `solve`."""
+"""Branch and bound over the configurations (`_Search`) and the entry point `solve`.
+
+The budget is deterministic work (`_Budget`): CP-SAT's deterministic time, summed over every
+solve, and counted configurations (warm start, alternatives). The wall-clock limit is only a
+safety net; when it fires, `SolverStats.stopped_by` says so. So a solve stopped by its budget
+returns the same plan and gap on a busy or a quiet machine.
+
+CP-SAT runs as a descent: each solve stops at its first solution under the cutoff (the
+incumbent less the gap limit), the cutoff drops below it, and a configuration is closed when
+CP-SAT proves nothing is left under the cutoff. Proving "nothing below 99.9% of the incumbent"
+is far cheaper than proving a configuration's exact optimum, which is all a 0.1% gap needs.
+
+Alternatives come from the same search: every plan found is kept as the best of its family
+(`families.family_key`); after the proof, configurations of other families are visited in order
+of their bound with each family's own target, within a share of the proof's work.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,11 +33,25 @@ from ..errors import InfeasibleError
 from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, RECOMPUTES, Plan, Problem
 from .bounds import _optimistic_table, _table_bound, bounds
-from .candidates import _config_key, _placements, candidates
+from .candidates import _placements, candidates
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
+from .families import Family, Named, family_key, family_name, named
 from .records import Alternative, Solution, SolverStats
 from .stage_model import TIME_UNIT_S, StageModel, _rounding_tolerance, _t
 from .warm_start import WARM_START_CONFIGS, _warm_start
+
+DEFAULT_WORK_LIMIT = 40.0  # CP-SAT deterministic time per solve, all solves together (~ s of one core)
+FIRST_CAP = 0.1  # deterministic time per configuration on the first pass (stopped proofs resume later)
+TIEBREAK_WORK = 0.5  # the final tie-break pass (fewest recomputed layers, earliest layers)
+ALT_SHARE = 0.25  # the alternatives' share of the proof's work (CP-SAT time and configurations)
+ALT_MIN_WORK = 0.2  # ... at least this much deterministic time
+ALT_CAP = 0.1  # deterministic time per configuration while looking for alternatives
+ALT_GAP = 0.002  # an alternative is its family's best to within 0.2% when its search completes
+NAMED_SHARE = 0.5  # a named alternative's budget: this share of the proof's work, at least 1 unit
+RUNNER_UP_SLOWER = 0.5  # families more than 50% slower than the chosen plan are not reported
+RUNNER_UP_CONFIGS = 3000  # configurations ranked for alternatives (in numpy-bound order)
+
+ProgressFn = Callable[[dict[str, Any]], None]
 
 
 @dataclass(order=True)
@@ -29,45 +61,85 @@ class _Found:
     plan: Plan = None  # type: ignore[assignment]
     objective_s: float = 0.0
     tolerance_s: float = 0.0
+    table: Any = None  # the layer table it was solved on (for the final tie-break)
+    objective_units: int = 0
 
 
-RUNNER_UP_SLOWER = 0.25  # runners-up more than 25% slower than the chosen plan are not reported
-RUNNER_UP_CONFIGS = 3000  # configurations ranked for runners-up (in numpy-bound order)
+class _Budget:
+    """Deterministic work (CP-SAT deterministic time) and a wall-clock safety net."""
+
+    def __init__(self, work_limit: float, deadline: float):
+        self.work_limit, self.deadline = work_limit, deadline
+        self.work = 0.0
+        self.wall_fired = False
+
+    def work_left(self) -> float:
+        return self.work_limit - self.work
+
+    def wall_left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def spend(self, work_s: float, wall_fired: bool = False) -> None:
+        self.work += work_s
+        self.wall_fired |= wall_fired
+
+    def exhausted(self) -> bool:
+        if self.wall_left() <= 0:
+            self.wall_fired = True
+            return True
+        return self.work_left() <= 1e-3
 
 
 class _Search:
-    """Branch-and-bound state: the incumbents, the proven bounds, the configurations whose
-    proof a time cap stopped (retried with the time left at the end).
+    """Branch-and-bound state: the best plan of every family found, the proven bounds, the
+    configurations whose proof a work cap stopped (resumed at the end, `retry`).
 
-    After the proof, `alternatives` runs the same search again with a looser target (the
-    `keep`-th best plan found) to fill the runners-up; it no longer touches the proven bound."""
+    `allow` (a named alternative) restricts the configurations and placements searched."""
 
-    def __init__(self, problem: Problem, ctx: Context, modes: list[str], keep: int, gap_limit: float,
-                 time_limit_s: float, t0: float):
-        self.problem, self.ctx, self.modes, self.keep, self.gap_limit = problem, ctx, modes, keep, gap_limit
-        self.time_limit_s, self.t0 = time_limit_s, t0
-        self.deadline = t0 + time_limit_s
-        self.found: list[_Found] = []  # best per configuration, kept sorted, at most `keep`
+    def __init__(self, problem: Problem, ctx: Context, modes: list[str], gap_limit: float, budget: _Budget,
+                 uniform: bool, allow: Callable[[Config], bool] | None = None,
+                 progress: ProgressFn | None = None):
+        self.problem, self.ctx, self.modes, self.gap_limit = problem, ctx, modes, gap_limit
+        self.budget, self.uniform, self.allow, self.progress = budget, uniform, allow, progress
+        self.found: dict[Family, _Found] = {}  # the best plan of each family
+        self.best: _Found | None = None
         self.lower = math.inf  # proven lower bound of every closed configuration not solved to optimality
-        self.open: list[tuple[float, int, Table]] = []  # stopped by a time cap: (proven bound, order, table)
+        self.open: list[tuple[float, int, Table]] = []  # stopped by a work cap: (proven bound, order, table)
         self.solved: set[Config] = set()  # configurations (with placement) whose optimum is known
-        self.solves = self.seq = 0
+        self.solves = self.seq = self.visited = 0
         self.timed_out = False
-        self.proving = True  # False while looking for runners-up
-        self.cap_s = max(1.0, time_limit_s / 60)  # CP-SAT work per proof before moving on
+        self.proving = True  # False while looking for alternatives
+        self.top_k = 0  # families wanted by the alternatives pass
+        self.cap_s = FIRST_CAP
         self.tables: dict = {}  # layer costs shared between placements (`cost.layer_table`)
         self.orders: dict = {}  # distinct placements per set of degrees (`_placements`)
+        self.opt_bounds: dict = {}  # per configuration: its placement-free bound, cheap and with memory
 
-    def target(self) -> float:
+    # ---- targets -----------------------------------------------------------------------------
+
+    def bar(self) -> float:
+        """While looking for alternatives: what a family must beat to be among the `top_k`."""
+        best = self.best
+        assert best is not None
+        mine = family_key(best.plan)
+        others = sorted(f.step_s for k, f in self.found.items() if k != mine)
+        cap = best.step_s * (1 + RUNNER_UP_SLOWER)
+        return min(cap, others[self.top_k - 1]) if len(others) >= self.top_k else cap
+
+    def target(self, cfg: Config | None = None) -> float:
         """What a configuration must beat to matter: the incumbent less the gap limit (while
-        proving), else the worst of the `keep` plans kept (once there are that many)."""
-        if not self.proving:  # runners-up: within RUNNER_UP_SLOWER of the best, and better than the worst kept
-            bar = self.found[-1].step_s if len(self.found) >= self.keep else math.inf
-            return min(bar, self.found[0].step_s * (1 + RUNNER_UP_SLOWER))
-        return self.found[0].step_s * (1 - self.gap_limit) if self.found else math.inf
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
+        proving); for alternatives, its family's best so far or the bar, less ALT_GAP (the
+        chosen plan's family: nothing). `cfg=None`: the loosest target of any family."""
+        if self.proving:
+            return self.best.step_s * (1 - self.gap_limit) if self.best else math.inf
+        bar = self.bar() * (1 - ALT_GAP)
+        if cfg is None:
+            return bar
+        fam = family_key(cfg)
+        if fam == family_key(self.best.plan):
+            return -math.inf
+        mine = self.found.get(fam)
+        return min(bar, mine.step_s * (1 - ALT_GAP)) if mine else bar
 
     def close(self, bound: float) -> None:
         if self.proving:
@@ -76,122 +148,241 @@ class _Search:
     def bound(self) -> float:
         return min([self.lower] + [b for b, _, _ in self.open])
 
-    def add(self, plan: Plan, step_s: float, objective_s: float, tolerance_s: float) -> None:
-        """Keep the plan if it is among the `keep` best, one per configuration (degrees,
-        schedule, ZeRO, micro-batch, placement): runners-up that differ only in the layer
-        split or recompute mix of the same configuration would tell a user nothing."""
-        same = [f for f in self.found if _config_key(f.plan) == _config_key(plan)]
-        if same and same[0].step_s <= step_s:
+    def add(self, plan: Plan, step_s: float, objective_s: float, tolerance_s: float, table: Table | None = None,
+            units: int = 0) -> None:
+        """Keep the plan if it is the best of its family so far."""
+        fam = family_key(plan)
+        cur = self.found.get(fam)
+        if cur is not None and cur.step_s <= step_s:
             return
-        for f in same:
-            self.found.remove(f)
         self.seq += 1
-        self.found.append(_Found(step_s, self.seq, plan, objective_s, tolerance_s))
-        self.found.sort()
-        del self.found[self.keep:]
+        f = _Found(step_s, self.seq, plan, objective_s, tolerance_s, table, units)
+        self.found[fam] = f
+        if self.best is None or step_s < self.best.step_s:
+            self.best = f
+
+    def report(self, phase: str, total: int, bound_s: float | None = None) -> None:
+        if self.progress is None:
+            return
+        inc = self.best.step_s if self.best else None
+        lb = self.bound() if bound_s is None else min(self.bound(), bound_s)
+        gap = max(0.0, (inc - lb) / inc) if inc and math.isfinite(lb) else None
+        self.progress({"phase": phase, "visited": self.visited, "total": total, "incumbent_s": inc,
+                       "bound_s": lb if math.isfinite(lb) else None, "gap": gap, "work_s": self.budget.work})
+
+    # ---- one configuration ---------------------------------------------------------------------
 
     def attempt(self, table: Table, tbound: float, cap_s: float) -> None:
-        """CP-SAT on one configuration and placement, with the incumbent as cutoff."""
-        goal = self.target()
+        """CP-SAT descent on one configuration and placement: first solution under the cutoff,
+        then a lower cutoff, until nothing is left under it (closed) or `cap_s` of work is spent
+        (left open with its proven bound)."""
+        cfg = table.cfg
+        goal = self.target(cfg)
+        if goal == -math.inf:
+            return
         cutoff = _t(goal) if goal < math.inf else None
-        sm = StageModel(self.ctx, table, self.modes, self.problem.search.uniform_stages, cutoff)
-        status, obj, bnd = sm.solve(min(self.left(), cap_s), wall_s=self.left())
-        self.solves += 1
-        if status == "OPTIMAL":
-            self.solved.add(table.cfg)
-        if obj is None and not self.proving:  # nothing under the bar: no runner-up here
-            return
-        if obj is None:
-            if status == "UNKNOWN":
-                self.timed_out = True
-                cp_bound = bnd * TIME_UNIT_S / sm.scale if bnd is not None else -math.inf
-                self.seq += 1
-                self.open.append((max(tbound, cp_bound), self.seq, table))
-            elif cutoff is not None:  # proven: nothing in this configuration reaches the goal
-                self.close(goal)  # (up to the integer rounding, reported separately)
-            return
-        if status == "FEASIBLE" and self.proving:
-            self.timed_out = True
-            self.seq += 1
-            self.open.append((max(tbound, bnd * TIME_UNIT_S / sm.scale), self.seq, table))
-        counts = sm.read_counts()
-        if self.proving:  # (a runner-up needs no tie-break: it is one per configuration anyway)
-            sm.tiebreak(obj)
-            if sm.solve(min(self.left(), cap_s), wall_s=self.left())[1] is not None:
-                counts = sm.read_counts()
-        stage_layers, recompute = sm.read_plan(counts)
-        rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
-        est = _evaluate(self.problem, table.cfg.plan(rc, stage_layers))
-        self.add(est.plan, est.step_time_s, obj * TIME_UNIT_S / sm.scale, _rounding_tolerance(self.ctx, table))
+        sm = StageModel(self.ctx, table, self.modes, self.uniform, cutoff)
+        spent = 0.0
+        while True:
+            work = min(cap_s - spent, self.budget.work_left())
+            if work <= 1e-3 or self.budget.wall_left() <= 0:
+                if self.proving:
+                    self.timed_out = True
+                    self.seq += 1
+                    self.open.append((tbound, self.seq, table))
+                return
+            status, obj, bnd = sm.solve(work, wall_s=self.budget.wall_left(), first_solution=True)
+            self.solves += 1
+            spent += sm.work_s
+            self.budget.spend(sm.work_s, sm.wall_fired)
+            if status == "INFEASIBLE":  # proven: nothing in this configuration reaches the goal
+                if cutoff is not None:
+                    self.close(goal)  # (up to the integer rounding, reported separately)
+                return
+            if obj is None:  # stopped by its cap: keep the proven bound, resume at the end
+                if self.proving:
+                    self.timed_out = True
+                    cp_bound = bnd * TIME_UNIT_S / sm.scale if bnd is not None else -math.inf
+                    self.seq += 1
+                    self.open.append((max(tbound, cp_bound), self.seq, table))
+                return
+            stage_layers, recompute = sm.read_plan(sm.read_counts())
+            rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
+            est = _evaluate(self.problem, cfg.plan(rc, stage_layers))
+            self.add(est.plan, est.step_time_s, obj * TIME_UNIT_S / sm.scale, _rounding_tolerance(self.ctx, table),
+                     table, obj)
+            if status == "OPTIMAL":
+                self.solved.add(cfg)
+                return
+            goal = self.target(cfg)
+            if goal == -math.inf:
+                return
+            cutoff = min(_t(goal), obj - 1)
+            sm.tighten(cutoff)
 
-    def visit(self, cfg: Config, opt_cache: dict) -> bool:
+    def opt_bound(self, cfg: Config, opt_cache: dict, target: float) -> float:
+        """The placement-free bound of cfg: the cheap one, and the costlier one with the recompute
+        HBM forces where the cheap one does not reach `target` (memoized per configuration)."""
+        got = self.opt_bounds.get(cfg)
+        if got is None:
+            optimistic = _optimistic_table(self.ctx, cfg, opt_cache)
+            got = [_table_bound(self.ctx, optimistic, self.modes, exact_windows=False), None, optimistic]
+            self.opt_bounds[cfg] = got
+        if got[0] >= target:
+            return got[0]
+        if got[1] is None:
+            got[1] = _table_bound(self.ctx, got[2], self.modes, exact_windows=False, memory=True)
+        return got[1]
+
+    def visit(self, cfg: Config, opt_cache: dict, cap_s: float | None = None) -> bool:
         """Bound, then solve, every placement of one configuration. False if it was pruned."""
         ctx, modes = self.ctx, self.modes
-        optimistic = _optimistic_table(ctx, cfg, opt_cache)
-        opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False)
-        if opt_bound < self.target():  # the costlier bound only where the cheap one does not prune
-            opt_bound = _table_bound(ctx, optimistic, modes, exact_windows=False, memory=True)
-        if opt_bound >= self.target():
+        self.visited += 1
+        opt_bound = self.opt_bound(cfg, opt_cache, self.target(cfg))
+        if opt_bound >= self.target(cfg):
             self.close(opt_bound)
             return False
-        tables = [layer_table(ctx, c, self.tables) for c in _placements(self.problem, ctx, cfg, self.orders)]
+        placed = _placements(self.problem, ctx, cfg, self.orders)
+        if self.allow is not None:
+            placed = [c for c in placed if self.allow(c)]
+        tables = [layer_table(ctx, c, self.tables) for c in placed]
         ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
                         key=lambda x: x[:2])
         for tbound, _, table in ranked:
-            if tbound >= self.target():
+            if tbound >= self.target(table.cfg):
                 self.close(tbound)
                 break
             if table.cfg in self.solved:  # (looking for alternatives: its best plan is known)
                 continue
             with_memory = _table_bound(ctx, table, modes, memory=True)
-            if with_memory >= self.target():  # HBM forces enough recompute to lose: no CP-SAT needed
+            if with_memory >= self.target(table.cfg):  # HBM forces enough recompute to lose: no CP-SAT needed
                 self.close(with_memory)
                 continue
             # One hard configuration must not hold up the rest: cap each proof, keep its bound,
-            # resume it at the end with the time left (`retry`).
-            self.attempt(table, with_memory, self.cap_s)
+            # resume it at the end with the work left (`retry`).
+            self.attempt(table, with_memory, self.cap_s if cap_s is None else cap_s)
         return True
 
-    def alternatives(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict) -> None:
-        """Fill the `keep - 1` runners-up: the search again, with the worst plan kept as the
-        bar, in at most as many CP-SAT solves again as the proof took (a count, not a clock,
-        so that the runners-up are reproducible) and within the time limit."""
-        self.proving = False
-        budget = self.solves + max(8, self.solves)
-        # Visit in order of the placement-free bound (tighter than numpy's, so the closest
-        # runners-up come first), over the configurations numpy does not rule out.
-        ranked = []
-        for i in order[:RUNNER_UP_CONFIGS]:
-            if t_lb[i] >= self.target():
+    # ---- phases ------------------------------------------------------------------------------
+
+    def run(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict) -> int:
+        """The proof: candidates in order of their numpy bound until the next bound cannot beat the
+        target or the budget is spent. Returns how many the numpy bound pruned."""
+        pruned = 0
+        total = len(order)
+        for pos, i in enumerate(order):
+            if t_lb[i] >= self.target():  # candidates come in order of their numpy bound
+                pruned += len(order) - pos
+                self.close(float(t_lb[i]))
                 break
-            optimistic = _optimistic_table(self.ctx, cands[i], opt_cache)
-            ranked.append((_table_bound(self.ctx, optimistic, self.modes, exact_windows=False, memory=True), i))
-        for bound, i in sorted(ranked):
-            if bound >= self.target() or self.left() <= 0 or self.solves >= budget:
+            if self.budget.exhausted():
+                self.timed_out = True
+                self.close(float(t_lb[i]))
                 break
-            self.visit(cands[i], opt_cache)
+            if self.allow is not None and not self.allow(cands[i]):
+                continue
+            pruned += not self.visit(cands[i], opt_cache)
+            if self.visited % 8 == 0:
+                self.report("search", total, float(t_lb[i]))
+        self.report("search", total)
+        return pruned
 
     def retry(self) -> None:
-        """With the time left, resume the proofs a cap stopped, the weakest bound first."""
+        """With the work left, resume the proofs a cap stopped, the weakest bound first."""
         pending, self.open = sorted(self.open, key=lambda x: x[:2]), []
         for k, (bnd, _, table) in enumerate(pending):
             if bnd >= self.target():
                 self.close(bnd)
-            elif self.left() < 0.1:
+            elif self.budget.exhausted():
                 self.open += pending[k:]
                 return
             else:
-                self.attempt(table, bnd, self.left())
+                self.attempt(table, bnd, self.budget.work_left())
+
+    def alternatives(self, top_k: int, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
+                     proof_work: float, proof_visits: int) -> bool:
+        """The best plan of each of the `top_k` best families other than the chosen plan's: the
+        same search again with each family's own target, within ALT_SHARE of the proof's work
+        (CP-SAT deterministic time and configurations visited: counts, not a clock). The warm
+        start's greedy plans seed every family it tried. True if it completed within that share."""
+        self.proving, self.top_k = False, top_k
+        work_cap = self.budget.work + max(ALT_MIN_WORK, ALT_SHARE * proof_work)
+        visit_cap = self.visited + max(16, int(ALT_SHARE * proof_visits))
+        mine = family_key(self.best.plan)
+        total = min(len(order), RUNNER_UP_CONFIGS)
+        for i in order[:RUNNER_UP_CONFIGS]:  # in order of the numpy bound, as the proof
+            if t_lb[i] >= self.target():
+                break
+            if family_key(cands[i]) == mine or t_lb[i] >= self.target(cands[i]):
+                continue
+            if self.budget.work >= work_cap or self.visited >= visit_cap or self.budget.exhausted():
+                return False
+            self.visit(cands[i], opt_cache, cap_s=min(ALT_CAP, work_cap - self.budget.work))
+            if self.visited % 8 == 0:
+                self.report("alternatives", total)
+        return True
+
+    def tiebreak(self) -> None:
+        """Among plans as fast as the chosen one in its configuration: fewest recomputed layers,
+        then layers as early as possible (deterministic, a small fixed work cap)."""
+        best = self.best
+        if best is None or best.table is None:
+            return
+        sm = StageModel(self.ctx, best.table, self.modes, self.uniform, best.objective_units)
+        work = min(TIEBREAK_WORK, max(0.0, self.budget.work_left()) + TIEBREAK_WORK / 2)
+        status, obj, _ = sm.solve(work / 2, wall_s=max(0.05, self.budget.wall_left()), first_solution=True)
+        self.budget.spend(sm.work_s, sm.wall_fired)
+        if obj is None:
+            return
+        sm.tiebreak(obj)
+        status, obj2, _ = sm.solve(work / 2, wall_s=max(0.05, self.budget.wall_left()))
+        self.budget.spend(sm.work_s, sm.wall_fired)
+        if obj2 is None:
+            return
+        stage_layers, recompute = sm.read_plan(sm.read_counts())
+        rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
+        est = _evaluate(self.problem, best.table.cfg.plan(rc, stage_layers))
+        if est.fits and est.step_time_s <= best.step_s + best.tolerance_s:
+            f = _Found(min(est.step_time_s, best.step_s), best.order, est.plan, best.objective_s, best.tolerance_s,
+                       best.table, best.objective_units)
+            self.found[family_key(est.plan)] = f
+            self.best = f
 
 
-def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
-          gap_limit: float = DEFAULT_GAP_LIMIT) -> Solution:
+def fingerprint(problem: Problem, settings: dict[str, Any]) -> str:
+    """sha256 of what determines a solve's answer: the problem, the autoshard and OR-Tools
+    versions, and the budget settings (not the wall-clock limit, only a safety net)."""
+    from .. import __version__  # noqa: PLC0415
+
+    try:
+        from ortools import __version__ as ortools_version  # noqa: PLC0415
+    except ImportError:  # pragma: no cover
+        ortools_version = "?"
+    doc = {"problem": problem.model_dump(mode="json"), "autoshard": __version__, "ortools": ortools_version,
+           "settings": settings}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
+          gap_limit: float = DEFAULT_GAP_LIMIT, work_limit: float | None = None,
+          alternatives: Sequence[str] = (), progress: ProgressFn | None = None) -> Solution:
     """The fastest plan that fits, with proof.
 
     `solver.status == 'OPTIMAL'` means no plan in the declared space is faster than the one
     returned by more than `gap_limit` (relative; default 0.1%, far below the cost model's
     own accuracy; `gap_limit=0` proves exact optimality). `solver.gap` is the proven gap.
-    'FEASIBLE' means the time limit stopped the proof; the gap is still proven.
+    'FEASIBLE' means the budget stopped the proof; the gap is still proven.
+
+    The budget is `work_limit` units of CP-SAT deterministic time (default
+    DEFAULT_WORK_LIMIT; about a second of one core each) and counted configurations, so the
+    answer does not depend on the machine or its load; `time_limit_s` of wall-clock time is a
+    safety net (`solver.stopped_by` says when it fired).
+
+    `top_k`: the best plan of each of the `top_k` best families (degrees tp, cp, ep, etp, pp and
+    the schedule kind) other than the chosen plan's, from the same search. `alternatives`:
+    named alternatives (`no-cp`, `tp-in-node`, `1f1b`, `even-stages`, `no-recompute`, `no-pp`,
+    `no-ep`, or a fixed degree such as `tp8`), each the best plan under that restriction.
+    `progress`: called with a dict (phase, visited, total, incumbent_s, bound_s, gap, work_s).
 
     Raises `InfeasibleError` with the binding constraint and the smallest fixes when no
     plan in the declared space fits.
@@ -199,6 +390,9 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
     t0 = time.perf_counter()
     problem = load_problem(problem)
     ctx = context(problem)
+    requests = [named(n, ctx) for n in dict.fromkeys(alternatives)]  # bad names fail before any work
+    work_limit = DEFAULT_WORK_LIMIT if work_limit is None else work_limit
+    budget = _Budget(work_limit, t0 + time_limit_s)
     cands = candidates(problem, ctx)
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
@@ -208,49 +402,93 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 30.0, top_k: int = 3,
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
     modes = [r for r in RECOMPUTES if r in problem.search.allowed("recompute", list(RECOMPUTES))]
-    search = _Search(problem, ctx, modes, max(1, top_k + 1), gap_limit, time_limit_s, t0)
-    pruned_bound = 0
+    search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
 
     # Warm start: greedy recompute mixes and stage splits on the most promising configurations
-    # (no CP-SAT); a strong incumbent early makes every cutoff and bound bite.
+    # (no CP-SAT, a counted number of configurations); a strong incumbent early makes every
+    # cutoff and bound bite. Its wall-clock deadline is only a safety net.
+    search.report("warm start", len(order))
+    warm_deadline = t0 + time_limit_s / 2
     warm = _warm_start(problem, ctx, [cands[i] for i in order[:WARM_START_CONFIGS]], modes,
-                       deadline=t0 + time_limit_s / 2, opt_cache=opt_cache, table_cache=search.tables)
+                       deadline=warm_deadline, opt_cache=opt_cache, table_cache=search.tables,
+                       sink=(lambda e: search.add(e.plan, e.step_time_s, e.step_time_s, 0.0)) if top_k else None)
+    if time.perf_counter() > warm_deadline:
+        budget.wall_fired = True
     if warm is not None:
         search.add(warm.plan, warm.step_time_s, warm.step_time_s, 0.0)
 
-    for pos, i in enumerate(order):
-        if t_lb[i] >= search.target():  # candidates come in order of their numpy bound
-            pruned_bound += len(order) - pos
-            search.close(float(t_lb[i]))
-            break
-        if search.left() <= 0:
-            search.timed_out = True
-            search.close(float(t_lb[i]))
-            break
-        pruned_bound += not search.visit(cands[i], opt_cache)
+    pruned_bound = search.run(order, cands, t_lb, opt_cache)
     search.retry()
+    stopped = bool(search.open) or search.timed_out
+    search.tiebreak()
     bound_s = search.bound()
-    if top_k > 0 and search.found:
-        search.alternatives(order, cands, t_lb, opt_cache)
-    found = search.found
-    elapsed = time.perf_counter() - t0
-    if not found:
+    proof_work, proof_visits = budget.work, search.visited
+    alternatives_complete = True
+    if top_k > 0 and search.best is not None:
+        alternatives_complete = search.alternatives(top_k, order, cands, t_lb, opt_cache, proof_work, proof_visits)
+    best = search.best
+    if best is None:
         if search.timed_out:
-            raise InfeasibleError(f"no plan found within the {time_limit_s:g} s time limit",
-                                  ["raise --time-limit", "restrict the search space with `search:`"])
+            raise InfeasibleError("no plan found within the solver's budget "
+                                  f"({work_limit:g} units of work, {time_limit_s:g} s wall-clock limit)",
+                                  ["raise --work-limit or --time-limit", "restrict the search space with `search:`"])
         raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb))
-    best = found[0]
     est = _evaluate(problem, best.plan)
     bound = min(best.step_s, bound_s)
     gap = max(0.0, (best.step_s - bound) / best.step_s)
     # Every configuration not solved to optimality contributed a proven bound (numpy, table,
     # memory, CP-SAT bound or cutoff), so the gap is proven even when limits fired.
     optimal = gap <= gap_limit + 1e-12
+    mine = family_key(best.plan)
+    others = sorted((f for k, f in search.found.items() if k != mine), key=lambda f: (f.step_s, f.order))
+    others = [f for f in others if f.step_s <= best.step_s * (1 + RUNNER_UP_SLOWER)][:top_k]
+    alts = [_alternative(problem, best, f, family_name(family_key(f.plan))) for f in others]
+    for req in requests:
+        alts.append(_named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
+                                       max(1.0, NAMED_SHARE * proof_work), budget.deadline))
+    stopped_by = ("wall-clock safety net" if budget.wall_fired else "work budget") if stopped and not optimal else (
+        "wall-clock safety net" if budget.wall_fired else "")
+    settings = {"work_limit": work_limit, "gap_limit": gap_limit, "top_k": top_k,
+                "alternatives": list(dict.fromkeys(alternatives))}
     stats = SolverStats(
-        status="OPTIMAL" if optimal else "FEASIBLE", solve_time_s=elapsed, objective_s=best.objective_s,
-        objective_bound_s=bound, gap=gap, gap_limit=gap_limit, candidates=len(cands),
+        status="OPTIMAL" if optimal else "FEASIBLE", solve_time_s=time.perf_counter() - t0,
+        objective_s=best.objective_s, objective_bound_s=bound, gap=gap, gap_limit=gap_limit, candidates=len(cands),
         pruned_by_memory=pruned_mem, pruned_by_bound=pruned_bound, cp_sat_solves=search.solves,
-        rounding_tolerance_s=best.tolerance_s)
-    alts = [Alternative(plan=f.plan, estimate=_evaluate(problem, f.plan), differs=describe_difference(best.plan, f.plan),
-                        slower_pct=100 * (f.step_s / best.step_s - 1)) for f in found[1:top_k + 1]]
-    return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=alts)
+        rounding_tolerance_s=best.tolerance_s, work_s=round(budget.work, 3), work_limit=work_limit,
+        stopped_by=stopped_by, alternatives_complete=alternatives_complete,
+        fingerprint=fingerprint(problem, settings))
+    return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=[a for a in alts if a is not None])
+
+
+def _alternative(problem: Problem, best: _Found, f: _Found, family: str) -> Alternative:
+    return Alternative(plan=f.plan, estimate=_evaluate(problem, f.plan), differs=describe_difference(best.plan, f.plan),
+                       slower_pct=100 * (f.step_s / best.step_s - 1), family=family)
+
+
+def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search, best: _Found, order: list[int],
+                       cands: list[Config], t_lb: np.ndarray, opt_cache: dict, work: float,
+                       deadline: float) -> Alternative | None:
+    """The best plan under a named restriction: the chosen plan when it already qualifies, else a
+    search of the admitted configurations with its own work budget. None if none fits."""
+    plan = best.plan
+    even = main.uniform or plan.stage_layers is None or max(plan.stage_layers) - min(plan.stage_layers) <= 1
+    used = {plan.recompute} if isinstance(plan.recompute, str) else set(plan.recompute)
+    qualifies = (req.allow(Config.of(plan, plan.dp or 1)) and (even or not req.uniform)
+                 and (req.modes is None or used <= set(req.modes)))
+    if qualifies:
+        return Alternative(plan=best.plan, estimate=_evaluate(problem, best.plan),
+                           differs=f"the chosen plan already has {req.description}", slower_pct=0.0,
+                           family=req.name)
+    modes = [m for m in main.modes if req.modes is None or m in req.modes]
+    sub = _Search(problem, ctx, modes, main.gap_limit, _Budget(work, deadline), main.uniform or req.uniform,
+                  allow=req.allow)
+    sub.tables, sub.orders = main.tables, main.orders
+    sub.run(order, cands, t_lb, opt_cache)
+    sub.retry()
+    sub.tiebreak()
+    if sub.best is None:
+        return None
+    f = sub.best
+    return Alternative(plan=f.plan, estimate=_evaluate(problem, f.plan),
+                       differs=f"{req.description}: {describe_difference(best.plan, f.plan)}",
+                       slower_pct=100 * (f.step_s / best.step_s - 1), family=req.name)

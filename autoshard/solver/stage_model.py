@@ -281,20 +281,40 @@ class StageModel:
     def _all_vars(self) -> list[Any]:
         return [self.n[c][k][r] for c in range(self.V) for k in self.kinds for r in self.modes]
 
-    def solve(self, work_s: float, wall_s: float | None = None) -> tuple[str, int | None, int | None]:
+    def tighten(self, cutoff_units: int) -> None:
+        """Require a step time of at most `cutoff_units` from now on (cutoffs only descend), with
+        the last solution as the hint."""
+        md = self.model
+        md.add(self.step <= cutoff_units * self.scale)
+        self.cutoff = cutoff_units
+        if getattr(self, "solver", None) is not None:
+            md.clear_hints()
+            for var in self._all_vars():
+                md.add_hint(var, self.solver.value(var))
+
+    def solve(self, work_s: float, wall_s: float | None = None,
+              first_solution: bool = False) -> tuple[str, int | None, int | None]:
         """Solve within `work_s` of CP-SAT's deterministic time (about a second of work each:
         the same answer on any machine) and, as a safety net, `wall_s` of wall-clock time
-        (default 4 x work_s + 1). Returns (status, objective, bound) in model units."""
+        (default 4 x work_s + 1). `first_solution`: stop at the first solution under the
+        cutoff (the search then lowers the cutoff and asks again). Returns (status, objective,
+        bound) in model units; `self.work_s` is the deterministic time spent and
+        `self.wall_fired` whether the wall-clock limit (not the work limit) stopped it."""
         cp_model = self.cp_model
         solver = cp_model.CpSolver()
         prm = solver.parameters
         prm.num_workers = 1
         prm.random_seed = 7
         prm.catch_sigint_signal = False  # Ctrl-C interrupts autoshard, not just one CP-SAT search
-        prm.max_deterministic_time = max(0.05, work_s)
+        prm.max_deterministic_time = max(0.01, work_s)
         prm.max_time_in_seconds = max(0.05, 4 * work_s + 1 if wall_s is None else wall_s)
+        prm.stop_after_first_solution = first_solution
         status = solver.solve(self.model)
         self.solver = solver
+        self.work_s = float(solver.response_proto.deterministic_time)
+        self.wall_fired = (status in (cp_model.UNKNOWN, cp_model.FEASIBLE) and not first_solution
+                           and self.work_s < 0.95 * prm.max_deterministic_time) or (
+            status == cp_model.UNKNOWN and self.work_s < 0.95 * prm.max_deterministic_time)
         if status == cp_model.OPTIMAL:
             return "OPTIMAL", int(round(solver.objective_value)), int(round(solver.best_objective_bound))
         if status == cp_model.FEASIBLE:

@@ -4,6 +4,7 @@ most promising configurations (`_warm_start`, `_Greedy`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..cost import BF16, Config, Context, Estimate, Table, inflight_microbatches, layer_table, static_bytes, working_bytes
@@ -15,10 +16,11 @@ WARM_START_CONFIGS = 3000
 
 
 WARM_SPLIT_CONFIGS = 24
+WARM_MIN_CONFIGS = 64  # configurations tried even past the wall-clock deadline when no plan fits yet
 
 
 def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[str], deadline: float,
-                opt_cache: dict, table_cache: dict) -> Estimate | None:
+                opt_cache: dict, table_cache: dict, sink: Callable[[Estimate], None] | None = None) -> Estimate | None:
     """A real, evaluated plan to start branch and bound (no CP-SAT). Its effort is a count of
     configurations (so the same problem gets the same start on any machine); `deadline` is
     only a safety net.
@@ -26,7 +28,8 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
     Pass 1, over `cfgs`, canonical placement: even stage splits, each rank's recompute mix
     chosen greedily to fit its HBM. Pass 2, on the `WARM_SPLIT_CONFIGS` configurations with
     the lowest placement-free bound (memory-aware): the two placements with the lowest table
-    bounds, and the stage split too (`_Greedy.split`: the least max stage time, memory-aware)."""
+    bounds, and the stage split too (`_Greedy.split`: the least max stage time, memory-aware).
+    `sink` receives every plan that fits (the search keeps the best of each family)."""
     from ..cost import assemble, even_split  # noqa: PLC0415
 
     best: Estimate | None = None
@@ -42,12 +45,14 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
             return
         rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
         est = assemble(ctx, table, split, recompute, table.cfg.plan(rc, split), [])
+        if est.fits and sink is not None:
+            sink(est)
         if est.fits and (best is None or est.step_time_s < best.step_time_s):
             best = est
 
     for j, cfg in enumerate(cfgs):
-        if time.perf_counter() > deadline:
-            break
+        if time.perf_counter() > deadline and (best is not None or j >= WARM_MIN_CONFIGS):
+            break  # (the safety net does not fire before a first plan, or WARM_MIN_CONFIGS tries)
         optimistic = _optimistic_table(ctx, cfg, opt_cache)
         if beaten(_table_bound(ctx, optimistic, modes, exact_windows=False)):
             continue
