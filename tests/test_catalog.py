@@ -95,11 +95,18 @@ def test_grace_superchips_reach_host_memory_over_c2c():
     assert get_gpu("h100").host_memory_gb is None
 
 
+def test_meta_grand_teton_h100_is_its_own_part():
+    # torchtitan's runs: H100 with 96 GB HBM2e at 2.4 TB/s, 500 W power limit, 400 Gb/s RDMA per GPU.
+    g = get_gpu("h100-hbm2e-96gb")
+    assert (g.hbm_gb, g.hbm_tb_per_s, g.tdp_w) == (96, 2.4, 500)
+    assert get_topology(g.default_topology).levels[-1].bandwidth_gb_per_s == 400 / 8
+
+
 @pytest.mark.parametrize("name, gid", [
     ("DGX-H100", "h100-sxm"), ("H100-SXM5-80GB", "h100-sxm"), ("DGX-B200", "b200"), ("B200", "b200"),
     ("DGX-GB200", "gb200"), ("GB200", "gb200"), ("DGX-GB300", "gb300"), ("GB300", "gb300"),
     ("DGX-B300", "b300"), ("MI300", "mi300x"), ("MI300X", "mi300x"), ("MI325X", "mi325x"), ("MI355", "mi355x"),
-    ("GH200", "gh200"), ("B100", "b100")])
+    ("GH200", "gh200"), ("B100", "b100"), ("H100 (96GB HBM2e, 500W power limit)", "h100-hbm2e-96gb")])
 def test_validation_row_names_resolve(name, gid):
     # The `gpu` names of shared/validation/modern_runs_dev.json that name one GPU unambiguously.
     assert get_gpu(name).id == gid
