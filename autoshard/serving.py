@@ -30,6 +30,7 @@ from .spec import ModelSpec
 
 GIB = 2**30
 BYTES_PER_WEIGHT = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8-delayed": 1.0, "fp8-current": 1.0,
+                    "fp8-rowwise": 1.0,
                     "fp8-blockwise": 1.0 + 4 / 16384, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 DEFAULT_MEMORY_UTILIZATION = 0.9  # vLLM EngineArgs.gpu_memory_utilization default

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 # Training precisions as run (autoshard/data/precisions.yaml): 16-bit, FP8 recipes (`fp8` is the
 # frameworks' default recipe, delayed scaling), MXFP8 and NVFP4. Which GPU runs which: gpus.yaml.
-Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4"]
+Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-rowwise", "fp8-blockwise", "mxfp8",
+                    "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
 Framework = Literal["megatron", "torchtitan", "deepspeed", "maxtext"]
 Recompute = Literal["none", "selective", "full"]
