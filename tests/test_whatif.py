@@ -311,8 +311,9 @@ def test_report_without_failures(tmp_path):
     assert rows and all(r["goodput"] == 1.0 for r in rows if r["feasible"])
     md = (tmp_path / "report.md").read_text()
     goodput_table = md[md.index("### Goodput"):]
-    row = goodput_table.splitlines()[4]
-    assert row.startswith("| h100-sxm x8 | - |") and row.endswith("| 100.0% |")
+    row = next(ln for ln in goodput_table.splitlines() if ln.startswith("| h100-sxm x8 |"))
+    mfu = rows[0]["mfu"]  # efficiency = MFU x goodput (seed 002), goodput 100% here
+    assert row.startswith("| h100-sxm x8 | - |") and row.endswith(f"| 100.0% | {100 * mfu:.1f}% |"), row
 
 
 # ---- faults (issue 15): sweep ranges, token budgets, SIGTERM, full disk, --jobs, no progress -----------
@@ -644,3 +645,120 @@ def test_report_html_tables_fit_a_window(tmp_path):
     for cell in re.findall(r"<td>(.*?)</td>", html):
         assert len(re.sub("<[^>]+>", "", cell)) <= 16 + 11  # escaped / tagged, still short
     assert "`*` marks the recommended option" in (tmp_path / "report.md").read_text()
+
+
+# ---- spot capacity, goodput as the seeds define it, GB200 rack power (issue 16) ------------------------
+
+
+def test_spot_price_reproduces_the_seeds_worked_example():
+    """Seed 003: Llama 3 8B on 8 A100 (p4d.24xlarge, $32.77/h) for ~8 days = $6,291; spot instances
+    save 70% -> $1,887 (the seed's range: 60-90%)."""
+    from autoshard.whatif import Option, price_option
+
+    st = load_study({**SMALL, "options": [{"gpu": "a100-sxm-40gb", "num_gpus": 8}],
+                     "pricing": {"mode": ["cloud", "spot"], "usd_per_gpu_hour": {"a100-sxm-40gb": 32.77 / 8}}})
+    wall_s = 8 * 86400
+    cloud = price_option(st, Option("a100-sxm-40gb", 8, "dgx-a100-superpod", "cloud"), wall_s)
+    spot = price_option(st, Option("a100-sxm-40gb", 8, "dgx-a100-superpod", "spot"), wall_s)
+    assert cloud["cost_usd"] == pytest.approx(32.77 * 24 * 8)  # $6,291.84
+    assert round(cloud["cost_usd"]) == 6292 and round(spot["cost_usd"]) == 1888  # the seed rounds to $6,291 / $1,887
+    assert spot["cost_usd"] == pytest.approx(0.3 * cloud["cost_usd"]) and spot["spot_discount"] == 0.7
+    for discount in (0.6, 0.9):
+        st2 = load_study({**SMALL, "pricing": {"mode": "spot", "spot_discount": discount}})
+        opt = Option("h100-sxm", 8, "dgx-h100-superpod", "spot")
+        assert price_option(st2, opt, 3600.0)["usd_per_gpu_hour"] == pytest.approx(2.5 * (1 - discount))
+
+
+def test_spot_goodput_falls_and_cost_falls(tmp_path):
+    """Spot: preemptions (3.42e-5 per GPU-hour, AWS's top interruption bucket on 8-GPU instances)
+    add to the failure rate (1.97e-5, Llama 3), so goodput falls and the run takes longer, but the
+    70% discount still makes it cheaper: the saving is 1 - 0.3 x (time on spot / time on demand)."""
+    study = {**SMALL, "pricing": {"mode": ["cloud", "spot"], "usd_per_gpu_hour": {"h100": 2.5}},
+             "sensitivity": "off", "constraints": {}}
+    res = run_study(study, tmp_path, report=False)
+    by = {(r["gpu"], r["num_gpus"], r["mode"]): r for r in res.rows}
+    for (gpu, n, mode), spot in by.items():
+        if mode != "spot":
+            continue
+        cloud = by[(gpu, n, "cloud")]
+        assert spot["mtbf_h"] == pytest.approx(1 / ((1.9733e-5 + 3.42e-5) * n))
+        assert cloud["mtbf_h"] == pytest.approx(1 / (1.9733e-5 * n))
+        assert spot["goodput"] < cloud["goodput"] and spot["time_to_train_days"] > cloud["time_to_train_days"]
+        saving = 1 - spot["cost_usd"] / cloud["cost_usd"]
+        assert saving == pytest.approx(1 - 0.3 * spot["time_to_train_days"] / cloud["time_to_train_days"])
+        assert 0.6 < saving < 0.7
+    assert "spot preemptions: 3.42e-05/GPU-h" in " ".join(res.document["assumptions"])
+
+
+def test_goodput_counts_every_loss_as_the_seeds_define_it(tmp_path):
+    """Seed 002: goodput = useful tokens per second after every loss; over the cluster's theoretical
+    maximum it is an efficiency (its example: 10,000 of 12,000 tokens/s = 83.3%). Here: MFU (the
+    step's own losses) x training-time ratio (failures, checkpoints) x (1 - other losses)."""
+    from autoshard.catalog import get_gpu
+    from autoshard.cost import model_flops_per_step
+    from autoshard.loader import load_problem
+
+    study = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": 16}], "pricing": {"mode": "cloud"},
+             "sensitivity": "off"}
+    base = run_study(study, tmp_path / "a", report=False).rows[0]
+    lossy = run_study({**study, "reliability": {"other_loss_fraction": 0.25}}, tmp_path / "b", report=False).rows[0]
+    wl = SMALL["workloads"][0]
+    problem = load_problem({"model": wl["model"], "training": wl["training"],
+                            "cluster": {"gpu": "h100-sxm", "num_gpus": 16}})
+    flops_per_token = model_flops_per_step(problem) / (64 * 4096)
+    peak = 16 * get_gpu("h100-sxm").peak_flops("bf16") / flops_per_token  # tokens/s with every GPU at peak
+    assert base["peak_tokens_per_s"] == pytest.approx(peak, rel=1e-9)
+    assert base["goodput_efficiency"] == pytest.approx(base["mfu"] * base["training_time_ratio"], rel=1e-12)
+    # useful tokens per wall-clock second: the token budget over the time to train (steps round up)
+    steps_tokens = base["steps"] * 64 * 4096
+    assert base["goodput_tokens_per_s"] == pytest.approx(steps_tokens / (base["time_to_train_days"] * 86400), rel=1e-9)
+    assert base["goodput_tokens_per_s"] / base["peak_tokens_per_s"] == pytest.approx(base["goodput_efficiency"])
+    assert lossy["goodput"] == pytest.approx(0.75 * base["goodput"])
+    assert lossy["time_to_train_days"] == pytest.approx(base["time_to_train_days"] / 0.75)
+    assert lossy["goodput_efficiency"] == pytest.approx(0.75 * base["goodput_efficiency"])
+
+
+def test_gb200_rack_power_under_both_figures():
+    """The catalog's GB200 share (1,200 W + 10% node overhead = 95 kW per 72-GPU rack) against the
+    seeds' 120-132 kW per rack (seed 002; the top, 1,833 W per GPU): GB200 x 2,304 at PUE 1.3 draws
+    3.95 MW by the first and 5.49 MW by the second, over the bundled study's 5 MW cap."""
+    from autoshard.whatif import Option, price_option
+
+    st = load_study("problems/studies/llama3-70b-hardware.yaml")
+    assert st.spec.pricing.power_figure == "seeds"
+    gb = Option("gb200", 2304, "gb200-nvl72", "cloud")
+    seeds = price_option(st, gb, 3600.0)["power_mw"]
+    catalog = price_option(st, gb, 3600.0, power_figure="catalog")["power_mw"]
+    assert catalog == pytest.approx(2304 * 1200 * 1.10 * 1.3 / 1e6) and 72 * 1200 * 1.10 / 1e3 == pytest.approx(95.04)
+    assert seeds == pytest.approx(2304 * 132_000 / 72 * 1.3 / 1e6, rel=1e-4) and seeds > 5.0 > catalog
+    b200 = Option("b200", 2048, "dgx-b200", "cloud")  # no other figure for B200: the same under both
+    assert price_option(st, b200, 3600.0)["power_mw"] == price_option(st, b200, 3600.0, power_figure="catalog")[
+        "power_mw"] < 5.0
+    with pytest.raises(InputError, match="pricing.power_figure: unknown power figure 'vendor'"):
+        load_study({**SMALL, "pricing": {"power_figure": "vendor"}})
+
+
+def test_recommendation_under_both_power_figures(tmp_path, capsys):
+    """A cap between GB200's two power figures flips the answer: under the catalog figure GB200 x144
+    is allowed, under the seeds' rack figure it breaks the cap and B200 x128 is chosen; the results,
+    the summary and the report give both answers."""
+    study = {"name": "power", "workloads": [{"model": "llama3-8b", "tokens": 2e10,
+                                             "training": {"seq_len": 4096, "global_batch_size": 1152},
+                                             "search": {"tp": 1, "pp": 1, "cp": 1}}],
+             "options": [{"gpu": "gb200", "num_gpus": 144, "topology": "gb200-nvl72"},
+                         {"gpu": "b200", "num_gpus": 128}],
+             "pricing": {"mode": "cloud", "power_figure": "seeds"}, "sensitivity": "off",
+             "constraints": {"power_cap_mw": 0.3}}
+    res = run_study(study, tmp_path, report=True)
+    rows = {r["gpu"]: r for r in res.rows}
+    assert rows["gb200"]["power_mw"] == pytest.approx(144 * 1833.3 * 1.3 / 1e6)  # 0.343 MW > 0.3
+    assert rows["gb200"]["power_mw_by_figure"]["catalog"] == pytest.approx(144 * 1320 * 1.3 / 1e6)  # 0.247 MW
+    rec = res.recommended
+    assert rec["power_figure"] == "seeds" and rec["option"] == "b200/128/dgx-b200/cloud"
+    alt = rec["under_other_power_figures"]["catalog"]
+    assert rows["gb200"]["time_to_train_days"] < rows["b200"]["time_to_train_days"]  # why the catalog picks GB200
+    assert alt["option"] == "gb200/144/gb200-nvl72/cloud"
+    text = res.summary_text()
+    assert "with the power figure 'catalog' instead of 'seeds': gb200/144/gb200-nvl72/cloud" in text
+    md = (tmp_path / "report.md").read_text()
+    assert "Power figure: this study uses `seeds`; under `catalog` the answer is **gb200/144/gb200-nvl72/cloud**" in md

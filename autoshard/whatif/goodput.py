@@ -37,7 +37,8 @@ class Goodput:
     checkpoint_s: float  # write time per checkpoint
     interval_s: float  # work between checkpoints
     restart_s: float  # per failure, incl. reading the checkpoint back
-    failures_per_gpu_hour: float
+    failures_per_gpu_hour: float  # hardware failures (0 when reliability is disabled)
+    preemptions_per_gpu_hour: float = 0.0  # spot capacity reclaimed (spot options only)
 
 
 def _rel(spec: ReliabilitySpec, key: str) -> float:
@@ -55,8 +56,13 @@ def failure_rate(spec: ReliabilitySpec, gpu: str) -> float:
     return float(reliability_defaults()["failures_per_gpu_hour"] if v is None else v)
 
 
-def goodput(num_gpus: int, params: float, spec: ReliabilitySpec | None = None, gpu: str = "h100-sxm") -> Goodput:
-    """Effective training-time ratio of a cluster of `num_gpus` training a `params`-parameter model."""
+def goodput(num_gpus: int, params: float, spec: ReliabilitySpec | None = None, gpu: str = "h100-sxm", *,
+            spot: bool = False) -> Goodput:
+    """Effective training-time ratio of a cluster of `num_gpus` training a `params`-parameter model.
+
+    Interruptions are hardware failures (unless reliability is disabled) plus, on spot capacity,
+    preemptions (`spot_preemptions_per_gpu_hour`, counted even when reliability is disabled); each
+    costs a restart and on average half a checkpoint interval of work."""
     spec = spec or ReliabilitySpec()
     size = params * _rel(spec, "checkpoint_bytes_per_param")
     bw = max(_rel(spec, "storage_min_gb_per_s"), num_gpus * _rel(spec, "storage_gb_per_s_per_gpu"))
@@ -65,10 +71,12 @@ def goodput(num_gpus: int, params: float, spec: ReliabilitySpec | None = None, g
     io_s = size / (bw * 1e9)
     delta = _rel(spec, "checkpoint_overhead_s") + io_s
     restart = _rel(spec, "restart_s") + io_s
-    lam = failure_rate(spec, gpu)
-    if not spec.enabled or lam <= 0:
-        return Goodput(1.0, math.inf, size, delta, math.inf, restart, lam)
+    fail = failure_rate(spec, gpu) if spec.enabled else 0.0
+    pre = _rel(spec, "spot_preemptions_per_gpu_hour") if spot else 0.0
+    lam = fail + pre
+    if lam <= 0:
+        return Goodput(1.0, math.inf, size, delta, math.inf, restart, fail, pre)
     mtbf = 3600.0 / (lam * num_gpus)
     tau = spec.checkpoint_interval_s or young_daly_interval_s(mtbf, delta)
     ratio = (1.0 - (restart + (tau + delta) / 2.0) / mtbf) / (1.0 + delta / tau)
-    return Goodput(max(0.0, ratio), mtbf, size, delta, tau, restart, lam)
+    return Goodput(max(0.0, ratio), mtbf, size, delta, tau, restart, fail, pre)

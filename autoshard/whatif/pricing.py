@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from ..catalog import get_gpu, get_topology, gpu_ids
 from ..spec import TopologyLevel
 from .goodput import _rel, failure_rate, reliability_defaults
-from .schema import Option, PricingSpec, Study, StudySpec
+from .schema import SPOT_DISCOUNT, Option, PricingSpec, Study, StudySpec
 
 NODE_OVERHEAD_FRACTION = 0.30  # assumption: CPUs, NICs, switches, fans as a share of GPU TDP. A DGX H100
 # draws 10.2 kW at most (datasheet) for 8 x 700 W GPUs (+82% at peak); average draw is well below peak.
@@ -41,6 +41,25 @@ def node_overhead_w(pricing: PricingSpec, gpu: str) -> float:
     return get_gpu(gpu).tdp_w * NODE_OVERHEAD_FRACTION_GPU.get(gpu, NODE_OVERHEAD_FRACTION)
 
 
+def gpu_power_w(pricing: PricingSpec, gpu: str, figure: str | None = None) -> float:
+    """All-in IT power per GPU (before PUE) under a power figure (default: the study's
+    `pricing.power_figure`): `catalog` is tdp_w + node overhead; another name is that source's
+    `system_power_w` from the catalog, where the GPU has one (else the catalog figure)."""
+    figure = figure or pricing.power_figure
+    g = get_gpu(gpu)
+    if figure != "catalog" and figure in g.system_power_w:
+        return float(g.system_power_w[figure])
+    return g.tdp_w + node_overhead_w(pricing, gpu)
+
+
+def spot_discount(pricing: PricingSpec, gpu: str) -> float:
+    v = pricing.spot_discount
+    if isinstance(v, dict):
+        x = _gpu_value(v, gpu)
+        return SPOT_DISCOUNT if x is None else x
+    return float(v)
+
+
 def _topology_levels(study: Study, option: Option) -> list[TopologyLevel]:
     if option.topology in study.spec.networks:
         return list(study.spec.networks[option.topology].levels)
@@ -60,17 +79,23 @@ def port_price_usd(study: Study, option: Option) -> float:
     return USD_PER_PORT_PER_GB_S * levels[1].bandwidth_gb_per_s
 
 
-def price_option(study: Study, option: Option, wall_s: float) -> dict[str, float]:
-    """Cost (USD), capex, energy (MWh) and facility power (MW) of running `option` for `wall_s`."""
+def price_option(study: Study, option: Option, wall_s: float, *, power_figure: str | None = None) -> dict[str, float]:
+    """Cost (USD), capex, energy (MWh) and facility power (MW) of running `option` for `wall_s`.
+
+    cloud: the on-demand $/GPU-hour; spot: that rate less `spot_discount` (the time lost to
+    preemptions is in `wall_s`); own: amortized capex + electricity."""
     pr = study.spec.pricing
     gpu = get_gpu(option.gpu)
     hours = wall_s / 3600.0
-    per_gpu_w = gpu.tdp_w + node_overhead_w(pr, option.gpu)
+    per_gpu_w = gpu_power_w(pr, option.gpu, power_figure)
     power_w = option.num_gpus * per_gpu_w * pr.pue
     energy_kwh = power_w * hours / 1000.0
     out = {"power_mw": power_w / 1e6, "energy_mwh": energy_kwh / 1000.0}
-    if option.mode == "cloud":
+    if option.mode in ("cloud", "spot"):
         rate = _gpu_value(pr.usd_per_gpu_hour, option.gpu) or gpu.price.usd_per_gpu_hour
+        if option.mode == "spot":
+            out["spot_discount"] = spot_discount(pr, option.gpu)
+            rate *= 1.0 - out["spot_discount"]
         out.update(cost_usd=rate * option.num_gpus * hours, capex_usd=0.0, cloud_usd=rate * option.num_gpus * hours,
                    amortized_capex_usd=0.0, power_usd=0.0, usd_per_gpu_hour=rate)
     else:
@@ -96,8 +121,19 @@ def default_notes(spec: StudySpec, options: Sequence[Option]) -> list[str]:
                          f"({g.sources.get('price', 'no source')})")
         if "own" in modes and _gpu_value(pr.purchase_usd_per_gpu, gid) is None:
             notes.append(f"{gid}: purchase price ${g.price.purchase_usd:,.0f}/GPU from the catalog")
-        notes.append(f"{gid}: {g.tdp_w:g} W TDP ({g.sources.get('tdp_w', 'catalog')}) + "
-                     f"{node_overhead_w(pr, gid):g} W node overhead per GPU")
+        if pr.power_figure != "catalog" and pr.power_figure in g.system_power_w:
+            notes.append(f"{gid}: {g.system_power_w[pr.power_figure]:,.0f} W per GPU all-in (power figure "
+                         f"'{pr.power_figure}': {g.sources.get('system_power_w', 'catalog')}); the catalog figure "
+                         f"would be {g.tdp_w + node_overhead_w(pr, gid):,.0f} W")
+        else:
+            notes.append(f"{gid}: {g.tdp_w:g} W TDP ({g.sources.get('tdp_w', 'catalog')}) + "
+                         f"{node_overhead_w(pr, gid):g} W node overhead per GPU"
+                         + "".join(f"; the '{k}' figure would be {v:,.0f} W all-in" for k, v in g.system_power_w.items()))
+        if "spot" in modes:
+            notes.append(f"{gid}: spot price {100 * spot_discount(pr, gid):g}% below the cloud rate"
+                         + (" (seed 003: spot saves 60-90% vs on-demand; its worked example 70%)"
+                            if not isinstance(pr.spot_discount, dict) and pr.spot_discount == SPOT_DISCOUNT else
+                            " (study)"))
     if "own" in modes:
         notes.append(f"owned: ${pr.usd_per_kwh:g}/kWh, PUE {pr.pue:g}, {pr.amortization_years:g}-year amortization, "
                      f"${pr.usd_per_node:,.0f}/node; scale-out port "
@@ -119,5 +155,14 @@ def default_notes(spec: StudySpec, options: Sequence[Option]) -> list[str]:
                         f" ({d['storage_source'].strip()[:60]}...)"))
     else:
         notes.append("reliability disabled: no failure losses")
+    if "spot" in modes:
+        notes.append(f"spot preemptions: {_rel(rel, 'spot_preemptions_per_gpu_hour'):.3g}/GPU-h on top of failures, "
+                     "each costing a restart and half a checkpoint interval"
+                     + (" (AWS Spot Instance Advisor's top bucket, > 20% of instances reclaimed per month, on 8-GPU "
+                        "instances; assumption)" if rel.spot_preemptions_per_gpu_hour is None else " (study)"))
+    loss = _rel(rel, "other_loss_fraction")
+    if loss:
+        notes.append(f"other losses outside the cost model (input stalls, stragglers, congestion): {100 * loss:g}% "
+                     "of wall time (study)")
     notes.append("one purchase per decision: a mix of GPU types is not modelled")
     return notes

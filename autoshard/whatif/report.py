@@ -578,6 +578,11 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
         head = f"**{rec['option']}**" if rec.get("option") else "**none**"
         d.p(f"{rec['scope']}: {head} (objective: minimize {rec['objective']}; {rec['candidates']} options with a "
             f"feasible plan, {rec['meeting_constraints']} meet the constraints). Reason: {rec['reason']}.")
+        for f, alt in (rec.get("under_other_power_figures") or {}).items():
+            what = (f"**{alt['option']}** ({alt['time_to_train_days']:.1f} days, {money(alt['cost_usd'])}, "
+                    f"{alt['power_mw']:.2f} MW)" if alt.get("option") else "**none**")
+            d.p(f"Power figure: this study uses `{rec.get('power_figure', 'catalog')}`; under `{f}` the answer is "
+                f"{what}" + (" (the same)." if alt.get("option") == rec.get("option") else f": {alt['reason']}."))
     d.p("Decision made with OR-Tools CP-SAT over the options' solved plans (one boolean per option, exactly one "
         "chosen, budget / capex / power / deadline as linear constraints on values in cents, watts and seconds); "
         "one hardware purchase, not a mix of GPU types.")
@@ -633,12 +638,17 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
             images.append((name, png))
             d.img(name, f"{w['name']}: cost and energy breakdown", png)
             d.h(3, "Goodput")
-            hw = sorted(_hardware_rows(rows), key=lambda r: (r["num_gpus"], r["gpu"], r["topology"]))
+            d.p("Goodput: the share of wall time spent on useful training (failures, checkpoints, restarts, spot "
+                "preemptions, other losses). Efficiency (seed 002's definition): useful tokens per second over the "
+                "cluster's theoretical maximum at peak FLOP/s, i.e. MFU x goodput.")
+            gp_rows = sorted({(r["num_gpus"], r["gpu"], r["topology"], r["mode"] == "spot"): r for r in feas}.values(),
+                             key=lambda r: (r["num_gpus"], r["gpu"], r["topology"], r["mode"]))
+            spot = any(r["mode"] == "spot" for r in gp_rows)
             d.table(["hardware", "cluster MTBF h", "checkpoint GB", "write s", "interval (Young/Daly) s", "restart s",
-                     "goodput"],
-                    [[label(r, with_topo, with_mode=False), fixed(r["mtbf_h"], ".3g"), fixed(r["checkpoint_gb"], ",.0f"),
+                     "goodput", "efficiency"],
+                    [[label(r, with_topo, with_mode=spot), fixed(r["mtbf_h"], ".3g"), fixed(r["checkpoint_gb"], ",.0f"),
                       fixed(r["checkpoint_s"], ".3g"), fixed(r["checkpoint_interval_s"], ",.0f"), fixed(r["restart_s"], ".0f"),
-                      pct(r["goodput"])] for r in hw[:60]])
+                      pct(r["goodput"]), pct(r.get("goodput_efficiency"))] for r in gp_rows[:60]])
             group = dumps_json([w["model"], w["training"]])
             if group not in done_groups:
                 done_groups.add(group)

@@ -25,8 +25,9 @@ from typing import Any, TextIO
 from ..errors import AutoshardError, InfeasibleError, InputError
 from ..loader import atomic_write, dumps_json
 from ..render import json_safe
+from .report import money
 from ..spec import Problem
-from .goodput import goodput
+from .goodput import goodput, reliability_defaults
 from .pricing import price_option
 from .purchase import Candidate, explain_decision, optimize_purchase, pareto_front, violations
 from .schema import (
@@ -38,6 +39,7 @@ from .schema import (
     StudySpec,
     Workload,
     load_study,
+    power_figures,
 )
 from .sensitivity import sensitivities, solve_option
 
@@ -169,6 +171,11 @@ class StudyResult:
         for rec in self.recommendations:
             lines.append(f"{rec['scope']}: {rec['option'] or 'no recommendation'}")
             lines.append(f"  {rec['reason']}")
+            for f, alt in rec.get("under_other_power_figures", {}).items():
+                lines.append(f"  with the power figure '{f}' instead of '{rec['power_figure']}': "
+                             + (f"{alt['option']} ({alt['time_to_train_days']:.1f} days, {money(alt['cost_usd'])}, "
+                                f"{alt['power_mw']:.2f} MW)" if alt["option"] else "no recommendation")
+                             + (" (the same)" if alt["option"] == rec["option"] else ""))
         if warnings:
             lines += [f"warning: {w}" for w in self.document.get("warnings", [])]
         feas = sum(1 for r in self.rows if r.get("feasible"))
@@ -396,7 +403,10 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
                    suggestions=(res or {}).get("suggestions", []))
         return row
     row["status"] = "ok"
-    gp = goodput(o.num_gpus, total_params(w.model), study.spec.reliability, o.gpu)
+    rel = study.spec.reliability
+    gp = goodput(o.num_gpus, total_params(w.model), rel, o.gpu, spot=o.mode == "spot")
+    other_loss = float(reliability_defaults()["other_loss_fraction"] if rel.other_loss_fraction is None
+                       else rel.other_loss_fraction)
     steps = math.ceil(w.tokens / w.training.tokens_per_step)
     ideal_s = steps * res["step_time_s"]
     row.update({k: res[k] for k in ("plan", "plan_short", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
@@ -410,17 +420,30 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
                memory_utilization=sens.get("memory_utilization"))
     for k in ("internode_2x", "nvlink_2x", "hbm_plus", "fp8"):
         row[f"gain_{k}_pct"] = gains.get(k)
-    row.update(steps=steps, ideal_days=ideal_s / 86400, goodput=gp.ratio, mtbf_h=gp.mtbf_s / 3600,
+    # Goodput as the seeds define it (seed 002): useful tokens per second after every loss, and that
+    # over the cluster's theoretical maximum (every GPU at its peak FLOP/s) as an efficiency: the
+    # step's own losses (communication, bubbles, memory traffic: MFU) times the training-time ratio
+    # (failures, checkpoints, restarts, spot preemptions) times the losses outside the cost model.
+    ratio = gp.ratio * (1.0 - other_loss)
+    row.update(steps=steps, ideal_days=ideal_s / 86400, goodput=ratio, training_time_ratio=gp.ratio,
+               other_loss_fraction=other_loss, mtbf_h=gp.mtbf_s / 3600,
                checkpoint_gb=gp.checkpoint_bytes / 1e9, checkpoint_s=gp.checkpoint_s,
-               checkpoint_interval_s=gp.interval_s, restart_s=gp.restart_s)
+               checkpoint_interval_s=gp.interval_s, restart_s=gp.restart_s,
+               failures_per_gpu_hour=gp.failures_per_gpu_hour, preemptions_per_gpu_hour=gp.preemptions_per_gpu_hour,
+               goodput_tokens_per_s=res["tokens_per_s"] * ratio,
+               peak_tokens_per_s=res["tokens_per_s"] / res["mfu"] if res["mfu"] > 0 else None,
+               goodput_efficiency=res["mfu"] * ratio)
     if gp.ratio <= 0:
         row.update(feasible=False, status="no_progress",
                    reason=f"the cluster fails faster than it can checkpoint and restart: MTBF "
                           f"{_duration(gp.mtbf_s)} vs {_duration(gp.restart_s)} per restart + "
                           f"{_duration(gp.checkpoint_s)} per checkpoint, so no work survives (goodput 0)")
         return row
-    wall_s = ideal_s / gp.ratio
+    wall_s = ideal_s / ratio
     row.update(time_to_train_days=wall_s / 86400, **price_option(study, o, wall_s))
+    figures = power_figures([o])
+    if len(figures) > 1:  # the facility power under every figure the catalog has for this GPU
+        row["power_mw_by_figure"] = {f: price_option(study, o, wall_s, power_figure=f)["power_mw"] for f in figures}
     row["tokens_per_usd"] = w.tokens / row["cost_usd"] if row["cost_usd"] > 0 else None
     row["feasible"] = True
     return row
@@ -474,6 +497,12 @@ def _recommend(study: Study, rows: list[dict[str, Any]], scope: str, group: list
         "reason": explain_decision(cands, dec, cons) if cands else
         _why_no_candidates([r for r in rows if r["workload"] in {w.name for w in group}]),
     })
+
+
+def _recommendations(study: Study, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if study.spec.combine == "sum":
+        return [_recommend(study, rows, "all workloads on one cluster, one after another", list(study.workloads))]
+    return [_recommend(study, rows, f"workload {w.name}", [w]) for w in study.workloads]
 
 
 def _warnings(study: Study, rows: list[dict[str, Any]]) -> list[str]:
@@ -543,15 +572,22 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         for r in wr:
             r.setdefault("pareto", False)
         pareto[w.name] = [r["option"] for r in feas if r["pareto"]]
-    recs = []
     warnings = _warnings(study, rows)
-    if not recommend:
-        pass
-    elif study.spec.combine == "sum":
-        recs.append(_recommend(study, rows, "all workloads on one cluster, one after another", list(study.workloads)))
-    else:
-        for w in study.workloads:
-            recs.append(_recommend(study, rows, f"workload {w.name}", [w]))
+    recs = _recommendations(study, rows) if recommend else []
+    if recs:  # the same question under every other power figure the catalog has for these GPUs
+        figure = study.spec.pricing.power_figure
+        for f in power_figures(study.options):
+            if f == figure:
+                continue
+            alt = dataclasses.replace(study, spec=study.spec.model_copy(update={
+                "pricing": study.spec.pricing.model_copy(update={"power_figure": f})}))
+            alt_rows = [_row(alt, w, o, results.get(_task_key(w, o))) for w in study.workloads for o in study.options
+                        if results.get(_task_key(w, o)) is not None or complete]
+            for rec, other in zip(recs, _recommendations(alt, alt_rows)):
+                rec.setdefault("under_other_power_figures", {})[f] = {
+                    k: other[k] for k in ("option", "time_to_train_days", "cost_usd", "power_mw", "reason")}
+        for rec in recs:
+            rec["power_figure"] = figure
     recommended = recs[0] if recs else None
     for r in rows:
         r["recommended"] = any(rec["option"] == r["option"] and r["workload"] in rec["workloads"] for rec in recs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,7 +16,7 @@ from ..errors import InputError
 from ..loader import dumps_json, file_folder, named_file_error, read_document, resolve_path, validate
 from ..spec import MAX_GPUS, ModelSpec, Problem, SearchSpec, Strict, TopologyLevel, TrainingSpec
 
-Mode = Literal["cloud", "own"]
+Mode = Literal["cloud", "own", "spot"]  # spot: rented preemptible capacity (cloud price less spot_discount)
 Objective = Literal["auto", "time", "cost"]
 SensitivityMode = Literal["solve", "evaluate", "off"]
 Positive = Annotated[float, Field(gt=0)]
@@ -29,6 +29,8 @@ SCHEMA_VERSION = 1
 USD_PER_KWH = 0.08  # US EIA Electric Power Monthly: average industrial retail price ~8 cents/kWh (2023-24)
 PUE = 1.3  # assumption: modern colocation; Uptime Institute survey average ~1.58 (2023), hyperscale ~1.1
 AMORTIZATION_YEARS = 4.0  # assumption: GPU servers' economic life (hyperscalers depreciate over 5-6 years)
+SPOT_DISCOUNT = 0.7  # seed 003: spot instances save 60-90% vs on-demand; its worked example uses 70% ($6,291 -> $1,887)
+Fraction = Annotated[float, Field(ge=0, lt=1)]
 
 
 # =============================================================================================
@@ -193,6 +195,8 @@ class PricingSpec(Strict):
     pue: Annotated[float, Field(ge=1.0, le=3.0)] = PUE
     amortization_years: Positive = AMORTIZATION_YEARS
     node_overhead_w: NonNeg | dict[str, NonNeg] | None = None
+    spot_discount: Fraction | dict[str, Fraction] = SPOT_DISCOUNT  # fraction off the cloud rate, per GPU or all
+    power_figure: str = "catalog"  # catalog: tdp_w + node overhead; or a source of the catalog's system_power_w
 
 
 class ReliabilitySpec(Strict):
@@ -205,6 +209,8 @@ class ReliabilitySpec(Strict):
     storage_max_gb_per_s: Positive | None = None
     checkpoint_overhead_s: NonNeg | None = None
     checkpoint_interval_s: Positive | None = None  # fixed interval instead of Young/Daly
+    spot_preemptions_per_gpu_hour: NonNeg | None = None  # added to the failure rate of spot options
+    other_loss_fraction: Fraction | None = None  # wall time lost outside the cost model (input stalls, ...)
 
 
 class ConstraintSpec(Strict):
@@ -364,6 +370,9 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
     for key in ("usd_per_gpu_hour", "purchase_usd_per_gpu"):
         for g in getattr(spec.pricing, key):
             _norm_gpu(g, f"pricing.{key}.{g}", src)
+    if isinstance(spec.pricing.spot_discount, dict):
+        for g in spec.pricing.spot_discount:
+            _norm_gpu(g, f"pricing.spot_discount.{g}", src)
     if isinstance(spec.pricing.node_overhead_w, dict):
         for g in spec.pricing.node_overhead_w:
             _norm_gpu(g, f"pricing.node_overhead_w.{g}", src)
@@ -405,9 +414,21 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                         opt = Option(gid, int(n), t, m, o.catalog)
                         options.setdefault(opt.id, opt)
     opts = tuple(sorted(options.values(), key=Option.sort_key))
+    figures = power_figures(opts)
+    if spec.pricing.power_figure not in figures:
+        raise InputError(f"unknown power figure {spec.pricing.power_figure!r} (valid for these GPUs: "
+                         f"{', '.join(figures)})", source=src, field="pricing.power_figure")
     from .pricing import default_notes  # noqa: PLC0415  (pricing imports this module)
 
     return Study(spec, tuple(workloads), opts, src, tuple(default_notes(spec, opts)))
+
+
+def power_figures(options: Sequence[Option]) -> list[str]:
+    """`catalog` and the other sources of per-GPU power (`system_power_w`) of the options' GPUs."""
+    out = ["catalog"]
+    for o in options:
+        out += [k for k in get_gpu(o.gpu).system_power_w if k not in out]
+    return out
 
 
 def _fmt_tokens(t: float) -> str:
