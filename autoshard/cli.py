@@ -132,7 +132,10 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     if a.json:
         _print_json(est.model_dump(mode="json"))
     else:
-        sys.stdout.write(estimate_text(problem, est))
+        sys.stdout.write(estimate_text(problem, est, reasons=False))
+    plan_file = a.plan or a.problem
+    for reason in est.reasons:  # why the plan is invalid or does not fit: stderr, naming the plan's file
+        print(f"autoshard: infeasible: {plan_file}: {reason}", file=sys.stderr)
     return EXIT_OK if est.fits else EXIT_INFEASIBLE
 
 
@@ -538,9 +541,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = add("batch", cmd_batch, "Solve every problem file in directories / globs, in parallel, incrementally.")
     b.add_argument("inputs", nargs="+", metavar="DIR_OR_GLOB")
     b.add_argument("-o", "--output", required=True, metavar="DIR")
-    b.add_argument("--jobs", type=int, default=1, metavar="N")
-    b.add_argument("--time-limit", type=float, default=60.0, metavar="S")
-    b.add_argument("--top", type=int, default=3, metavar="K")
+    b.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="problems solved at once, each in its own process (default 1: in this process; 0: one per CPU)")
+    b.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="solver time limit per problem in seconds (default 60)")
+    b.add_argument("--top", type=int, default=3, metavar="K",
+                   help="runners-up to report per problem (default 3; 0 skips that search)")
     b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")

@@ -252,8 +252,20 @@ def _plan_value(plan: Any, knob: str) -> str:
 
 
 def plan_short(plan: Any) -> str:
-    """`Plan.short()`, with an undetermined dp (an invalid plan) spelled `dp?`."""
-    return plan.short().replace("dpNone", "dp?")
+    """`Plan.short()`; an undetermined dp (the other degrees do not divide the GPUs) is left out
+    and said in words."""
+    text = plan.short()
+    if getattr(plan, "dp", 0) is None:
+        text = text.replace(" dpNone", "").replace("dpNone", "") + " (no dp: the other degrees do not divide the GPUs)"
+    return text
+
+
+def headroom_text(peak_gib: float, capacity_gib: float) -> str:
+    """`12.3 GiB free (15.8% headroom)`, or `over by 3.4 GiB` (never a negative headroom)."""
+    if peak_gib > capacity_gib:
+        return f"over by {peak_gib - capacity_gib:.1f} GiB"
+    share = (capacity_gib - peak_gib) / capacity_gib if capacity_gib else 0.0
+    return f"{capacity_gib - peak_gib:.1f} GiB free ({fmt_pct(share)} headroom)"
 
 
 def _title(problem: Any) -> str:
@@ -293,7 +305,7 @@ def binding_text(est: Any) -> str:
     if tight:
         st, head = tight
         parts.append(f"tightest memory: stage {st.rank}, {st.peak_memory_gib:.1f} of {est.memory_capacity_gib:.1f} "
-                      f"GiB ({fmt_pct(head)} headroom)")
+                      f"GiB ({headroom_text(st.peak_memory_gib, est.memory_capacity_gib)})")
     return "; ".join(parts)
 
 
@@ -350,7 +362,7 @@ def _estimate_markdown(est: Any) -> list[str]:
     if tight:
         st, head = tight
         out.append(f"- Memory: stage {st.rank} is closest to its HBM limit: {st.peak_memory_gib:.2f} of "
-                   f"{est.memory_capacity_gib:.2f} GiB usable, {fmt_pct(head)} headroom.")
+                   f"{est.memory_capacity_gib:.2f} GiB usable, {headroom_text(st.peak_memory_gib, est.memory_capacity_gib)}.")
     return out
 
 
@@ -414,13 +426,19 @@ def error_markdown(record: Mapping[str, Any]) -> str:
 # ---- terminal text -------------------------------------------------------------------------------
 
 
-def estimate_text(problem: Any, estimate: Any) -> str:
-    """Compact terminal summary of an estimate (ends with a newline)."""
+def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
+    """Compact terminal summary of an estimate (ends with a newline). `reasons=False`: a plan
+    that does not fit says how many reasons there are, the caller prints them (on stderr)."""
     est = estimate
     out = [f"{_title(problem)}", f"plan: {plan_short(est.plan)}"]
     if not est.fits:
-        out.append("DOES NOT FIT:" if est.stages else "INVALID PLAN:")
-        out += [f"  - {r}" for r in est.reasons]
+        head = "DOES NOT FIT" if est.stages else "INVALID PLAN"
+        if reasons:
+            out.append(head + ":")
+            out += [f"  - {r}" for r in est.reasons]
+        else:
+            n = len(est.reasons)
+            out.append(f"{head}: {n} reason{'s' if n != 1 else ''} (on stderr)")
     if est.stages:
         out.append(f"step time {fmt_s(est.step_time_s)}  tokens/s {est.tokens_per_s:,.0f}  MFU {fmt_pct(est.mfu)}  "
                    f"HFU {fmt_pct(est.hfu)}  ({est.num_microbatches} micro-batches)")
@@ -432,11 +450,13 @@ def estimate_text(problem: Any, estimate: Any) -> str:
         out.append("time: " + ", ".join(parts))
         out.append(binding_text(est))
         if len(est.stages) > 1:
-            out.append("stages: rank layers(dense/moe) recompute  fwd/bwd ms per micro-batch  in-flight  peak GiB")
+            out.append("stages: rank layers(dense/moe) recompute  fwd/bwd ms per micro-batch  in-flight  peak GiB  "
+                       "headroom")
             for st in est.stages:
                 out.append(f"  {st.rank:>3} {st.layers:>4} ({st.dense_layers}/{st.moe_layers})  "
                            f"{_recompute_counts(st.recompute)}  {fmt_ms(st.forward_s)}/{fmt_ms(st.backward_s)}  "
-                           f"{st.inflight_microbatches:.3g}  {st.peak_memory_gib:.1f}")
+                           f"{st.inflight_microbatches:.3g}  {st.peak_memory_gib:.1f}  "
+                           f"{headroom_text(st.peak_memory_gib, est.memory_capacity_gib)}")
     for w in est.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"

@@ -116,10 +116,13 @@ def test_corpus_case(name, tmp_path, capsys):
         if case["exit"] == 2:
             check_error_line(err, str(BAD / name), case)
             assert out == "", "nothing on stdout for bad input"
-        else:
-            assert err == "" and "INVALID PLAN" in out
+        else:  # the report on stdout, every reason on stderr naming the plan's file
+            assert "INVALID PLAN" in out and "dp?" not in out and "Traceback" not in err
+            plan_file = argv[-1] if "--plan" in argv else argv[1]
+            lines = err.splitlines()
+            assert lines and all(ln.startswith(f"autoshard: infeasible: {plan_file}: ") for ln in lines), err
             for fragment in case.get("stdout", []):
-                assert fragment in out, (fragment, out)
+                assert fragment in err, (fragment, err)
         assert list(tmp_path.iterdir()) == [], "nothing may be written"
 
 
@@ -132,14 +135,15 @@ def test_unknown_names_give_the_closest_valid_names(capsys):
 
 
 def test_plan_whose_degrees_do_not_divide_lists_every_reason(capsys):
-    rc, out, err = main(capsys, "evaluate", OK, "--plan", str(BAD / "plan_degrees_do_not_divide.yaml"))
-    assert rc == 1 and err == ""
+    plan = str(BAD / "plan_degrees_do_not_divide.yaml")
+    rc, out, err = main(capsys, "evaluate", OK, "--plan", plan)
+    assert rc == 1 and "INVALID PLAN: 6 reasons (on stderr)" in out
+    assert "dp?" not in out and "plan: tp3 sp pp5x2 zero1" in out and "(no dp: the other degrees do not divide" in out
     reasons = ["tp*cp*pp = 15 does not divide the 8 GPUs", "tp=3 does not divide num_attention_heads=32",
                "tp=3 and num_key_value_heads=8: neither divides the other",
-               "tp=3 does not divide intermediate_size=14336", "vpp=2 needs schedule 'interleaved'",
+               "tp=3 does not divide intermediate_size=14336", "vpp=2 needs schedule 'interleaved' (got '1f1b')",
                "stage_layers has 2 entries, expected pp*vpp = 10"]
-    for r in reasons:
-        assert f"  - {r}" in out, (r, out)
+    assert err.splitlines() == [f"autoshard: infeasible: {plan}: {r}" for r in reasons]
     rc, out, _ = main(capsys, "evaluate", OK, "--plan", str(BAD / "plan_degrees_do_not_divide.yaml"), "--json")
     est = json.loads(out)
     assert rc == 1 and est["fits"] is False and len(est["reasons"]) == len(reasons)
