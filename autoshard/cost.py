@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .catalog import GPU, get_gpu
+from .frameworks import FrameworkProfile, get_framework
 from .spec import RECOMPUTES, Plan, Problem, Recompute
 from .topology import (
     ClusterGraph,
@@ -70,6 +71,13 @@ INTERFERENCE_DENOM = 20  # COMM_INTERFERENCE = 3 / 20, kept rational for the int
 # write softmax, read it for AV (8 B); dropout adds read, mask and output (5 B).
 SCORE_BYTES = 8.0
 SCORE_DROPOUT_BYTES = 5.0
+# Overlapped TP communication (Transformer Engine userbuffers, `--tp-comm-overlap`): the all-gather
+# before a column-parallel GEMM runs as a ring exchange in tp steps (the first chunk is exposed);
+# the reduce-scatter after a row-parallel GEMM is pipelined in `num_splits` = 4 chunks (the last is
+# exposed). TE transformer_engine/pytorch/module/base.py, default userbuffers config
+# (ring_exchange for qkv/fc1 fprop, pipeline with num_splits 4 for proj/fc2 fprop). torchtitan's
+# AsyncTP micro-pipelines the same way (arXiv 2410.06511 §3.3).
+TP_OVERLAP_RS_SPLITS = 4
 
 
 def overlapped(comm_s: float, compute_s: float) -> float:
@@ -102,6 +110,10 @@ class Context:
     @property
     def num_gpus(self) -> int:
         return self.problem.cluster.num_gpus
+
+    @property
+    def framework(self) -> FrameworkProfile:
+        return get_framework(self.problem.framework)
 
     @property
     def peak(self) -> float:
@@ -154,17 +166,33 @@ class Config:
     mbs: int
     schedule: str
     placement: str
+    etp: int | None = None  # expert tensor parallel (MoE parallel folding); None = tp
+    tp_overlap: bool | None = None  # None = the framework's default where the plan allows it
+    ep_overlap: bool | None = None
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def folded(self) -> bool:
+        """Experts laid out as etp x ep x edp over the stage's ranks (Megatron's MoE parallel
+        folding) rather than ep carved out of the data-parallel axis of the placement."""
+        return self.expert_tp != self.tp or (self.ep > 1 and self.dp % self.ep != 0)
 
     @staticmethod
     def of(plan: Plan, dp: int) -> "Config":
         return Config(plan.tp, plan.cp, plan.ep, plan.pp, dp, plan.vpp, plan.sp, plan.zero_stage,
-                      plan.micro_batch_size, plan.schedule, plan.placement)
+                      plan.micro_batch_size, plan.schedule, plan.placement,
+                      None if plan.etp is None or plan.etp == plan.tp else plan.etp,
+                      plan.tp_comm_overlap, plan.ep_overlap)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
                     sequence_parallel=self.sp, zero_stage=self.zero, micro_batch_size=self.mbs,
                     schedule=self.schedule, placement=self.placement, recompute=recompute,
-                    stage_layers=stage_layers)
+                    stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
+                    ep_overlap=self.ep_overlap)
 
 
 def num_microbatches(problem: Problem, cfg: Config) -> int:
@@ -192,13 +220,39 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
         reasons.append(f"tp={plan.tp} does not divide moe_intermediate_size={m.expert_ffn}")
     if plan.cp > 1 and t.seq_len % (2 * plan.cp):
         reasons.append(f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
-    if plan.ep > 1:
+    fw = get_framework(problem.framework)
+    etp = plan.expert_tp
+    if plan.ep > 1 or etp != plan.tp:
         if not m.is_moe:
-            reasons.append(f"ep={plan.ep} needs a mixture-of-experts model")
+            reasons.append(f"ep={plan.ep}, etp={etp} need a mixture-of-experts model")
         elif m.num_experts % plan.ep:
             reasons.append(f"ep={plan.ep} does not divide num_experts={m.num_experts}")
-        if dp and dp % plan.ep:
-            reasons.append(f"ep={plan.ep} must divide dp={dp} (experts are sharded across data-parallel ranks)")
+        if m.is_moe and m.expert_ffn % etp:
+            reasons.append(f"etp={etp} does not divide moe_intermediate_size={m.expert_ffn}")
+        stage = plan.tp * plan.cp * dp
+        folded = etp != plan.tp or (dp and dp % plan.ep)
+        if dp and stage % (plan.ep * etp):
+            reasons.append(f"ep*etp = {plan.ep * etp} must divide tp*cp*dp = {stage} (the expert mesh "
+                           f"etp x ep x edp covers the same GPUs of a pipeline stage as attention)")
+        elif folded and not fw.moe_folding:
+            reasons.append(f"{problem.framework} cannot fold expert parallelism over TP/CP ranks "
+                           f"(etp != tp or ep not dividing dp={dp})")
+    if plan.sp and t.seq_len % plan.tp:
+        reasons.append(f"sequence parallelism splits the {t.seq_len} tokens over tp={plan.tp}: not divisible")
+    if plan.zero_stage not in fw.zero_stages:
+        reasons.append(f"{problem.framework} runs ZeRO stages {list(fw.zero_stages)}, not {plan.zero_stage}")
+    if plan.schedule not in fw.schedules:
+        reasons.append(f"{problem.framework} has no {plan.schedule!r} pipeline schedule "
+                       f"(it runs {', '.join(fw.schedules)})")
+    if plan.tp_comm_overlap and not fw.tp_comm_overlap:
+        reasons.append(f"{problem.framework} cannot overlap TP communication (tp_comm_overlap)")
+    if plan.tp_comm_overlap and plan.tp > 1 and not plan.sp:
+        reasons.append("tp_comm_overlap needs sequence parallelism (TE userbuffers / AsyncTP overlap AG/RS)")
+    if plan.ep_overlap:
+        if not fw.ep_overlap:
+            reasons.append(f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
+        elif plan.pp > 1 and plan.vpp < 2:
+            reasons.append("ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
     if dp:
         per = dp * plan.micro_batch_size
         if t.global_batch_size % per:
@@ -404,27 +458,52 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     core += scores  # what selective recompute re-runs
     wgrad = proj
     # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass.
-    act = BF16 * T * h
-    if cfg.tp > 1:
-        tp_t = (all_gather_s(ctx.levels, pl.tp, act) + reduce_scatter_s(ctx.levels, pl.tp, act)) if cfg.sp \
-            else all_reduce_s(ctx.levels, pl.tp, act)
-        fwd["tp_comm"] += tp_t
-        bwd["tp_comm"] += tp_t
+    fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj)
+    bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj)
     # Context parallel: ring exchange of K and V, overlapped with the core attention.
     if cfg.cp > 1:
         fwd["cp_comm"], bwd["cp_comm"] = cp_comm_s(ctx, cfg.cp, pl.cp, sh, core)
     return fwd, bwd, core, wgrad, flops
 
 
+def tp_overlap_on(ctx: Context, cfg: Config, pl: Placement) -> bool:
+    """Whether TP communication runs overlapped with the GEMMs: the plan asks for it (or leaves it
+    to the framework, whose profile runs it by default), SP is on, and the TP group sits inside
+    one NVLink domain (userbuffers / symmetric memory need peer access)."""
+    if cfg.tp == 1 or not cfg.sp or cfg.tp_overlap is False:
+        return False
+    return ctx.framework.tp_comm_overlap and pl.tp.members[0] >= cfg.tp
+
+
+def tp_comm_s(ctx: Context, cfg: Config, pl: Placement, act_bytes: float, gemm_s: float) -> float:
+    """Exposed TP communication of one block in one pass: all-gather + reduce-scatter of the
+    `act_bytes` activation with SP (all-reduce without). Overlapped (`tp_overlap_on`), only the
+    first all-gather chunk (1/tp, ring exchange) and the last reduce-scatter chunk (1 of
+    TP_OVERLAP_RS_SPLITS) are exposed; the rest hides under the block's `gemm_s` of GEMMs."""
+    if cfg.tp == 1:
+        return 0.0
+    if not cfg.sp:
+        return all_reduce_s(ctx.levels, pl.tp, act_bytes)
+    ag = all_gather_s(ctx.levels, pl.tp, act_bytes)
+    rs = reduce_scatter_s(ctx.levels, pl.tp, act_bytes)
+    if not tp_overlap_on(ctx, cfg, pl):
+        return ag + rs
+    exposed = ag / cfg.tp + rs / TP_OVERLAP_RS_SPLITS
+    return exposed + overlapped(ag + rs - exposed, gemm_s)
+
+
 def cp_comm_s(ctx: Context, cp: int, prof, sh: Shapes, core_s: float) -> tuple[float, float]:
-    """Exposed (forward, backward) time of the context-parallel ring exchange of K and V
-    (cp - 1 steps around the group), overlapped with the core attention of `core_s`."""
+    """Exposed (forward, backward) time of the context-parallel ring exchange of K and V,
+    overlapped with the core attention of `core_s` (Megatron's p2p ring, TE
+    `attn_forward_func_with_cp`): cp - 1 steps, each passing one GPU's K/V chunk to the next
+    while attention runs on the chunk in hand, so each GPU sends cp - 1 chunks, the volume of an
+    all-gather of the whole K/V. The backward passes K/V and their gradients (twice the volume)."""
     m = sh.m
-    if m.is_mla:
-        kv_bytes = BF16 * sh.tokens * (m.kv_lora_rank + m.qk_rope_head_dim)
+    if m.is_mla:  # Megatron's MLA CP exchanges the up-projected K and V heads
+        kv_bytes = BF16 * sh.tokens * sh.a_local * (sh.d_qk + sh.d_v)
     else:
         kv_bytes = BF16 * sh.tokens * sh.kv_local * (sh.d_qk + sh.d_v)
-    ring = all_to_all_s(ctx.levels, prof, kv_bytes * cp / (cp - 1))
+    ring = all_gather_s(ctx.levels, prof, cp * kv_bytes)
     return overlapped(ring, core_s), overlapped(2 * ring, ATTN_BWD_FACTOR * core_s)
 
 
@@ -435,10 +514,6 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     bwd = dict.fromkeys(TIME_KEYS, 0.0)
     mats = 3 if m.gated else 2
     act = BF16 * T * h
-    tp_t = 0.0
-    if cfg.tp > 1:
-        tp_t = (all_gather_s(ctx.levels, pl.tp, act) + reduce_scatter_s(ctx.levels, pl.tp, act)) if cfg.sp \
-            else all_reduce_s(ctx.levels, pl.tp, act)
 
     def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0) -> tuple[float, float]:
         """(time, flops) of `weight_sets` MLPs that together see `tokens` tokens."""
@@ -450,28 +525,40 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     if kind == "dense":
         t_mlp, flops = mlp(T, m.intermediate_size / cfg.tp)
         ffn_elem = T * m.intermediate_size / cfg.tp * (3 if m.gated else 2)
+        tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, t_mlp), tp_comm_s(ctx, cfg, pl, act, 2 * t_mlp)
+        a2a = 0.0
     else:
-        k, E = m.num_experts_per_tok, m.num_experts
-        local_experts = E / cfg.ep
-        t_mlp, flops = mlp(T * k, m.expert_ffn / cfg.tp, local_experts)
+        k, E, etp = m.num_experts_per_tok, m.num_experts, cfg.expert_tp
+        # Routed token copies this GPU's experts see: with SP each GPU routes T / tp tokens, and an
+        # ETP group gathers the copies of its etp members (without SP the TP ranks share tokens).
+        routed = T * k * (etp / cfg.tp if cfg.sp or etp < cfg.tp else 1.0)
+        t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep)
+        t_mlp = t_exp
+        tp_f = tp_b = 0.0
         if m.num_shared_experts:
             ts, fs = mlp(T, m.num_shared_experts * m.expert_ffn / cfg.tp)
             t_mlp, flops = t_mlp + ts, flops + fs
+            tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, ts), tp_comm_s(ctx, cfg, pl, act, 2 * ts)
+        if etp > 1:  # the ETP group gathers its routed tokens and reduce-scatters the expert outputs
+            etp_prof = pl.etp or pl.tp
+            et = 2 * all_gather_s(ctx.levels, etp_prof, BF16 * routed * h)
+            tp_f += et
+            tp_b += et
         t_mlp += _gemm_s(ctx, T, h, E)  # router
         flops += 2 * T * h * E
-        ffn_elem = T * k * m.expert_ffn / cfg.tp * (3 if m.gated else 2)
+        ffn_elem = routed * m.expert_ffn / etp * (3 if m.gated else 2)
         # Permute / unpermute of the routed copies (read + write, dispatch and combine).
-        t_mlp += _mem_s(ctx, 4 * BF16 * T * k * h)
+        t_mlp += _mem_s(ctx, 4 * BF16 * routed * h)
+        a2a = 0.0
         if cfg.ep > 1:
             send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h
             a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send)  # dispatch + combine
-            fwd["ep_comm"] += a2a
-            bwd["ep_comm"] += a2a
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
     fwd["compute"] = t_mlp + elem
     bwd["compute"] = 2 * t_mlp + ELEMENTWISE_BWD_FACTOR * elem
-    fwd["tp_comm"] += tp_t
-    bwd["tp_comm"] += tp_t
+    fwd["ep_comm"], bwd["ep_comm"] = a2a, a2a
+    fwd["tp_comm"] += tp_f
+    bwd["tp_comm"] += tp_b
     return fwd, bwd, t_mlp, flops
 
 
@@ -490,8 +577,9 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
-        k = m.num_experts_per_tok
-        mlp = mats * T * k * m.expert_ffn / t + BF16 * T * k * h + 4 * T * m.num_experts
+        k, etp = m.num_experts_per_tok, cfg.expert_tp
+        routed = T * k * (etp / t if cfg.sp or etp < t else 1.0)  # as in `_mlp_cost`
+        mlp = mats * routed * m.expert_ffn / etp + BF16 * routed * h + 4 * T * m.num_experts
         mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
@@ -512,14 +600,22 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, kind)
     params, experts = layer_params(ctx.model, kind)
     dense_local = (params - experts) / cfg.tp
-    expert_local = experts / (cfg.tp * cfg.ep)
+    expert_local = experts / (cfg.expert_tp * cfg.ep)
     acts = _activation_bytes(ctx, cfg, sh, kind)
     flops = aflops + mflops
+    if ep_overlap_on(ctx, cfg):
+        # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
+        # layer: each pass's all-to-all hides under the other pass's computation.
+        mfwd, mbwd = dict(mfwd), dict(mbwd)
+        mfwd["ep_comm"] = overlapped(mfwd["ep_comm"], abwd["compute"] + mbwd["compute"])
+        mbwd["ep_comm"] = overlapped(mbwd["ep_comm"], afwd["compute"] + mfwd["compute"])
     zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
     if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
         w_dense, w_exp = BF16 * dense_local, BF16 * expert_local
+        g_b = ctx.framework.grad_reduce_bytes
         ag = all_gather_s(ctx.levels, pl.dp_cp, w_dense) + all_gather_s(ctx.levels, pl.edp, w_exp)
-        rs = reduce_scatter_s(ctx.levels, pl.dp_cp, w_dense) + reduce_scatter_s(ctx.levels, pl.edp, w_exp)
+        rs = reduce_scatter_s(ctx.levels, pl.dp_cp, g_b * dense_local) \
+            + reduce_scatter_s(ctx.levels, pl.edp, g_b * expert_local)
     out = {}
     for recompute in RECOMPUTES:
         c = Cost()
@@ -543,6 +639,17 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
         out[recompute] = c
     return out
+
+
+def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
+    """Whether expert all-to-all overlaps computation (Megatron `--overlap-moe-expert-parallel-comm`
+    with `--delay-wgrad-compute`): asked for or left to a framework that runs it, EP > 1, PP = 1 or
+    interleaved (Megatron's requirement), and at least two micro-batches to pair."""
+    if cfg.ep == 1 or cfg.ep_overlap is False or not ctx.framework.ep_overlap:
+        return False
+    if cfg.pp > 1 and cfg.vpp < 2:
+        return False
+    return num_microbatches(ctx.problem, cfg) >= 2
 
 
 def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: Recompute) -> Cost:
@@ -622,9 +729,10 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     shares the layer, embedding and head costs between placements and configurations that give
     them the same inputs (shapes and the TP / CP / EP groups; the ZeRO-3 groups too). The
     shared `Cost` objects must not be modified."""
-    pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp)
+    pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
-    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep,
+    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
+           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg),
            (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)
@@ -710,21 +818,22 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
     """Weights, gradients and optimizer states of one GPU under the ZeRO stage."""
     dense = params - expert_params
     dp_dense = cfg.dp * cfg.cp
-    dp_exp = max(1, cfg.dp * cfg.cp // cfg.ep)
-    opt_b = ADAM_STATE_BYTES if ctx.training.optimizer in ("adam", "adamw") else SGD_STATE_BYTES
+    dp_exp = max(1, cfg.tp * cfg.cp * cfg.dp // (cfg.expert_tp * cfg.ep))
+    fw = ctx.framework
+    opt_b = fw.optimizer_state_bytes(ctx.training.optimizer)
 
     def shard(nbytes_per_param: float, sharded: bool) -> float:
         if not sharded:
             return nbytes_per_param * params
         return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
 
-    weights = shard(BF16, cfg.zero >= 3)
+    weights = shard(fw.weight_bytes, cfg.zero >= 3)
     from .catalog import weight_copy_bytes_per_param  # noqa: PLC0415
 
     weights += shard(weight_copy_bytes_per_param(ctx.training.precision, ctx.gpu), cfg.zero >= 3)  # fp8/fp4 copies
     return {
         "weights": weights,
-        "gradients": shard(BF16, cfg.zero >= 2),
+        "gradients": shard(fw.grad_bytes, cfg.zero >= 2),
         "optimizer_states": shard(opt_b, cfg.zero >= 1),
     }
 
@@ -758,18 +867,19 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
     cfg, pl = table.cfg, table.placement
     opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
     return _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
-                       table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s)
+                       table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
+                       ctx.framework.grad_reduce_bytes)
 
 
 @functools.lru_cache(maxsize=4096)
 def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_experts: bool, repeats: int,
-                opt_b: float, hbm_bytes_per_s: float) -> TailModel:
+                opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16) -> TailModel:
     none = (0.0, 0.0, 0.0)
     reduce = gather = none
     if dpc > 1 and zero < 3:
         op = all_reduce_s if zero == 0 else reduce_scatter_s
         (sd, cd), (se, ce) = affine(op, lv, dp_cp), affine(op, lv, edp)
-        reduce = (BF16 * sd, BF16 * se, cd + (ce if has_experts else 0.0))
+        reduce = (grad_b * sd, grad_b * se, cd + (ce if has_experts else 0.0))
         if zero in (1, 2):
             (sd, cd), (se, ce) = affine(all_gather_s, lv, dp_cp), affine(all_gather_s, lv, edp)
             gather = (BF16 * sd, BF16 * se, cd + (ce if has_experts else 0.0))

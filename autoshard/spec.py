@@ -216,6 +216,7 @@ class SearchSpec(Strict):
     dp: IntChoice | None = None
     cp: IntChoice | None = None
     ep: IntChoice | None = None
+    etp: IntChoice | None = None
     vpp: IntChoice | None = None
     micro_batch_size: IntChoice | None = None
     sequence_parallel: bool | list[bool] | None = None
@@ -226,7 +227,7 @@ class SearchSpec(Strict):
     uniform_stages: bool = False  # force an even layer split (e.g. for launchers without uneven PP)
     max_candidates: Annotated[int, Field(ge=1)] | None = None
 
-    @field_validator("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size")
+    @field_validator("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch_size")
     @classmethod
     def _positive(cls, v: IntChoice | None) -> IntChoice | None:
         for x in [v] if isinstance(v, int) else (v or []):

@@ -47,6 +47,10 @@ class Level:
     link_bytes_per_s: float  # per-GPU egress as specified
     latency_s: float
     sharp: bool
+    # All-reduce on an NVLS level priced from nccl-tests bus bandwidths (NVLS_ALLREDUCE_GAIN x the
+    # ring all-gather's) where the catalog's efficiencies apply; 0 = the seeds' in-network B / W
+    # (a level given an explicit `efficiency` is priced as the seeds price it, for every op).
+    nvls_ar_gain: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,13 @@ def resolve_levels(cluster: ClusterSpec, gpu: GPU) -> tuple[Level, ...]:
         eff = lv.efficiency if lv.efficiency is not None else (
             gpu.efficiency.scaleup if i == 0 else gpu.efficiency.scaleout)
         link = lv.bandwidth_gb_per_s * 1e9
-        out.append(Level(lv.name, lv.size, link * eff / lv.oversubscription, link, lv.latency_us * 1e-6, lv.sharp))
+        gain = NVLS_ALLREDUCE_GAIN if (i == 0 and lv.sharp and lv.efficiency is None) else 0.0
+        out.append(Level(lv.name, lv.size, link * eff / lv.oversubscription, link, lv.latency_us * 1e-6, lv.sharp,
+                         gain))
     if out[-1].size < cluster.num_gpus:
         top = out[-1]
-        out[-1] = Level(top.name, cluster.num_gpus, top.bytes_per_s, top.link_bytes_per_s, top.latency_s, top.sharp)
+        out[-1] = Level(top.name, cluster.num_gpus, top.bytes_per_s, top.link_bytes_per_s, top.latency_s, top.sharp,
+                        top.nvls_ar_gain)
     # Levels above the cluster are never crossed: drop them (keep the first that holds all).
     keep = next(i for i, lv in enumerate(out) if lv.size >= cluster.num_gpus)
     return tuple(out[: keep + 1])
@@ -218,28 +225,79 @@ class Placement:
     edp: Profile  # expert data parallel: the dp axis (x cp)
     pp: Profile
     pp_level: int  # level crossed by pipeline neighbours (-1 if pp == 1)
+    etp: Profile | None = None  # expert tensor parallel group (None: the tp group)
 
 
 def place(graph: ClusterGraph, plan: Plan, dp: int) -> Placement:
-    return _place(graph, plan.axes, plan.tp, plan.cp, plan.ep, dp, plan.pp)
+    etp = plan.expert_tp
+    return _place(graph, plan.axes, plan.tp, plan.cp, plan.ep, dp, plan.pp,
+                  etp if _is_folded(plan.tp, plan.ep, dp, etp) else None)
 
 
-def place_axes(graph: ClusterGraph, placement: str, tp: int, cp: int, ep: int, dp: int, pp: int) -> Placement:
+def place_axes(graph: ClusterGraph, placement: str, tp: int, cp: int, ep: int, dp: int, pp: int,
+               etp: int | None = None) -> Placement:
     """`place` from the degrees and the placement text (no Plan: the solver's hot path)."""
-    return _place(graph, parse_placement(placement), tp, cp, ep, dp, pp)
+    etp = tp if etp is None else etp
+    return _place(graph, parse_placement(placement), tp, cp, ep, dp, pp,
+                  etp if _is_folded(tp, ep, dp, etp) else None)
+
+
+def _is_folded(tp: int, ep: int, dp: int, etp: int) -> bool:
+    return etp != tp or (ep > 1 and dp % ep != 0)
 
 
 @functools.lru_cache(maxsize=4096)
-def _place(graph: ClusterGraph, order: tuple[str, ...], tp: int, cp: int, ep: int, dp: int, pp: int) -> Placement:
-    sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": max(1, dp // ep), "pp": pp}
+def _place(graph: ClusterGraph, order: tuple[str, ...], tp: int, cp: int, ep: int, dp: int, pp: int,
+           etp: int | None = None) -> Placement:
+    """Profiles of every group. Without folding (`etp` None) expert parallelism is carved out of
+    data parallelism: the placement's `ep` axis, dp / ep left on its `dp` axis. With MoE parallel
+    folding (Megatron-Core: `etp` given), the attention mesh is tp x cp x dp and the experts are
+    laid out over the same ranks of each pipeline stage as etp (innermost) x ep x edp, in the order
+    of the attention ranks (Megatron's expert RankGenerator, order tp-ep-dp)."""
+    folded = etp is not None
+    sizes = {"tp": tp, "cp": cp, "ep": 1 if folded else ep, "dp": dp if folded else max(1, dp // ep), "pp": pp}
 
     def prof(*axes: str) -> Profile:
         return _runs_profile(graph, group_runs(order, sizes, axes))
 
     stride = int(np.prod([sizes[a] for a in order[:order.index("pp")]]))  # pipeline neighbours: 0 and stride
     pp_level = graph.common_level(0, stride) if pp > 1 else -1
-    return Placement(tp=prof("tp"), cp=prof("cp"), ep=prof("ep"), dp=prof("ep", "dp"),
-                     dp_cp=prof("ep", "dp", "cp"), edp=prof("dp", "cp"), pp=prof("pp"), pp_level=pp_level)
+    if not folded:
+        return Placement(tp=prof("tp"), cp=prof("cp"), ep=prof("ep"), dp=prof("ep", "dp"),
+                         dp_cp=prof("ep", "dp", "cp"), edp=prof("dp", "cp"), pp=prof("pp"), pp_level=pp_level)
+    etp_g, ep_g, edp_g = _expert_groups(order, sizes, etp, ep)
+    return Placement(tp=prof("tp"), cp=prof("cp"), ep=graph.group_profile(ep_g), dp=prof("dp"),
+                     dp_cp=prof("dp", "cp"), edp=graph.group_profile(edp_g), pp=prof("pp"),
+                     pp_level=pp_level, etp=graph.group_profile(etp_g))
+
+
+def _expert_groups(order: tuple[str, ...], sizes: dict[str, int], etp: int, ep: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rank rows of the (etp, ep, edp) groups under MoE parallel folding: inside every pipeline
+    stage, the attention ranks in placement order (innermost axis fastest) numbered 0..S-1, then
+    split as etp x ep x edp with etp innermost."""
+    shape = [sizes[a] for a in order]
+    world = int(np.prod(shape))
+    ranks = np.arange(world)
+    coord, rest = {}, ranks.copy()
+    for a in order:  # innermost first: rank = sum coord[a] * stride[a]
+        coord[a] = rest % sizes[a]
+        rest //= sizes[a]
+    lin, radix = np.zeros(world, dtype=np.int64), 1
+    for a in order:
+        if a != "pp":
+            lin += coord[a] * radix
+            radix *= sizes[a]
+    stage_size = radix
+    edp = max(1, stage_size // (etp * ep))
+    e_tp, e_ep, e_dp = lin % etp, (lin // etp) % ep, lin // (etp * ep)
+    pp_c = coord["pp"]
+
+    def rows(key_a: np.ndarray, key_b: np.ndarray, within: np.ndarray, size: int) -> np.ndarray:
+        order_ = np.lexsort((within, key_b, key_a, pp_c))
+        return ranks[order_].reshape(-1, size)
+
+    return (rows(e_ep, e_dp, e_tp, etp), rows(e_tp, e_dp, e_ep, ep), rows(e_tp, e_ep, e_dp, edp))
 
 
 def group_runs(order: tuple[str, ...], sizes: dict[str, int], axes: tuple[str, ...]) -> tuple[tuple[int, bool], ...]:
@@ -304,6 +362,14 @@ def _ring_latency(levels: tuple[Level, ...], prof: Profile) -> float:
     return t
 
 
+# NVLS all-reduce vs ring all-gather / reduce-scatter bus bandwidth inside one NVSwitch domain:
+# nccl-tests on DGX H100 (NCCL >= 2.17 with NVLS) reach about 480 GB/s all-reduce bus bandwidth
+# against about 360 GB/s for all-gather and reduce-scatter (NVIDIA NCCL 2.17 release blog, "NVLink
+# SHARP"), so SP's reduce-scatter + all-gather costs about 1.3x the all-reduce it replaces (the
+# seeds' "half of ring" B / W would make it 1.75x). Documented fitted factor.
+NVLS_ALLREDUCE_GAIN = 4.0 / 3.0
+
+
 def all_gather_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -> float:
     """AllGather (or ReduceScatter) of `total_bytes` (the full gathered size) over the group."""
     g = prof.size
@@ -328,9 +394,13 @@ def all_reduce_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -
     t, inner = 0.0, 1
     for lv, m in zip(levels, prof.members):
         if m > inner:
-            # Ring: reduce-scatter + all-gather, 2 B (1 - m/G) per domain. In-network reduction
-            # (NVLS / SHARP): each domain sends its data up once and gets the result back: B.
-            share = 1.0 if lv.sharp else 2 * (1 - inner / g)
+            # Ring: reduce-scatter + all-gather, 2 B (1 - m/G) per domain. In-network reduction on
+            # the scale-out fabric (SHARP): each domain sends its data up once and gets the result
+            # back: B. NVLink SHARP (NVLS) inside the NVSwitch domain runs at the bus bandwidth
+            # nccl-tests measure, NVLS_ALLREDUCE_GAIN x the ring all-gather / reduce-scatter's.
+            share = 2 * (1 - inner / g)
+            if lv.sharp:
+                share = share / lv.nvls_ar_gain if lv.nvls_ar_gain else 1.0
             t = max(t, share * total_bytes / (inner * lv.bytes_per_s))
         inner = m
     return t + _latency(levels, prof, 2)

@@ -30,12 +30,15 @@ def brute_force(problem):
     ctx = context(problem)
     best = None
     modes = s.allowed("recompute", ["none", "selective", "full"])
-    for tp, pp, cp, ep, mbs, zero, sched, vpp, sp in itertools.product(
+    for tp, pp, cp, ep, mbs, zero, sched, vpp, sp, etp in itertools.product(
             s.allowed("tp", [1]), s.allowed("pp", [1]), s.allowed("cp", [1]), s.allowed("ep", [1]),
             s.allowed("micro_batch_size", [1]), s.allowed("zero_stage", [1]), s.allowed("schedule", ["1f1b"]),
-            s.allowed("vpp", [1]), s.allowed("sequence_parallel", [True])):
+            s.allowed("vpp", [1]), s.allowed("sequence_parallel", [True]),
+            [None, 1] if problem.model.is_moe else [None]):
+        if etp == 1 and tp == 1:
+            continue  # the same plan as etp None
         plan = Plan(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sequence_parallel=sp, zero_stage=zero,
-                    micro_batch_size=mbs, schedule=sched)
+                    micro_batch_size=mbs, schedule=sched, etp=etp)
         est = evaluate(problem, plan)
         if est.reasons and not any("needs" in r and "GiB" in r for r in est.reasons):
             continue  # invalid degrees
@@ -44,7 +47,9 @@ def brute_force(problem):
         if pp == 1 and sched != "1f1b" or tp == 1 and not sp:
             continue
         dp = n // (tp * pp * cp)
-        live = [a for a, v in zip(MESH_AXES, (tp, cp, ep, dp // ep, pp)) if v > 1]
+        folded = Config.of(plan, dp).folded  # MoE parallel folding: no ep axis of its own
+        sizes = (tp, cp, 1, dp, pp) if folded else (tp, cp, ep, dp // ep, pp)
+        live = [a for a, v in zip(MESH_AXES, sizes) if v > 1]
         for perm in itertools.permutations(live):
             placement = "-".join([*perm, *[a for a in MESH_AXES if a not in perm]])
             cfg = Config.of(plan.model_copy(update={"placement": placement}), dp)
@@ -117,9 +122,10 @@ def test_objective_equals_evaluate_and_is_deterministic():
 
 
 def test_memory_pressure_forces_per_layer_recompute_and_uneven_stages():
-    # 70B on 16 x 40 GB: only fits with sharding plus recompute on the stages holding more micro-batches.
-    p = load_problem({"model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 64},
-                      "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 32},
+    # 70B on 64 x 40 GB at 16k tokens: only fits with the distributed optimizer (fp32 main grads:
+    # 6 + 12/d bytes per parameter) plus recompute on the stages holding more micro-batches.
+    p = load_problem({"model": "llama3-70b", "training": {"seq_len": 16384, "global_batch_size": 64},
+                      "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 64},
                       "search": {"tp": [8], "pp": [4], "zero_stage": [1], "micro_batch_size": [1],
                                  "schedule": ["1f1b"]}})
     sol = solve(p, time_limit_s=60)

@@ -4,6 +4,7 @@ recompute HBM forces (`_memory_tmax`). Tests check each against `evaluate`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from ..cost import (
     Config,
     Context,
     Table,
+    ep_overlap_on,
     inflight_microbatches,
     layer_params,
     static_bytes,
@@ -54,10 +56,11 @@ def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> 
     ends = np.zeros(len(cands))
     head_w = np.zeros(len(cands))
     for j, c in enumerate(cands):
-        key = (c.tp, c.cp, c.ep, c.sp, c.mbs, c.pp == 1)
+        ep_ov = ep_overlap_on(ctx, c)
+        key = (c.tp, c.cp, c.ep, c.sp, c.mbs, c.pp == 1, c.etp, c.tp_overlap, c.ep_overlap, ep_ov)
         if key not in shape:
-            tb = _optimistic_table(ctx, Config(c.tp, c.cp, c.ep, c.pp, c.dp, 1, c.sp, 0, c.mbs, "1f1b", c.placement),
-                                   opt_cache)
+            # Layer costs depend on the schedule only through whether expert all-to-all overlaps.
+            tb = _optimistic_table(ctx, dataclasses.replace(c, zero=0), opt_cache)
             lay = tb.layers
             shape[key] = ([min(x.total_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
                           [min(x.total_s - x.wgrad_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
@@ -102,15 +105,16 @@ def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> 
     dense = total - expert + m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
     dense_gpu = dense / (tp * pp)
     exp_gpu = expert / (tp * pp * ep)
-    opt_b = 12.0 if tr.optimizer in ("adam", "adamw") else 8.0
-    w_b = BF16 + (1.0 if tr.precision == "fp8" else 0.0)
+    fw = ctx.framework
+    opt_b = fw.optimizer_state_bytes(tr.optimizer)
+    w_b = fw.weight_bytes + (1.0 if tr.precision == "fp8" else 0.0)
     dpc = dp * cp
     edp = np.maximum(1, dpc / ep)
 
     def per(nb: float, sharded: np.ndarray) -> np.ndarray:
         return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
 
-    static = per(w_b, zero >= 3) + per(BF16, zero >= 2) + per(opt_b, zero >= 1)
+    static = per(w_b, zero >= 3) + per(fw.grad_bytes, zero >= 2) + per(opt_b, zero >= 1)
     # The data-parallel tail includes the optimizer step of the rank holding the most
     # parameters, at least the mean rank's (see `cost.tail_model`).
     from ..cost import OPT_TRAFFIC_BYTES  # noqa: PLC0415
@@ -389,12 +393,14 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
     from ..topology import Placement, contiguous_profile  # noqa: PLC0415
 
     g = ctx.graph
-    edp = max(1, cfg.dp * cfg.cp // cfg.ep)
+    edp = max(1, cfg.tp * cfg.cp * cfg.dp // (cfg.expert_tp * cfg.ep))
     pl = Placement(tp=contiguous_profile(g, cfg.tp), cp=contiguous_profile(g, cfg.cp),
                    ep=contiguous_profile(g, cfg.ep), dp=contiguous_profile(g, cfg.dp),
                    dp_cp=contiguous_profile(g, cfg.dp * cfg.cp), edp=contiguous_profile(g, edp),
-                   pp=contiguous_profile(g, cfg.pp), pp_level=0 if cfg.pp > 1 else -1)
+                   pp=contiguous_profile(g, cfg.pp), pp_level=0 if cfg.pp > 1 else -1,
+                   etp=contiguous_profile(g, cfg.expert_tp))
     zero3 = cfg.zero == 3
-    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, zero3, cfg.dp if zero3 else 0, cfg.pp == 1)
+    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, zero3, cfg.dp if zero3 else 0, cfg.pp == 1, cfg.etp,
+           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg))
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     return Table(cfg, pl, layers, embed, head, 0.0, num_microbatches(ctx.problem, cfg), memo)

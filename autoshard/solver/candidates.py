@@ -3,6 +3,7 @@ the distinct placements of their mesh axes."""
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import product
 from typing import Any
 
@@ -22,14 +23,17 @@ def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
     cp_default = [c for c in (1, 2, 4, 8, 16, 32) if c <= n and t.seq_len % (2 * c) == 0 or c == 1]
     ep_default = [e for e in divisors(m.num_experts) if e <= n] if m.is_moe else [1]
     pp_default = [p for p in divisors(n) if p <= m.num_hidden_layers]
+    fw = ctx.framework
     return {
         "tp": s.allowed("tp", tp_default), "cp": s.allowed("cp", cp_default),
         "ep": s.allowed("ep", ep_default), "pp": s.allowed("pp", pp_default),
         "dp": s.allowed("dp", divisors(n)),
         "micro_batch_size": s.allowed("micro_batch_size", DEFAULT_MBS),
         "vpp": s.allowed("vpp", list(range(1, DEFAULT_MAX_VPP + 1))),
-        "schedule": s.allowed("schedule", ["1f1b", "interleaved", "zero_bubble"]),
-        "zero_stage": s.allowed("zero_stage", [0, 1, 2, 3]),
+        "schedule": s.allowed("schedule", [x for x in ("1f1b", "interleaved", "zero_bubble") if x in fw.schedules]),
+        "zero_stage": s.allowed("zero_stage", list(fw.zero_stages)),
+        # MoE parallel folding: experts tensor-parallel like attention (etp = tp) or not at all.
+        "etp": s.allowed("etp", [None, 1] if m.is_moe and fw.moe_folding else [None]),
         "sequence_parallel": s.allowed("sequence_parallel", [True, False]),
         "recompute": s.allowed("recompute", list(RECOMPUTES)),
         "placement": s.allowed("placement", []),
@@ -49,9 +53,12 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
         dp = n // (tp * cp * pp)
         if dp not in sp_["dp"]:
             continue
-        for ep, mbs in product(sp_["ep"], sp_["micro_batch_size"]):
+        for ep, mbs, etp in product(sp_["ep"], sp_["micro_batch_size"], sp_["etp"]):
             if gbs % (dp * mbs):
                 continue
+            etp = None if etp == tp else etp
+            if etp is not None and tp == 1:
+                continue  # etp = 1 = tp: the same plan as etp None
             mb = gbs // (dp * mbs)
             for sched, vpp in product(sp_["schedule"], sp_["vpp"]):
                 if (vpp > 1) != (sched == "interleaved"):
@@ -59,7 +66,8 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
                 if pp == 1 and sched != "1f1b":
                     continue
                 # The validity rules do not depend on the ZeRO stage or SP: check once.
-                probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched)
+                probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched,
+                             etp=etp, zero_stage=sp_["zero_stage"][0])
                 if config_reasons(problem, probe)[1] or (sched == "interleaved" and mb % pp):
                     continue
                 for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"]):
@@ -68,19 +76,19 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
                     if dp * cp == 1 and zero > 0 and 0 in sp_["zero_stage"]:
                         continue  # nothing to shard: ZeRO stages are all the same plan
                     out.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched,
-                                      probe.placement))
+                                      probe.placement, etp))
     return out
 
 
 def _with_placement(cfg: Config, placement: str) -> Config:
-    return Config(cfg.tp, cfg.cp, cfg.ep, cfg.pp, cfg.dp, cfg.vpp, cfg.sp, cfg.zero, cfg.mbs, cfg.schedule, placement)
+    return dataclasses.replace(cfg, placement=placement)
 
 
 def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None = None) -> list[Config]:
     """Placements of cfg's mesh axes, one per distinct set of group profiles, in a fixed
     order that starts from the canonical tp-cp-ep-dp-pp. `cache` (one per solve) keeps the
     orders per set of degrees, which is all they depend on."""
-    degrees = (cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp)
+    degrees = (cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     if cache is not None and degrees in cache:
         return [_with_placement(cfg, order) for order in cache[degrees]]
     from itertools import permutations  # noqa: PLC0415
@@ -90,6 +98,8 @@ def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None 
         orders = ["-".join(Plan(placement=p).axes) for p in allowed]
     else:
         sizes = {"tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "dp": max(1, cfg.dp // cfg.ep), "pp": cfg.pp}
+        if cfg.folded:  # the expert mesh follows the attention ranks: no ep axis of its own
+            sizes.update(ep=1, dp=cfg.dp)
         live = [a for a in MESH_AXES if sizes[a] > 1]
         slots = [i for i, a in enumerate(MESH_AXES) if a in live]
         orders = []
@@ -101,8 +111,8 @@ def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None 
     seen: dict[Any, Config] = {}
     for order in orders:
         c = _with_placement(cfg, order)
-        key = place_axes(ctx.graph, order, c.tp, c.cp, c.ep, c.dp, c.pp)
-        key = (key.tp, key.cp, key.ep, key.dp, key.dp_cp, key.edp, key.pp_level)
+        key = place_axes(ctx.graph, order, c.tp, c.cp, c.ep, c.dp, c.pp, c.etp)
+        key = (key.tp, key.cp, key.ep, key.dp, key.dp_cp, key.edp, key.pp_level, key.etp)
         seen.setdefault(key, c)
     if cache is not None:
         cache[degrees] = [c.placement for c in seen.values()]
@@ -110,4 +120,5 @@ def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None 
 
 
 def _config_key(p: Plan) -> tuple:
-    return (p.tp, p.cp, p.ep, p.pp, p.dp, p.vpp, p.sp, p.zero_stage, p.micro_batch_size, p.schedule, p.placement)
+    return (p.tp, p.cp, p.ep, p.pp, p.dp, p.vpp, p.sp, p.zero_stage, p.micro_batch_size, p.schedule, p.placement,
+            p.expert_tp)
