@@ -163,7 +163,12 @@ def cmd_solve(a: argparse.Namespace) -> int:
             raise InputError(f"cannot create the output directory: {exc.strerror or exc}", source=a.output,
                              field="--output") from None
     try:
-        sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top, gap_limit=a.gap)
+        from .progress import solve_progress  # noqa: PLC0415
+
+        with solve_progress(a.quiet or a.json, Path(a.problem).stem) as progress:
+            sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top, gap_limit=a.gap, work_limit=a.work_limit,
+                        alternatives=[x.strip() for x in (a.alternatives or "").split(",") if x.strip()],
+                        progress=progress)
         if getattr(a, "robust", False):
             from .intervals import robust_choice  # noqa: PLC0415
 
@@ -177,6 +182,13 @@ def cmd_solve(a: argparse.Namespace) -> int:
     from .batch import record_problem_paths  # noqa: PLC0415
 
     record_problem_paths(record, a.problem)
+    comparison = None
+    if a.compare:  # why the chosen plan beats the user's (`autoshard compare`)
+        from .compare import compare, plan_argument  # noqa: PLC0415
+
+        comparison = compare(problem, plan_argument(a.compare), sol.plan)
+        record["compare"] = {"plan": comparison.a.plan.model_dump(mode="json"),
+                             **comparison.model_dump(mode="json", exclude={"a", "b"})}
     if a.output:
         text = dumps_json(record) if a.output.endswith(".json") else solution_markdown(problem, sol)
         _write_or_print(text, a.output)
@@ -192,6 +204,44 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
         for alt in sol.alternatives:
             print(alternative_line(sol.estimate, alt))
+        if comparison is not None:
+            from .compare import comparison_text  # noqa: PLC0415
+
+            sys.stdout.write("\n" + comparison_text(comparison))
+    return EXIT_OK
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from .compare import compare, comparison_text, plan_argument  # noqa: PLC0415
+    from .loader import load_problem, read_document  # noqa: PLC0415
+
+    problem = load_problem(a.problem)
+    if len(a.plan or []) > 2:
+        raise InputError(f"at most two plans, got {len(a.plan)}", field="--plan")
+    plans = [plan_argument(x) for x in a.plan or []]
+    labels = [f"plan {x}" if len(x) < 40 else "your plan" for x in a.plan or []]
+    if not plans:  # the problem's own `plan:` (as `evaluate`)
+        doc = read_document(a.problem)
+        if not isinstance(doc, dict) or "plan" not in doc:
+            raise InputError("no --plan given and the problem file has no `plan:` section", source=a.problem)
+        plans, labels = [plan_argument(a.problem)], ["the problem's plan"]
+    if len(plans) == 1:  # against the solver's choice
+        from .progress import solve_progress  # noqa: PLC0415
+        from .solver import solve  # noqa: PLC0415
+
+        try:
+            with solve_progress(a.quiet or a.json, Path(a.problem).stem) as progress:
+                sol = solve(problem, time_limit_s=a.time_limit, top_k=0, progress=progress)
+        except InfeasibleError as exc:
+            print(f"{a.problem}: infeasible: {exc}", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        plans.append(sol.plan)
+        labels.append("the chosen plan")
+    comparison = compare(problem, plans[0], plans[1], labels[0], labels[1])
+    if a.json:
+        _print_json(comparison.model_dump(mode="json"))
+    else:
+        sys.stdout.write(comparison_text(comparison))
     return EXIT_OK
 
 
@@ -468,15 +518,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("problem", metavar="PROBLEM", help="problem file (YAML or JSON)")
     s.add_argument("--json", action="store_true", help="print the solution as one JSON object")
     s.add_argument("-o", "--output", metavar="FILE", help="write the solution (.json: machine record, else markdown)")
-    s.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit in seconds (default 60)")
-    s.add_argument("--top", type=int, default=3, metavar="K", help="runners-up to report (one per configuration, at most 25%% slower), searched after the "
-                        "proof with at most as many CP-SAT solves again (default 3; 0 skips that search)")
+    s.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="wall-clock safety net in seconds (default 60); the budget is --work-limit, so the answer "
+                        "does not depend on the machine unless this fires (reported as stopped_by)")
+    s.add_argument("--work-limit", type=float, default=None, metavar="W",
+                   help="search budget in units of CP-SAT deterministic time (about a second of one core each; "
+                        "default 40)")
+    s.add_argument("--top", type=int, default=3, metavar="K",
+                   help="the best plan of each of the K best families (degrees tp, cp, ep, pp and the schedule) other "
+                        "than the chosen plan's, from the same search (default 3; 0 skips it)")
+    s.add_argument("--alternatives", metavar="NAMES",
+                   help="named alternatives, comma-separated: no-cp, no-pp, no-ep, tp-in-node, 1f1b, even-stages, "
+                        "no-recompute, or a fixed degree such as tp8 (each the best plan under that restriction)")
+    s.add_argument("--compare", metavar="PLAN",
+                   help="also explain, term by term, how the chosen plan differs from this one (a plan file or "
+                        "inline tp=8,pp=4,...)")
+    s.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
     s.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     s.add_argument("--robust", action="store_true",
                    help="choose, among the optimum and its alternatives, the plan whose 80%% prediction "
                         "interval has the lowest upper end (the least bad case the validation residuals allow)")
     s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
+
+    cm = add("compare", cmd_compare, "Why one plan is faster than another: both evaluated, the step-time difference "
+             "decomposed term by term and the memory by component, one sentence per term.")
+    cm.add_argument("problem", metavar="PROBLEM")
+    cm.add_argument("--plan", action="append", metavar="PLAN",
+                    help="a plan file (YAML/JSON, a solution JSON) or inline tp=8,pp=4,...; once: against the "
+                         "solver's chosen plan; twice: the two plans; none: the problem's `plan:` against the chosen")
+    cm.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver safety net (default 60)")
+    cm.add_argument("--json", action="store_true")
+    cm.add_argument("--quiet", action="store_true", help="no live progress on stderr")
 
     e = add("evaluate", cmd_evaluate, "Step time, MFU and per-stage memory of a given plan.")
     e.add_argument("problem", metavar="PROBLEM")

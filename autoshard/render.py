@@ -127,6 +127,7 @@ def solution_record(problem_path: str | os.PathLike[str] | None, problem: Any, s
         "solver": solution.solver.model_dump(mode="json"),
         "alternatives": [{
             "plan": alt.plan.model_dump(mode="json"), "plan_summary": alt.plan.short(), "differs": alt.differs,
+            "family": getattr(alt, "family", ""),
             "slower_pct": alt.slower_pct, "step_time_s": alt.estimate.step_time_s,
             "tokens_per_s": alt.estimate.tokens_per_s, "mfu": alt.estimate.mfu, "hfu": alt.estimate.hfu,
             "peak_memory_gib": alt.estimate.peak_memory_gib, "fits": alt.estimate.fits,
@@ -384,9 +385,10 @@ def solution_markdown(problem: Any, solution: Any) -> str:
     out += ["", "## Alternatives", ""]
     if solution.alternatives:
         rows = [[i + 1, fmt_s(a.estimate.step_time_s), f"{a.slower_pct:+.2f}%",
-                 "indistinguishable" if indistinguishable(est, a.estimate) else "", f"`{a.plan.short()}`", a.differs]
+                 "indistinguishable" if indistinguishable(est, a.estimate) else "", getattr(a, "family", ""),
+                 f"`{a.plan.short()}`", a.differs]
                 for i, a in enumerate(solution.alternatives)]
-        out += _table(["#", "step time", "slower", "vs the plan", "plan", "differs"], rows, "rrrlll")
+        out += _table(["#", "step time", "slower", "vs the plan", "family", "plan", "differs"], rows, "rrrllll")
         out += ["", "Indistinguishable: the two 80% prediction intervals overlap (the model cannot tell "
                 "which is faster; autoshard/intervals.py)."]
     else:
@@ -484,7 +486,9 @@ def indistinguishable(best: Any, other: Any) -> bool:
 def alternative_line(best: Any, a: Any) -> str:
     """One alternative: how much slower, its step time, whether the model can tell it apart."""
     tag = ", indistinguishable: intervals overlap" if indistinguishable(best, a.estimate) else ""
-    return f"  alternative: {a.slower_pct:+.1f}% {fmt_s(a.estimate.step_time_s)}/step ({a.differs}{tag})"
+    family = getattr(a, "family", "")
+    return (f"  alternative{f' [{family}]' if family else ''}: {a.slower_pct:+.1f}% "
+            f"{fmt_s(a.estimate.step_time_s)}/step ({a.differs}{tag})")
 
 
 def safe_name(text: str) -> str:

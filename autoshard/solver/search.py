@@ -29,7 +29,7 @@ import numpy as np
 
 from ..cost import Config, Context, Table, context, layer_table
 from ..cost import evaluate as _evaluate
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, RECOMPUTES, Plan, Problem
 from .bounds import _optimistic_table, _table_bound, bounds
@@ -161,13 +161,16 @@ class _Search:
         if self.best is None or step_s < self.best.step_s:
             self.best = f
 
-    def report(self, phase: str, total: int, bound_s: float | None = None) -> None:
+    def report(self, phase: str, done: int, total: int, bound_s: float | None = None) -> None:
+        """Tell `progress` where the search stands: `done` of `total` configurations settled
+        (visited or pruned), the incumbent, the proven bound (with `bound_s`, the numpy bound of
+        the configurations not yet visited) and the gap."""
         if self.progress is None:
             return
         inc = self.best.step_s if self.best else None
         lb = self.bound() if bound_s is None else min(self.bound(), bound_s)
         gap = max(0.0, (inc - lb) / inc) if inc and math.isfinite(lb) else None
-        self.progress({"phase": phase, "visited": self.visited, "total": total, "incumbent_s": inc,
+        self.progress({"phase": phase, "visited": done, "total": total, "incumbent_s": inc,
                        "bound_s": lb if math.isfinite(lb) else None, "gap": gap, "work_s": self.budget.work})
 
     # ---- one configuration ---------------------------------------------------------------------
@@ -283,8 +286,8 @@ class _Search:
                 continue
             pruned += not self.visit(cands[i], opt_cache)
             if self.visited % 8 == 0:
-                self.report("search", total, float(t_lb[i]))
-        self.report("search", total)
+                self.report("search", pos + 1, total, float(t_lb[i]))
+        self.report("search", total, total)
         return pruned
 
     def retry(self) -> None:
@@ -310,7 +313,7 @@ class _Search:
         visit_cap = self.visited + max(16, int(ALT_SHARE * proof_visits))
         mine = family_key(self.best.plan)
         total = min(len(order), RUNNER_UP_CONFIGS)
-        for i in order[:RUNNER_UP_CONFIGS]:  # in order of the numpy bound, as the proof
+        for n, i in enumerate(order[:RUNNER_UP_CONFIGS]):  # in order of the numpy bound, as the proof
             if t_lb[i] >= self.target():
                 break
             if family_key(cands[i]) == mine or t_lb[i] >= self.target(cands[i]):
@@ -319,7 +322,7 @@ class _Search:
                 return False
             self.visit(cands[i], opt_cache, cap_s=min(ALT_CAP, work_cap - self.budget.work))
             if self.visited % 8 == 0:
-                self.report("alternatives", total)
+                self.report("alternatives", n + 1, total)
         return True
 
     def tiebreak(self) -> None:
@@ -392,6 +395,8 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     ctx = context(problem)
     requests = [named(n, ctx) for n in dict.fromkeys(alternatives)]  # bad names fail before any work
     work_limit = DEFAULT_WORK_LIMIT if work_limit is None else work_limit
+    if not (math.isfinite(work_limit) and work_limit > 0):
+        raise InputError(f"must be a positive amount of work, got {work_limit:g}", field="--work-limit")
     budget = _Budget(work_limit, t0 + time_limit_s)
     cands = candidates(problem, ctx)
     if not cands:
@@ -407,7 +412,7 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     # Warm start: greedy recompute mixes and stage splits on the most promising configurations
     # (no CP-SAT, a counted number of configurations); a strong incumbent early makes every
     # cutoff and bound bite. Its wall-clock deadline is only a safety net.
-    search.report("warm start", len(order))
+    search.report("warm start", 0, len(order))
     warm_deadline = t0 + time_limit_s / 2
     warm = _warm_start(problem, ctx, [cands[i] for i in order[:WARM_START_CONFIGS]], modes,
                        deadline=warm_deadline, opt_cache=opt_cache, table_cache=search.tables,
