@@ -226,8 +226,13 @@ def _recipes() -> tuple[dict[str, Recipe], dict[str, str]]:
 
 def precision_ids() -> list[str]:
     """The names `training.precision` accepts (spec.Precision), recipes and `fp8` (the default FP8 recipe)."""
-    raw = _data("precisions.yaml")
-    return list(raw)
+    return [*_recipes()[0], *_shorthands()]
+
+
+@functools.cache
+def _shorthands() -> tuple[str, ...]:
+    """Names in precisions.yaml that stand for another recipe (`fp8: {alias_of: fp8-delayed}`)."""
+    return tuple(k for k, v in _data("precisions.yaml").items() if "alias_of" in v)
 
 
 def precision_id(name: str) -> str | None:
