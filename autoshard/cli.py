@@ -477,7 +477,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     if a.json:
         _print_json(report.to_json())
     else:
-        sys.stdout.write(format_report(report))
+        sys.stdout.write(format_report(report).rstrip("\n") + "\n")  # ends with a newline, like every command
     return EXIT_OK
 
 

@@ -747,3 +747,57 @@ def test_collective_json_is_strict_json(capsys):
                             "--gpus", gpus, "--json")
         assert rc == 0, err
         json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
+
+
+# ---- issue 15: what the text output says ----------------------------------------------------------
+
+
+def test_plan_over_the_memory_limit_says_over_by_never_negative_headroom(tmp_path, capsys):
+    """Llama 3 70B unsharded on one 8-GPU node (tp1, dp8, ZeRO 0): each GPU holds 16 bytes per
+    parameter of weights, gradients and Adam states, > 1 TB against 80 GB."""
+    problem = tmp_path / "p.yaml"
+    problem.write_text("model: llama3-70b\ntraining: {seq_len: 2048, global_batch_size: 16}\n"
+                       "cluster: {gpu: h100, num_gpus: 8}\nplan: {tp: 1, pp: 1, zero_stage: 0}\n")
+    rc, out, err = main(capsys, "evaluate", str(problem))
+    assert rc == 1 and "DOES NOT FIT" in out and "headroom" not in out.split("tightest memory")[1]
+    over = float(re.search(r"over by ([0-9.]+) GiB", out).group(1))
+    peak, cap = map(float, re.search(r"peak memory ([0-9.]+) / ([0-9.]+) GiB", out).groups())
+    assert over == pytest.approx(peak - cap, abs=0.15) and peak > 16 * 70e9 / 2**30
+    assert "-" not in re.search(r"tightest memory[^\n]*", out).group(0).split("GiB (")[1]
+    assert all(ln.startswith(f"autoshard: infeasible: {problem}: ") for ln in err.splitlines()) and err
+
+
+def test_per_stage_headroom_in_the_text_report(capsys):
+    plan = {"tp": 1, "pp": 2, "zero_stage": 1, "micro_batch_size": 1}
+    import autoshard.render as render  # noqa: PLC0415
+    from autoshard.cost import evaluate  # noqa: PLC0415
+
+    problem = load_problem(OK)
+    est = evaluate(problem, load_plan_dict(plan))
+    text = render.estimate_text(problem, est)
+    rows = [ln for ln in text.splitlines() if re.match(r"\s+\d+\s+\d+ \(", ln)]
+    assert len(rows) == 2 and "headroom" in text.split("stages:")[1].splitlines()[0]
+    for st, row in zip(est.stages, rows):
+        free = est.memory_capacity_gib - st.peak_memory_gib
+        assert f"{free:.1f} GiB free ({100 * free / est.memory_capacity_gib:.1f}% headroom)" in row, row
+
+
+def load_plan_dict(d: dict[str, Any]):
+    from autoshard.loader import load_plan  # noqa: PLC0415
+
+    return load_plan(d)
+
+
+def test_batch_help_explains_every_option(capsys):
+    rc, out, _ = main(capsys, "batch", "--help")
+    assert rc == 0
+    flat = " ".join(out.split())
+    for opt, default in (("--jobs N", "default 1"), ("--time-limit S", "default 60"), ("--top K", "default 3"),
+                         ("--gap G", "default 0.001")):
+        assert re.search(re.escape(opt) + r" [A-Za-z(]", flat), opt
+        assert default in flat.rsplit(opt, 1)[1][:200], (opt, default)  # the option list, not the usage line
+
+
+def test_validate_text_ends_with_a_newline(capsys):
+    rc, out, _ = main(capsys, "validate")
+    assert rc == 0 and out.endswith("\n") and not out.endswith("\n\n")
