@@ -762,3 +762,16 @@ def test_recommendation_under_both_power_figures(tmp_path, capsys):
     assert "with the power figure 'catalog' instead of 'seeds': gb200/144/gb200-nvl72/cloud" in text
     md = (tmp_path / "report.md").read_text()
     assert "Power figure: this study uses `seeds`; under `catalog` the answer is **gb200/144/gb200-nvl72/cloud**" in md
+
+
+def test_the_documented_study_file_loads():
+    """problems/studies/README.md's annotated study (every field) is a valid study."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "problems" / "studies" / "README.md").read_text(encoding="utf-8")
+    st = load_study(yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1)))
+    assert st.spec.pricing.spot_discount == 0.7 and st.spec.reliability.spot_preemptions_per_gpu_hour == 3.42e-5
+    assert {o.mode for o in st.options} >= {"cloud", "own"}

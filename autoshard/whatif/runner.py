@@ -46,7 +46,7 @@ from .sensitivity import sensitivities, solve_option
 CSV_COLUMNS = (
     "workload", "option", "gpu", "num_gpus", "topology", "mode", "feasible", "meets_constraints", "pareto",
     "recommended", "plan", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "ideal_days",
-    "goodput", "time_to_train_days", "cost_usd", "capex_usd", "energy_mwh", "power_mw", "tokens_per_usd",
+    "goodput", "goodput_efficiency", "time_to_train_days", "cost_usd", "capex_usd", "energy_mwh", "power_mw", "tokens_per_usd",
     "mtbf_h", "checkpoint_s", "checkpoint_interval_s", "binding", "gain_internode_2x_pct",
     "gain_nvlink_2x_pct", "gain_hbm_plus_pct", "gain_fp8_pct", "violations", "reason", "solver_status",
     "solve_time_s",
