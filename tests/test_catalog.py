@@ -308,3 +308,16 @@ def test_rowwise_fp8_sits_between_bf16_and_tensorwise_as_torchtitan_measured():
     assert 1.05 < times["bf16"] / times["fp8-rowwise"] < 1.25
     assert weight_copy_bytes_per_param("fp8-rowwise", get_gpu("h100")) == 0
     assert not supports(get_gpu("rtx-4090"), "fp8-rowwise")  # torch._scaled_mm row-wise needs sm90+
+
+
+def test_catalog_command_lists_units_and_precisions():
+    proc = subprocess.run([sys.executable, "-m", "autoshard.cli", "catalog", "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    import json  # noqa: PLC0415
+
+    doc = json.loads(proc.stdout)
+    b200 = next(g for g in doc["gpus"] if g["id"] == "b200")
+    assert (b200["hbm_gb"], b200["hbm_usable_gib"]) == (192, 179.06) and "nvfp4" in b200["precisions"]
+    assert {r["id"] for r in doc["precisions"]} == set(precision_ids()) - {"fp8"}
+    assert any(t["id"] == "gb200-nvl576" for t in doc["topologies"])
