@@ -1,0 +1,103 @@
+"""Plans for the launcher suite: every bundled solution and further plans covering interleaving,
+uneven stages, CP, EP/ETP folding, SP, recompute variants, ZeRO/FSDP, FP8 and MoE models.
+
+Each launcher module imports the launcher's own code and skips when it is not installed
+(`pip install -e '.[launchers]'`, as .ci/run does)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from autoshard import load_plan, load_problem
+from autoshard.export import export_plan
+from autoshard.spec import Plan, Problem
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _problem(model: str, num_gpus: int, gbs: int, seq: int = 4096, gpu: str = "h100-sxm", **training) -> Problem:
+    return Problem(model=model, cluster={"gpu": gpu, "num_gpus": num_gpus},
+                   training={"seq_len": seq, "global_batch_size": gbs, **training})
+
+
+LLAMA = _problem("llama3-70b", 640, 1280)
+FULL2 = (["full"] * 2 + ["none"] * 18) * 4  # full recompute on the first 2 layers of each of 4 stages
+IRREGULAR = ["full"] * 3 + ["none"] * 17 + ["full"] + ["none"] * 19 + ["selective"] * 5 + ["none"] * 35
+
+FURTHER: dict[str, tuple[Problem, Plan]] = {
+    "interleaved-vpp2": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved")),
+    "uneven-first-last": (LLAMA, Plan(tp=8, pp=4, stage_layers=[18, 22, 22, 18])),
+    "uneven-layout": (LLAMA, Plan(tp=8, pp=4, stage_layers=[17, 22, 23, 18])),
+    "uneven-interleaved": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved",
+                                       stage_layers=[8, 10, 10, 10, 10, 11, 11, 10])),
+    "cp2-fp8": (_problem("llama3-70b", 640, 1280, precision="fp8"), Plan(tp=8, cp=2, pp=4)),
+    "zero3-fsdp-full-recompute": (LLAMA, Plan(tp=8, zero_stage=3, micro_batch_size=2, recompute="full")),
+    "zero2-fsdp-selective": (LLAMA, Plan(tp=8, pp=4, zero_stage=2, recompute="selective")),
+    "recompute-block-prefix": (LLAMA, Plan(tp=8, pp=4, recompute=FULL2)),
+    "recompute-irregular": (LLAMA, Plan(tp=8, pp=4, recompute=IRREGULAR)),
+    "no-sp-cp-pp-first-order": (LLAMA, Plan(tp=4, sequence_parallel=False, cp=2, pp=2,
+                                            placement="tp-cp-ep-pp-dp")),
+    "pp-before-dp-order": (LLAMA, Plan(tp=8, pp=4, placement="tp-cp-ep-pp-dp")),
+    "mixtral-ep-in-dp": (_problem("mixtral-8x7b", 64, 256), Plan(tp=2, pp=2, ep=4)),
+    "mixtral-folded-etp1": (_problem("mixtral-8x7b", 64, 256), Plan(tp=4, ep=8, etp=1)),
+    "mixtral-cp-ep": (_problem("mixtral-8x7b", 64, 256), Plan(tp=2, cp=2, ep=4)),
+    "mixtral-overlaps": (_problem("mixtral-8x7b", 64, 256),
+                         Plan(tp=2, ep=4, tp_comm_overlap=True, ep_overlap=True)),
+    "deepseek-v3-uneven-selective": (_problem("deepseek-v3", 640, 1280),
+                                     Plan(tp=2, pp=8, ep=8, stage_layers=[7, 8, 8, 8, 8, 8, 8, 6],
+                                          recompute="selective")),
+    "deepseek-v3-default-split": (_problem("deepseek-v3", 640, 1280), Plan(pp=8, ep=16)),
+    "qwen3-folded-interleaved": (_problem("qwen3-235b-a22b", 512, 1024),
+                                 Plan(tp=4, pp=4, vpp=2, schedule="interleaved", ep=16, etp=1,
+                                      stage_layers=[11, 12, 12, 12, 12, 12, 12, 11])),
+    "llama3-8b-pure-dp": (_problem("llama3-8b", 64, 512), Plan(zero_stage=0, micro_batch_size=2)),
+    "llama3-8b-zero-bubble": (_problem("llama3-8b", 64, 512), Plan(tp=2, pp=4, schedule="zero_bubble")),
+}
+
+
+def bundled() -> dict[str, tuple[Problem, Plan]]:
+    out = {}
+    for sol in sorted((REPO / "solutions").glob("*.json")):
+        out["bundled:" + sol.stem] = (load_problem(REPO / "problems" / f"{sol.stem}.yaml"), load_plan(sol))
+    return out
+
+
+@functools.cache
+def all_cases() -> dict[str, tuple[Problem, Plan]]:
+    return {**bundled(), **FURTHER}
+
+
+CASE_IDS = sorted([*(f"bundled:{p.stem}" for p in (REPO / "solutions").glob("*.json")), *FURTHER])
+
+
+@functools.cache
+def exported(case: str, fmt: str):
+    prob, plan = all_cases()[case]
+    return export_plan(prob, plan, fmt)
+
+
+def full_plan(case: str) -> tuple[Problem, Plan, int]:
+    prob, plan = all_cases()[case]
+    dp = prob.cluster.num_gpus // (plan.tp * plan.pp * plan.cp)
+    return prob, plan.model_copy(update={"dp": dp}), dp
+
+
+def plan_groups(plan: Plan, dp: int, axes: tuple[str, ...]) -> list[list[int]]:
+    """The plan's own process groups (autoshard.spec.Plan: placement innermost first, EP carved out of
+    DP): ranks that differ only in the coordinates of `axes`, sorted."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": dp // plan.ep, "pp": plan.pp}
+    order = plan.axes
+    world = int(np.prod([sizes[a] for a in order]))
+    coords = np.array(list(itertools.product(*[range(sizes[a]) for a in reversed(order)])))[:, ::-1]
+    strides = np.cumprod([1] + [sizes[a] for a in order[:-1]])
+    ranks = coords @ strides
+    assert sorted(ranks.tolist()) == list(range(world))
+    keep = [i for i, a in enumerate(order) if a not in axes]
+    groups: dict[tuple, list[int]] = {}
+    for c, r in zip(coords, ranks):
+        groups.setdefault(tuple(c[keep]), []).append(int(r))
+    return sorted(sorted(g) for g in groups.values())

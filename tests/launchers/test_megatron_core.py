@@ -1,0 +1,328 @@
+"""Megatron exports against megatron-core 0.16.1's own code (CPU, fake process group).
+
+- every flag is a Megatron-LM flag: a `TransformerConfig` / `MLATransformerConfig` /
+  `DistributedDataParallelConfig` field under Megatron's own naming rule (`--field-name`,
+  megatron/training/argument_utils.py) or a listed renamed / training flag;
+- `TransformerConfig(**fields from the flags)` runs its own validation (`__post_init__`) and
+  describes the planned model (shape, MoE layer pattern, router, MTP, norms, rotary base, dropout);
+- `parallel_state.initialize_model_parallel` accepts the degrees and rank order under a fake process
+  group of the real world size, and its rank lists per axis (`RankGenerator`) equal the plan's;
+- `get_num_layers_to_build` / `get_transformer_layer_offset` give every rank the planned layers;
+- the recompute flags select the planned layers (TransformerBlock._checkpointed_forward's rule);
+- `ConstantNumMicroBatchesCalculator` gives the planned number of micro-batches.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+import warnings
+from dataclasses import fields
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+warnings.filterwarnings("ignore")
+
+import torch.distributed as dist  # noqa: E402
+from megatron.core import parallel_state as ps  # noqa: E402
+from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
+from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig  # noqa: E402
+from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: E402
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+from autoshard.export import model_family  # noqa: E402
+from autoshard.topology import _expert_groups  # noqa: E402
+
+from launcher_cases import CASE_IDS, exported, full_plan, plan_groups  # noqa: E402
+
+# Megatron-LM flags whose dest differs from the config field (megatron/training/arguments.py and
+# argument_utils.py at d98e8a64dd).
+RENAMES = {
+    "--num-experts": "num_moe_experts",
+    "--norm-epsilon": "layernorm_epsilon",
+    "--fp8-format": "fp8",
+    "--fp4-format": "fp4",
+    "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+    "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+}
+# Flags Megatron-LM's training scripts read outside these configs (megatron/training/arguments.py,
+# d98e8a64dd), and how the tests use them.
+TRAINING_FLAGS = {
+    "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings", "--vocab-size",
+    "--ckpt-format", "--group-query-attention", "--untie-embeddings-and-output-weights",
+    "--position-embedding-type", "--use-tp-pp-dp-mapping", "--swiglu", "--disable-bias-linear",
+    "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention",
+}
+DDP_FIELDS = {f.name for f in fields(DistributedDataParallelConfig)}
+try:
+    import transformer_engine  # noqa: F401
+    _HAS_TE = True
+except ImportError:
+    _HAS_TE = False
+TC_FIELDS = {f.name for f in fields(MLATransformerConfig)}
+
+
+def flags_of(text: str) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    for line in text.splitlines():
+        if line.startswith("--"):
+            tok = shlex.split(line.removesuffix(" \\"))
+            out[tok[0]] = tok[1] if len(tok) == 2 else True
+    return out
+
+
+def _value(v: str | bool):
+    if v is True:
+        return True
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def megatron_config(f: dict) -> TransformerConfig:
+    """The TransformerConfig Megatron-LM builds from these flags (core_transformer_config_from_args)."""
+    kw: dict = {}
+    for flag, value in f.items():
+        if flag in TRAINING_FLAGS:
+            continue
+        name = RENAMES.get(flag, flag[2:].replace("-", "_"))
+        if name in DDP_FIELDS and name not in TC_FIELDS:
+            continue
+        assert name in TC_FIELDS, f"{flag} is no Megatron config field"
+        kw[name] = _value(value)
+    if "moe_layer_freq" in kw:  # arguments.py moe_freq_type: eval of a Python list expression
+        kw["moe_layer_freq"] = eval(str(kw["moe_layer_freq"]), {"__builtins__": {}})  # noqa: S307
+    if "--swiglu" in f:
+        kw.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
+    if "--disable-bias-linear" in f:
+        kw["add_bias_linear"] = False
+    if "--num-layers-per-virtual-pipeline-stage" in f:
+        per = int(f["--num-layers-per-virtual-pipeline-stage"])
+        kw["virtual_pipeline_model_parallel_size"] = kw["num_layers"] // (kw["pipeline_model_parallel_size"] * per)
+    if kw.get("bf16"):  # arguments.py: params_dtype bf16; core_transformer_config_from_args: pipeline_dtype
+        kw["params_dtype"] = kw["pipeline_dtype"] = torch.bfloat16
+    if not _HAS_TE and kw.get("num_moe_experts") and kw.get("fp8"):
+        # TransformerConfig asks Transformer Engine >= 1.7 for MoE + FP8; CPU CI has no TE: the recipe
+        # flags are checked by test_transformer_config_is_the_planned_model, the rest is validated here.
+        kw.pop("fp8"), kw.pop("fp8_recipe", None)
+    if "--multi-latent-attention" in f:
+        return MLATransformerConfig(**kw)
+    kw = {k: v for k, v in kw.items() if k in {x.name for x in fields(TransformerConfig)}}
+    return TransformerConfig(**kw)
+
+
+@pytest.fixture(scope="module")
+def fake_world():
+    """Start a fake process group of the requested size (rank 0); torn down after each use."""
+    def start(world: int) -> None:
+        if dist.is_initialized():
+            ps.destroy_model_parallel()
+            dist.destroy_process_group()
+        dist.init_process_group(backend="fake", rank=0, world_size=world, store=FakeStore())
+    yield start
+    if dist.is_initialized():
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_flags_are_megatron_flags(case: str) -> None:
+    f = flags_of(exported(case, "megatron").text)
+    for flag in f:
+        name = RENAMES.get(flag, flag[2:].replace("-", "_"))
+        assert flag in TRAINING_FLAGS or name in TC_FIELDS or name in DDP_FIELDS, flag
+
+
+@pytest.mark.skipif(not os.environ.get("MEGATRON_LM"), reason="set MEGATRON_LM to a Megatron-LM checkout to "
+                    "check the training flags against its argument definitions (CI has none)")
+def test_training_flags_are_megatron_lm_flags() -> None:
+    """Each training flag is spelled in megatron/training/arguments.py, or generated from a config
+    dataclass field by ArgumentGroupFactory (`--field-name`; True-default bools as `--disable-x`)."""
+    import glob  # noqa: PLC0415
+
+    root = os.environ["MEGATRON_LM"]
+    text = "".join(open(p).read() for p in [os.path.join(root, "megatron/training/arguments.py"),
+                                             *glob.glob(os.path.join(root, "megatron/training/config/*.py")),
+                                             *glob.glob(os.path.join(root, "megatron/core/**/*config*.py"),
+                                                        recursive=True)])
+    for flag in sorted(TRAINING_FLAGS):
+        dest = {"--disable-bias-linear": "add_bias_linear"}.get(flag, flag[2:].replace("-", "_"))
+        assert f"'{flag}'" in text or re.search(rf"^\s+{dest}\s*:", text, re.M), flag
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_transformer_config_is_the_planned_model(case: str) -> None:
+    prob, plan, dp = full_plan(case)
+    m = prob.model
+    out = exported(case, "megatron")
+    f = flags_of(out.text)
+    cfg = megatron_config(f)  # Megatron's own validation runs here
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads) == (
+        m.num_hidden_layers, m.hidden_size, m.num_attention_heads)
+    assert cfg.ffn_hidden_size == m.intermediate_size
+    if not m.is_mla:
+        assert (cfg.num_query_groups or cfg.num_attention_heads) == m.kv_heads
+        assert cfg.kv_channels == m.head_size
+    assert cfg.gated_linear_unit == m.gated
+    assert (cfg.hidden_dropout, cfg.attention_dropout) == ((0.1, 0.1) if m.dropout else (0.0, 0.0))
+    fam = model_family(m) or {}
+    if fam.get("rotary_base"):  # a GPTModel argument (gpt_builders: rotary_base=args.rotary_base)
+        assert float(f["--rotary-base"]) == fam["rotary_base"]
+    assert cfg.qk_layernorm == (fam.get("family") in ("qwen3", "deepseek-v3"))
+    if m.is_moe:
+        assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size) == (
+            m.num_experts, m.num_experts_per_tok, m.expert_ffn)
+        freq = cfg.moe_layer_freq if isinstance(cfg.moe_layer_freq, list) else \
+            [int(i % cfg.moe_layer_freq == 0) for i in range(cfg.num_layers)]
+        assert ["moe" if x else "dense" for x in freq] == m.layer_kinds()
+        assert cfg.moe_aux_loss_coeff > 0
+        assert cfg.expert_model_parallel_size == plan.ep
+        assert cfg.expert_tensor_parallel_size == plan.expert_tp
+    else:
+        assert cfg.num_moe_experts is None
+    if fam.get("family") == "deepseek-v3":
+        assert (cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias) == ("sigmoid", True)
+        assert (cfg.moe_router_num_groups, cfg.moe_router_group_topk) == (8, 4)
+        assert cfg.moe_router_topk_scaling_factor == 2.5 and cfg.mtp_num_layers == 1
+        assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim) == (
+            m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+    if prob.training.precision == "fp8":
+        assert (f["--fp8-format"], f["--fp8-recipe"]) == ("hybrid", "delayed")
+        assert cfg.fp8 == "hybrid" or (not _HAS_TE and m.is_moe)
+    assert cfg.sequence_parallel == (plan.sp and plan.tp > 1)
+    # TP / CP on Hopper: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py validate_args),
+    # except with Megatron-FSDP or the expert-overlap path.
+    needs = (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2 and not cfg.overlap_moe_expert_parallel_comm \
+        and prob.cluster.gpu not in ("b200", "gb200")
+    assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in out.text) == needs
+    if plan.zero_stage >= 2:
+        assert f["--ckpt-format"] == "fsdp_dtensor" and "--use-megatron-fsdp" in f
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_process_groups_are_the_plans(case: str, fake_world) -> None:
+    prob, plan, dp = full_plan(case)
+    out = exported(case, "megatron")
+    f = flags_of(out.text)
+    world = prob.cluster.num_gpus
+    order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in f else "tp-cp-ep-dp-pp"
+    tp, pp, cp = (int(f[k]) for k in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                                      "--context-parallel-size"))
+    ep = int(f.get("--expert-model-parallel-size", 1))
+    etp = int(f.get("--expert-tensor-parallel-size", tp))
+    fake_world(world)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 context_parallel_size=cp, expert_model_parallel_size=ep,
+                                 expert_tensor_parallel_size=etp, order=order, create_gloo_process_groups=False)
+    assert ps.get_data_parallel_world_size() == dp
+    dense = ps.RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)
+    edp = world // (etp * ep * pp)
+    expert = ps.RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order)
+    # rank 0's groups as initialized are the generators' first groups
+    assert dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()) == dense.get_ranks("tp")[0]
+    assert dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()) == dense.get_ranks("pp")[0]
+    if ep > 1:
+        assert dist.get_process_group_ranks(ps.get_expert_model_parallel_group()) == expert.get_ranks("ep")[0]
+    order_warned = any("placement" in w and ("not expressible" in w or "use-tp-pp-dp-mapping" in w)
+                       for w in out.warnings)
+    mine = {a: plan_groups(plan, dp, axes) for a, axes in
+            (("tp", ("tp",)), ("cp", ("cp",)), ("pp", ("pp",)), ("dp", ("ep", "dp")))}
+    theirs = {a: sorted(sorted(g) for g in dense.get_ranks(a)) for a in ("tp", "cp", "pp", "dp")}
+    if order_warned:
+        assert theirs["tp"] == mine["tp"]  # TP stays innermost either way
+    else:
+        assert theirs == mine
+    if ep > 1:
+        megatron_ep = sorted(sorted(g) for g in expert.get_ranks("ep"))
+        folded = etp != plan.tp or dp % plan.ep
+        if folded:
+            sizes = {"tp": plan.tp, "cp": plan.cp, "ep": 1, "dp": dp, "pp": plan.pp}
+            _, ep_rows, _ = _expert_groups(plan.axes, sizes, etp, plan.ep)
+            assert megatron_ep == sorted(sorted(map(int, r)) for r in ep_rows)
+        elif plan.cp > 1:  # the export says Megatron's EP groups differ from the plan's: they do
+            assert megatron_ep != plan_groups(plan, dp, ("ep",))
+            assert any("expert groups differ from the plan" in w for w in out.warnings)
+        elif not order_warned:
+            assert megatron_ep == plan_groups(plan, dp, ("ep",))
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_layers_per_rank_and_recompute(case: str, fake_world) -> None:
+    prob, plan, dp = full_plan(case)
+    out = exported(case, "megatron")
+    f = flags_of(out.text)
+    cfg = megatron_config(f)
+    L = prob.model.num_hidden_layers
+    stages = list(plan.stage_layers) if plan.stage_layers else None
+    if stages is None:
+        from autoshard.cost import even_split  # noqa: PLC0415
+        stages = even_split(L, plan.pp * plan.vpp)
+    vpp = cfg.virtual_pipeline_model_parallel_size or 1
+    if cfg.pipeline_model_parallel_layout is not None:
+        vpp = cfg.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size or 1
+    assert vpp == plan.vpp
+    fake_world(prob.cluster.num_gpus)
+    ps.initialize_model_parallel(tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+                                 context_parallel_size=plan.cp, create_gloo_process_groups=False,
+                                 virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                                 expert_model_parallel_size=plan.ep if prob.model.is_moe else 1,
+                                 expert_tensor_parallel_size=plan.expert_tp if prob.model.is_moe else plan.tp)
+    planned = plan.recompute_per_layer(L)
+    recomputed: list[str] = ["none"] * L
+    for r in range(plan.pp):
+        for v in range(vpp):
+            c = v * plan.pp + r
+            ps.set_pipeline_model_parallel_rank(r)  # the layout reads the rank from parallel_state
+            n = get_num_layers_to_build(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
+            off = get_transformer_layer_offset(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
+            assert (off, n) == (sum(stages[:c]), stages[c]), (r, v)
+            # TransformerBlock._checkpointed_forward (core_v0.16.1): uniform recomputes every layer of
+            # the chunk, block the first recompute_num_layers; selective recomputes core attention.
+            for j in range(n):
+                if cfg.recompute_granularity == "full" and (
+                        cfg.recompute_method == "uniform" or j < cfg.recompute_num_layers):
+                    recomputed[off + j] = "full"
+                elif cfg.recompute_granularity == "selective":
+                    recomputed[off + j] = "selective"
+    exact = not any("recompute" in w and "not" in w for w in out.warnings)
+    if exact:
+        assert recomputed == planned
+    else:  # the closest setting never recomputes less than planned where the plan recomputes fully
+        assert all(r == "full" for r, p in zip(recomputed, planned) if p == "full") or \
+            set(planned) == {"none", "selective"}
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_micro_batches(case: str) -> None:
+    prob, plan, dp = full_plan(case)
+    f = flags_of(exported(case, "megatron").text)
+    calc = ConstantNumMicroBatchesCalculator(int(f["--global-batch-size"]), int(f["--micro-batch-size"]), dp,
+                                            False, 0)
+    assert calc.get() == prob.training.global_batch_size // (plan.micro_batch_size * dp)
+    assert calc.get_current_global_batch_size() == prob.training.global_batch_size
+    assert int(f["--seq-length"]) == prob.training.seq_len
+
+
+def test_layout_strings_parse_in_megatron() -> None:
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    from autoshard.export import megatron_layout
+    lay = PipelineParallelLayerLayout(megatron_layout([3, 5, 4, 2], mtp_layers=1), 2)
+    assert lay.virtual_pipeline_model_parallel_size == 2
+    assert re.fullmatch(r"Et\*3\|t\*5\|t\*4\|t\*2mL", megatron_layout([3, 5, 4, 2], mtp_layers=1))
+
+
+def test_ast_of_moe_layer_freq_is_a_list_expression() -> None:
+    # the exported --moe-layer-freq is a Python list expression, as Megatron's moe_freq_type expects
+    prob_case = next(c for c in CASE_IDS if "deepseek" in c)
+    f = flags_of(exported(prob_case, "megatron").text)
+    assert isinstance(ast.parse(str(f["--moe-layer-freq"]), mode="eval").body, ast.BinOp)
