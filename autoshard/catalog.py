@@ -1,12 +1,20 @@
-"""Catalog of GPUs, network topologies and model presets, read from `autoshard/data/*.yaml`.
+"""Catalog of GPUs, network topologies, training precisions and model presets, read from
+`autoshard/data/*.yaml`.
 
 The data files carry a source for every figure. A calibrated catalog (written by
 `autoshard calibrate`) is an overlay file whose `gpus:` entries replace the
 `efficiency` factors of the named GPUs; a problem points at it with
 `cluster.catalog`.
 
+Memory: `hbm_gb` is the vendor's figure (1e9 B), `hbm_usable_gib` what the driver exposes (2**30 B);
+`GPU.hbm_bytes` is the usable figure. Precisions (`precisions.yaml`) are recipes as run; the cost
+model asks `gemm_flops_per_s`, `gemm_peak_flops_per_s`, `weight_copy_bytes_per_param` (and may ask
+`quant_overhead_bytes_per_element`, `low_precision_fraction`, `attention_flops_per_s`);
+`check_precision` rejects a recipe the GPU has no tensor cores for.
+
 Efficiency factors, all in (0, 1]:
-- `matmul.<precision>`: achieved / peak tensor FLOP/s of a large GEMM;
+- `matmul.<dtype>`: achieved / peak tensor FLOP/s of a large GEMM (bf16, fp8; fp16 falls back to
+  bf16, fp4 to fp8);
 - `hbm`: achieved / peak HBM bandwidth for streaming kernels;
 - `scaleup` / `scaleout`: achieved bus bandwidth / link bandwidth of NCCL collectives on the
   innermost (NVLink) level and on the scale-out levels.
