@@ -185,12 +185,14 @@ class TopologyLevel(Strict):
 
     `size` is the number of GPUs in one domain of this level (8 for a DGX node,
     256 for a SuperPod scalable unit...). `bandwidth_gb_per_s` is the
-    unidirectional egress per GPU into this level, in GB/s (1e9 bytes/s).
+    unidirectional egress per GPU into this level, in GB/s (1e9 bytes/s); at least
+    MIN_LINK_GB_PER_S (0.01 GB/s = 80 Mb/s, slower than any network a model is trained over:
+    below it step times overflow the solver's integer units).
     """
 
     name: str
     size: Annotated[int, Field(ge=1, le=MAX_GPUS)]
-    bandwidth_gb_per_s: Annotated[float, Field(gt=0, le=1e6)]
+    bandwidth_gb_per_s: Annotated[float, Field(ge=0.01, le=1e6)]  # MIN_LINK_GB_PER_S
     latency_us: Annotated[float, Field(ge=0, le=1e6)] = 5.0
     sharp: bool = False
     oversubscription: Annotated[float, Field(ge=1.0, le=64.0)] = 1.0
