@@ -384,8 +384,17 @@ def cmd_serve_memory(a: argparse.Namespace) -> int:
             params = float(a.params)
         except ValueError:
             raise InputError(f"not a number: {a.params!r}", field="--params") from None
-    model = _model_arg(a.model) if a.model else None
-    r = serve_memory(get_gpu(a.gpu), model=model, params=params, batch=a.batch, context=a.context,
+    gpu_name = a.gpu
+    if a.model and a.model.endswith((".yaml", ".yml")):  # a problem file: its model and GPU (flags override)
+        from .loader import load_problem  # noqa: PLC0415
+
+        problem = load_problem(a.model)
+        model, gpu_name = problem.model, a.gpu or problem.cluster.gpu
+    else:
+        model = _model_arg(a.model) if a.model else None
+    if not gpu_name:
+        raise InputError("required unless MODEL is a problem file", field="--gpu")
+    r = serve_memory(get_gpu(gpu_name), model=model, params=params, batch=a.batch, context=a.context,
                      precision=a.precision, kv_precision=a.kv_precision, prefill_tokens=a.prefill_tokens,
                      memory_utilization=a.memory_utilization, gpus_per_node=a.gpus_per_node)
     if a.json:
@@ -587,9 +596,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sm = add("serve-memory", cmd_serve_memory, "Inference memory: weights + KV cache (GQA/MLA) + activations, "
              "and the fewest GPUs to hold and to serve a model.")
-    sm.add_argument("model", nargs="?", metavar="MODEL", help="model preset or Hugging Face config.json")
+    sm.add_argument("model", nargs="?", metavar="MODEL",
+                    help="model preset, Hugging Face config.json, or a problem file (its model and GPU)")
     sm.add_argument("--params", metavar="N", help="weights only: a parameter count instead of MODEL (e.g. 100e12)")
-    sm.add_argument("--gpu", required=True, metavar="GPU")
+    sm.add_argument("--gpu", metavar="GPU", help="GPU id or alias; required unless MODEL is a problem file")
     sm.add_argument("--batch", type=int, default=1, metavar="B", help="concurrent sequences (default 1)")
     sm.add_argument("--context", type=int, default=4096, metavar="L", help="tokens per sequence, prompt + output (default 4096)")
     sm.add_argument("--precision", default="bf16", metavar="P",

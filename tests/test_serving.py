@@ -75,3 +75,13 @@ def test_cli_json():
                            "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert 1000 <= json.loads(proc.stdout)["min_gpus_to_hold_weights"] <= 1100
+
+
+def test_problem_file_gives_model_and_gpu():
+    proc = subprocess.run([sys.executable, "-m", "autoshard.cli", "serve-memory", "problems/llama3-70b-640xh100.yaml",
+                           "--batch", "32", "--context", "8192", "--json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["model"], doc["gpu"]) == ("llama3-70b", "h100-sxm")
+    assert doc["kv_cache_bytes"] == 32 * 8192 * 327_680
