@@ -137,11 +137,13 @@ def test_unknown_names_give_the_closest_valid_names(capsys):
 def test_plan_whose_degrees_do_not_divide_lists_every_reason(capsys):
     plan = str(BAD / "plan_degrees_do_not_divide.yaml")
     rc, out, err = main(capsys, "evaluate", OK, "--plan", plan)
-    assert rc == 1 and "INVALID PLAN: 6 reasons (on stderr)" in out
+    assert rc == 1 and "INVALID PLAN: 7 reasons (on stderr)" in out
     assert "dp?" not in out and "plan: tp3 sp pp5x2 zero1" in out and "(no dp: the other degrees do not divide" in out
     reasons = ["tp*cp*pp = 15 does not divide the 8 GPUs", "tp=3 does not divide num_attention_heads=32",
                "tp=3 and num_key_value_heads=8: neither divides the other",
-               "tp=3 does not divide intermediate_size=14336", "vpp=2 needs schedule 'interleaved' (got '1f1b')",
+               "tp=3 does not divide intermediate_size=14336",
+               "sequence parallelism splits the 2048 tokens over tp=3: not divisible",
+               "vpp=2 needs schedule 'interleaved' (got '1f1b')",
                "stage_layers has 2 entries, expected pp*vpp = 10"]
     assert err.splitlines() == [f"autoshard: infeasible: {plan}: {r}" for r in reasons]
     rc, out, _ = main(capsys, "evaluate", OK, "--plan", str(BAD / "plan_degrees_do_not_divide.yaml"), "--json")
