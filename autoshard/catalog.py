@@ -374,6 +374,21 @@ def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
     except UnicodeDecodeError as exc:
         raise InputError(f"cannot read calibrated catalog: not UTF-8 text (byte {exc.start})", source=path) from None
     doc = parse_yaml(text, path) or {}  # duplicate keys rejected at the second key's line
+    # Nothing may be silently ignored: a file without `gpus:` (a problem file, a typo) is an error.
+    if not isinstance(doc, dict):
+        raise InputError(f"malformed calibrated catalog: expected a mapping with `gpus:`, got a {type(doc).__name__}",
+                         source=path)
+    extra = [k for k in doc if k != "gpus"]
+    if extra:
+        raise InputError(f"unknown field in a calibrated catalog ({closest(str(extra[0]), ['gpus'])}; a catalog "
+                         "holds only `gpus: {<gpu>: {efficiency: {...}}}`)", source=path, field=str(extra[0]))
+    if not isinstance(doc.get("gpus"), dict) or not doc["gpus"]:
+        raise InputError("malformed calibrated catalog: `gpus` must map GPU names to {efficiency: {...}}",
+                         source=path, field="gpus")
+    for k in doc["gpus"]:
+        if _aliases().get(_norm(str(k))) is None:
+            raise InputError(f"unknown GPU {k!r} ({closest(_norm(str(k)), _aliases())})", source=path,
+                             field=f"gpus.{k}")
     out: dict[str, Efficiency] = {}
     try:
         for k, v in (doc.get("gpus") or {}).items():

@@ -405,10 +405,26 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
 
     try:
         check_cluster(problem)
+        check_catalog(problem)
         check_search(problem)
     except InputError as exc:  # one with a file of its own is in the calibrated catalog the problem names
         raise named_file_error(exc, src, "cluster.catalog") from None
     return problem
+
+
+def check_catalog(problem: Problem) -> None:
+    """A calibrated catalog (`cluster.catalog`) must hold an entry for the cluster's GPU: an
+    overlay that names other GPUs would be silently ignored."""
+    path = problem.cluster.catalog
+    if not path:
+        return
+    from .catalog import _aliases, _norm, load_overlay  # noqa: PLC0415
+
+    overlay = load_overlay(path)
+    gid = _aliases().get(_norm(problem.cluster.gpu), problem.cluster.gpu)
+    if gid not in overlay:
+        raise InputError(f"the calibrated catalog {path} has no entry for {gid} (it has: {', '.join(sorted(overlay))}): "
+                         "its factors would not apply", field="cluster.catalog")
 
 
 def check_search(problem: Problem) -> None:
