@@ -125,3 +125,32 @@ def test_unreachable_scheduler_is_bad_input(tmp_path, distributed):
         with pytest.raises(InputError, match="cannot connect to the dask scheduler") as exc:
             run_study({**SMALL, "sensitivity": "off"}, tmp_path, executor="dask", scheduler="tcp://127.0.0.1:9")
     assert exc.value.line().startswith("tcp://127.0.0.1:9: ")
+
+
+def test_dask_sigterm_exits_143_without_tracebacks(tmp_path, distributed):
+    """SIGTERM during a sweep on a local Dask cluster: the finished options written, exit 143, only
+    the progress line and the interrupt line on stderr (no CommClosedError / gather errors)."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.test_whatif import SIGNAL_STUDY
+
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(SIGNAL_STUDY))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "autoshard.cli", "whatif", str(path), "-o", str(out),
+                             "--executor", "dask", "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    err = []
+    for line in proc.stderr:
+        err.append(line)
+        if line.startswith("[1/"):
+            break
+    os.kill(proc.pid, signal.SIGTERM)
+    _, rest = proc.communicate(timeout=120)
+    lines = ("".join(err) + rest).splitlines()
+    assert proc.returncode == 143, lines
+    assert lines[-1] == "autoshard: interrupted; finished outputs were kept" and len(lines) == len(err) + 1, lines
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is False and doc["rows"]

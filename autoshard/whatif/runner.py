@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import hashlib
 import io
+import logging
 import math
 import multiprocessing
 import os
@@ -324,14 +325,14 @@ def _sigint_deferred() -> Any:
 
 
 def _local_cluster(distributed: Any, n_workers: int) -> Any:
-    import logging  # noqa: PLC0415
-
     # On 127.0.0.1, no dashboard, the scheduler's HTTP routes (health, metrics) on a free port instead of
-    # 8787 (which another cluster may hold); worker logs only at ERROR (a cancel logs warnings).
+    # 8787 (which another cluster may hold); worker logs only at CRITICAL: a cancel logs warnings, and a
+    # stop mid-run logs errors (CommClosedError from heartbeats to the closed scheduler); a task that
+    # fails is reported in its row.
     return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                     dashboard_address=None,
                                     scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
-                                    silence_logs=logging.ERROR, preload=[_WORKER_PRELOAD])
+                                    silence_logs=logging.CRITICAL, preload=[_WORKER_PRELOAD])
 
 
 def _dask_failure(task: Task, exc: BaseException) -> dict[str, Any]:
@@ -377,12 +378,19 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
             if progress:
                 progress(len(done), total, task.label)
     except BaseException:
+        # Interrupted: the cancelled tasks' keys are expected to vanish; the scheduler (in this process
+        # for a local cluster) would log that as errors ("Couldn't gather keys").
+        quiet = logging.getLogger("distributed")
+        level, quiet_level = quiet.level, logging.CRITICAL
+        quiet.setLevel(quiet_level)
         if client is not None and futures:
             try:
                 client.cancel(futures)
             except Exception:  # noqa: BLE001, S110  (closing below releases them anyway)
                 pass
         raise
+    else:
+        level = None
     finally:  # a failure to close must not hide the result or the interrupt
         for closable in (client, cluster):
             if closable is not None:
@@ -390,6 +398,8 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
                     closable.close()
                 except Exception:  # noqa: BLE001, S110
                     pass
+        if level is not None:
+            logging.getLogger("distributed").setLevel(level)
 
 
 def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> dict[str, Any]:
