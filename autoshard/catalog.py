@@ -72,6 +72,12 @@ class GPU(Strict):
     default_topology: str
     price: Price
     efficiency: Efficiency
+    # GEMM shape facts (cost.gemm_shape_efficiency): streaming multiprocessors (CUs on AMD) and the
+    # output tile one scheduling slot computes, with the SMs a slot spans (2 for Blackwell's
+    # CTA-pair tcgen05 MMA).
+    sm_count: int = Field(default=132, ge=1)
+    gemm_tile: tuple[int, int] = (128, 256)
+    gemm_tile_sms: int = Field(default=1, ge=1)
     sources: dict[str, str]
 
     @staticmethod

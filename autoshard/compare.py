@@ -29,7 +29,8 @@ from .spec import Plan, Problem
 TIME_NAMES = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "tensor-parallel communication",
     "cp_comm": "context-parallel communication", "ep_comm": "expert all-to-all", "pp_comm": "pipeline sends",
-    "zero3_comm": "ZeRO-3 parameter gathers", "pipeline_bubble": "pipeline bubble",
+    "zero3_comm": "ZeRO-3 parameter gathers", "moe_host": "MoE host synchronization",
+    "pipeline_bubble": "pipeline bubble",
     "dp_comm": "data-parallel gradient traffic", "optimizer": "optimizer step",
 }
 MEMORY_NAMES = {

@@ -24,6 +24,8 @@ class FrameworkProfile:
     moe_folding: bool
     uneven_stages: bool
     source: str
+    moe_layer_host_s: float = 0.0  # exposed host time per MoE layer and micro-batch (fwd + bwd)
+    attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
 
     def optimizer_state_bytes(self, optimizer: str) -> float:
         """Bytes per parameter the optimizer keeps (master weights + moments); SGD keeps one moment."""
@@ -42,7 +44,9 @@ def profiles() -> dict[str, FrameworkProfile]:
             grad_reduce_bytes=float(row["grad_reduce_bytes"]), zero_stages=tuple(row["zero_stages"]),
             schedules=tuple(row["schedules"]), tp_comm_overlap=bool(row["tp_comm_overlap"]),
             ep_overlap=bool(row["ep_overlap"]), moe_folding=bool(row["moe_folding"]),
-            uneven_stages=bool(row["uneven_stages"]), source=" ".join(str(row["source"]).split()))
+            uneven_stages=bool(row["uneven_stages"]), source=" ".join(str(row["source"]).split()),
+            moe_layer_host_s=float(row.get("moe_layer_host_ms", 0.0)) / 1e3,
+            attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)))
     return out
 
 

@@ -28,7 +28,7 @@ from typing import Any
 ERROR_KINDS = {"input": 2, "infeasible": 1, "internal": 2}
 TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
                "ep_comm": "EP comm", "pp_comm": "PP comm", "zero3_comm": "ZeRO-3 gathers",
-               "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
+               "moe_host": "MoE host sync", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "grads"), ("optimizer_states", "optimizer"),
                   ("activations", "activations"))
 PLAN_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "dp", "sequence_parallel", "zero_stage", "micro_batch_size",
@@ -262,11 +262,11 @@ def plan_short(plan: Any) -> str:
 
 
 def headroom_text(peak_gib: float, capacity_gib: float) -> str:
-    """`12.3 GiB free (15.8% headroom)`, or `over by 3.4 GiB` (never a negative headroom)."""
+    """`12.3 GiB free, 15.8% headroom`, or `over by 3.4 GiB` (never a negative headroom)."""
     if peak_gib > capacity_gib:
         return f"over by {peak_gib - capacity_gib:.1f} GiB"
     share = (capacity_gib - peak_gib) / capacity_gib if capacity_gib else 0.0
-    return f"{capacity_gib - peak_gib:.1f} GiB free ({fmt_pct(share)} headroom)"
+    return f"{capacity_gib - peak_gib:.1f} GiB free, {fmt_pct(share)} headroom"
 
 
 def _title(problem: Any) -> str:

@@ -381,7 +381,7 @@ def test_modern_torchtitan_rows():
     c = run_to_case(rs["torchtitan_2412_table1_llama318b_8gpu_01"])
     assert isinstance(c, Case), c
     assert c.framework == "torchtitan" and c.problem.framework == "torchtitan"
-    assert c.problem.cluster.gpu == "h100-sxm" and any("96 GB" in n for n in c.notes)
+    assert c.problem.cluster.gpu == "h100-hbm2e-96gb"  # Grand Teton: 96 GB HBM2e, 500 W
     assert (c.plan.dp, c.plan.micro_batch_size, c.plan.zero_stage) == (8, 2, 3)  # local batch 2, FSDP
     assert c.plan.recompute == "selective" and c.recipe == "bf16"
     big = run_to_case(rs["torchtitan_2412_table6_llama31405b_512gpu_16"])
@@ -424,7 +424,8 @@ def test_modern_rows_that_cannot_convert_say_why():
 def test_modern_names():
     from autoshard.validate.modern import gpu_id
 
-    assert gpu_id("DGX-H100") == gpu_id("H100-SXM5-80GB") == gpu_id("H100 (96GB HBM2e, 500W power limit)") == "h100-sxm"
+    assert gpu_id("DGX-H100") == gpu_id("H100-SXM5-80GB") == "h100-sxm"
+    assert gpu_id("H100 (96GB HBM2e, 500W power limit)") == "h100-hbm2e-96gb"
     assert gpu_id("DGX-GB200") == gpu_id("GB200") == "gb200" and gpu_id("DGX-B200") == gpu_id("B200") == "b200"
     assert gpu_id("DGX-GB300") == "gb300" and gpu_id("DGX-B300") == "b300"
     assert gpu_id("MI300") == "mi300x" and gpu_id("MI325X") == "mi325x" and gpu_id("MI355") == "mi355x"

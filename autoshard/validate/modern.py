@@ -8,8 +8,8 @@ conversion of `dev_runs.json` rows is left untouched). What the conversion reads
 row field / situation      autoshard
 =========================  ===========================================================================
 gpu                        vendor / system names to catalog ids (`gpu_id`): DGX-H100, H100-SXM5-80GB,
-                           'H100 (96GB HBM2e, 500W power limit)' -> h100-sxm (the 96 GB Grand Teton
-                           part is priced as the 80 GB SXM5: noted); DGX-B200/B200 -> b200;
+                           'H100 (96GB HBM2e, 500W power limit)' -> h100-hbm2e-96gb (Grand Teton,
+                           its own topology); DGX-B200/B200 -> b200;
                            DGX-GB200/GB200 -> gb200; DGX-B300/B300 -> b300; DGX-GB300/GB300 ->
                            gb300; MI300 -> mi300x; MI325X -> mi325x; MI355 -> mi355x. A catalog id
                            that does not exist yet skips the row with that reason.
@@ -90,6 +90,8 @@ def gpu_id(name: str) -> str | None:
         if re.search(pat, low):
             return gid
     if re.search(r"\bh100", low):
+        if "96gb" in low.replace(" ", "") or "hbm2e" in low:
+            return "h100-hbm2e-96gb"  # Meta Grand Teton: 96 GB HBM2e, 500 W limit
         return "h100-pcie" if "pcie" in low else "h100-sxm"
     if re.search(r"\ba100", low):
         return "a100-sxm-40gb" if "40gb" in low else "a100-sxm-80gb"
@@ -344,8 +346,6 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         return skip(f"GPU {gpu_name!r} has no mapping to the catalog")
     if not _exists(gid):
         return skip(f"GPU {gpu_name!r} -> catalog entry {gid!r}, not in the catalog yet")
-    if "96gb" in gpu_name.lower().replace(" ", ""):
-        notes.append(f"{gpu_name!r} priced as h100-sxm (80 GB HBM3): the 96 GB HBM2e, 500 W part is not in the catalog")
     arch = gpu_arch(gid)
     recipe, prec_how = precision_recipe(row, arch)
     if recipe is None:
