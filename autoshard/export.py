@@ -1060,9 +1060,11 @@ def _shard_dims(name: str, shape: list[int], want: list[Any], axis_size: dict[st
     first; data-like axes only, TP keeps its dimension), else the tensor is replicated over it
     with a warning, so NamedSharding never raises IndivisibleError."""
     dims: list[list[str]] = []
-    for spec in want:
+    seen: set[str] = set()
+    for spec in want:  # a mesh axis may shard one dimension only (JAX DuplicateSpecError)
         axes = [] if spec is None else ([spec] if isinstance(spec, str) else list(spec))
-        dims.append([a for a in axes if axis_size.get(a, 1) > 1])
+        dims.append([a for a in axes if axis_size.get(a, 1) > 1 and a not in seen])
+        seen.update(dims[-1])
     dropped: list[str] = []
     for d, dim in enumerate(shape):
         while dims[d] and dim % math.prod(axis_size[a] for a in dims[d]):
@@ -1165,7 +1167,8 @@ def _jax(ctx: _Ctx) -> str:
             big = max(range(len(shape)), key=lambda i: shape[i])
             entry = base[big]
             have = [] if entry is None else ([entry] if isinstance(entry, str) else list(entry))
-            base[big] = have + opt_axes
+            used = {a for e in base if e is not None for a in ([e] if isinstance(e, str) else e)}
+            base[big] = have + [a for a in opt_axes if a not in used]
             spec = _shard_dims(f"optimizer.{name}", shape, base, axis_size, ctx)
             optimizer[name] = {"shape": shape, "kind": kind, "spec": spec}
 
