@@ -1,0 +1,192 @@
+"""The search itself: alternatives by family (against brute force), named alternatives (against
+the same restriction written in `search:`), the deterministic budget (same answer with the
+machine busy or quiet), the wall-clock safety net, the fingerprint and progress events."""
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autoshard import load_problem
+from autoshard.cost import Config, assemble, context, evaluate, layer_table
+from autoshard.errors import InputError
+from autoshard.solver import family_key, solve
+from autoshard.solver.search import ALT_GAP
+from autoshard.spec import MESH_AXES
+
+SEED = {"model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 960},
+        "cluster": {"gpu": "h100-sxm", "num_gpus": 640, "topology": "dgx-h100-superpod"}}
+
+# A space small enough to enumerate every plan with the evaluator: 4 layers, 8 GPUs.
+TINY = {"model": {"name": "tiny", "num_hidden_layers": 4, "hidden_size": 4096, "intermediate_size": 14336,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "hidden_act": "silu"},
+        "training": {"seq_len": 4096, "global_batch_size": 32},
+        "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+        "search": {"tp": [1, 2, 4], "pp": [1, 2], "cp": [1], "micro_batch_size": [1], "zero_stage": [0, 1],
+                   "schedule": ["1f1b", "zero_bubble"], "sequence_parallel": [True],
+                   "recompute": ["none", "full"]}}
+
+
+def best_per_family(problem):
+    """{family: best step time} over every plan of the declared space (every placement, stage
+    split and per-layer recompute), each priced by the evaluator's own table and assembly."""
+    s, n, L = problem.search, problem.cluster.num_gpus, problem.model.num_hidden_layers
+    ctx = context(problem)
+    best = {}
+    for tp, pp, zero, sched in itertools.product(s.tp, s.pp, s.zero_stage, s.schedule):
+        if pp == 1 and sched != "1f1b":
+            continue
+        plan0 = evaluate(problem, {"tp": tp, "pp": pp, "zero_stage": zero, "schedule": sched,
+                                   "sequence_parallel": True}).plan
+        if plan0.dp is None:
+            continue
+        dp = n // (tp * pp)
+        live = [a for a, v in zip(MESH_AXES, (tp, 1, 1, dp, pp)) if v > 1]
+        for perm in itertools.permutations(live):
+            placement = "-".join([*perm, *[a for a in MESH_AXES if a not in perm]])
+            cfg = Config.of(plan0.model_copy(update={"placement": placement}), dp)
+            table = layer_table(ctx, cfg)
+            for cuts in itertools.combinations(range(1, L), pp - 1):
+                b = (0, *cuts, L)
+                split = [b[i + 1] - b[i] for i in range(pp)]
+                for rc in itertools.product(s.recompute, repeat=L):
+                    e = assemble(ctx, table, split, list(rc), cfg.plan(list(rc), split), [])
+                    if e.fits:
+                        fam = family_key(cfg)
+                        best[fam] = min(best.get(fam, math.inf), e.step_time_s)
+    return best
+
+
+def test_alternatives_are_the_best_plans_of_the_next_best_families():
+    problem = load_problem(TINY)
+    truth = best_per_family(problem)
+    sol = solve(problem, top_k=3)
+    assert sol.solver.status == "OPTIMAL"
+    best_fam = family_key(sol.plan)
+    assert sol.estimate.step_time_s <= min(truth.values()) * (1 + sol.solver.gap_limit) + 1e-9
+    ranked = sorted((v, k) for k, v in truth.items() if k != best_fam)
+    assert len(ranked) >= 3 and sol.solver.alternatives_complete
+    fams = [family_key(a.plan) for a in sol.alternatives]
+    assert len(set(fams)) == len(fams) == 3 and best_fam not in fams  # distinct families
+    for a, (v, fam) in zip(sol.alternatives, ranked):
+        # The k-th alternative is as fast as the k-th best other family, to within ALT_GAP.
+        assert a.estimate.step_time_s == pytest.approx(v, rel=2 * ALT_GAP)
+        assert a.estimate.step_time_s >= truth[family_key(a.plan)] - 1e-9  # a real plan of its family
+        assert a.slower_pct == pytest.approx(100 * (a.estimate.step_time_s / sol.estimate.step_time_s - 1))
+        assert a.family and a.differs
+    assert [a.slower_pct for a in sol.alternatives] == sorted(a.slower_pct for a in sol.alternatives)
+
+
+@pytest.fixture(scope="module")
+def seed_solutions():
+    p = load_problem(SEED)
+    return p, solve(p, top_k=0), solve(p, top_k=3)
+
+
+def test_top3_costs_little_more_than_top0_and_gives_distinct_families(seed_solutions):
+    _, s0, s3 = seed_solutions
+    assert s3.plan == s0.plan and s3.solver.gap == s0.solver.gap
+    # Deterministic work (not a clock): the alternatives take at most ALT_SHARE of the proof's.
+    assert s3.solver.work_s <= 1.3 * s0.solver.work_s + 0.25
+    fams = {family_key(s3.plan)} | {family_key(a.plan) for a in s3.alternatives}
+    assert len(fams) == 1 + len(s3.alternatives) >= 3
+    for a in s3.alternatives:
+        assert a.estimate == evaluate(s3.plan and load_problem(SEED), a.plan)  # re-evaluated
+        assert 0 <= a.slower_pct <= 50
+
+
+@pytest.mark.parametrize("name,search", [("no-cp", {"cp": [1]}), ("1f1b", {"schedule": ["1f1b"]}),
+                                         ("even-stages", {"uniform_stages": True})])
+def test_named_alternative_is_the_restricted_optimum(seed_solutions, name, search):
+    p, s0, _ = seed_solutions
+    sol = solve(p, top_k=0, alternatives=[name])
+    (alt,) = sol.alternatives
+    assert alt.family == name
+    restricted = solve(load_problem({**SEED, "search": search}), top_k=0)  # the same question, in `search:`
+    assert alt.estimate.step_time_s == pytest.approx(restricted.estimate.step_time_s, rel=2.5e-3)
+    plan = alt.plan
+    if name == "no-cp":
+        assert plan.cp == 1
+    elif name == "1f1b":
+        assert plan.schedule == "1f1b"
+    else:
+        assert max(plan.stage_layers) - min(plan.stage_layers) <= 1
+
+
+def test_tp_in_node_and_unknown_names():
+    p = load_problem(SEED)
+    sol = solve(p, top_k=0, alternatives=["tp-in-node", "tp8"])
+    by = {a.family: a for a in sol.alternatives}
+    tp8 = by["tp8"].plan
+    assert tp8.tp == 8 and tp8.axes[0] == "tp"  # TP8 fills a node only as the innermost axis
+    assert by["tp-in-node"].plan.tp <= 8
+    with pytest.raises(InputError, match="--alternatives: unknown alternative 'no-such'"):
+        solve(p, alternatives=["no-such"])
+
+
+def test_budget_is_deterministic_work_busy_or_quiet():
+    """A solve its work budget stops returns the same plan, gap and work on a busy machine."""
+    p = load_problem(SEED)
+    quiet = solve(p, top_k=2, gap_limit=0.0, work_limit=0.4)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]  # both cores
+    try:
+        busy = solve(load_problem(SEED), top_k=2, gap_limit=0.0, work_limit=0.4)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert quiet.solver.stopped_by == busy.solver.stopped_by == "work budget"
+    assert quiet.solver.status == "FEASIBLE" and quiet.solver.gap > 0
+    same = lambda s: json.dumps({"plan": s.plan.model_dump(), "gap": s.solver.gap, "work": s.solver.work_s,  # noqa: E731
+                                 "alts": [a.plan.model_dump() for a in s.alternatives],
+                                 "fp": s.solver.fingerprint}, sort_keys=True)
+    assert same(quiet) == same(busy)
+
+
+def test_wall_clock_is_a_safety_net_that_says_so():
+    t0 = time.perf_counter()
+    sol = solve(load_problem(SEED), top_k=0, gap_limit=0.0, time_limit_s=1.0)
+    assert time.perf_counter() - t0 < 1.0 + 3
+    assert sol.solver.stopped_by == "wall-clock safety net" and sol.solver.status == "FEASIBLE"
+    assert sol.estimate.fits
+
+
+def test_fingerprint_covers_inputs_version_and_budget_not_the_clock():
+    p = load_problem(TINY)
+    a = solve(p, top_k=0, time_limit_s=60)
+    b = solve(p, top_k=0, time_limit_s=30)
+    c = solve(p, top_k=0, work_limit=5)
+    d = solve(load_problem({**TINY, "training": {"seq_len": 2048, "global_batch_size": 32}}), top_k=0)
+    assert len(a.solver.fingerprint) == 64
+    assert a.solver.fingerprint == b.solver.fingerprint
+    assert len({a.solver.fingerprint, c.solver.fingerprint, d.solver.fingerprint}) == 3
+    with pytest.raises(InputError, match="--work-limit"):
+        solve(p, work_limit=0)
+
+
+def test_progress_events():
+    events = []
+    sol = solve(load_problem(TINY), top_k=1, progress=events.append)
+    assert events and events[0]["phase"] == "warm start"
+    search = [e for e in events if e["phase"] == "search"]
+    assert search[-1]["visited"] == search[-1]["total"]
+    incumbents = [e["incumbent_s"] for e in search if e["incumbent_s"] is not None]
+    assert incumbents == sorted(incumbents, reverse=True)  # the incumbent only improves
+    assert incumbents[-1] >= sol.estimate.step_time_s - 1e-9
+    for e in events:
+        assert 0 <= e["visited"] <= e["total"]
+        if e["gap"] is not None:
+            assert 0 <= e["gap"] <= 1
+
+
+def test_progress_is_quiet_off_a_terminal(capsys):
+    from autoshard.progress import solve_progress, status_text
+
+    with solve_progress(quiet=False) as progress:  # pytest captures stderr: not a terminal
+        assert progress is None
+    assert "gap 0.10%" in status_text({"phase": "search", "visited": 3, "total": 9, "incumbent_s": 4.9,
+                                       "bound_s": 4.895, "gap": 0.001})
