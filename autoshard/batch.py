@@ -324,14 +324,19 @@ class _Task:
     time_limit_s: float
     top_k: int
     gap_limit: float = DEFAULT_GAP_LIMIT
+    headroom_gib: float | None = None
 
 
-def _settings(time_limit_s: float, top_k: int, gap_limit: float = DEFAULT_GAP_LIMIT) -> dict[str, Any]:
-    return {"time_limit_s": float(time_limit_s), "top_k": int(top_k), "gap_limit": float(gap_limit)}
+def _settings(time_limit_s: float, top_k: int, gap_limit: float = DEFAULT_GAP_LIMIT,
+              headroom_gib: float | None = None) -> dict[str, Any]:
+    out = {"time_limit_s": float(time_limit_s), "top_k": int(top_k), "gap_limit": float(gap_limit)}
+    if headroom_gib is not None:  # only when given: the hashes of earlier records stay valid
+        out["headroom_gib"] = float(headroom_gib)
+    return out
 
 
 def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
-              gap_limit: float = DEFAULT_GAP_LIMIT) -> str | None:
+              gap_limit: float = DEFAULT_GAP_LIMIT, headroom_gib: float | None = None) -> str | None:
     """The incremental-skip hash of a problem file (None when it cannot be read): its bytes,
     the calibrated catalog / HF config files it names, the version and the solver settings.
 
@@ -357,7 +362,7 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
                     extra.append(ref.encode() + b"\0" + where.read_bytes())
                 except OSError:
                     extra.append(ref.encode() + b"\0(unreadable)")
-    return input_hash(data, _settings(time_limit_s, top_k, gap_limit), extra)
+    return input_hash(data, _settings(time_limit_s, top_k, gap_limit, headroom_gib), extra)
 
 
 def record_problem_paths(record: dict[str, Any], problem_path: str | os.PathLike[str] | None) -> None:
@@ -387,13 +392,13 @@ def find_problem_file(info: dict[str, Any], record_path: str | os.PathLike[str])
 
 def solve_task(task: _Task) -> tuple[str, dict[str, Any], str]:
     """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt)."""
-    from .loader import load_problem  # noqa: PLC0415
+    from .loader import load_problem, with_headroom  # noqa: PLC0415
 
-    settings = _settings(task.time_limit_s, task.top_k, task.gap_limit)
+    settings = _settings(task.time_limit_s, task.top_k, task.gap_limit, task.headroom_gib)
     common = {"input_sha256": task.key, "settings": settings, "name": task.name}
     problem = None
     try:
-        problem = load_problem(task.path)
+        problem = with_headroom(load_problem(task.path), task.headroom_gib)
         from .solver import solve  # noqa: PLC0415
 
         sol = solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit)
@@ -591,11 +596,12 @@ def _result_of(record: dict[str, Any]) -> str:
 
 def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.PathLike[str], *, jobs: int = 1,
               time_limit_s: float = 30, force: bool = False, top_k: int = 3, gap_limit: float = DEFAULT_GAP_LIMIT,
-              progress: ProgressFn | None = None) -> BatchResult:
+              progress: ProgressFn | None = None, headroom_gib: float | None = None) -> BatchResult:
     """Solve every problem of `inputs` into `out_dir` (see the module docstring).
 
     `jobs`: worker processes (1: in this process; 0: one per CPU). `time_limit_s`, `top_k`,
-    `gap_limit`: per solve (see `autoshard.solve`). `progress(done, total, name, status)` is called once with (0, total, "", "")
+    `gap_limit`: per solve (see `autoshard.solve`); `headroom_gib` (`--headroom`): HBM per GPU
+    every plan leaves free, replacing each problem's `search.headroom_gib` (None: theirs). `progress(done, total, name, status)` is called once with (0, total, "", "")
     and after every problem (skipped ones included). Raises InputError before solving
     anything when `out_dir` is not writable, no problem file is found or an argument is
     out of range; re-raises KeyboardInterrupt (SIGINT, or SIGTERM during the batch) after
@@ -624,7 +630,9 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
                          source=", ".join(os.fspath(i) for i in inputs))
     total = len(found)
     done: dict[str, ProblemResult] = {}
-    settings = _settings(time_limit_s, top_k, gap_limit)
+    settings = _settings(time_limit_s, top_k, gap_limit, headroom_gib)
+    if headroom_gib is not None and not (headroom_gib >= 0 and headroom_gib != float("inf")):
+        raise InputError(f"must be a number of GiB >= 0, got {headroom_gib:g}", field="--headroom")
 
     def report(pr: ProblemResult) -> None:
         done[pr.name] = pr
@@ -653,7 +661,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
                 rec = error_record(path, "input", f"{path}: {err}", settings=settings, name=name)
                 finish(name, path, rec, error_markdown(rec))
                 continue
-            key = input_key(path, time_limit_s, top_k, gap_limit)
+            key = input_key(path, time_limit_s, top_k, gap_limit, headroom_gib)
             jp, mp = out / f"{name}.json", out / f"{name}.md"
             old = None if force or key is None else _read_record(jp)
             if (old is not None and old.get("input_sha256") == key and mp.is_file() and record_intact(old)
@@ -661,7 +669,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
                 report(ProblemResult(name, path, "skipped-unchanged", _result_of(old), record_exit_code(old), old,
                                      str(jp), str(mp)))
                 continue
-            tasks.append(_Task(name, path, key, float(time_limit_s), int(top_k), float(gap_limit)))
+            tasks.append(_Task(name, path, key, float(time_limit_s), int(top_k), float(gap_limit), headroom_gib))
         if jobs <= 1 or len(tasks) <= 1:
             with _CpSatKeepsSigint():
                 for t in tasks:

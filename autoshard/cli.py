@@ -117,10 +117,10 @@ def _check_out_dir(path: str) -> None:
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
     from .cost import evaluate  # noqa: PLC0415
-    from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
+    from .loader import load_plan, load_problem, read_document, with_headroom  # noqa: PLC0415
     from .render import estimate_text  # noqa: PLC0415
 
-    problem = load_problem(a.problem)
+    problem = with_headroom(load_problem(a.problem), a.headroom)
     if a.plan:
         plan = load_plan(a.plan)
     else:
@@ -140,11 +140,11 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
 
 
 def cmd_solve(a: argparse.Namespace) -> int:
-    from .loader import dumps_json, load_problem  # noqa: PLC0415
+    from .loader import dumps_json, load_problem, with_headroom  # noqa: PLC0415
     from .render import estimate_text, solution_markdown, solution_record  # noqa: PLC0415
     from .solver import solve  # noqa: PLC0415
 
-    problem = load_problem(a.problem)
+    problem = with_headroom(load_problem(a.problem), a.headroom)
     if a.hf_config:
         from .catalog import not_a_fifo  # noqa: PLC0415
         from .hf import model_from_hf_config  # noqa: PLC0415
@@ -438,7 +438,7 @@ def cmd_batch(a: argparse.Namespace) -> int:
     from .batch import ProgressBar, run_batch, summary_table  # noqa: PLC0415
 
     result = run_batch(a.inputs, a.output, jobs=a.jobs, time_limit_s=a.time_limit, force=a.force, top_k=a.top,
-                       gap_limit=a.gap, progress=None if a.quiet else ProgressBar())
+                       gap_limit=a.gap, progress=None if a.quiet else ProgressBar(), headroom_gib=a.headroom)
     sys.stdout.write(summary_table(result))
     return result.exit_code
 
@@ -549,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="choose, among the optimum and its alternatives, the plan whose 80%% prediction "
                         "interval has the lowest upper end (the least bad case the validation residuals allow)")
     s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
+    s.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
 
     cm = add("compare", cmd_compare, "Why one plan is faster than another: both evaluated, the step-time difference "
              "decomposed term by term and the memory by component, one sentence per term.")
@@ -564,6 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("problem", metavar="PROBLEM")
     e.add_argument("--plan", metavar="PLAN", help="plan file (YAML/JSON, or a solution JSON); default: the problem's `plan:`")
     e.add_argument("--json", action="store_true")
+    e.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
 
     c = add("collective", cmd_collective, "Time of one collective on a cluster preset (REFERENCE §4 formulas).")
     c.add_argument("op", choices=["all_gather", "reduce_scatter", "all_reduce", "all_to_all",
@@ -634,6 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: each problem's `search: {headroom_gib: X}`, else 0)")
 
     w = add("whatif", cmd_whatif, "What-if study of hardware options: time, money, energy, Pareto front, report.")
     w.add_argument("study", metavar="STUDY")

@@ -407,6 +407,7 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
         check_cluster(problem)
         check_catalog(problem)
         check_search(problem)
+        _check_headroom(problem)
     except InputError as exc:  # one with a file of its own is in the calibrated catalog the problem names
         raise named_file_error(exc, src, "cluster.catalog") from None
     return problem
@@ -425,6 +426,38 @@ def check_catalog(problem: Problem) -> None:
     if gid not in overlay:
         raise InputError(f"the calibrated catalog {path} has no entry for {gid} (it has: {', '.join(sorted(overlay))}): "
                          "its factors would not apply", field="cluster.catalog")
+
+
+def with_headroom(problem: Problem, headroom_gib: float | None, option: str = "--headroom") -> Problem:
+    """The problem with `search.headroom_gib` set from a command-line option (None: unchanged);
+    a value that is negative, not finite or leaves no memory is bad input naming the option."""
+    if headroom_gib is None:
+        return problem
+    import math  # noqa: PLC0415
+
+    if not (math.isfinite(headroom_gib) and headroom_gib >= 0):
+        raise InputError(f"must be a number of GiB >= 0, got {headroom_gib:g}", field=option)
+    search = problem.search.model_copy(update={"headroom_gib": float(headroom_gib)})
+    out = problem.model_copy(update={"search": search})
+    try:
+        _check_headroom(out)
+    except InputError as exc:
+        raise InputError(exc.message, field=option) from None
+    return out
+
+
+def _check_headroom(problem: Problem) -> None:
+    """The headroom must leave some HBM for the plan (else every plan fails: bad input, not infeasible)."""
+    head = problem.search.headroom_gib
+    if not head:
+        return
+    from .catalog import get_gpu  # noqa: PLC0415
+
+    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
+    usable = gpu.hbm_bytes / 2**30 - 2.0  # less the reserve (cost.RESERVE_GIB)
+    if head >= usable:
+        raise InputError(f"a headroom of {head:g} GiB leaves nothing of the {usable:.1f} GiB a {gpu.id} offers "
+                         "after the 2 GiB reserve", field="search.headroom_gib")
 
 
 def check_search(problem: Problem) -> None:

@@ -228,6 +228,9 @@ class SearchSpec(Strict):
     placement: str | list[str] | None = None
     uniform_stages: bool = False  # force an even layer split (e.g. for launchers without uneven PP)
     max_candidates: Annotated[int, Field(ge=1)] | None = None
+    # HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (`--headroom`):
+    # a margin for fragmentation, a larger batch later, or a model the estimate underprices.
+    headroom_gib: Annotated[float, Field(ge=0, le=1024)] = 0.0
 
     @field_validator("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch_size")
     @classmethod

@@ -781,7 +781,7 @@ def test_per_stage_headroom_in_the_text_report(capsys):
     assert len(rows) == 2 and "headroom" in text.split("stages:")[1].splitlines()[0]
     for st, row in zip(est.stages, rows):
         free = est.memory_capacity_gib - st.peak_memory_gib
-        assert f"{free:.1f} GiB free ({100 * free / est.memory_capacity_gib:.1f}% headroom)" in row, row
+        assert f"{free:.1f} GiB free, {100 * free / est.memory_capacity_gib:.1f}% headroom" in row, row
 
 
 def load_plan_dict(d: dict[str, Any]):
@@ -803,3 +803,70 @@ def test_batch_help_explains_every_option(capsys):
 def test_validate_text_ends_with_a_newline(capsys):
     rc, out, _ = main(capsys, "validate")
     assert rc == 0 and out.endswith("\n") and not out.endswith("\n\n")
+
+
+# ---- issue 15: --headroom GIB ---------------------------------------------------------------------
+
+H100_USABLE_GIB = 79.65  # what the driver reports for an 80 GB H100 (catalog hbm_usable_gib)
+
+
+def test_headroom_shrinks_the_capacity_and_the_solver_keeps_it(capsys):
+    """Without headroom the optimum of ok_problem uses ~66 GiB of the 77.65 GiB an H100 offers after
+    the 2 GiB reserve; with 40 GiB kept free the solver must find a plan under 37.65 GiB."""
+    rc, out, _ = main(capsys, "solve", OK, "--top", "0", "--json")
+    free = json.loads(out)["estimate"]
+    assert rc == 0 and free["memory_capacity_gib"] == pytest.approx(H100_USABLE_GIB - 2, abs=0.01)
+    assert free["peak_memory_gib"] > H100_USABLE_GIB - 2 - 40  # the headroom binds
+    rc, out, _ = main(capsys, "solve", OK, "--top", "0", "--json", "--headroom", "40")
+    kept = json.loads(out)["estimate"]
+    assert rc == 0 and kept["memory_capacity_gib"] == pytest.approx(H100_USABLE_GIB - 2 - 40, abs=0.01)
+    assert kept["peak_memory_gib"] <= H100_USABLE_GIB - 2 - 40 and kept["fits"]
+    assert kept["step_time_s"] >= free["step_time_s"]  # a tighter space is never faster
+
+
+def test_headroom_in_the_problem_file_equals_the_option(tmp_path, capsys):
+    doc = yaml.safe_load((ROOT / OK).read_text())
+    doc["search"]["headroom_gib"] = 40
+    path = tmp_path / "kept.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    plan = str(BAD / "ok_problem.yaml")
+    plan_doc = {"tp": 1, "pp": 1, "zero_stage": 1}
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump(plan_doc))
+    rc1, a, _ = main(capsys, "evaluate", str(path), "--plan", str(plan_path), "--json")
+    rc2, b, _ = main(capsys, "evaluate", plan, "--plan", str(plan_path), "--json", "--headroom", "40")
+    ea, eb = json.loads(a), json.loads(b)
+    assert ea["memory_capacity_gib"] == eb["memory_capacity_gib"] == pytest.approx(H100_USABLE_GIB - 42, abs=0.01)
+    assert rc1 == rc2 == 1 and ea["fits"] is eb["fits"] is False  # 66 GiB do not fit in 37.65
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("-1", "--headroom: must be a number of GiB >= 0, got -1"),
+    ("nan", "--headroom: must be a number of GiB >= 0, got nan"),
+    ("78", "--headroom: a headroom of 78 GiB leaves nothing of the 77.7 GiB a h100-sxm offers"),
+])
+def test_bad_headroom(value, fragment, capsys, tmp_path):
+    for argv in (["solve", OK, "--headroom", value], ["evaluate", OK, "--headroom", value],
+                 ["batch", OK, "-o", str(tmp_path / "out"), "--headroom", value]):
+        rc, out, err = main(capsys, *argv)
+        if argv[0] == "batch" and value == "78":  # depends on each problem's GPU: that problem's error record
+            rec = json.loads((tmp_path / "out" / "ok_problem.json").read_text())
+            assert rc == 2 and fragment in rec["error"]["message"]
+            continue
+        assert rc == 2 and out == "" and fragment in one_line(err), (argv, err)
+
+
+def test_batch_headroom_is_a_setting(tmp_path):
+    from autoshard.batch import run_batch  # noqa: PLC0415
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "tiny.yaml").write_text((ROOT / OK).read_text())
+    out = tmp_path / "out"
+    res = run_batch([str(inp)], str(out), top_k=0, headroom_gib=40)
+    rec = json.loads((out / "tiny.json").read_text())
+    assert res.exit_code == 0 and rec["settings"]["headroom_gib"] == 40.0
+    assert rec["estimate"]["peak_memory_gib"] <= H100_USABLE_GIB - 42
+    again = run_batch([str(inp)], str(out), top_k=0)  # another setting: solved again, without headroom
+    assert again.problems[0].status == "optimal"
+    assert json.loads((out / "tiny.json").read_text())["estimate"]["peak_memory_gib"] > H100_USABLE_GIB - 42
