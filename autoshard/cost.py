@@ -32,6 +32,7 @@ included, input embedding excluded. Validation compares step times, never MFU.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,13 +79,18 @@ SCORE_DROPOUT_BYTES = 5.0
 # (ring_exchange for qkv/fc1 fprop, pipeline with num_splits 4 for proj/fc2 fprop). torchtitan's
 # AsyncTP micro-pipelines the same way (arXiv 2410.06511 §3.3).
 TP_OVERLAP_RS_SPLITS = 4
+# GEMM shape efficiency (`gemm_shape_efficiency`): K-loop prologue/epilogue worth this many K
+# elements, and the share of a tail wave that stream-K scheduling recovers. Documented fitted
+# factors (fitted with the catalog's matmul efficiencies on the dev and modern validation runs).
+GEMM_K_OVERHEAD = 64.0
+STREAM_K_RECOVERY = 0.5
 
 
 def overlapped(comm_s: float, compute_s: float) -> float:
     """Exposed time of communication overlapped with computation: what does not fit under the
     computation, plus the slowdown it inflicts while it runs."""
     return max(0.0, comm_s - compute_s) + COMM_INTERFERENCE * min(comm_s, compute_s)
-TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm")
+TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "moe_host")
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,7 +135,9 @@ class Context:
 
     @property
     def attn_flops_per_s(self) -> float:
-        return self.gpu.peak_flops("bf16") * self.gpu.matmul_efficiency("bf16")
+        """Core attention runs in bf16 at the GPU's matmul efficiency times the framework's
+        attention-kernel factor (FlashAttention-3 / cuDNN = 1; FlashAttention-2 through SDPA less)."""
+        return self.gpu.peak_flops("bf16") * self.gpu.matmul_efficiency("bf16") * self.framework.attention_kernel_factor
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -347,11 +355,35 @@ class Shapes:
         self.res_tokens = self.tokens / cfg.tp if cfg.sp else self.tokens
 
 
-def _gemm_s(ctx: Context, m: float, k: float, n: float, flops_per_s: float | None = None) -> float:
-    """Roofline time of an (m x k) @ (k x n) GEMM in bf16-sized operands."""
-    flops = 2.0 * m * k * n
-    nbytes = BF16 * (m * k + k * n + m * n)
-    return max(flops / (flops_per_s or ctx.mm_flops_per_s), nbytes / ctx.hbm_bytes_per_s)
+def gemm_shape_efficiency(gpu: GPU, m: float, k: float, n: float, groups: float = 1.0) -> float:
+    """Fraction of the large-GEMM rate an (m x k) @ (k x n) GEMM reaches (`groups` of them in one
+    grouped launch, as expert GEMMs run), from three documented effects:
+    - tile padding: the output is computed in whole `gpu.gemm_tile` tiles (an m of 100 tokens
+      pays for a 128- or 256-row tile);
+    - wave quantization: tiles are spread over `sm_count / gemm_tile_sms` slots; a last partial
+      wave idles the rest. Fewer tiles than slots leave SMs idle outright; beyond one wave,
+      stream-K / persistent schedulers (cuBLAS, CUTLASS) recover about half of the tail
+      (STREAM_K_RECOVERY, a documented fitted factor);
+    - the K loop's prologue and epilogue: k / (k + GEMM_K_OVERHEAD).
+    A 8192-cubed GEMM on H100 gets 0.99; the catalog's matmul efficiency is for such GEMMs."""
+    tm, tn = gpu.gemm_tile
+    m, n = max(m, 1.0), max(n, 1.0)
+    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+    pad = (m * n) / (tiles_m * tm * tiles_n * tn)
+    slots = max(1, gpu.sm_count // gpu.gemm_tile_sms)
+    x = groups * tiles_m * tiles_n / slots
+    wave = x if x <= 1 else 1.0 - STREAM_K_RECOVERY * (1.0 - x / math.ceil(x))
+    return pad * wave * k / (k + GEMM_K_OVERHEAD)
+
+
+def _gemm_s(ctx: Context, m: float, k: float, n: float, flops_per_s: float | None = None,
+            groups: float = 1.0) -> float:
+    """Roofline time of `groups` (m x k) @ (k x n) GEMMs in bf16-sized operands, the compute side
+    at the GPU's matmul rate times `gemm_shape_efficiency`."""
+    flops = 2.0 * m * k * n * groups
+    nbytes = BF16 * (m * k + k * n + m * n) * groups
+    rate = (flops_per_s or ctx.mm_flops_per_s) * gemm_shape_efficiency(ctx.gpu, m, k, n, groups)
+    return max(flops / rate, nbytes / ctx.hbm_bytes_per_s)
 
 
 def _mem_s(ctx: Context, nbytes: float) -> float:
@@ -519,9 +551,9 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0) -> tuple[float, float]:
         """(time, flops) of `weight_sets` MLPs that together see `tokens` tokens."""
         per = tokens / weight_sets
-        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local)
-        down = _gemm_s(ctx, per, ffn_local, h)
-        return weight_sets * (up + down), 2 * tokens * h * ffn_local * mats
+        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, groups=weight_sets)
+        down = _gemm_s(ctx, per, ffn_local, h, groups=weight_sets)
+        return up + down, 2 * tokens * h * ffn_local * mats
 
     if kind == "dense":
         t_mlp, flops = mlp(T, m.intermediate_size / cfg.tp)
@@ -635,6 +667,12 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         elif recompute == "selective":
             c.bwd["recompute"] = core
             c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+        if kind == "moe" and ctx.framework.moe_layer_host_s:
+            # Dropless MoE layers wait for the host: the per-expert token counts come back to the CPU
+            # (TE GroupedLinear takes host-side m_splits) and the layer's many small kernels are then
+            # launched from an empty queue, once per micro-batch in the forward and twice in the backward.
+            c.fwd["moe_host"] = ctx.framework.moe_layer_host_s / 3
+            c.bwd["moe_host"] = 2 * ctx.framework.moe_layer_host_s / 3
         if zero3:
             c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
