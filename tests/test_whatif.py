@@ -492,8 +492,8 @@ def test_cli_prints_each_warning(tmp_path, capsys, monkeypatch):
     assert "warning(s)" not in out
 
 
-SIGNAL_STUDY = {**SMALL, "options": [{"gpu": "h100-sxm", "num_gpus": [8, 16, 32, 64]}, {"gpu": "b200", "num_gpus": [8, 16]}],
-                "pricing": {"mode": "cloud"}, "sensitivity": "evaluate"}
+SIGNAL_STUDY = {**SMALL, "options": [{"gpu": ["h100-sxm", "h200-sxm", "b200"], "num_gpus": [8, 16, 32, 64]}],
+                "pricing": {"mode": "cloud"}, "sensitivity": "evaluate"}  # 12 options: SIGTERM comes after the 1st
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["parent", "process-group"])
@@ -524,7 +524,7 @@ def test_sigterm_keeps_finished_options_and_exits_143(tmp_path, group):
     assert "Traceback" not in err and "BrokenPipeError" not in err and "\r" not in err, err
     assert err.rstrip().endswith("autoshard: interrupted; finished outputs were kept"), err
     doc = json.loads((out / "results.json").read_text())
-    assert doc["complete"] is False and 1 <= len(doc["rows"]) < 6 and doc["recommended"] is None
+    assert doc["complete"] is False and 1 <= len(doc["rows"]) < 12 and doc["recommended"] is None, (err, doc["rows"])
     assert not [p for p in out.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
 
 
