@@ -579,10 +579,17 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
         d.p(f"{rec['scope']}: {head} (objective: minimize {rec['objective']}; {rec['candidates']} options with a "
             f"feasible plan, {rec['meeting_constraints']} meet the constraints). Reason: {rec['reason']}.")
         for f, alt in (rec.get("under_other_power_figures") or {}).items():
+            used = rec.get("power_figure", "catalog")
             what = (f"**{alt['option']}** ({alt['time_to_train_days']:.1f} days, {money(alt['cost_usd'])}, "
-                    f"{alt['power_mw']:.2f} MW)" if alt.get("option") else "**none**")
-            d.p(f"Power figure: this study uses `{rec.get('power_figure', 'catalog')}`; under `{f}` the answer is "
-                f"{what}" + (" (the same)." if alt.get("option") == rec.get("option") else f": {alt['reason']}."))
+                    f"{alt['power_mw']:.2f} MW by that figure)" if alt.get("option") else "**none**")
+            if alt.get("option") == rec.get("option"):
+                why = " (the same)."
+            else:
+                there = [r for r in doc["rows"] if r["option"] == alt.get("option") and r["workload"] in rec["workloads"]]
+                broken = sorted({v for r in there for v in r.get("violations") or []})
+                why = (f"; by `{used}` that option breaks: {'; '.join(broken)}." if broken else
+                       f"; by `{used}` another option is faster or cheaper.")
+            d.p(f"Power figure: this study uses `{used}`; under `{f}` the answer would be {what}{why}")
     d.p("Decision made with OR-Tools CP-SAT over the options' solved plans (one boolean per option, exactly one "
         "chosen, budget / capex / power / deadline as linear constraints on values in cents, watts and seconds); "
         "one hardware purchase, not a mix of GPU types.")
