@@ -390,8 +390,9 @@ def find_problem_file(info: dict[str, Any], record_path: str | os.PathLike[str])
     return None
 
 
-def solve_task(task: _Task) -> tuple[str, dict[str, Any], str]:
-    """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt)."""
+def solve_task(task: _Task, on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[str, dict[str, Any], str]:
+    """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt).
+    `on_event`: the solve's progress events (`autoshard.solve(progress=...)`)."""
     from .loader import load_problem, with_headroom  # noqa: PLC0415
 
     settings = _settings(task.time_limit_s, task.top_k, task.gap_limit, task.headroom_gib)
@@ -401,7 +402,8 @@ def solve_task(task: _Task) -> tuple[str, dict[str, Any], str]:
         problem = with_headroom(load_problem(task.path), task.headroom_gib)
         from .solver import solve  # noqa: PLC0415
 
-        sol = solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit)
+        sol = solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit,
+                    progress=on_event)
     except InputError as exc:
         rec = error_record(task.path, "input", exc.at(task.path).line(), problem=problem, **common)
     except InfeasibleError as exc:
@@ -673,7 +675,8 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
         if jobs <= 1 or len(tasks) <= 1:
             with _CpSatKeepsSigint():
                 for t in tasks:
-                    name, rec, md = solve_task(t)
+                    step = getattr(progress, "step", None)  # the bar advances within a problem too
+                    name, rec, md = solve_task(t, lambda e, n=t.name: step(n, e)) if callable(step) else solve_task(t)
                     finish(name, t.path, rec, md)
         else:
             _run_pool(tasks, jobs, finish)
@@ -737,8 +740,36 @@ class ProgressBar:
         self.counts: Counter[str] = Counter()
         self.t0 = time.monotonic()
         self.pending = False  # a TTY line without its newline
+        self.last = (0, 0)  # (done, total) of the last call
+
+    def step(self, name: str, event: dict[str, Any]) -> None:
+        """Progress within the problem being solved (one of `solve`'s progress events): the TTY
+        line shows its phase, configurations settled, incumbent, bound and gap; off a terminal,
+        nothing (one line per finished problem stays the log)."""
+        if not self.tty:
+            return
+        from .progress import status_text  # noqa: PLC0415
+
+        done, total = self.last
+        self._draw(done, total, f"{name}: {status_text(event)}")
+
+    def _draw(self, done: int, total: int, text: str) -> None:
+        fill = int(self.width * done / total) if total else self.width
+        bar = "#" * fill + "." * (self.width - fill)
+        line = f"[{bar}] {done}/{total} {time.monotonic() - self.t0:.0f}s"
+        if text:
+            line += f" {text}"
+        cols = shutil.get_terminal_size((80, 24)).columns
+        line = line[:max(10, cols - 1)]
+        try:
+            self.stream.write("\r" + line.ljust(max(10, cols - 1)))
+            self.stream.flush()
+        except (OSError, ValueError):
+            return
+        self.pending = True
 
     def __call__(self, done: int, total: int, name: str, status: str) -> None:
+        self.last = (done, total)
         if name and status:
             self.counts[status] += 1
         try:

@@ -190,3 +190,39 @@ def test_progress_is_quiet_off_a_terminal(capsys):
         assert progress is None
     assert "gap 0.10%" in status_text({"phase": "search", "visited": 3, "total": 9, "incumbent_s": 4.9,
                                        "bound_s": 4.895, "gap": 0.001})
+
+
+def test_batch_bar_advances_within_a_problem(tmp_path, monkeypatch):
+    import io
+
+    import yaml
+
+    from autoshard.batch import ProgressBar, run_batch
+
+    class FakeTTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    event = {"phase": "search", "visited": 5, "total": 10, "incumbent_s": 2.0, "bound_s": 1.999, "gap": 0.0005}
+    monkeypatch.setenv("COLUMNS", "200")
+    plain, tty = io.StringIO(), FakeTTY()
+    ProgressBar(plain).step("p", event)
+    assert plain.getvalue() == ""  # off a terminal: one line per finished problem only
+    bar = ProgressBar(tty)
+    bar(0, 1, "", "")
+    bar.step("p", event)
+    assert tty.getvalue().count("\r") == 2 and "p: search 5/10" in tty.getvalue() and "gap 0.05%" in tty.getvalue()
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    seen = []
+
+    class Recorder:
+        def __call__(self, done, total, name, status):
+            pass
+
+        def step(self, name, e):
+            seen.append((name, e["phase"]))
+
+    run_batch([str(tmp_path / "in")], str(tmp_path / "out"), jobs=1, top_k=0, progress=Recorder())
+    assert ("tiny", "search") in seen  # events of the problem being solved reach the bar
