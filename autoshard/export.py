@@ -498,9 +498,7 @@ def _megatron(ctx: _Ctx) -> str:
         add("--use-megatron-fsdp")
         add("--data-parallel-sharding-strategy", "optim_grads" if p.zero_stage == 2 else "optim_grads_params")
         add("--ckpt-format", "fsdp_dtensor")  # validate_args: Megatron-FSDP requires it
-        if p.tp > 1 or p.cp > 1:
-            ctx.warn("Megatron-FSDP with TP/CP: Megatron asks for CUDA_DEVICE_MAX_CONNECTIONS unset (FSDP) "
-                     "and 1 (TP/CP) at once; it is left unset, so TP/CP communication may not overlap as planned")
+        # (with TP/CP Megatron itself warns that FSDP wants CUDA_DEVICE_MAX_CONNECTIONS unset)
     add("--overlap-grad-reduce")
     if p.zero_stage >= 1:
         add("--overlap-param-gather")
