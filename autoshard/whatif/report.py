@@ -292,7 +292,7 @@ def plot_cost_energy(rows: list[dict], title: str, with_topology: bool) -> bytes
     handles, labels = ax1.get_legend_handles_labels()
     if any(misses):
         handles.append(Patch(facecolor="0.85", hatch="///", edgecolor="0.3", lw=0))
-        labels.append("hatched: misses the deadline, budget or power cap (in red)")
+        labels.append("hatched: misses a constraint (named in red)")
     if any(r.get("recommended") for r in sel):
         handles.append(Line2D([], [], ls=""))
         labels.append("* recommended")
