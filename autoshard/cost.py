@@ -268,8 +268,12 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
             reasons.append(
                 f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per}")
     chunks = plan.pp * plan.vpp
-    if chunks > m.num_hidden_layers:
-        reasons.append(f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers")
+    if chunks > m.num_hidden_layers + 2:
+        reasons.append(f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers "
+                       f"plus an embedding and a loss slot")
+    elif chunks > m.num_hidden_layers and not fw.uneven_stages:
+        reasons.append(f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers, and "
+                       f"{problem.framework} cannot give the embedding or the loss a pipeline slot")
     if plan.vpp > 1 and plan.schedule != "interleaved":
         reasons.append(f"vpp={plan.vpp} needs schedule 'interleaved' (got {plan.schedule!r})")
     if plan.schedule == "interleaved":
@@ -289,6 +293,16 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
     if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
         reasons.append(f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
     return dp, reasons
+
+
+def layout_split(num_layers: int, chunks: int) -> list[int]:
+    """The default layers per virtual stage: `even_split`, or, with one or two virtual stages more
+    than layers, the embedding alone in the first and the loss alone in the last (Megatron's
+    `--pipeline-model-parallel-layout` "E|t|...|t|L", or --account-for-embedding/loss-in-pipeline-split)."""
+    extra = chunks - num_layers
+    if extra <= 0:
+        return even_split(num_layers, chunks)
+    return [0] + [1] * num_layers + [0] * (extra - 1)
 
 
 def even_split(num_layers: int, chunks: int) -> list[int]:
@@ -1142,7 +1156,7 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
     table = layer_table(ctx, cfg)
     warnings += placement_warnings(table)
     n = problem.model.num_hidden_layers
-    stage_layers = plan.stage_layers or even_split(n, cfg.pp * cfg.vpp)
+    stage_layers = plan.stage_layers or layout_split(n, cfg.pp * cfg.vpp)
     from .intervals import with_interval  # noqa: PLC0415
 
     est = assemble(ctx, table, stage_layers, plan.recompute_per_layer(n), plan, warnings)

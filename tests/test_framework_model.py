@@ -1,0 +1,141 @@
+"""What production frameworks do, priced: MoE parallel folding, overlapped TP and expert
+communication, the CP ring, pipeline layouts and framework profiles (issue 11)."""
+
+import numpy as np
+import pytest
+
+from autoshard import Plan, evaluate, load_problem
+from autoshard.cost import BF16, Config, Shapes, context, cp_comm_s, layer_table, tp_comm_s
+from autoshard.topology import _expert_groups, all_gather_s, contiguous_profile
+
+
+def _moe(name="qwen3-235b-a22b", gpus=256, gpu="h100", seq=4096, gbs=2048, **extra):
+    return load_problem({"model": name, "training": {"seq_len": seq, "global_batch_size": gbs,
+                                                     "precision": "bf16"},
+                         "cluster": {"gpu": gpu, "num_gpus": gpus}, **extra})
+
+
+def test_published_folded_moe_configurations_evaluate():
+    # Qwen3-235B TP2 EP32 on 256 H100 (Megatron-Bridge recipe): EP spans TP ranks (ep > dp / ...).
+    e = evaluate(_moe(), Plan(tp=2, pp=8, ep=32, etp=1, zero_stage=1, recompute="full"))
+    assert not [r for r in e.reasons if "GiB" not in r], e.reasons
+    # DeepSeek-V3 TP2 EP64 PP8 on 512 H100: dp = 32 < ep = 64, folded over TP.
+    e = evaluate(_moe("deepseek-v3", gpus=512), Plan(tp=2, pp=8, ep=64, etp=1, zero_stage=1, recompute="full"))
+    assert not [r for r in e.reasons if "GiB" not in r], e.reasons
+    # A folding the ranks cannot hold is still rejected, naming the rule.
+    e = evaluate(_moe(gpus=64, gbs=64), Plan(tp=2, pp=1, ep=128, etp=1))
+    assert any("ep*etp" in r for r in e.reasons)
+
+
+def test_folded_expert_groups_follow_megatron_rank_generator():
+    # Megatron's expert RankGenerator (order tp-ep-dp-pp with tp = etp): within a pipeline stage
+    # rank = etp_i + etp * ep_i + etp * ep * edp_i, over the attention ranks tp-cp-dp (pp outermost).
+    order = ("tp", "cp", "ep", "dp", "pp")
+    sizes = {"tp": 2, "cp": 2, "ep": 1, "dp": 4, "pp": 2}
+    etp_g, ep_g, edp_g = _expert_groups(order, sizes, etp=1, ep=8)
+    assert sorted(map(tuple, ep_g.tolist())) == [tuple(range(s, s + 8)) for s in range(0, 32, 8)]
+    assert sorted(map(tuple, edp_g.tolist()))[0] == (0, 8)  # edp = 16 / 8 = 2 per stage
+    etp_g, ep_g, edp_g = _expert_groups(order, sizes, etp=2, ep=4)
+    assert [0, 2, 4, 6] in ep_g.tolist() and [1, 3, 5, 7] in ep_g.tolist()
+    assert [0, 1] in etp_g.tolist() and [16, 17] in etp_g.tolist()
+    assert ep_g.shape == (8, 4) and edp_g.shape == (16, 2)
+
+
+def test_folding_shards_experts_over_etp_times_ep():
+    p = _moe(gpus=256)
+    a = evaluate(p, Plan(tp=2, pp=8, ep=16, zero_stage=1, recompute="full"))  # etp = tp = 2
+    b = evaluate(p, Plan(tp=2, pp=8, ep=16, etp=1, zero_stage=1, recompute="full"))
+    # Expert weights per GPU double when experts are no longer TP-sharded (etp 1 vs 2): the extra
+    # bf16 bytes are exactly the stage's expert weights / (2 x 16).
+    from autoshard.cost import layer_params
+
+    layers = a.stages[1].moe_layers
+    experts = layers * layer_params(p.model, "moe")[1]
+    extra = (b.stages[1].memory_gib["weights"] - a.stages[1].memory_gib["weights"]) * 2**30
+    assert extra == pytest.approx(2 * experts / 32, rel=1e-6)
+
+
+def test_tp_overlap_exposes_first_ag_chunk_and_last_rs_chunk():
+    p = load_problem({"model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 640},
+                      "cluster": {"gpu": "h100", "num_gpus": 640}})
+    ctx = context(p)
+    on = Config(8, 1, 1, 4, 20, 1, True, 1, 1, "1f1b", "tp-cp-ep-dp-pp")
+    off = Config(8, 1, 1, 4, 20, 1, True, 1, 1, "1f1b", "tp-cp-ep-dp-pp", tp_overlap=False)
+    t_on, t_off = layer_table(ctx, on), layer_table(ctx, off)
+    pl = t_on.placement
+    act = BF16 * 4096 * 8192
+    ag = all_gather_s(ctx.levels, pl.tp, act)
+    exposed_alone = ag / 8 + ag / 4  # AG chunk 1/tp, RS chunk 1/4 (reduce-scatter = all-gather here)
+    # With a huge GEMM to hide under, only those chunks plus 15% interference of the rest remain.
+    assert tp_comm_s(ctx, on, pl, act, 1.0) == pytest.approx(exposed_alone + 0.15 * (2 * ag - exposed_alone))
+    assert tp_comm_s(ctx, off, pl, act, 1.0) == pytest.approx(2 * ag)
+    f_on = t_on.layers[("dense", "none")].fwd["tp_comm"]
+    f_off = t_off.layers[("dense", "none")].fwd["tp_comm"]
+    assert f_on < 0.6 * f_off
+    # Across NVLink domains userbuffers cannot run: TP16 on 8-GPU nodes is priced unoverlapped.
+    wide = Config(16, 1, 1, 4, 10, 1, True, 1, 1, "1f1b", "tp-cp-ep-dp-pp")
+    tw = layer_table(ctx, wide)
+    assert tp_comm_s(ctx, wide, tw.placement, act, 1.0) == pytest.approx(
+        2 * all_gather_s(ctx.levels, tw.placement.tp, act))
+
+
+def test_cp_ring_moves_cp_minus_one_chunks():
+    # Issue 11 item 1: one layer's forward K/V exchange = an all-gather of the whole K/V (each GPU
+    # sends cp - 1 chunks), by the collective functions' own figure; hidden under attention at most.
+    p = load_problem({"model": "llama3-70b", "training": {"seq_len": 16384, "global_batch_size": 32},
+                      "cluster": {"gpu": "h200", "num_gpus": 256}})
+    ctx = context(p)
+    cfg = Config(8, 4, 1, 1, 8, 1, True, 1, 1, "1f1b", "tp-cp-ep-dp-pp")
+    sh = Shapes(ctx, cfg)
+    prof = contiguous_profile(ctx.graph, 4)
+    chunk = BF16 * sh.tokens * sh.kv_local * (sh.d_qk + sh.d_v)
+    ring = all_gather_s(ctx.levels, prof, 4 * chunk)
+    fwd, bwd = cp_comm_s(ctx, 4, prof, sh, core_s=0.0)  # nothing to hide under
+    assert fwd == pytest.approx(ring) and bwd == pytest.approx(2 * ring)
+    fwd, _ = cp_comm_s(ctx, 4, prof, sh, core_s=10 * ring)
+    assert fwd == pytest.approx(0.15 * ring)
+    # 3 of the 4 chunks cross the NVLink of every GPU (the old price moved about one).
+    assert ring >= 3 * chunk / ctx.levels[0].bytes_per_s
+
+
+def test_ep_overlap_hides_all_to_all_where_megatron_allows_it():
+    p = _moe("qwen3-235b-a22b", gpus=64, gbs=256)
+    base = dict(tp=1, ep=16, zero_stage=1, recompute="full")
+    off = evaluate(p, Plan(pp=1, ep_overlap=False, **base))
+    on = evaluate(p, Plan(pp=1, **base))  # profile default: on (pp = 1)
+    assert on.time_breakdown_s["ep_comm"] < 0.5 * off.time_breakdown_s["ep_comm"]
+    assert on.step_time_s < off.step_time_s
+    # PP > 1 without interleaving: Megatron refuses; asking for it is an invalid plan.
+    bad = evaluate(p, Plan(pp=4, ep_overlap=True, **base))
+    assert any("ep_overlap needs" in r for r in bad.reasons)
+
+
+def test_framework_profiles_limit_the_plan():
+    tt = load_problem({"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64},
+                       "cluster": {"gpu": "h100", "num_gpus": 16}, "framework": "torchtitan"})
+    assert any("ZeRO stages" in r for r in evaluate(tt, Plan(zero_stage=1)).reasons)
+    assert evaluate(tt, Plan(zero_stage=3)).fits
+    ds = load_problem({"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64},
+                       "cluster": {"gpu": "h100", "num_gpus": 16}, "framework": "deepspeed"})
+    assert any("pipeline schedule" in r for r in evaluate(ds, Plan(pp=2, schedule="zero_bubble")).reasons)
+
+
+def test_embedding_and_loss_take_pipeline_slots():
+    # NVIDIA's Llama 3.1 405B recipe on GB200: PP8 x VP16 = 128 virtual stages for 126 layers, the
+    # embedding and the loss each alone in a slot (--pipeline-model-parallel-layout).
+    p = load_problem({"model": "llama3-405b", "training": {"seq_len": 8192, "global_batch_size": 256},
+                      "cluster": {"gpu": "gb200", "num_gpus": 256}})
+    e = evaluate(p, Plan(tp=4, pp=8, vpp=16, schedule="interleaved", recompute="full"))
+    assert not [r for r in e.reasons if "GiB" not in r], e.reasons
+    split = e.plan.stage_layers
+    assert len(split) == 128 and split[0] == 0 and split[-1] == 0 and sum(split) == 126
+    assert e.stages[0].has_embedding and e.stages[-1].has_lm_head
+    too_many = evaluate(p, Plan(tp=4, pp=8, vpp=17, schedule="interleaved"))
+    assert any("embedding and a loss slot" in r for r in too_many.reasons)
+
+
+def test_sequence_parallel_needs_divisible_tokens():
+    p = load_problem({"model": "llama3-8b", "training": {"seq_len": 4097, "global_batch_size": 8},
+                      "cluster": {"gpu": "h100", "num_gpus": 8}})
+    assert any("sequence parallelism" in r for r in evaluate(p, Plan(tp=8, sequence_parallel=True)).reasons)
+    assert not [r for r in evaluate(p, Plan(tp=8, sequence_parallel=False)).reasons if "sequence" in r]
