@@ -18,11 +18,17 @@ Assumptions (all overridable in the study file, all written into results.json):
   at the storage bandwidth in delta seconds, every tau = sqrt(2 M delta) seconds of work
   (Young 1974; Daly 2006 to first order). Each failure costs the restart time R plus on average
   half an interval of lost work; the useful fraction of wall time is
-  (1 - (R + (tau + delta) / 2) / M) / (1 + delta / tau), which falls as the cluster grows.
-- Power per GPU = TDP + node overhead (CPUs, NICs, switches, fans; default 30% of TDP, 10% for
-  GB200 whose catalog TDP is already a rack share); facility power = GPUs x that x PUE; energy =
-  facility power x wall-clock hours (GPUs taken at TDP throughout: an upper bound).
-- Cloud cost = $/GPU-hour x GPUs x wall-clock hours (power included in the rate).
+  (1 - (R + (tau + delta) / 2) / M) / (1 + delta / tau), which falls as the cluster grows. On
+  spot capacity preemptions (default 3.42e-5 per GPU-hour) add to the failure rate. Goodput is
+  that ratio times (1 - other_loss_fraction), losses outside the cost model (default 0).
+  Efficiency as seed 002 defines it: useful tokens/s over the cluster's peak = MFU x goodput.
+- Power per GPU (power_figure `catalog`) = TDP + node overhead (CPUs, NICs, switches, fans;
+  default 30% of TDP, 10% for GB200 whose catalog TDP is already a rack share), or the catalog's
+  `system_power_w` of another source (`seeds`: GB200 NVL72 at 132 kW per rack); facility power =
+  GPUs x that x PUE; energy = facility power x wall-clock hours (GPUs taken at full power
+  throughout: an upper bound). Each recommendation is also given under the other figures.
+- Cloud cost = $/GPU-hour x GPUs x wall-clock hours (power included in the rate); spot: the
+  same less `spot_discount` (default 70%, seed 003).
   Owned cost = capex x training days / (amortization years x 365) + energy x $/kWh, with capex =
   GPUs x purchase price (catalog: per GPU incl. its server share) + nodes x $/node + scale-out
   ports x $/port. One purchase: a mix of GPU types is not modelled.
@@ -34,6 +40,9 @@ The parts: `schema` (the study file and its expansion), `goodput` (failures, che
 restarts), `sensitivity` (one option's best plan and its sensitivity to faster hardware),
 `pricing` (cost, capex, power, energy), `purchase` (Pareto front and the CP-SAT choice),
 `runner` (local / Dask executors, rows, results files) and `report` (report.md, report.html, PNGs).
+
+SIGTERM during `run_study` is handled like Ctrl-C (`Terminated`, a KeyboardInterrupt; the command
+line exits 143): the finished options are written, the workers stop without tracebacks.
 """
 
 from .goodput import Goodput, failure_rate, goodput, reliability_defaults, young_daly_interval_s
