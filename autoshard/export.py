@@ -353,18 +353,38 @@ def gpu_arch(problem: Problem) -> str:
         return "unknown"
 
 
-# training.precision -> (Megatron --fp8-format, --fp8-recipe, --fp4-format, --fp4-recipe,
-# torchtitan float8 recipe_name). Megatron-LM arguments.py (d98e8a64dd): --fp8-recipe
-# {tensorwise,delayed,mxfp8,blockwise,custom}, --fp4-format e2m1, --fp4-recipe nvfp4;
-# torchtitan components/quantization/float8.py recipe_name {tensorwise, rowwise, rowwise_with_gw_hp}
-# and mx.py (MXLinear).
+# training.precision (autoshard/data/precisions.yaml) -> launcher settings. Megatron-LM arguments.py /
+# TransformerConfig (d98e8a64dd): --fp8-format {e4m3,hybrid}, --fp8-recipe {tensorwise,delayed,mxfp8,
+# blockwise,custom}, --fp4-format e2m1 --fp4-recipe nvfp4. torchtitan 0.2.2 job_config.py: converters
+# "quantize.linear.float8" ([quantize.linear.float8] recipe_name tensorwise | rowwise |
+# rowwise_with_gw_hp; torchao dropped delayed scaling) and "quantize.linear.mx" (recipe_name mxfp8_cublas).
+# `*_note`: what the closest setting changes (a warning).
 PRECISION_RECIPES: dict[str, dict[str, Any]] = {
-    "fp8": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")], "titan": "tensorwise"},
-    "fp8-delayed": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")], "titan": "tensorwise"},
-    "fp8-current": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")], "titan": "tensorwise"},
-    "fp8-blockwise": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "blockwise")], "titan": "rowwise"},
-    "mxfp8": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")], "titan": "mxfp8"},
-    "nvfp4": {"megatron": [("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")], "titan": None},
+    "bf16": {"megatron": [], "titan": None},
+    "fp16": {"megatron": [], "titan": None},
+    "fp8": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")],
+            "titan": ("quantize.linear.float8", "tensorwise"),
+            "titan_note": "torchtitan/torchao has no delayed scaling: exported as tensorwise (current) scaling, "
+                          "one more read of each GEMM input per step for its amax"},
+    "fp8-delayed": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")],
+                    "titan": ("quantize.linear.float8", "tensorwise"),
+                    "titan_note": "torchtitan/torchao has no delayed scaling: exported as tensorwise (current) "
+                                  "scaling, one more read of each GEMM input per step for its amax"},
+    "fp8-current": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")],
+                    "titan": ("quantize.linear.float8", "tensorwise")},
+    "fp8-rowwise": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")],
+                    "megatron_note": "Megatron has no row-wise FP8 recipe: exported as tensorwise current scaling "
+                                     "(coarser scales than planned, same GEMM rate)",
+                    "titan": ("quantize.linear.float8", "rowwise")},
+    "fp8-blockwise": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "blockwise")],
+                      "titan": ("quantize.linear.float8", "rowwise"),
+                      "titan_note": "torchtitan has no 128x128 block scaling: exported as row-wise float8 "
+                                    "(finer scales for activations, coarser for weights)"},
+    "mxfp8": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")],
+              "titan": ("quantize.linear.mx", "mxfp8_cublas")},
+    "nvfp4": {"megatron": [("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")], "titan": None,
+              "titan_note": "torchtitan has no NVFP4 recipe: the exported job trains in bf16 (about half the "
+                            "planned GEMM rate)"},
 }
 
 
@@ -507,12 +527,14 @@ def _megatron(ctx: _Ctx) -> str:
     _megatron_recompute(ctx, add)
 
     # --- precision ---------------------------------------------------------------------------
-    add("--bf16")
+    add("--fp16" if t.precision == "fp16" else "--bf16")
     recipe = PRECISION_RECIPES.get(str(t.precision))
     if recipe:
         for flag, value in recipe["megatron"]:
             add(flag, value)
-    elif t.precision != "bf16":
+        if recipe.get("megatron_note"):
+            ctx.warn(f"precision {t.precision}: {recipe['megatron_note']}")
+    else:
         ctx.warn(f"precision {t.precision} has no Megatron recipe in this exporter: trains in bf16")
 
     # --- model shape ---------------------------------------------------------------------------
@@ -781,14 +803,15 @@ def _torchtitan(ctx: _Ctx) -> str:
                  f"registered (dim={m.hidden_size}, n_layers={m.num_hidden_layers}, "
                  f"n_heads={m.num_attention_heads}, n_kv_heads={m.kv_heads}, vocab_size={m.vocab_size}) before "
                  "the job runs")
-    recipe = PRECISION_RECIPES.get(str(t.precision))
-    if t.precision != "bf16":
-        if recipe and recipe["titan"] and recipe["titan"] != "mxfp8":
-            model["converters"] = ["float8"]
-        elif recipe and recipe["titan"] == "mxfp8":
-            model["converters"] = ["mx"]
-        else:
-            ctx.warn(f"precision {t.precision} has no torchtitan converter: the exported job trains in bf16")
+    recipe = PRECISION_RECIPES.get(str(t.precision)) or {
+        "titan": None, "titan_note": "no torchtitan recipe: the exported job trains in bf16"}
+    quantize: tuple[str, dict[str, Any]] | None = None
+    if recipe["titan"] is not None:
+        converter, recipe_name = recipe["titan"]
+        model["converters"] = [converter]
+        quantize = (converter, {"recipe_name": recipe_name})
+    if recipe.get("titan_note"):
+        ctx.warn(f"precision {t.precision}: {recipe['titan_note']}")
     if p.pp > 1:
         # The whole per-rank batch goes through the pipeline in micro-batches of micro_batch_size.
         training["local_batch_size"] = p.micro_batch_size * ctx.microbatches
@@ -796,7 +819,7 @@ def _torchtitan(ctx: _Ctx) -> str:
         training["local_batch_size"] = p.micro_batch_size  # gradient accumulation makes up the rest
     training["global_batch_size"] = t.global_batch_size
     training["seq_len"] = t.seq_len
-    training["mixed_precision_param"] = "bfloat16"
+    training["mixed_precision_param"] = "float16" if t.precision == "fp16" else "bfloat16"
     training["mixed_precision_reduce"] = "float32"
 
     parallelism["data_parallel_replicate_degree"] = replicate
@@ -846,6 +869,8 @@ def _torchtitan(ctx: _Ctx) -> str:
     ac = _titan_ac(ctx)
 
     sections = [("model", model), ("training", training), ("parallelism", parallelism)]
+    if quantize is not None:
+        sections.append(quantize)
     if compile_:
         sections.append(("compile", compile_))
     sections.append(("activation_checkpoint", ac))
@@ -941,7 +966,7 @@ def _deepspeed(ctx: _Ctx) -> str:
     if p.tp > 1 and p.sp:
         ctx.warn("Megatron-style sequence parallelism is not a DeepSpeed config option (Megatron-DeepSpeed "
                  "--sequence-parallel)")
-    if t.precision != "bf16":
+    if t.precision not in ("bf16", "fp16"):
         ctx.warn(f"{t.precision} is not a DeepSpeed config option (use Transformer Engine in the model); "
                  "exported as bf16")
     if ctx.tp_overlap:
@@ -998,7 +1023,10 @@ def _deepspeed(ctx: _Ctx) -> str:
         cfg["train_batch_size"] = t.global_batch_size
     cfg["train_micro_batch_size_per_gpu"] = p.micro_batch_size
     cfg["gradient_accumulation_steps"] = gas
-    cfg["bf16"] = {"enabled": True}
+    if t.precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0}  # 0 = dynamic loss scaling
+    else:
+        cfg["bf16"] = {"enabled": True}
     zero: dict[str, Any] = {"stage": p.zero_stage, "overlap_comm": True}
     if p.zero_stage >= 1:
         zero["contiguous_gradients"] = True
@@ -1343,14 +1371,15 @@ def _maxtext(ctx: _Ctx) -> str:
     if p.zero_stage in (1, 2):
         ctx.warn(f"ZeRO-{p.zero_stage}: MaxText has no switch for it: parameters and optimizer state stay "
                  "replicated over 'data' (use the jax export's optimizer_state specs in your own loop)")
-    cfg["dtype"] = "bfloat16"
+    cfg["dtype"] = "float16" if t.precision == "fp16" else "bfloat16"
     cfg["weight_dtype"] = "float32"
     recipe = str(t.precision)
-    if recipe != "bf16":
-        cfg["quantization"] = {"fp8": "fp8", "fp8-delayed": "fp8", "fp8-current": "fp8",
-                               "fp8-blockwise": "fp8", "mxfp8": "fp8", "nvfp4": ""}.get(recipe, "")
-        if cfg["quantization"] != recipe:
-            ctx.warn(f"precision {recipe}: MaxText quantization {cfg['quantization']!r} is the closest")
+    if recipe not in ("bf16", "fp16"):
+        # MaxText base.yml `quantization`: "fp8" (per-tensor current scaling, the only FP8 GPU recipe).
+        cfg["quantization"] = "" if recipe == "nvfp4" else "fp8"
+        if recipe != "fp8-current":
+            ctx.warn(f"precision {recipe}: MaxText quantization {cfg['quantization'] or 'none (bf16)'!r} is "
+                     "the closest")
     lines = [f"# {line}" for line in ctx.header()]
     lines.append("# MaxText config (src/maxtext/configs/base.yml key names): python -m maxtext.train <this file>")
     for w in ctx.warnings:

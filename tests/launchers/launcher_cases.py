@@ -56,6 +56,13 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
                                       stage_layers=[11, 12, 12, 12, 12, 12, 12, 11])),
     "llama3-8b-pure-dp": (_problem("llama3-8b", 64, 512), Plan(zero_stage=0, micro_batch_size=2)),
     "llama3-8b-zero-bubble": (_problem("llama3-8b", 64, 512), Plan(tp=2, pp=4, schedule="zero_bubble")),
+    # precision recipes (autoshard/data/precisions.yaml), on GPUs that run them (gpus.yaml)
+    "fp8-current": (_problem("llama3-70b", 640, 1280, precision="fp8-current"), Plan(tp=8, pp=4)),
+    "fp8-rowwise": (_problem("llama3-70b", 640, 1280, precision="fp8-rowwise"), Plan(tp=8, pp=4)),
+    "fp8-blockwise-moe": (_problem("deepseek-v3", 640, 1280, precision="fp8-blockwise"), Plan(pp=8, ep=16)),
+    "mxfp8-b200": (_problem("llama3-70b", 512, 1024, gpu="b200", precision="mxfp8"), Plan(tp=8, pp=2)),
+    "nvfp4-b200": (_problem("llama3-70b", 512, 1024, gpu="b200", precision="nvfp4"), Plan(tp=4, pp=2)),
+    "fp16-a100": (_problem("llama3-8b", 64, 512, gpu="a100-sxm-80gb", precision="fp16"), Plan(tp=2)),
 }
 
 

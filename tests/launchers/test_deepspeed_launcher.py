@@ -83,7 +83,10 @@ def test_deepspeed_config_as_initialize_builds_it(case: str, ds_world) -> None:
     assert c.train_micro_batch_size_per_gpu == plan.micro_batch_size
     assert c.gradient_accumulation_steps == prob.training.global_batch_size // (plan.micro_batch_size * dp)
     assert c.zero_optimization_stage == plan.zero_stage
-    assert c.bfloat16_config.enabled
+    if prob.training.precision == "fp16":
+        assert c.float16_config.enabled and not c.bfloat16_config.enabled
+    else:
+        assert c.bfloat16_config.enabled
     full = "full" in plan.recompute_per_layer(prob.model.num_hidden_layers)
     assert ("activation_checkpointing" in cfg) == full
 

@@ -20,8 +20,10 @@ import re
 import shlex
 import warnings
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -30,6 +32,7 @@ warnings.filterwarnings("ignore")
 import torch.distributed as dist  # noqa: E402
 from megatron.core import parallel_state as ps  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
+from megatron.core.enums import Fp4Recipe, Fp8Recipe  # noqa: E402
 from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig  # noqa: E402
 from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: E402
@@ -60,6 +63,8 @@ TRAINING_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention",
 }
 DDP_FIELDS = {f.name for f in fields(DistributedDataParallelConfig)}
+PRECISIONS = yaml.safe_load((Path(__file__).resolve().parents[2] / "autoshard" / "data" / "precisions.yaml")
+                            .read_text()) or {}
 try:
     import transformer_engine  # noqa: F401
     _HAS_TE = True
@@ -108,12 +113,13 @@ def megatron_config(f: dict) -> TransformerConfig:
     if "--num-layers-per-virtual-pipeline-stage" in f:
         per = int(f["--num-layers-per-virtual-pipeline-stage"])
         kw["virtual_pipeline_model_parallel_size"] = kw["num_layers"] // (kw["pipeline_model_parallel_size"] * per)
-    if kw.get("bf16"):  # arguments.py: params_dtype bf16; core_transformer_config_from_args: pipeline_dtype
-        kw["params_dtype"] = kw["pipeline_dtype"] = torch.bfloat16
-    if not _HAS_TE and kw.get("num_moe_experts") and kw.get("fp8"):
-        # TransformerConfig asks Transformer Engine >= 1.7 for MoE + FP8; CPU CI has no TE: the recipe
-        # flags are checked by test_transformer_config_is_the_planned_model, the rest is validated here.
-        kw.pop("fp8"), kw.pop("fp8_recipe", None)
+    if kw.get("bf16") or kw.get("fp16"):  # arguments.py params_dtype; core_transformer_config_from_args pipeline_dtype
+        kw["params_dtype"] = kw["pipeline_dtype"] = torch.bfloat16 if kw.get("bf16") else torch.float16
+    if not _HAS_TE and ((kw.get("num_moe_experts") and kw.get("fp8")) or kw.get("fp4")):
+        # TransformerConfig asks Transformer Engine for MoE + FP8 (>= 1.7) and FP4; CPU CI has no TE: the
+        # recipe flags are checked by value in test_transformer_config_is_the_planned_model.
+        for k in ("fp8", "fp8_recipe", "fp4", "fp4_recipe"):
+            kw.pop(k, None)
     if "--multi-latent-attention" in f:
         return MLATransformerConfig(**kw)
     kw = {k: v for k, v in kw.items() if k in {x.name for x in fields(TransformerConfig)}}
@@ -195,9 +201,21 @@ def test_transformer_config_is_the_planned_model(case: str) -> None:
         assert cfg.moe_router_topk_scaling_factor == 2.5 and cfg.mtp_num_layers == 1
         assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim) == (
             m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
-    if prob.training.precision == "fp8":
-        assert (f["--fp8-format"], f["--fp8-recipe"]) == ("hybrid", "delayed")
-        assert cfg.fp8 == "hybrid" or (not _HAS_TE and m.is_moe)
+    prec = prob.training.precision
+    assert (cfg.fp16, cfg.bf16) == ((True, False) if prec == "fp16" else (False, True))
+    if prec not in ("bf16", "fp16"):  # a low-precision recipe Megatron knows (megatron.core.enums)
+        assert ("--fp8-recipe" in f) != ("--fp4-recipe" in f)
+        if "--fp8-recipe" in f:
+            assert f["--fp8-format"] in ("e4m3", "hybrid") and f["--fp8-recipe"] in {r.value for r in Fp8Recipe}
+        else:
+            assert f["--fp4-format"] == "e2m1" and f["--fp4-recipe"] in {r.value for r in Fp4Recipe}
+        # the recipe the precision catalog names for Megatron (autoshard/data/precisions.yaml)
+        named = re.search(r"Megatron --fp8-recipe (\w+)", PRECISIONS.get(prec, {}).get("name", ""))
+        if named:
+            assert f["--fp8-recipe"] == named.group(1)
+        else:
+            assert any(w.startswith(f"precision {prec}:") for w in out.warnings) or prec in (
+                "fp8", "fp8-blockwise", "nvfp4")
     assert cfg.sequence_parallel == (plan.sp and plan.tp > 1)
     # TP / CP on Hopper: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py validate_args),
     # except with Megatron-FSDP or the expert-overlap path.

@@ -77,6 +77,17 @@ def test_config_loads_with_the_planned_model(case: str, tmp_path) -> None:
     m = prob.model
     out = exported(case, "torchtitan")
     cfg = load(case, tmp_path)
+    # precision: a registered converter with a recipe torchtitan accepts, or bf16 with a warning
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls  # noqa: PLC0415
+    assert set(cfg.model.converters) <= set(_registry_model_converter_cls)
+    prec = prob.training.precision
+    if "quantize.linear.float8" in cfg.model.converters:
+        assert cfg.quantize.linear.float8.recipe_name in ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+    if "quantize.linear.mx" in cfg.model.converters:
+        assert cfg.quantize.linear.mx.recipe_name == "mxfp8_cublas"
+    if prec not in ("bf16", "fp16") and not cfg.model.converters:
+        assert any(w.startswith(f"precision {prec}:") for w in out.warnings)
+    assert cfg.training.mixed_precision_param == ("float16" if prec == "fp16" else "bfloat16")
     spec = get_train_spec(cfg.model.name)
     if cfg.model.flavor not in spec.model_args:  # the export says so, and it is true
         assert any("ships no flavor" in w for w in out.warnings)
