@@ -274,8 +274,18 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
     elif chunks > m.num_hidden_layers and not fw.uneven_stages:
         reasons.append(f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers, and "
                        f"{problem.framework} cannot give the embedding or the loss a pipeline slot")
-    if plan.vpp > 1 and plan.schedule != "interleaved":
+    if plan.vpp > 1 and plan.schedule not in ("interleaved", "dualpipev"):
         reasons.append(f"vpp={plan.vpp} needs schedule 'interleaved' (got {plan.schedule!r})")
+    if plan.schedule == "dualpipev":
+        # DeepSeek's DualPipe cut in half (torch.distributed.pipelining ScheduleDualPipeV): each rank
+        # holds two virtual stages in a V (rank r: stages r and 2P-1-r) and runs one micro-batch's
+        # forward beside another's backward, in pairs of micro-batches.
+        if plan.pp < 2 or plan.vpp != 2:
+            reasons.append("schedule 'dualpipev' needs pp >= 2 and vpp = 2 (two virtual stages per rank, in a V)")
+        elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
+            mb = t.global_batch_size // (dp * plan.micro_batch_size)
+            if mb < 2 * plan.pp or mb % 2:
+                reasons.append(f"dualpipev: {mb} micro-batches; it needs an even number >= 2*pp = {2 * plan.pp}")
     if plan.schedule == "interleaved":
         if plan.vpp < 2 or plan.pp < 2:
             reasons.append("schedule 'interleaved' needs pp >= 2 and vpp >= 2")
@@ -698,7 +708,11 @@ def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
     """Whether expert all-to-all overlaps computation (Megatron `--overlap-moe-expert-parallel-comm`
     with `--delay-wgrad-compute`): asked for or left to a framework that runs it, EP > 1, PP = 1 or
     interleaved (Megatron's requirement), and at least two micro-batches to pair."""
-    if cfg.ep == 1 or cfg.ep_overlap is False or not ctx.framework.ep_overlap:
+    if cfg.ep == 1 or cfg.ep_overlap is False:
+        return False
+    if cfg.schedule == "dualpipev":  # the schedule pairs forward and backward chunks: a2a hides
+        return True
+    if not ctx.framework.ep_overlap:
         return False
     if cfg.pp > 1 and cfg.vpp < 2:
         return False
@@ -864,6 +878,8 @@ def inflight_microbatches(cfg: Config, rank: int, microbatches: int) -> float:
     if cfg.schedule == "interleaved":
         pairs = min(m * cfg.vpp, (p - rank - 1) * 2 + (cfg.vpp - 1) * p + 1)
         return pairs / cfg.vpp
+    if cfg.schedule == "dualpipev":  # PP + 1 half-rank chunks on every rank (DualPipe README table)
+        return min(float(m), p + 0.5)
     return float(min(m, p - rank))
 
 
@@ -969,7 +985,8 @@ def working_bytes(table: "Table", last: bool) -> float:
     return max(layer, table.head.work_bytes) if last else layer
 
 
-def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float], chunk_t: list[float]) -> float:
+def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float], chunk_t: list[float],
+                  b: list[float] | None = None) -> float:
     """Time from the first forward to the last backward across the pipeline.
 
     t_p: one micro-batch through all layers of rank p, forward and backward; M micro-batches.
@@ -980,8 +997,15 @@ def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]
     - zero-bubble (ZB-H1): weight-gradient work w fills the bubbles: M max t + (P - 1) max u,
       u = t - w; for equal stages the bubble is (P - 1)(t - w) as in Qi et al. 2023, and an
       uneven split pays for its slowest stage.
+    - DualPipeV (two half-rank chunks per rank in a V, `b` the backward per rank): M max t +
+      (P - 1) max (F&B + B - 3W) of a chunk, F&B (a forward and a backward chunk overlapped) = t / 2,
+      B = b / 2, W = w / 2: the DualPipe README's bubble (PP/2 - 1)(F&B + B - 3W) with PP = 2P stages.
     """
     tmax = max(t)
+    if cfg.schedule == "dualpipev":
+        bb = b or [x / 1.5 for x in t]
+        bubble = max(max(0.0, (x + y - 3 * z) / 2) for x, y, z in zip(t, bb, w))
+        return microbatches * tmax + (cfg.pp - 1) * bubble
     if cfg.schedule == "zero_bubble":
         u = [a - b for a, b in zip(t, w)]
         return microbatches * tmax + (cfg.pp - 1) * max(u)
@@ -1053,12 +1077,21 @@ def invalid_estimate(plan: Plan, reasons: list[str], ctx: Context | None) -> Est
                     stages=[], bottleneck="invalid plan")
 
 
-def assign_layers(kinds: list[str], recompute: list[str], stage_layers: list[int], pp: int) -> list[list[list[tuple[str, str]]]]:
+def chunk_rank(c: int, pp: int, v_shape: bool = False) -> int:
+    """The rank holding virtual stage c: round robin (interleaved), or a V (DualPipeV: rank r holds
+    stages r and 2P-1-r, so rank 0 holds the embedding and the loss)."""
+    if v_shape and c >= pp:
+        return 2 * pp - 1 - c
+    return c % pp
+
+
+def assign_layers(kinds: list[str], recompute: list[str], stage_layers: list[int], pp: int,
+                  v_shape: bool = False) -> list[list[list[tuple[str, str]]]]:
     """Per rank, its chunks, each a list of (kind, recompute) in layer order."""
     ranks: list[list[list[tuple[str, str]]]] = [[] for _ in range(pp)]
     start = 0
     for c, n in enumerate(stage_layers):
-        ranks[c % pp].append(list(zip(kinds[start:start + n], recompute[start:start + n])))
+        ranks[chunk_rank(c, pp, v_shape)].append(list(zip(kinds[start:start + n], recompute[start:start + n])))
         start += n
     return ranks
 
@@ -1067,12 +1100,15 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
              warnings: list[str]) -> Estimate:
     cfg, M = table.cfg, table.microbatches
     kinds = ctx.model.layer_kinds()
-    per_rank = assign_layers(kinds, recompute, stage_layers, cfg.pp)
-    tots = [rank_totals(table, chunks, r == 0, r == cfg.pp - 1) for r, chunks in enumerate(per_rank)]
+    v = cfg.schedule == "dualpipev"
+    head_rank = 0 if v else cfg.pp - 1
+    per_rank = assign_layers(kinds, recompute, stage_layers, cfg.pp, v)
+    tots = [rank_totals(table, chunks, r == 0, r == head_rank) for r, chunks in enumerate(per_rank)]
     t = [x.time_s for x in tots]
     w = [x.wgrad_s for x in tots]
-    ordered = [per_rank[c % cfg.pp][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
-    t_pipe = pipeline_time(cfg, M, t, w, chunk_times(table, ordered))
+    b = [sum(x.bwd.values()) for x in tots]
+    ordered = [per_rank[chunk_rank(c, cfg.pp, v)][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
+    t_pipe = pipeline_time(cfg, M, t, w, chunk_times(table, ordered), b)
     tm = tail_model(ctx, table)
     tails = [dp_tail(tm, x) for x in tots]
     tail_tot = [sum(x.values()) for x in tails]
@@ -1086,7 +1122,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         mem = static_bytes(ctx, cfg, x.params, x.expert_params)
         infl = inflight_microbatches(cfg, r, M)
         mem["activations"] = x.act_bytes * infl
-        mem["working"] = working_bytes(table, r == cfg.pp - 1)
+        mem["working"] = working_bytes(table, r == head_rank)
         if cfg.zero == 3 and cfg.dp * cfg.cp > 1:
             biggest = max(c.params for c in table.layers.values())
             mem["zero3_gathered"] = 2 * BF16 * biggest
@@ -1094,7 +1130,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         gib = {k: v / GIB for k, v in mem.items()}
         stages.append(StageEstimate(
             rank=r, layers=x.layers, dense_layers=x.kinds.get("dense", 0), moe_layers=x.kinds.get("moe", 0),
-            recompute=x.recompute, has_embedding=r == 0, has_lm_head=r == cfg.pp - 1,
+            recompute=x.recompute, has_embedding=r == 0, has_lm_head=r == head_rank,
             forward_s=sum(x.fwd.values()), backward_s=sum(x.bwd.values()), inflight_microbatches=infl,
             memory_gib=gib, peak_memory_gib=peak / GIB))
         if peak > cap:

@@ -17,13 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 # frameworks' default recipe, delayed scaling), MXFP8 and NVFP4. Which GPU runs which: gpus.yaml.
 Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-rowwise", "fp8-blockwise", "mxfp8",
                     "nvfp4"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
 Framework = Literal["megatron", "torchtitan", "deepspeed", "maxtext"]
 Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adam", "adamw", "sgd"]
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe")
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipev")
 RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
 DEFAULT_GAP_LIMIT = 1e-3  # relative gap under which a solve counts as OPTIMAL (0.1%, far below the model's error)
 MESH_AXES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")

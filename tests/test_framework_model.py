@@ -139,3 +139,28 @@ def test_sequence_parallel_needs_divisible_tokens():
                       "cluster": {"gpu": "h100", "num_gpus": 8}})
     assert any("sequence parallelism" in r for r in evaluate(p, Plan(tp=8, sequence_parallel=True)).reasons)
     assert not [r for r in evaluate(p, Plan(tp=8, sequence_parallel=False)).reasons if "sequence" in r]
+
+
+def test_dualpipev_bubble_memory_and_overlap():
+    from autoshard.cost import pipeline_time
+
+    # DualPipe README: bubble (PP/2 - 1)(F&B + B - 3W) with PP stages on PP/2 ranks (DualPipeV);
+    # per rank F + B = t = 3, B = b = 2, W = w = 1 over two chunks: F&B = 1.5, B = 1, W = 0.5 each.
+    cfg = Config(1, 1, 1, 4, 1, 2, False, 1, 1, "dualpipev", "tp-cp-ep-dp-pp")
+    assert pipeline_time(cfg, 8, [3.0] * 4, [1.0] * 4, [1.5] * 8, [2.0] * 4) == pytest.approx(
+        8 * 3.0 + (4 - 1) * (1.5 + 1.0 - 3 * 0.5))
+    p = load_problem({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 4096,
+                                                          "precision": "fp8"},
+                      "cluster": {"gpu": "h800", "num_gpus": 2048, "topology": "h800-cluster"},
+                      "framework": "torchtitan"})
+    zb = evaluate(p, Plan(tp=1, ep=64, pp=16, zero_stage=3, schedule="zero_bubble", recompute="full"))
+    dv = evaluate(p, Plan(tp=1, ep=64, pp=16, vpp=2, zero_stage=3, schedule="dualpipev", recompute="full"))
+    assert not [r for r in dv.reasons if "GiB" not in r], dv.reasons
+    # Rank 0 holds the first and the last virtual stage: embedding and loss.
+    assert dv.stages[0].has_embedding and dv.stages[0].has_lm_head and not dv.stages[-1].has_lm_head
+    # Forward and backward chunks of two micro-batches run together: the all-to-all hides.
+    assert dv.time_breakdown_s["ep_comm"] < 0.6 * zb.time_breakdown_s["ep_comm"]
+    assert dv.step_time_s < zb.step_time_s
+    # Megatron has no DualPipe.
+    mg = load_problem({**p.model_dump(exclude={"framework", "search"}), "framework": "megatron"})
+    assert any("no 'dualpipev'" in r for r in evaluate(mg, Plan(tp=1, ep=64, pp=16, vpp=2, schedule="dualpipev")).reasons)

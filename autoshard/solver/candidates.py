@@ -61,8 +61,8 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
                 continue  # etp = 1 = tp: the same plan as etp None
             mb = gbs // (dp * mbs)
             for sched, vpp in product(sp_["schedule"], sp_["vpp"]):
-                if pp * vpp > problem.model.num_hidden_layers:
-                    continue  # embedding / loss pipeline slots: evaluated, not searched
+                if pp * vpp > problem.model.num_hidden_layers or sched == "dualpipev":
+                    continue  # embedding / loss pipeline slots and DualPipeV: evaluated, not searched
                 if (vpp > 1) != (sched == "interleaved"):
                     continue
                 if pp == 1 and sched != "1f1b":
