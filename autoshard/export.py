@@ -782,6 +782,8 @@ def _titan_schedule(ctx: _Ctx) -> tuple[str, list[int]]:
         return "1F1B", stages
     if p.schedule == "gpipe":
         return ("LoopedBFS" if p.vpp > 1 else "GPipe"), stages
+    if p.schedule == "dualpipev":  # torchtitan places V-style schedules' stages r and 2pp-1-r on rank r
+        return "DualPipeV", stages
     if p.vpp > 1:
         return "Interleaved1F1B", stages
     return "1F1B", stages
