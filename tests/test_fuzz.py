@@ -428,3 +428,117 @@ BUBBLE = ({"model": {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_si
 def test_no_negative_round_off():
     est = evaluate(load_problem(BUBBLE[0]), BUBBLE[1])
     assert min(est.time_breakdown_s.values()) >= 0, est.time_breakdown_s
+
+
+# ---- issue 15: duplicate keys, measured-run files, output paths, collective sizes -------------------
+
+KEY = st.sampled_from(["model", "training", "cluster", "search", "seq_len", "tp", "gpu", "a", "b"])
+SCALAR = st.one_of(st.integers(-5, 5), st.sampled_from(["x", "h100", "llama3-8b", "1e9"]), st.booleans())
+
+
+@fuzz(60)
+@given(keys=st.lists(KEY, min_size=1, max_size=6), dup=st.integers(0, 5), value=SCALAR, flow=st.booleans(),
+       depth=st.integers(0, 2))
+def test_a_repeated_key_is_always_an_error_at_its_line(keys, dup, value, flow, depth):
+    """Whatever the document, a mapping that repeats a key is an InputError naming that key and the
+    line of its second occurrence (PyYAML alone keeps the last value silently)."""
+    from autoshard.loader import parse_yaml  # noqa: PLC0415
+
+    keys = list(dict.fromkeys(keys))
+    again = keys[dup % len(keys)]
+    pad = "  " * depth
+    head = "".join(f"{'  ' * i}n{i}:\n" for i in range(depth))
+    if flow:
+        body = pad + "m: {" + ", ".join(f"{k}: {value!r}" for k in [*keys, again]) + "}\n"
+        line = depth + 1
+    else:
+        body = "".join(f"{pad}{k}: {value!r}\n" for k in [*keys, again])
+        line = depth + len(keys) + 1
+    with pytest.raises(InputError) as info:
+        parse_yaml(head + body, "doc.yaml")
+    msg = info.value.line()
+    assert f"duplicate key {again!r}" in msg and f"at line {line}," in msg and "\n" not in msg
+
+
+CELL = st.one_of(st.text(max_size=8), st.sampled_from(["inf", "-inf", "nan", "1e308", "-1", "0", "1e-9", "3.5",
+                                                        "12", "fast", "", "1,5", "true"]))
+COLUMNS = ["id", "model", "gpu", "gpu_count", "precision", "layers", "hidden", "vocab", "seq_len",
+           "global_batch_seqs", "step_time_s", "tp", "pp"]
+
+
+@fuzz(80)
+@given(cells=st.lists(st.lists(CELL, min_size=len(COLUMNS), max_size=len(COLUMNS)), min_size=1, max_size=4),
+       sep=st.sampled_from([",", ";", "\t"]))
+def test_measured_runs_file_is_rows_or_one_line(cells, sep):
+    """`read_runs` (calibrate, validate) on random CSV cells: rows whose numbers are all finite and
+    in range, or one InputError line; never a ValueError, a NaN or an inf."""
+    import csv  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    from autoshard.loader import RUN_FLOAT_COLUMNS, RUN_INT_COLUMNS, read_runs  # noqa: PLC0415
+
+    buf = io.StringIO()
+    w = csv.writer(buf, delimiter=sep)
+    w.writerow(COLUMNS)
+    w.writerows(cells)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "runs.csv"
+        path.write_text(buf.getvalue(), encoding="utf-8")
+        try:
+            rows = read_runs(path)
+        except InputError as exc:
+            assert "\n" not in exc.line() and "runs.csv" in exc.line()
+            return
+    assert sep == ","
+    ids = [str(r["id"]).strip() for r in rows]
+    assert len(set(ids)) == len(ids)
+    for r in rows:
+        for k, v in r.items():
+            if k in RUN_INT_COLUMNS or k in RUN_FLOAT_COLUMNS:
+                assert v is None or (isinstance(v, (int, float)) and math.isfinite(v)), (k, v)
+        assert r["step_time_s"] is None or 1e-4 <= r["step_time_s"] <= 86_400
+
+
+@fuzz(40)
+@given(data=st.binary(max_size=2000), links=st.integers(0, 3))
+def test_atomic_write_through_links_keeps_the_links(data, links):
+    from autoshard.loader import atomic_write  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as d:
+        real = Path(d) / "real.bin"
+        real.write_bytes(b"old")
+        target = real
+        for i in range(links):  # a chain of links: link_i -> link_{i-1} -> ... -> real.bin
+            link = Path(d) / f"link{i}.bin"
+            link.symlink_to(target.name)
+            target = link
+        atomic_write(target, data)
+        assert real.read_bytes() == data and not real.is_symlink()
+        assert all((Path(d) / f"link{i}.bin").is_symlink() for i in range(links))
+        assert sorted(p.name for p in Path(d).iterdir()) == sorted(["real.bin", *[f"link{i}.bin" for i in range(links)]])
+
+
+@fuzz(40)
+@given(size=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["1e400", "1EB", "0", "-1"])),
+       gpus=st.sampled_from(["1", "2", "8", "64", "0", "-3", "1048577"]))
+def test_collective_is_finite_json_or_one_line(size, gpus):
+    import contextlib  # noqa: PLC0415
+    import io  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    from autoshard import cli  # noqa: PLC0415
+
+    text = size if isinstance(size, str) else repr(size)
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        try:
+            rc = cli.main(["collective", "all_reduce", text, "--cluster", "dgx-h100-superpod", "--gpus", gpus, "--json"])
+        except SystemExit as exc:  # argparse: a value it cannot parse at all (e.g. `-1.0` read as an option)
+            rc = exc.code
+    out, err = o.getvalue(), e.getvalue()
+    assert rc in (0, 2), (text, gpus, err)
+    if rc == 0:
+        doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON of {text} B over {gpus}"))
+        assert doc["time_s"] >= 0 and math.isfinite(doc["time_s"])
+    else:
+        assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
