@@ -370,8 +370,9 @@ def test_sweep_ranges_expand_exactly():
 @pytest.mark.parametrize("tokens, message", [
     (1.0e30, "workloads.0.tokens: the budget 1e+30 is more than the 1e+16 allowed"),
     ([1e12, 1e30], "workloads.0.tokens: item 1 1e+30 is more than the 1e+16 allowed"),
-    (-5, "workloads.0.tokens: the budget must be a positive number of tokens, got -5"),
-    (math.inf, "workloads.0.tokens: the budget must be a positive number of tokens, got inf"),
+    (-5, "workloads.0.tokens: the budget must be a number of tokens >= 1, got -5"),
+    (1e-300, "workloads.0.tokens: the budget must be a number of tokens >= 1, got 1e-300"),
+    (math.inf, "workloads.0.tokens: the budget must be a number of tokens >= 1, got inf"),
     ("lots", "workloads.0.tokens: the budget must be a number of tokens, got 'lots'"),
 ])
 def test_token_budget_errors(tokens, message):
@@ -776,3 +777,26 @@ def test_the_documented_study_file_loads():
     st = load_study(yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1)))
     assert st.spec.pricing.spot_discount == 0.7 and st.spec.reliability.spot_preemptions_per_gpu_hour == 3.42e-5
     assert {o.mode for o in st.options} >= {"cloud", "own"}
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"pricing": {"mode": "spot", "spot_discount": 1.0}}, "pricing.spot_discount: the value must be from 0 to 1 (excluded), got 1"),
+    ({"pricing": {"spot_discount": {"h100": -0.1}}}, "pricing.spot_discount: h100 must be from 0 to 1 (excluded), got -0.1"),
+    ({"pricing": {"node_overhead_w": -5}}, "pricing.node_overhead_w: the value must be from 0 to 100000, got -5"),
+    ({"reliability": {"failures_per_gpu_hour": 1e308}}, "reliability.failures_per_gpu_hour: the value must be from 0 to 1"),
+    ({"reliability": {"failures_per_gpu_hour": {"h100": -1}}}, "reliability.failures_per_gpu_hour: h100 must be from 0 to 1"),
+    ({"pricing": {"usd_per_gpu_hour": {"h100": 1e308}}}, "pricing.usd_per_gpu_hour.h100: Input should be less than or equal to 10000"),
+    ({"reliability": {"restart_s": 1e308}}, "reliability.restart_s: Input should be less than or equal to 1000000"),
+    ({"reliability": {"checkpoint_interval_s": 1e-300}}, "reliability.checkpoint_interval_s: Input should be greater than or equal to 1"),
+    ({"reliability": {"other_loss_fraction": 1.0}}, "reliability.other_loss_fraction: Input should be less than or equal to 0.99"),
+    ({"pricing": {"mode": "own", "amortization_years": 1e-300}}, "pricing.amortization_years: Input should be greater than or equal to 0.1"),
+    ({"constraints": {"budget_usd": math.inf}}, "constraints.budget_usd: Input should be a finite number"),
+    ({"constraints": {"power_cap_mw": math.nan}}, "constraints.power_cap_mw: Input should be a finite number"),
+])
+def test_absurd_prices_and_rates_are_one_plain_line(patch, message):
+    """Inputs that made the report crash (an infinite cost in matplotlib), divide by zero (an infinite
+    failure rate) or print 200-digit figures: bounded far beyond any real figure, one line each."""
+    with pytest.raises(InputError) as exc:
+        load_study({**SMALL, **patch})
+    line = exc.value.line()
+    assert message in line and "constrained-float" not in line, line

@@ -562,7 +562,16 @@ def _summary_rows(rows: list[dict], limit: int = 40) -> list[dict]:
 
 
 def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write report.md, report.html and the PNG plots for a results.json document; return the paths."""
+    """Write report.md, report.html and the PNG plots for a results.json document; return the paths.
+    matplotlib's layout warnings (a crowded figure) are not printed: the plots are written as they are."""
+    import warnings  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return _write_report(doc, out_dir)
+
+
+def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     out = Path(out_dir)
     rows_all: list[dict] = doc["rows"]
     d = _Doc()

@@ -53,6 +53,7 @@ CSV_COLUMNS = (
     "solve_time_s",
 )
 TIMING_FIELDS = ("solve_time_s", "elapsed_s", "task_time_s")
+MAX_TRAIN_DAYS = 365_000.0  # 1,000 years: an option slower than that is reported, not priced
 
 
 # =============================================================================================
@@ -450,6 +451,11 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
                           f"{_duration(gp.checkpoint_s)} per checkpoint, so no work survives (goodput 0)")
         return row
     wall_s = ideal_s / ratio
+    if not wall_s <= MAX_TRAIN_DAYS * 86400:
+        row.update(feasible=False, status="too_long",
+                   reason=f"training would take {wall_s / 86400 / 365:.3g} years (goodput {100 * ratio:.3g}%), more "
+                          f"than the {MAX_TRAIN_DAYS / 365:,.0f} years this study prices")
+        return row
     row.update(time_to_train_days=wall_s / 86400, **price_option(study, o, wall_s))
     figures = power_figures([o])
     if len(figures) > 1:  # the facility power under every figure the catalog has for this GPU
@@ -466,7 +472,8 @@ def _duration(s: float) -> str:
 def _why_no_candidates(rows: Sequence[dict[str, Any]]) -> str:
     """Why no option has a feasible plan, by cause (reliability, no plan fits, solver errors, not run)."""
     causes = (("no_progress", "fail faster than they can checkpoint and restart"),
-              ("infeasible", "have no plan that fits"), ("error", "failed to solve"), ("not run", "were not run"))
+              ("too_long", "would take more than 1,000 years"), ("infeasible", "have no plan that fits"),
+              ("error", "failed to solve"), ("not run", "were not run"))
     parts = []
     for status, words in causes:
         hit = [r for r in rows if not r.get("feasible") and r.get("status", "not run") == status]

@@ -19,8 +19,8 @@ from ..spec import MAX_GPUS, ModelSpec, Problem, SearchSpec, Strict, TopologyLev
 Mode = Literal["cloud", "own", "spot"]  # spot: rented preemptible capacity (cloud price less spot_discount)
 Objective = Literal["auto", "time", "cost"]
 SensitivityMode = Literal["solve", "evaluate", "off"]
-Positive = Annotated[float, Field(gt=0)]
-NonNeg = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 DEFAULT_TIME_LIMIT_S = 10.0
 SCHEMA_VERSION = 1
@@ -30,7 +30,6 @@ USD_PER_KWH = 0.08  # US EIA Electric Power Monthly: average industrial retail p
 PUE = 1.3  # assumption: modern colocation; Uptime Institute survey average ~1.58 (2023), hyperscale ~1.1
 AMORTIZATION_YEARS = 4.0  # assumption: GPU servers' economic life (hyperscalers depreciate over 5-6 years)
 SPOT_DISCOUNT = 0.7  # seed 003: spot instances save 60-90% vs on-demand; its worked example uses 70% ($6,291 -> $1,887)
-Fraction = Annotated[float, Field(ge=0, lt=1)]
 
 
 # =============================================================================================
@@ -130,8 +129,8 @@ def _token_budget(v: Any) -> Any:
         x = _number(x)
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise ValueError(f"{what} must be a number of tokens, got {x!r}"[:200])
-        if not (math.isfinite(x) and x > 0):
-            raise ValueError(f"{what} must be a positive number of tokens, got {x!r}")
+        if not (math.isfinite(x) and x >= 1):
+            raise ValueError(f"{what} must be a number of tokens >= 1, got {x!r}")
         if x > MAX_TOKENS:
             raise ValueError(f"{what} {x:.3g} is more than the {MAX_TOKENS:.0e} allowed (10 quadrillion; the "
                              f"largest published pretraining runs use ~4e13)")
@@ -185,32 +184,71 @@ class OptionSpec(Strict):
         return _gpu_counts(v)
 
 
+# Sanity bounds of prices and reliability inputs: far beyond any real figure (an H100 rents for ~$2-3/h,
+# a GPU costs $10-70k, a restart takes minutes), they keep every derived figure finite and readable.
+def _between(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
+    return Field(**{("gt" if lo_open else "ge"): lo, ("lt" if hi_open else "le"): hi})
+
+
+def _number_or_table(v: Any, lo: float, hi: float, hi_open: bool = False) -> Any:
+    """A number, or a table {gpu: number}, each checked against [lo, hi] (hi excluded when `hi_open`)
+    with a plain message (no pydantic union member names)."""
+    def one(x: Any, what: str) -> float:
+        x = _number(x)
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise ValueError(f"{what} must be a number, got {x!r}"[:200])
+        if x < lo or x > hi or (hi_open and x == hi):
+            raise ValueError(f"{what} must be from {lo:g} to {hi:g}{' (excluded)' if hi_open else ''}, got {x:g}")
+        return float(x)
+
+    if v is None:
+        return v
+    if isinstance(v, dict):
+        return {k: one(x, str(k)) for k, x in v.items()}
+    return one(v, "the value")
+
+
 class PricingSpec(Strict):
     mode: Mode | list[Mode] = "cloud"
-    usd_per_gpu_hour: dict[str, Positive] = {}
-    purchase_usd_per_gpu: dict[str, Positive] = {}
-    usd_per_node: NonNeg = 0.0
-    usd_per_network_port: NonNeg | None = None
-    usd_per_kwh: NonNeg = USD_PER_KWH
+    usd_per_gpu_hour: dict[str, Annotated[float, _between(0, 1e4, lo_open=True)]] = {}
+    purchase_usd_per_gpu: dict[str, Annotated[float, _between(0, 1e7, lo_open=True)]] = {}
+    usd_per_node: Annotated[float, _between(0, 1e8)] = 0.0
+    usd_per_network_port: Annotated[float, _between(0, 1e7)] | None = None
+    usd_per_kwh: Annotated[float, _between(0, 100)] = USD_PER_KWH
     pue: Annotated[float, Field(ge=1.0, le=3.0)] = PUE
-    amortization_years: Positive = AMORTIZATION_YEARS
-    node_overhead_w: NonNeg | dict[str, NonNeg] | None = None
-    spot_discount: Fraction | dict[str, Fraction] = SPOT_DISCOUNT  # fraction off the cloud rate, per GPU or all
+    amortization_years: Annotated[float, _between(0.1, 100)] = AMORTIZATION_YEARS
+    node_overhead_w: float | dict[str, float] | None = None  # W per GPU, 0 to 100,000
+    spot_discount: float | dict[str, float] = SPOT_DISCOUNT  # fraction off the cloud rate (0 to <1), per GPU or all
     power_figure: str = "catalog"  # catalog: tdp_w + node overhead; or a source of the catalog's system_power_w
+
+    @field_validator("node_overhead_w", mode="before")
+    @classmethod
+    def _overhead(cls, v: Any) -> Any:
+        return _number_or_table(v, 0, 1e5)
+
+    @field_validator("spot_discount", mode="before")
+    @classmethod
+    def _discount(cls, v: Any) -> Any:
+        return _number_or_table(v, 0, 1, hi_open=True)
 
 
 class ReliabilitySpec(Strict):
     enabled: bool = True
-    failures_per_gpu_hour: NonNeg | dict[str, NonNeg] | None = None
-    restart_s: NonNeg | None = None
-    checkpoint_bytes_per_param: Positive | None = None
-    storage_gb_per_s_per_gpu: Positive | None = None
-    storage_min_gb_per_s: Positive | None = None
-    storage_max_gb_per_s: Positive | None = None
-    checkpoint_overhead_s: NonNeg | None = None
-    checkpoint_interval_s: Positive | None = None  # fixed interval instead of Young/Daly
-    spot_preemptions_per_gpu_hour: NonNeg | None = None  # added to the failure rate of spot options
-    other_loss_fraction: Fraction | None = None  # wall time lost outside the cost model (input stalls, ...)
+    failures_per_gpu_hour: float | dict[str, float] | None = None  # 0 to 1
+    restart_s: Annotated[float, _between(0, 1e6)] | None = None
+    checkpoint_bytes_per_param: Annotated[float, _between(0, 1e3, lo_open=True)] | None = None
+    storage_gb_per_s_per_gpu: Annotated[float, _between(0, 1e6, lo_open=True)] | None = None
+    storage_min_gb_per_s: Annotated[float, _between(0, 1e6, lo_open=True)] | None = None
+    storage_max_gb_per_s: Annotated[float, _between(0, 1e6, lo_open=True)] | None = None
+    checkpoint_overhead_s: Annotated[float, _between(0, 1e5)] | None = None
+    checkpoint_interval_s: Annotated[float, _between(1, 1e8)] | None = None  # fixed interval instead of Young/Daly
+    spot_preemptions_per_gpu_hour: Annotated[float, _between(0, 1)] | None = None  # on top of failures, spot only
+    other_loss_fraction: Annotated[float, _between(0, 0.99)] | None = None  # wall time lost outside the cost model
+
+    @field_validator("failures_per_gpu_hour", mode="before")
+    @classmethod
+    def _failures(cls, v: Any) -> Any:
+        return _number_or_table(v, 0, 1)
 
 
 class ConstraintSpec(Strict):
