@@ -800,3 +800,13 @@ def test_absurd_prices_and_rates_are_one_plain_line(patch, message):
         load_study({**SMALL, **patch})
     line = exc.value.line()
     assert message in line and "constrained-float" not in line, line
+
+
+def test_a_study_that_expands_to_too_many_options():
+    spec = {**SMALL, "pricing": {"mode": ["cloud", "own", "spot"]},
+            "options": [{"gpu": ["h100", "b200"], "num_gpus": {"start": 1, "stop": 4096, "step": 1}}]}
+    with pytest.raises(InputError) as exc:  # 2 GPUs x 4,096 counts x 3 modes = 24,576
+        load_study(spec)
+    assert exc.value.line() == ("options.0: the study expands to more than 20,000 hardware options (GPU x count x "
+                                "topology x pricing mode): split it, or sweep with a larger step or factor")
+    assert len(load_study({**spec, "pricing": {"mode": "cloud"}}).options) == 8192

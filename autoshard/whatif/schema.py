@@ -38,6 +38,7 @@ SPOT_DISCOUNT = 0.7  # seed 003: spot instances save 60-90% vs on-demand; its wo
 
 
 MAX_SWEEP_VALUES = 4096  # GPU counts one option entry may sweep
+MAX_OPTIONS = 20_000  # hardware options of a whole study (at ~0.5 s a solve on 2 cores: ~1.5 hours)
 MAX_TOKENS = 1e16  # 10 quadrillion: ~250x the largest published pretraining corpus (Llama 4: ~40T tokens)
 
 
@@ -451,6 +452,10 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                     for m in modes:
                         opt = Option(gid, int(n), t, m, o.catalog)
                         options.setdefault(opt.id, opt)
+                if len(options) > MAX_OPTIONS:
+                    raise InputError(f"the study expands to more than {MAX_OPTIONS:,} hardware options (GPU x count x "
+                                     "topology x pricing mode): split it, or sweep with a larger step or factor",
+                                     source=src, field=f"options.{i}")
     opts = tuple(sorted(options.values(), key=Option.sort_key))
     figures = power_figures(opts)
     if spec.pricing.power_figure not in figures:
