@@ -138,6 +138,9 @@ class _Ctx:
         return lines
 
 
+# export format -> the framework profile (autoshard/data/frameworks.yaml) that prices what it runs
+FRAMEWORK_OF = {"megatron": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed", "maxtext": "maxtext",
+                "jax": "maxtext"}
 TARGETS_SHORT = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed",
                  "maxtext": "MaxText", "jax": "JAX"}
 
@@ -176,6 +179,11 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
                microbatches=t.global_batch_size // (dp * plan.micro_batch_size),
                gpus_per_node=gpus_per_node, fmt=fmt)
     ctx.tp_overlap, ctx.ep_overlap = _overlaps(problem, full_plan, ctx.microbatches)
+    target_fw = FRAMEWORK_OF[fmt]
+    if problem.framework != target_fw:
+        ctx.warn(f"the plan was priced for {problem.framework} (problem `framework:`), which keeps other bytes per "
+                 f"parameter and runs other overlaps than {TARGETS_SHORT[fmt]}: memory and step time differ from "
+                 f"the estimate; solve with `framework: {target_fw}` for a plan priced for this launcher")
     fam = model_family(problem.model) or {}
     if problem.model.is_moe and fmt == "megatron":
         ctx.mtp_layers = int(fam.get("mtp_layers", 0))
@@ -821,7 +829,10 @@ def _torchtitan(ctx: _Ctx) -> str:
         training["local_batch_size"] = p.micro_batch_size  # gradient accumulation makes up the rest
     training["global_batch_size"] = t.global_batch_size
     training["seq_len"] = t.seq_len
-    training["mixed_precision_param"] = "float16" if t.precision == "fp16" else "bfloat16"
+    training["mixed_precision_param"] = "bfloat16"  # torchtitan: Literal["bfloat16", "float32"], no float16
+    if t.precision == "fp16":
+        ctx.warn("torchtitan has no fp16 mixed precision (mixed_precision_param is bfloat16 or float32): "
+                 "exported as bf16, which needs a GPU with bf16 tensor cores (same speed where it has them)")
     training["mixed_precision_reduce"] = "float32"
 
     parallelism["data_parallel_replicate_degree"] = replicate

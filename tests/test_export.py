@@ -588,3 +588,12 @@ def test_maxtext_axis_straddling_nodes_warns() -> None:
 def test_default_gpus_per_node_comes_from_the_topology() -> None:
     doc = yaml.safe_load(export_plan(*CASES["tp8-sp-pp4-dp20-zero1-1f1b"], "maxtext").text)
     assert doc["ici_tensor_parallelism"] == 8 and doc["num_slices"] == 80  # h100-sxm: 8-GPU NVLink domain
+
+
+def test_export_to_another_framework_than_priced_warns() -> None:
+    plan = Plan(tp=8, pp=4)
+    assert not any("priced for" in w for w in export_plan(LLAMA, plan, "megatron").warnings)
+    out = export_plan(LLAMA, plan, "torchtitan")
+    assert any("priced for megatron" in w and "framework: torchtitan" in w for w in out.warnings)
+    titan = Problem(**{**LLAMA.model_dump(), "framework": "torchtitan"})
+    assert not any("priced for" in w for w in export_plan(titan, Plan(tp=8, pp=4, zero_stage=3), "torchtitan").warnings)
