@@ -406,7 +406,9 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     fits = m_lb <= ctx.capacity_bytes
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
-    modes = [r for r in RECOMPUTES if r in problem.search.allowed("recompute", list(RECOMPUTES))]
+    # The default modes, and Megatron recompute modules where `search: recompute` names them.
+    modes = list(dict.fromkeys(problem.search.allowed("recompute", list(RECOMPUTES))))
+    modes = [r for r in RECOMPUTES if r in modes] + [r for r in modes if r not in RECOMPUTES]
     search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
 
     # Warm start: greedy recompute mixes and stage splits on the most promising configurations
@@ -446,8 +448,17 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     optimal = gap <= gap_limit + 1e-12
     mine = family_key(best.plan)
     others = sorted((f for k, f in search.found.items() if k != mine), key=lambda f: (f.step_s, f.order))
-    others = [f for f in others if f.step_s <= best.step_s * (1 + RUNNER_UP_SLOWER)][:top_k]
-    alts = [_alternative(problem, best, f, family_name(family_key(f.plan))) for f in others]
+    alts = []
+    for f in others:  # families as fast as the one before (within rounding) are collapsed into it
+        if f.step_s > best.step_s * (1 + RUNNER_UP_SLOWER):
+            break
+        fam = family_name(family_key(f.plan))
+        if alts and abs(f.step_s - alts[-1].estimate.step_time_s) <= max(f.tolerance_s, 1e-9 * f.step_s):
+            alts[-1] = alts[-1].model_copy(update={"differs": f"{alts[-1].differs}; as fast: {fam}"})
+            continue
+        if len(alts) == top_k:
+            break
+        alts.append(_alternative(problem, best, f, fam))
     for req in requests:
         alts.append(_named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
                                        max(1.0, NAMED_SHARE * proof_work), budget.deadline))
