@@ -676,7 +676,8 @@ def test_spot_goodput_falls_and_cost_falls(tmp_path):
     70% discount still makes it cheaper: the saving is 1 - 0.3 x (time on spot / time on demand)."""
     study = {**SMALL, "pricing": {"mode": ["cloud", "spot"], "usd_per_gpu_hour": {"h100": 2.5}},
              "sensitivity": "off", "constraints": {}}
-    res = run_study(study, tmp_path, report=False)
+    res = run_study(study, tmp_path, report=True)  # the report draws spot options too
+    assert (tmp_path / "report.html").exists() and (tmp_path / "time_vs_cost_w1.png").exists()
     by = {(r["gpu"], r["num_gpus"], r["mode"]): r for r in res.rows}
     for (gpu, n, mode), spot in by.items():
         if mode != "spot":

@@ -144,7 +144,7 @@ def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: 
 
     feas = [r for r in rows if r.get("feasible")]
     colors = _colors(gpus)
-    markers = {"cloud": "o", "own": "s"}
+    markers = {"cloud": "o", "own": "s", "spot": "^"}
     fig, ax = plt.subplots(figsize=(9.5, 6))
     for r in feas:
         ax.scatter(r["time_to_train_days"], r["cost_usd"], color=colors[r["gpu"]], marker=markers[r["mode"]],
@@ -156,12 +156,14 @@ def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: 
         ax.step(xs, ys, where="post", color="black", lw=1.2, zorder=2)
         ax.scatter(xs, ys, facecolors="none", edgecolors="black", s=110, lw=1.2, zorder=4)
     labels: list[tuple[float, float, str, dict]] = []  # placed last, without overlaps
+    multi_mode = len({r["mode"] for r in feas}) > 1
     for r in sorted(feas, key=lambda r: (not r.get("recommended"), not r.get("pareto"), r["time_to_train_days"])):
         if not (r.get("pareto") or r.get("recommended")) and len(feas) > 40:
             continue  # a larger sweep labels its front only
         why = _short_violations(r)
         strong = r.get("pareto") or r.get("recommended")
         labels.append((r["time_to_train_days"], r["cost_usd"], f"{r['gpu']} x{r['num_gpus']}"
+                       + (f" {r['mode']}" if multi_mode else "")
                        + (f" ({why})" if why else ""), {"fontsize": 7 if strong else 6.5,
                                                          "color": "0.1" if strong else "0.45"}))
     rec = [r for r in feas if r.get("recommended")]
