@@ -526,8 +526,19 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
         st = os.stat(target)  # follows symbolic links
     except FileNotFoundError:
         st = None
+    stream = _same_as_std_stream(st)
+    if stream is not None:  # `-o /dev/stdout` (a terminal, a pipe or `> file`): in order with what else is printed
+        stream.flush()
+        stream.buffer.write(raw)
+        stream.flush()
+        return
     if st is not None and not stat.S_ISREG(st.st_mode):
         _write_through(target, st, raw)
+        return
+    if st is not None and os.path.abspath(target).startswith(("/dev/", "/proc/")):
+        # /dev/fd/N and the like: the file is held open elsewhere; renaming over it would lose the output
+        with open(target, "wb") as fh:
+            fh.write(raw)
         return
     if os.path.islink(target):
         target = os.path.realpath(target)  # replace the file the link names, keep the link
@@ -586,6 +597,20 @@ def _read_only_fs(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):
         return False
+
+
+def _same_as_std_stream(st: os.stat_result | None) -> Any:
+    """sys.stdout or sys.stderr when `st` is the file they write to (else None)."""
+    if st is None:
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            own = os.fstat(stream.fileno())
+        except (OSError, ValueError, AttributeError):  # replaced by a StringIO (tests), closed
+            continue
+        if (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino) and hasattr(stream, "buffer"):
+            return stream
+    return None
 
 
 def _write_through(target: str, st: os.stat_result, raw: bytes) -> None:
