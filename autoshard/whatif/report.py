@@ -265,7 +265,8 @@ def plot_cost_energy(rows: list[dict], title: str, with_topology: bool) -> bytes
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 0.32 * len(sel) + 1.8), sharey=True,
                                    gridspec_kw={"width_ratios": [1.4, 1]})
     y = list(range(len(sel)))
-    parts = (("cloud_usd", "cloud rental", "tab:blue"),
+    rental = "rental (cloud or spot)" if any(r["mode"] == "spot" for r in sel) else "cloud rental"
+    parts = (("cloud_usd", rental, "tab:blue"),
              ("amortized_capex_usd", "capex (amortized share)", "tab:orange"),
              ("power_usd", "electricity", "tab:green"))
     left = [0.0] * len(sel)
