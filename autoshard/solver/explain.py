@@ -82,9 +82,13 @@ def explain_infeasible(problem: Problem, ctx: Context, cands: list[Config], m_lb
     node = ctx.levels[0].size
     more = int(math.ceil(n * need_gib / cap_gib / node) * node)
     fixes.append(f"more GPUs (about {max(more, n + node)} instead of {n})")
-    bigger = sorted((g for g in (get_gpu(x) for x in gpu_ids()) if g.hbm_gib - 2 > need_gib), key=lambda g: g.hbm_gib)
+    head = problem.search.headroom_gib  # --headroom: kept free on any GPU
+    bigger = sorted((g for g in (get_gpu(x) for x in gpu_ids())
+                     if g.hbm_gib - 2 - head > need_gib and g.hbm_gib > ctx.gpu.hbm_gib), key=lambda g: g.hbm_gib)
     if bigger:
         fixes.append(f"a larger-HBM GPU ({', '.join(g.id for g in bigger[:3])})")
+    if head and need_gib <= cap_gib + head:
+        fixes.append(f"less headroom (--headroom {max(0.0, cap_gib + head - need_gib):.1f} or less; {head:g} GiB now)")
     mem = est.memory_breakdown_gib if est.stages else {}
     if mem.get("activations", 0) > 0.3 * need_gib:
         fixes.append(f"a shorter sequence (seq_len {problem.training.seq_len // 2})")
