@@ -306,11 +306,12 @@ class _Search:
                      proof_work: float, proof_visits: int) -> bool:
         """The best plan of each of the `top_k` best families other than the chosen plan's: the
         same search again with each family's own target, within ALT_SHARE of the proof's work
-        (CP-SAT deterministic time and configurations visited: counts, not a clock). The warm
+        (CP-SAT deterministic time, CP-SAT calls and configurations visited: counts, not a clock). The warm
         start's greedy plans seed every family it tried. True if it completed within that share."""
         self.proving, self.top_k = False, top_k
         work_cap = self.budget.work + max(ALT_MIN_WORK, ALT_SHARE * proof_work)
         visit_cap = self.visited + max(16, int(ALT_SHARE * proof_visits))
+        solve_cap = self.solves + max(3, int(ALT_SHARE * self.solves))  # each CP-SAT call also costs its setup
         mine = family_key(self.best.plan)
         total = min(len(order), RUNNER_UP_CONFIGS)
         for n, i in enumerate(order[:RUNNER_UP_CONFIGS]):  # in order of the numpy bound, as the proof
@@ -318,7 +319,8 @@ class _Search:
                 break
             if family_key(cands[i]) == mine or t_lb[i] >= self.target(cands[i]):
                 continue
-            if self.budget.work >= work_cap or self.visited >= visit_cap or self.budget.exhausted():
+            if (self.budget.work >= work_cap or self.visited >= visit_cap or self.solves >= solve_cap
+                    or self.budget.exhausted()):
                 return False
             self.visit(cands[i], opt_cache, cap_s=min(ALT_CAP, work_cap - self.budget.work))
             if self.visited % 8 == 0:
