@@ -31,6 +31,7 @@ included, input embedding excluded. Validation compares step times, never MFU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class Context:
     gpu: GPU
     levels: tuple[Level, ...]
     graph: ClusterGraph
+    modes: tuple[str, ...] = RECOMPUTES  # recompute modes the layer tables price (+ modules asked for)
 
     @property
     def model(self):
@@ -152,7 +154,15 @@ class Context:
 def context(problem: Problem) -> Context:
     gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
     levels = resolve_levels(problem.cluster, gpu)
-    return Context(problem, gpu, levels, cluster_graph(levels, problem.cluster.num_gpus))
+    extra = tuple(m for m in problem.search.allowed("recompute", []) if m not in RECOMPUTES)
+    return Context(problem, gpu, levels, cluster_graph(levels, problem.cluster.num_gpus),
+                   RECOMPUTES + tuple(dict.fromkeys(extra)))
+
+
+def with_modes(ctx: Context, modes: Any) -> Context:
+    """`ctx` pricing also the recompute modes in `modes` (a plan's per-layer list or one mode)."""
+    extra = tuple(m for m in dict.fromkeys([modes] if isinstance(modes, str) else modes) if m not in ctx.modes)
+    return dataclasses.replace(ctx, modes=ctx.modes + extra) if extra else ctx
 
 
 # ---------------------------------------------------------------------------------------
@@ -674,7 +684,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         rs = reduce_scatter_s(ctx.levels, pl.dp_cp, g_b * dense_local) \
             + reduce_scatter_s(ctx.levels, pl.edp, g_b * expert_local)
     out = {}
-    for recompute in RECOMPUTES:
+    for recompute in ctx.modes:
         c = Cost()
         for key in TIME_KEYS:
             c.fwd[key] = afwd[key] + mfwd[key]
@@ -682,7 +692,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         c.wgrad_s = awgrad + mwgrad
         c.params = dense_local + expert_local
         c.expert_params = expert_local
-        c.act_bytes = acts[recompute]
+        c.act_bytes = acts.get(recompute, acts["none"])
         c.work_bytes = acts["none"]
         c.hfu_flops = c.base_flops = 3 * flops
         if recompute == "full":
@@ -691,6 +701,15 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         elif recompute == "selective":
             c.bwd["recompute"] = core
             c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+        elif recompute != "none":  # Megatron recompute modules
+            for module in recompute.split("+"):
+                t_s, saved, fl = _module_recompute(ctx, cfg, sh, kind, module, afwd, mfwd, core)
+                if t_s or saved:  # the module applies to this layer: its checkpoint wrapper's host time
+                    t_s += ctx.framework.recompute_module_host_s
+                c.bwd["recompute"] += t_s
+                c.act_bytes -= saved
+                c.hfu_flops += fl
+            c.act_bytes = max(c.act_bytes, acts["full"])
         if kind == "moe" and ctx.framework.moe_layer_host_s:
             # Dropless MoE layers wait for the host: the per-expert token counts come back to the CPU
             # (TE GroupedLinear takes host-side m_splits) and the layer's many small kernels are then
@@ -702,6 +721,51 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
         out[recompute] = c
     return out
+
+
+def _module_recompute(ctx: Context, cfg: Config, sh: Shapes, kind: str, module: str, afwd: dict, mfwd: dict,
+                      core_s: float) -> tuple[float, float, float]:
+    """(time re-run in the backward, activation bytes no longer kept, FLOPs re-run) of one Megatron
+    recompute module on one layer of `kind` (a module that does not apply to the kind costs nothing):
+    core_attn re-runs core attention; layernorm both norms (drops their outputs); mlp the dense MLP
+    block and moe the whole MoE block (its all-to-all too), each keeping only its input; moe_act the
+    experts' activation function (drops its output); shared_experts the shared-expert MLP;
+    mla_up_proj MLA's query/key/value up-projections (drops q, k, v, keeps the latents)."""
+    m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
+    div = t if cfg.sp else 1
+    mats = 6 if m.gated else 4
+    k, etp = m.num_experts_per_tok, cfg.expert_tp
+    routed = T * k * (etp / t if cfg.sp or etp < t else 1.0)
+    if module == "core_attn":
+        flops = 2 * T * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+        saved = 0.0 if ctx.training.flash_attention else _activation_bytes(ctx, cfg, sh, kind)["none"] - \
+            _activation_bytes(ctx, cfg, sh, kind)["selective"]
+        return core_s, saved, flops
+    if module == "layernorm":
+        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * BF16 * T * h / div, 0.0
+    if module == "mlp" and kind == "dense":
+        return (mfwd["compute"] + mfwd["tp_comm"], mats * T * m.intermediate_size / t,
+                2 * T * h * m.intermediate_size / t * (3 if m.gated else 2))
+    if module == "moe" and kind == "moe":
+        saved = mats * routed * m.expert_ffn / etp + BF16 * routed * h + mats * T * m.num_shared_experts * m.expert_ffn / t
+        return (mfwd["compute"] + mfwd["tp_comm"] + mfwd["ep_comm"], saved,
+                2 * routed * h * m.expert_ffn / etp * (3 if m.gated else 2))
+    if module == "moe_act" and kind == "moe":
+        act_out = BF16 * routed * m.expert_ffn / etp
+        return _mem_s(ctx, (3 if m.gated else 2) * act_out), act_out, 0.0
+    if module == "shared_experts" and kind == "moe" and m.num_shared_experts:
+        ffn = m.num_shared_experts * m.expert_ffn / t
+        up = _gemm_s(ctx, T, h, ((3 if m.gated else 2) - 1) * ffn)
+        down = _gemm_s(ctx, T, ffn, h)
+        return up + down, mats * T * ffn, 2 * T * h * ffn * (3 if m.gated else 2)
+    if module == "mla_up_proj" and m.is_mla:
+        a = sh.a_local
+        gemms = [(T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v))]
+        if m.q_lora_rank:
+            gemms.append((T, m.q_lora_rank, a * sh.d_qk))
+        return (sum(_gemm_s(ctx, *g) for g in gemms), BF16 * T * a * (2 * sh.d_qk + sh.d_v),
+                sum(2 * x * y * z for x, y, z in gemms))
+    return 0.0, 0.0, 0.0
 
 
 def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
@@ -1181,7 +1245,7 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
 
     problem = load_problem(problem)
     plan = load_plan(plan)
-    ctx = context(problem)
+    ctx = with_modes(context(problem), plan.recompute)
     dp, reasons = config_reasons(problem, plan)
     if reasons:
         return invalid_estimate(plan, reasons, ctx)

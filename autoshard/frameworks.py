@@ -26,6 +26,7 @@ class FrameworkProfile:
     source: str
     moe_layer_host_s: float = 0.0  # exposed host time per MoE layer and micro-batch (fwd + bwd)
     attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
+    recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
 
     def optimizer_state_bytes(self, optimizer: str) -> float:
         """Bytes per parameter the optimizer keeps (master weights + moments); SGD keeps one moment."""
@@ -46,7 +47,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             ep_overlap=bool(row["ep_overlap"]), moe_folding=bool(row["moe_folding"]),
             uneven_stages=bool(row["uneven_stages"]), source=" ".join(str(row["source"]).split()),
             moe_layer_host_s=float(row.get("moe_layer_host_ms", 0.0)) / 1e3,
-            attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)))
+            attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
+            recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3)
     return out
 
 

@@ -244,9 +244,9 @@ def _plan_value(plan: Any, knob: str) -> str:
     if knob == "sequence_parallel":
         return "on" if plan.sp else "off"
     if knob == "recompute" and not isinstance(v, str):
-        from .spec import RECOMPUTES  # noqa: PLC0415
+        from .spec import RECOMPUTES, mode_order  # noqa: PLC0415
 
-        return "per layer: " + ", ".join(f"{m} {v.count(m)}" for m in RECOMPUTES if v.count(m))
+        return "per layer: " + ", ".join(f"{m} {v.count(m)}" for m in mode_order(v) if v.count(m))
     if knob == "stage_layers":
         return "even" if v is None else ", ".join(str(x) for x in v)
     return str(v)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Discriminator, Tag, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 # Training precisions as run (autoshard/data/precisions.yaml): 16-bit, FP8 recipes (`fp8` is the
 # frameworks' default recipe, delayed scaling), MXFP8 and NVFP4. Which GPU runs which: gpus.yaml.
@@ -19,12 +19,42 @@ Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-ro
                     "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
 Framework = Literal["megatron", "torchtitan", "deepspeed", "maxtext"]
-Recompute = Literal["none", "selective", "full"]
+# Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
+# forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
+
+
+def canonical_recompute(value: str) -> str:
+    """`none`, `selective`, `full`, or Megatron recompute modules joined by `+` (`layernorm+moe_act`),
+    in RECOMPUTE_MODULES order; `core_attn` alone is `selective`."""
+    text = value.strip().lower()
+    if text in ("none", "selective", "full"):
+        return text
+    mods = [m.strip() for m in text.replace(",", "+").split("+") if m.strip()]
+    bad = [m for m in mods if m not in RECOMPUTE_MODULES]
+    if bad or not mods:
+        raise ValueError(f"unknown recompute {value!r}: use none, selective, full, or modules joined by '+' "
+                         f"from {', '.join(RECOMPUTE_MODULES)}")
+    mods = sorted(set(mods), key=RECOMPUTE_MODULES.index)
+    return "selective" if mods == ["core_attn"] else "+".join(mods)
+
+
+Recompute = Annotated[str, AfterValidator(canonical_recompute)]
+# One mode for every layer, or one per layer (the member is picked by the input's shape, so an error
+# names the layer: `recompute.3`).
+RecomputeChoice = Annotated[
+    Union[Annotated[Recompute, Tag("str")], Annotated[list[Recompute], Tag("list[str]")]],
+    Discriminator(lambda v: "list[str]" if isinstance(v, list) else "str")]
 Optimizer = Literal["adam", "adamw", "sgd"]
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipev")
-RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
+RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")  # the modes searched by default
+
+
+def mode_order(modes: list[str]) -> list[str]:
+    """The distinct modes of a per-layer list: none, selective, full first, then modules as they come."""
+    return [m for m in RECOMPUTES if m in modes] + [m for m in dict.fromkeys(modes) if m not in RECOMPUTES]
 DEFAULT_GAP_LIMIT = 1e-3  # relative gap under which a solve counts as OPTIMAL (0.1%, far below the model's error)
 MESH_AXES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_PLACEMENT = "tp-cp-ep-dp-pp"
@@ -224,7 +254,7 @@ class SearchSpec(Strict):
     sequence_parallel: bool | list[bool] | None = None
     zero_stage: IntChoice | None = None
     schedule: Schedule | list[Schedule] | None = None
-    recompute: Recompute | list[Recompute] | None = None
+    recompute: RecomputeChoice | None = None
     placement: str | list[str] | None = None
     uniform_stages: bool = False  # force an even layer split (e.g. for launchers without uneven PP)
     max_candidates: Annotated[int, Field(ge=1)] | None = None
@@ -298,7 +328,7 @@ class Plan(Strict):
     zero_stage: Literal[0, 1, 2, 3] = 1
     micro_batch_size: Count = 1
     schedule: Schedule = "1f1b"
-    recompute: Recompute | list[Recompute] = "none"
+    recompute: RecomputeChoice = "none"
     stage_layers: list[Annotated[int, Field(ge=0)]] | None = None
     placement: str = DEFAULT_PLACEMENT
     # MoE parallel folding (Megatron-Core): experts are laid out over the same ranks of a pipeline
@@ -344,7 +374,7 @@ class Plan(Strict):
         if isinstance(rc, str):
             parts.append(f"recompute={rc}")
         else:
-            counts = {m: rc.count(m) for m in RECOMPUTES if rc.count(m)}
+            counts = {m: rc.count(m) for m in mode_order(rc) if rc.count(m)}
             parts.append("recompute=" + ",".join(f"{m}:{n}" for m, n in counts.items()))
         return " ".join(p for p in parts if p and p not in ("cp1", "ep1"))
 

@@ -164,3 +164,28 @@ def test_dualpipev_bubble_memory_and_overlap():
     # Megatron has no DualPipe.
     mg = load_problem({**p.model_dump(exclude={"framework", "search"}), "framework": "megatron"})
     assert any("no 'dualpipev'" in r for r in evaluate(mg, Plan(tp=1, ep=64, pp=16, vpp=2, schedule="dualpipev")).reasons)
+
+
+def test_recompute_modules_trade_memory_for_time():
+    # Megatron --recompute-modules on a DeepSeek-style MLA + MoE layer: each module keeps less and
+    # re-runs more; `core_attn` alone is `selective`; unknown module names are bad input.
+    p = load_problem({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 256},
+                      "cluster": {"gpu": "h100", "num_gpus": 256}})
+    base = dict(tp=1, pp=8, ep=32, zero_stage=1)
+    none = evaluate(p, Plan(**base, recompute="none"))
+    for rc in ("moe_act", "layernorm", "mla_up_proj", "moe_act+layernorm", "moe"):
+        e = evaluate(p, Plan(**base, recompute=rc))
+        assert e.stages[1].memory_gib["activations"] < none.stages[1].memory_gib["activations"], rc
+        assert e.time_breakdown_s["recompute"] > 0, rc
+    both = evaluate(p, Plan(**base, recompute="layernorm+moe_act"))
+    act = evaluate(p, Plan(**base, recompute="moe_act"))
+    assert both.stages[1].memory_gib["activations"] < act.stages[1].memory_gib["activations"]
+    assert Plan(recompute="core_attn").recompute == "selective"
+    assert Plan(recompute="layernorm+moe_act").recompute == "moe_act+layernorm"
+    with pytest.raises(Exception, match="unknown recompute"):
+        Plan(recompute="attention")
+    # `mla_up_proj` does nothing on a model without MLA.
+    llama = load_problem({"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64},
+                          "cluster": {"gpu": "h100", "num_gpus": 8}})
+    a, b = evaluate(llama, Plan(recompute="none")), evaluate(llama, Plan(recompute="mla_up_proj"))
+    assert a.step_time_s == pytest.approx(b.step_time_s) and a.peak_memory_gib == pytest.approx(b.peak_memory_gib)

@@ -362,7 +362,7 @@ def test_modern_gpt_oss_row_head_dim_and_empty_recompute_modules():
     assert case.recipe == "mxfp8" and case.plan.recompute == "none"  # recompute_modules=[]
     assert (case.plan.ep, case.plan.dp, case.plan.micro_batch_size) == (64, 64, 4)
     bf16 = run_to_case(modern_rows()["mbridge_260401_gptoss120b_gb200_bf16_64gpu"])
-    assert bf16.recipe == "bf16" and bf16.plan.recompute == "selective"  # ["layernorm", "moe_act"]
+    assert bf16.recipe == "bf16" and bf16.plan.recompute == "moe_act+layernorm"  # ["layernorm", "moe_act"]
 
 
 def test_modern_simumax_deepseek_v2_row_has_mla_and_etp():

@@ -9,7 +9,7 @@ import numpy as np
 from ..catalog import get_gpu, gpu_ids
 from ..cost import GIB, Config, Context
 from ..cost import evaluate as _evaluate
-from ..spec import RECOMPUTES, Plan, Problem
+from ..spec import RECOMPUTES, mode_order, Plan, Problem
 
 
 def run_length(xs: list[int]) -> str:
@@ -44,7 +44,7 @@ def describe_difference(a: Plan, b: Plan) -> str:
     def rc(p: Plan) -> str:  # "none", or the per-layer mix as counts
         if isinstance(p.recompute, str):
             return p.recompute
-        return ",".join(f"{m}:{p.recompute.count(m)}" for m in RECOMPUTES if p.recompute.count(m))
+        return ",".join(f"{m}:{p.recompute.count(m)}" for m in mode_order(p.recompute) if p.recompute.count(m))
 
     if rc(a) != rc(b):
         diffs.append(f"recompute {rc(a)} -> {rc(b)}")

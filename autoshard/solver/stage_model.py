@@ -273,7 +273,7 @@ class StageModel:
             md.add_hint(var, self.solver.value(var))
         md.clear_objective()
         md.add(self.step <= best_scaled)
-        weight = {r: i for i, r in enumerate(RECOMPUTES)}
+        weight = {r: i for i, r in enumerate(list(RECOMPUTES) + [m for m in self.modes if m not in RECOMPUTES])}
         L = self.ctx.model.num_hidden_layers
         md.minimize(sum((L + 1) * weight[r] * self.n[c][k][r] + c * self.n[c][k][r]
                         for c in range(self.V) for k in self.kinds for r in self.modes))

@@ -43,7 +43,7 @@ micro_batch                as given; torchtitan rows (no accumulation): the loca
                            local_batch_size, else gbs/dp), split
                            in pp micro-batches when pp > 1 (torchtitan's default: one per stage)
 recompute                  'none ...' -> none; 'full ...' -> full; 'selective' / per-op SAC ->
-                           selective; recompute_modules=[] -> none, other module lists -> selective;
+                           selective; recompute_modules=[] -> none, other module lists -> those modules (Megatron names);
                            recompute_num_layers=N with pp = 1 -> full for the first N layers;
                            activation_checkpointing: true -> full; cpu_offloading -> none (noted: not
                            modelled); null -> the least recompute that fits (solver, as dev_runs)
@@ -236,6 +236,14 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
     if low.startswith("selective (layer)") or low.startswith("selective layer"):
         # torchtitan's layer-level selective AC: full checkpointing of every 2nd layer (selective_ac_option "2")
         return (["none", "full"] * layers)[:layers], f"{raw!r}: full recompute on every 2nd layer (torchtitan selective_ac_option 2)", True
+    mods = re.fullmatch(r"selective\s*:\s*([a-z_,\s+]+)", low)
+    if mods:  # "selective: mla_up_proj, mlp": Megatron recompute modules
+        from ..spec import canonical_recompute  # noqa: PLC0415
+
+        try:
+            return canonical_recompute(mods.group(1)), None, True
+        except ValueError:
+            pass
     if low.startswith("selective"):
         note = f"{raw!r} priced as selective" if low != "selective" else None
         return "selective", note, True
@@ -252,7 +260,12 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
             if names == []:
                 return "none", "recompute_modules=[]: nothing recomputed", True
             if names:
-                return "selective", f"recompute_modules={names} priced as selective", True
+                from ..spec import canonical_recompute  # noqa: PLC0415
+
+                try:
+                    return canonical_recompute("+".join(names)), None, True
+                except ValueError:
+                    return "selective", f"recompute_modules={names} priced as selective", True
             return "selective", None, True
         if gran == "full":
             n = re.search(r"recompute_num_layers\s*=\s*(\d+)", low)
