@@ -257,7 +257,9 @@ def dumps_json(obj: Any, indent: int = 2) -> str:
 
 
 def _recompute_counts(ctx: _Ctx) -> dict[str, int]:
-    return {m: ctx.recompute.count(m) for m in ("none", "selective", "full") if ctx.recompute.count(m)}
+    from .spec import mode_order  # noqa: PLC0415
+
+    return {m: ctx.recompute.count(m) for m in mode_order(ctx.recompute) if ctx.recompute.count(m)}
 
 
 def recompute_runs(modes: list[str]) -> list[list[Any]]:
@@ -641,6 +643,20 @@ def _megatron_recompute(ctx: _Ctx, add) -> None:
         return
     if kinds == {"selective"}:
         add("--recompute-granularity", "selective")
+        return
+    if "full" not in kinds and kinds - {"none", "selective"}:
+        # Recompute modules (--recompute-modules takes a list; they apply to every layer).
+        from .spec import RECOMPUTE_MODULES  # noqa: PLC0415
+
+        names = {x for k in kinds - {"none"} for x in (["core_attn"] if k == "selective" else k.split("+"))}
+        add("--recompute-granularity", "selective")
+        add("--recompute-modules")
+        for name in sorted(names, key=RECOMPUTE_MODULES.index):
+            add(name)
+        if len(kinds) > 1:
+            mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
+            ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in Megatron-LM: the modules "
+                     f"{', '.join(sorted(names, key=RECOMPUTE_MODULES.index))} are recomputed in every layer")
         return
     if kinds == {"full"}:
         add("--recompute-granularity", "full")
