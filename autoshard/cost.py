@@ -84,6 +84,7 @@ TP_OVERLAP_RS_SPLITS = 4
 # elements, and the share of a tail wave that stream-K scheduling recovers. Documented fitted
 # factors (fitted with the catalog's matmul efficiencies on the dev and modern validation runs).
 GEMM_K_OVERHEAD = 64.0
+ATTN_HEAD_DIM_HALF = 32.0  # head dim at which FlashAttention reaches half its asymptotic rate (FA3 Fig. 5)
 STREAM_K_RECOVERY = 0.5
 
 
@@ -493,7 +494,18 @@ def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
     if not ctx.training.flash_attention:  # materialized s x s scores per head
         per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
         scores = _mem_s(ctx, per * sh.tokens * sh.seq * sh.a_local)
-    return flops / ctx.attn_flops_per_s, scores, flops
+    rate = ctx.attn_flops_per_s * attention_head_dim_factor(sh.d_qk) if ctx.training.flash_attention \
+        else ctx.attn_flops_per_s
+    return flops / rate, scores, flops
+
+
+def attention_head_dim_factor(head_dim: float) -> float:
+    """FlashAttention's rate by head dimension relative to head dim 128 (where the catalog's
+    efficiencies were fitted): a tile of queries does head_dim MACs per loaded score, so small heads
+    are bound by the softmax and memory traffic. FlashAttention-3 (Shah et al. 2024, Fig. 5, H100
+    bf16 forward, causal, 16k): ~500 TFLOP/s at head dim 64, ~650 at 128, ~750 at 256, i.e.
+    d / (d + 32) normalized at 128 (0.83 at 64, 1.11 at 256)."""
+    return (head_dim / (head_dim + ATTN_HEAD_DIM_HALF)) / (128.0 / (128.0 + ATTN_HEAD_DIM_HALF))
 
 
 def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
