@@ -342,9 +342,11 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
 
     A named file counts by its path as written and its bytes, read where the solve reads it
     (relative to the problem file's folder): the hash does not depend on the working directory."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError:
+    from .loader import MAX_FILE_BYTES, read_limited  # noqa: PLC0415
+
+    try:  # never more than the size limit (a 20 GiB file is an error record, not an out-of-memory)
+        data = read_limited(path, MAX_FILE_BYTES)
+    except InputError:
         return None
     extra: list[bytes] = []
     if b"catalog" in data or b"hf_config" in data:
@@ -359,8 +361,8 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
                 if where.is_dir():  # an HF model folder: its config.json is what is read
                     where = where / "config.json"
                 try:
-                    extra.append(ref.encode() + b"\0" + where.read_bytes())
-                except OSError:
+                    extra.append(ref.encode() + b"\0" + read_limited(where, MAX_FILE_BYTES))
+                except InputError:
                     extra.append(ref.encode() + b"\0(unreadable)")
     return input_hash(data, _settings(time_limit_s, top_k, gap_limit, headroom_gib), extra)
 

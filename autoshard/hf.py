@@ -147,12 +147,9 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError("is a directory without a config.json", source=src)
     if not p.is_file():
         raise InputError("not a regular file (a FIFO or device?)", source=src)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", source=src) from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise InputError(f"file is {len(raw)} bytes, larger than the {MAX_CONFIG_BYTES} allowed", source=src)
+    from .loader import read_limited  # noqa: PLC0415
+
+    raw = read_limited(p, MAX_CONFIG_BYTES, what="config.json")  # the size is checked before reading
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

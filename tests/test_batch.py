@@ -444,3 +444,18 @@ def test_records_and_text_renderers(tmp_path):
     with pytest.raises(ValueError):
         error_record("x.yaml", "oops", "bad")
     assert input_hash(b"a", {"top_k": 1}) != input_hash(b"a", {"top_k": 2}) != input_hash(b"b", {"top_k": 2})
+
+
+def test_a_huge_file_in_a_batch_is_an_error_record_not_out_of_memory(tmp_path):
+    """Issue 15 (4): the incremental-skip hash read the whole file: a 20 GiB sparse problem file in
+    a batch directory exhausted memory. Now its size is checked first; the other problems solve."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "tiny.json").write_text(json.dumps(TINY))
+    with open(inp / "huge.yaml", "wb") as fh:
+        fh.truncate(20 * 2**30)
+    res = run_batch([str(inp)], str(tmp_path / "out"), top_k=0)
+    st = {p.name: p.status for p in res.problems}
+    assert st == {"tiny": "optimal", "huge": "error"} and res.exit_code == 2
+    rec = json.loads((tmp_path / "out" / "huge.json").read_text())
+    assert "21,474,836,480 bytes, larger than the 1,048,576 allowed" in rec["error"]["message"]

@@ -970,3 +970,13 @@ def test_infeasible_under_a_headroom_suggests_less_headroom_not_the_same_gpu(cap
     assert limit == pytest.approx(H100_USABLE_GIB - 2 - need, abs=0.06)
     bigger = re.search(r"a larger-HBM GPU \(([^)]*)\)", err).group(1).split(", ")
     assert "h100-sxm" not in bigger and all(get_gpu(g).hbm_gib > H100_USABLE_GIB for g in bigger)
+
+
+def test_huge_hf_config_is_refused_before_reading(tmp_path, capsys):
+    big = tmp_path / "config.json"
+    with open(big, "wb") as fh:
+        fh.truncate(20 * 2**30)
+    t0 = time.perf_counter()
+    rc, _, err = main(capsys, "solve", OK, "--hf-config", str(big))
+    assert rc == 2 and "config.json is 21,474,836,480 bytes, larger than the 16,777,216 allowed" in one_line(err)
+    assert time.perf_counter() - t0 < 2
