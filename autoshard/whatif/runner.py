@@ -307,22 +307,29 @@ def dask_setup(worker):
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Any:
-    """Hold a Ctrl-C that arrives inside the block and raise it on exit: a cluster being started is
-    assigned first, so the caller can close it."""
-    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if previous is None or previous == signal.SIG_IGN or previous == signal.SIG_DFL:
+    """Hold a Ctrl-C (or a SIGTERM that run_study turns into `Terminated`) that arrives inside the
+    block and raise it on exit: a cluster being started is assigned first, so the caller can close it."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    hit: list[Any] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: hit.append(frame))
+    saved: dict[int, Any] = {}
+    hit: list[tuple[int, Any]] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if callable(previous):  # a Python handler (not SIG_IGN / SIG_DFL): hold its signal
+            saved[sig] = previous
+            signal.signal(sig, lambda signum, frame: hit.append((signum, frame)))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
         if hit:
-            if previous is signal.default_int_handler or not callable(previous):
+            signum, frame = hit[0]
+            previous = saved[signum]
+            if previous is signal.default_int_handler:
                 raise KeyboardInterrupt
-            previous(signal.SIGINT, hit[0])
+            previous(signum, frame)
 
 
 def _local_cluster(distributed: Any, n_workers: int) -> Any:
