@@ -352,9 +352,12 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
         out_path=str(out_path), measurements_path=str(measurements_path), runs_used=[c.id for c in usable],
         excluded=excluded, fits=fits, before=_summary(errs_before), after=_summary({}),
         errors_before_pct=errs_before)
-    # Write once with a provisional header, measure the written file, then write the final header.
-    _write(out_path, _header(result) + _overlay_text(entries))
-    result.errors_after_pct = _errors(usable, str(out_path))
+    # Measure the overlay as it will be written (a scratch copy: -o may be a pipe or /dev/stdout),
+    # then write it once, with the final header.
+    with tempfile.TemporaryDirectory(prefix="autoshard-calibrate-") as tmp:
+        scratch = Path(tmp) / "overlay.yaml"
+        scratch.write_text(_header(result) + _overlay_text(entries), encoding="utf-8")
+        result.errors_after_pct = _errors(usable, str(scratch))
     result.after = _summary(result.errors_after_pct)
     _write(out_path, _header(result) + _overlay_text(entries))
     if verbose:

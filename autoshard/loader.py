@@ -544,7 +544,7 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
         target = os.path.realpath(target)  # replace the file the link names, keep the link
     p = Path(target)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:120]}.", suffix=".tmp", dir=p.parent)  # a 255-byte name fits
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)

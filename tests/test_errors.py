@@ -980,3 +980,25 @@ def test_huge_hf_config_is_refused_before_reading(tmp_path, capsys):
     rc, _, err = main(capsys, "solve", OK, "--hf-config", str(big))
     assert rc == 2 and "config.json is 21,474,836,480 bytes, larger than the 16,777,216 allowed" in one_line(err)
     assert time.perf_counter() - t0 < 2
+
+
+def test_calibrate_to_a_pipe_and_a_255_byte_file_name(tmp_path):
+    """The fitted overlay can go to stdout (`-o /dev/stdout | ...`): the 'after' errors are measured
+    on a scratch copy, not by reading -o back; and a 255-byte output name fits (the temporary
+    file's name is shortened)."""
+    from autoshard.loader import atomic_write  # noqa: PLC0415
+    from autoshard.validate import default_runs_path  # noqa: PLC0415
+
+    long = tmp_path / ("x" * 250 + ".yaml")
+    atomic_write(long, "gpus: {}\n")
+    assert long.read_text() == "gpus: {}\n" and len(list(tmp_path.iterdir())) == 1
+    rows = [r for r in json.loads(Path(default_runs_path()).read_text()) if r["id"].startswith("narayanan")][:2]
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps(rows))
+    proc = subprocess.run(f"{sys.executable} -m autoshard.cli calibrate {runs} -o /dev/stdout | cat", shell=True,
+                          cwd=ROOT, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    overlay = proc.stdout.split("calibrated on")[0]
+    doc = yaml.safe_load(overlay)
+    assert "a100-sxm-80gb" in doc["gpus"] and "median |error|" in overlay
