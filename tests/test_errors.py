@@ -1002,3 +1002,17 @@ def test_calibrate_to_a_pipe_and_a_255_byte_file_name(tmp_path):
     overlay = proc.stdout.split("calibrated on")[0]
     doc = yaml.safe_load(overlay)
     assert "a100-sxm-80gb" in doc["gpus"] and "median |error|" in overlay
+
+
+def test_documented_time_limit_defaults_are_the_programs():
+    """docs/faults.md said `whatif` 30 s while `whatif --help` and the code used 10 s."""
+    from autoshard.whatif import DEFAULT_TIME_LIMIT_S  # noqa: PLC0415
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
+    solve_s, batch_s = sub["solve"].get_default("time_limit"), sub["batch"].get_default("time_limit")
+    doc = " ".join(FAULTS_DOC.read_text(encoding="utf-8").split())
+    assert (f"`--time-limit S` (default {solve_s:g} s for `solve` and for each problem of `batch`; `whatif`: the "
+            f"study's `time_limit_s`, else {DEFAULT_TIME_LIMIT_S:g} s per option") in doc
+    assert solve_s == batch_s
+    assert f"else {DEFAULT_TIME_LIMIT_S:g} s" in " ".join(sub["whatif"].format_help().split())
