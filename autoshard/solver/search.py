@@ -42,6 +42,7 @@ from .warm_start import WARM_START_CONFIGS, _warm_start
 
 DEFAULT_WORK_LIMIT = 40.0  # CP-SAT deterministic time per solve, all solves together (~ s of one core)
 FIRST_CAP = 0.1  # deterministic time per configuration on the first pass (stopped proofs resume later)
+RETRY_CAP = 0.5  # ... on the first round of resumed proofs (x4 each round)
 TIEBREAK_WORK = 0.5  # the final tie-break pass (fewest recomputed layers, earliest layers)
 ALT_SHARE = 0.25  # the alternatives' share of the proof's work (CP-SAT time and configurations)
 ALT_MIN_WORK = 0.2  # ... at least this much deterministic time
@@ -292,16 +293,21 @@ class _Search:
         return pruned
 
     def retry(self) -> None:
-        """With the work left, resume the proofs a cap stopped, the weakest bound first."""
-        pending, self.open = sorted(self.open, key=lambda x: x[:2]), []
-        for k, (bnd, _, table) in enumerate(pending):
-            if bnd >= self.target():
-                self.close(bnd)
-            elif self.budget.exhausted():
-                self.open += pending[k:]
-                return
-            else:
-                self.attempt(table, bnd, self.budget.work_left())
+        """With the work left, resume the proofs a cap stopped, the weakest bound first, in rounds
+        of growing caps (RETRY_CAP, then x4): one hard configuration cannot take the whole budget
+        while others would close under the incumbent the previous round improved."""
+        cap = RETRY_CAP
+        while self.open:
+            pending, self.open = sorted(self.open, key=lambda x: x[:2]), []
+            for k, (bnd, _, table) in enumerate(pending):
+                if bnd >= self.target():
+                    self.close(bnd)
+                elif self.budget.exhausted():
+                    self.open += pending[k:]
+                    return
+                else:
+                    self.attempt(table, bnd, min(cap, self.budget.work_left()))
+            cap *= 4
 
     def alternatives(self, top_k: int, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
                      proof_work: float, proof_visits: int) -> bool:
