@@ -811,3 +811,17 @@ def test_a_study_that_expands_to_too_many_options():
     assert exc.value.line() == ("options.0: the study expands to more than 20,000 hardware options (GPU x count x "
                                 "topology x pricing mode): split it, or sweep with a larger step or factor")
     assert len(load_study({**spec, "pricing": {"mode": "cloud"}}).options) == 8192
+
+
+def test_an_output_folder_that_cannot_be_written_fails_before_solving(tmp_path, monkeypatch):
+    """`-o /proc/x` passed the command line's permission check, solved every option (35 s for the
+    cloud-vs-buy study) and then failed to write: now the folder is created and probed first."""
+    import autoshard.whatif.runner as runner
+
+    def boom(*a, **k):  # pragma: no cover - must not be reached
+        raise AssertionError("solved before checking the output folder")
+
+    monkeypatch.setattr(runner, "_execute", boom)
+    with pytest.raises(InputError) as exc:
+        run_study(SMALL, "/proc/autoshard-test/out")
+    assert exc.value.line().startswith("/proc/autoshard-test/out: cannot write here: ")

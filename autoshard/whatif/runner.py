@@ -666,6 +666,18 @@ def _write_results(out_dir: Path, doc: dict[str, Any], rows: Sequence[dict[str, 
     return paths
 
 
+def _probe_writable(out: Path) -> None:
+    """Create the output directory and write (then remove) a probe file in it: one-line InputError
+    when that fails (a read-only mount, /proc, a full disk, no permission)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".autoshard-probe-", dir=out)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise InputError(f"cannot write here: {exc.strerror or exc}", source=str(out)) from None
+
+
 @contextlib.contextmanager
 def _write_errors(out_dir: Path) -> Any:
     """An OSError while writing (a full disk, a read-only mount) as one line naming the file."""
@@ -707,6 +719,7 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", source=str(out))
+    _probe_writable(out)  # before any solve: a sweep must not run for an hour and then fail to write
     limit = float(time_limit_s if time_limit_s is not None else (st.spec.time_limit_s or DEFAULT_TIME_LIMIT_S))
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
         raise InputError(f"must be a number of worker processes >= 0 (0: one per CPU), got {jobs!r}", field="jobs")
