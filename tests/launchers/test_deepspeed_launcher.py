@@ -11,6 +11,7 @@ group of the real world size), as `deepspeed.initialize` builds it:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import warnings
@@ -18,15 +19,22 @@ import warnings
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-warnings.filterwarnings("ignore")
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("deepspeed") is None:
+    pytest.skip("deepspeed / torch not installed (pip install -e '.[launchers]')", allow_module_level=True)
 
-import deepspeed.comm as dscomm  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
-from deepspeed.runtime.utils import partition_uniform  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _launcher():
+    """Import torch and DeepSpeed when this module's first test runs, not at collection."""
+    global dscomm, dist, DeepSpeedConfig, partition_uniform, FakeStore  # noqa: PLW0603
+    warnings.filterwarnings("ignore")
+    import deepspeed.comm as dscomm
+    import torch.distributed as dist
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.utils import partition_uniform
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    yield
+
 
 from launcher_cases import CASE_IDS, exported, full_plan  # noqa: E402
 
@@ -54,7 +62,7 @@ class Mpu:
 
 
 @pytest.fixture(scope="module")
-def ds_world():
+def ds_world(_launcher):
     def start(world: int) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -23,11 +24,22 @@ import yaml
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=64").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-jax = pytest.importorskip("jax")
+if importlib.util.find_spec("jax") is None:
+    pytest.skip("jax not installed (pip install -e '.[launchers]')", allow_module_level=True)
+CPU_DEVICES = 64  # --xla_force_host_platform_device_count above
 
-import numpy as np  # noqa: E402
-from jax.sharding import AbstractMesh, Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _launcher():
+    """Import JAX when this module's first test runs, not at collection (it starts threads)."""
+    global jax, np, AbstractMesh, Mesh, NamedSharding, P  # noqa: PLW0603
+    import jax
+    import numpy as np
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    assert len(jax.devices()) == CPU_DEVICES
+    yield
+
 
 from launcher_cases import CASE_IDS, exported, full_plan, plan_groups  # noqa: E402
 
@@ -35,7 +47,7 @@ MAXTEXT_KEYS = {line.strip() for line in (Path(__file__).parent / "data" / "maxt
                 .splitlines() if line.strip() and not line.startswith("#")}
 
 
-def spec_of(entry: list) -> P:
+def spec_of(entry: list):
     return P(*[tuple(e) if isinstance(e, list) else e for e in entry])
 
 
@@ -69,7 +81,7 @@ def test_specs_shard_the_real_shapes(case: str) -> None:
     assert counts == [sum(stages[c] for c in range(r, len(stages), plan.pp)) for r in range(plan.pp)]
 
 
-@pytest.mark.parametrize("case", [c for c in CASE_IDS if full_plan(c)[0].cluster.num_gpus <= len(jax.devices())])
+@pytest.mark.parametrize("case", [c for c in CASE_IDS if full_plan(c)[0].cluster.num_gpus <= CPU_DEVICES])
 def test_mesh_groups_on_cpu_devices(case: str) -> None:
     prob, plan, dp = full_plan(case)
     doc = json.loads(exported(case, "jax").text)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import shlex
@@ -25,19 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
-warnings.filterwarnings("ignore")
-
-import torch.distributed as dist  # noqa: E402
-from megatron.core import parallel_state as ps  # noqa: E402
-from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
-from megatron.core.enums import Fp4Recipe, Fp8Recipe  # noqa: E402
-from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
-from megatron.core.transformer import MLATransformerConfig, TransformerConfig  # noqa: E402
-from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: E402
-from megatron.core.transformer.transformer_layer import get_transformer_layer_offset  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatron.core") is None:
+    pytest.skip("megatron-core / torch not installed (pip install -e '.[launchers]')", allow_module_level=True)
 
 from autoshard.export import model_family  # noqa: E402
 from autoshard.topology import _expert_groups  # noqa: E402
@@ -62,15 +52,32 @@ TRAINING_FLAGS = {
     "--position-embedding-type", "--use-tp-pp-dp-mapping", "--swiglu", "--disable-bias-linear",
     "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention",
 }
-DDP_FIELDS = {f.name for f in fields(DistributedDataParallelConfig)}
 PRECISIONS = yaml.safe_load((Path(__file__).resolve().parents[2] / "autoshard" / "data" / "precisions.yaml")
                             .read_text()) or {}
-try:
-    import transformer_engine  # noqa: F401
-    _HAS_TE = True
-except ImportError:
-    _HAS_TE = False
-TC_FIELDS = {f.name for f in fields(MLATransformerConfig)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _launcher():
+    """Import torch and megatron-core when the first test of this module runs, not at collection:
+    the rest of the suite (which forks workers) runs before them in a process without their threads."""
+    global torch, dist, ps, DistributedDataParallelConfig, Fp4Recipe, Fp8Recipe  # noqa: PLW0603
+    global ConstantNumMicroBatchesCalculator, MLATransformerConfig, TransformerConfig  # noqa: PLW0603
+    global get_num_layers_to_build, get_transformer_layer_offset, FakeStore, DDP_FIELDS, TC_FIELDS, _HAS_TE  # noqa: PLW0603
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.enums import Fp4Recipe, Fp8Recipe
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    DDP_FIELDS = {f.name for f in fields(DistributedDataParallelConfig)}
+    TC_FIELDS = {f.name for f in fields(MLATransformerConfig)}
+    _HAS_TE = importlib.util.find_spec("transformer_engine") is not None
+    yield
 
 
 def flags_of(text: str) -> dict[str, str | bool]:
@@ -93,7 +100,7 @@ def _value(v: str | bool):
     return v
 
 
-def megatron_config(f: dict) -> TransformerConfig:
+def megatron_config(f: dict):
     """The TransformerConfig Megatron-LM builds from these flags (core_transformer_config_from_args)."""
     kw: dict = {}
     for flag, value in f.items():
@@ -127,7 +134,7 @@ def megatron_config(f: dict) -> TransformerConfig:
 
 
 @pytest.fixture(scope="module")
-def fake_world():
+def fake_world(_launcher):
     """Start a fake process group of the requested size (rank 0); torn down after each use."""
     def start(world: int) -> None:
         if dist.is_initialized():

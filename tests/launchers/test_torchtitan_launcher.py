@@ -26,30 +26,38 @@ from types import SimpleNamespace
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if importlib.util.find_spec("torchtitan") is None:
-    pytest.skip("torchtitan is not installed (pip install -e '.[launchers]')", allow_module_level=True)
-if importlib.util.find_spec("triton") is None and "torchtitan.models.moe.kernels" not in sys.modules:
-    _stub = types.ModuleType("torchtitan.models.moe.kernels")
-    _stub.generate_permute_indices = None  # Triton kernel: GPU only
-    sys.modules["torchtitan.models.moe.kernels"] = _stub
-warnings.filterwarnings("ignore")
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchtitan") is None:
+    pytest.skip("torchtitan / torch not installed (pip install -e '.[launchers]')", allow_module_level=True)
 
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torchtitan.distributed.activation_checkpoint as titan_ac  # noqa: E402
-import torchtitan.models  # noqa: E402,F401  (registers the train specs)
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
-from torchtitan.config import ConfigManager  # noqa: E402
-from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
-from torchtitan.distributed.pipeline_parallel import pipeline_llm  # noqa: E402
-from torchtitan.protocols.train_spec import get_train_spec  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _launcher():
+    """Import torch and torchtitan when this module's first test runs, not at collection."""
+    global torch, dist, nn, titan_ac, FakeStore, ConfigManager, ParallelDims, pipeline_llm  # noqa: PLW0603
+    global get_train_spec  # noqa: PLW0603
+    if importlib.util.find_spec("triton") is None and "torchtitan.models.moe.kernels" not in sys.modules:
+        stub = types.ModuleType("torchtitan.models.moe.kernels")
+        stub.generate_permute_indices = None  # Triton kernel: GPU only
+        sys.modules["torchtitan.models.moe.kernels"] = stub
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torchtitan.distributed.activation_checkpoint as titan_ac
+    import torchtitan.models  # noqa: F401  (registers the train specs)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.protocols.train_spec import get_train_spec
+    yield
+
 
 from launcher_cases import CASE_IDS, exported, full_plan, plan_groups  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def fake_pg():
+def fake_pg(_launcher):
     def start(world: int, rank: int = 0) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -65,7 +73,7 @@ def load(case: str, tmp_path):
     return ConfigManager().parse_args(["--job.config_file", str(path)])
 
 
-def parallel_dims(cfg, world: int) -> ParallelDims:
+def parallel_dims(cfg, world: int):
     p = cfg.parallelism
     return ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                         cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
