@@ -132,3 +132,23 @@ def test_solve_compare(capsys):
     assert sum(t["delta"] for t in cmp_["time_terms_s"]) == pytest.approx(cmp_["step_delta_s"], rel=1e-9)
     assert cmp_["step_delta_s"] == pytest.approx(doc["estimate"]["step_time_s"]
                                                  - evaluate(load_problem(SEED), plan_argument("tp=8,pp=4,sequence_parallel=true")).step_time_s)
+
+
+def test_explains_deepseek_v3s_published_plan_against_the_chosen_one():
+    """The second seed case: DeepSeek-V3 on 2,048 H800, published EP64 over 8 nodes, PP16, ZeRO-1 DP, TP1
+    (problems/deepseek-v3-2048xh800.yaml; DualPipe is priced as the closest schedule the space has)."""
+    from autoshard.solver import solve
+
+    problem = load_problem(ROOT / "problems" / "deepseek-v3-2048xh800.yaml")
+    published = Plan(tp=1, ep=64, pp=16, zero_stage=1, schedule="zero_bubble")
+    sol = solve(problem, top_k=0)
+    c = compare(problem, published, sol.plan, "published plan", "chosen plan")
+    ea, eb = evaluate(problem, published), evaluate(problem, sol.plan)
+    assert sum(t.delta for t in c.time_terms_s) == pytest.approx(eb.step_time_s - ea.step_time_s, rel=1e-9, abs=1e-9)
+    ep = next(t for t in c.time_terms_s if t.key == "ep_comm")
+    assert ep.a == pytest.approx(ea.time_breakdown_s["ep_comm"]) and ep.a > 0
+    assert "EP64" in ep.why and f"EP{sol.plan.ep}" in ep.why
+    # Whether the published plan fits is said, with the evaluator's own reason.
+    assert ("published plan does not fit" in c.summary) == (not ea.fits)
+    if not ea.fits:
+        assert ea.reasons[0] in c.summary
