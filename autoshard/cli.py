@@ -629,9 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="problems solved at once, each in its own process (default 1: in this process; 0: one per CPU)")
     b.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                   help="solver time limit per problem in seconds (default 60)")
+                   help="wall-clock safety net per problem in seconds (default 60; the budget is deterministic work)")
     b.add_argument("--top", type=int, default=3, metavar="K",
-                   help="runners-up to report per problem (default 3; 0 skips that search)")
+                   help="alternatives per problem: the best plan of the K next-best families (default 3; 0 skips them)")
     b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
