@@ -736,8 +736,12 @@ def test_gb200_rack_power_under_both_figures():
     b200 = Option("b200", 2048, "dgx-b200", "cloud")  # no other figure for B200: the same under both
     assert price_option(st, b200, 3600.0)["power_mw"] == price_option(st, b200, 3600.0, power_figure="catalog")[
         "power_mw"] < 5.0
-    with pytest.raises(InputError, match="pricing.power_figure: unknown power figure 'vendor'"):
+    with pytest.raises(InputError, match=r"pricing.power_figure: unknown power figure 'vendor' \(valid: catalog, seeds"):
         load_study({**SMALL, "pricing": {"power_figure": "vendor"}})
+    # a figure the study's GPUs lack is not an error: those GPUs use the catalog figure
+    h100_only = load_study({**SMALL, "options": [{"gpu": "h100", "num_gpus": 8}], "pricing": {"power_figure": "seeds"}})
+    assert price_option(h100_only, Option("h100-sxm", 8, "dgx-h100-superpod", "cloud"), 3600.0)["power_mw"] == \
+        pytest.approx(8 * 910 * 1.3 / 1e6)
 
 
 def test_recommendation_under_both_power_figures(tmp_path, capsys):

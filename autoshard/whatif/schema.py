@@ -457,10 +457,10 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                                      "topology x pricing mode): split it, or sweep with a larger step or factor",
                                      source=src, field=f"options.{i}")
     opts = tuple(sorted(options.values(), key=Option.sort_key))
-    figures = power_figures(opts)
-    if spec.pricing.power_figure not in figures:
-        raise InputError(f"unknown power figure {spec.pricing.power_figure!r} (valid for these GPUs: "
-                         f"{', '.join(figures)})", source=src, field="pricing.power_figure")
+    figures = power_figures([Option(g, 1, "", "cloud") for g in gpu_ids()])  # any the catalog has; a GPU
+    if spec.pricing.power_figure not in figures:                           # without it uses `catalog`
+        raise InputError(f"unknown power figure {spec.pricing.power_figure!r} (valid: {', '.join(figures)})",
+                         source=src, field="pricing.power_figure")
     from .pricing import default_notes  # noqa: PLC0415  (pricing imports this module)
 
     return Study(spec, tuple(workloads), opts, src, tuple(default_notes(spec, opts)))
