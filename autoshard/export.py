@@ -624,6 +624,13 @@ def _megatron(ctx: _Ctx) -> str:
         head.append(f"# expert grid (MoE parallel folding): etp {etp} x ep {p.ep} x edp {edp} x pp {p.pp}")
     if fam:
         head.append(f"# architecture facts ({fam['family']}): {fam['source']}")
+    te = []  # Transformer Engine versions Megatron-LM's validate_args asks for (arguments.py, d98e8a64dd)
+    if ctx.ep_overlap:
+        te.append("2.8 (--delay-wgrad-compute with --overlap-grad-reduce)")
+    if str(t.precision) == "nvfp4":
+        te.append("2.7 (--fp4-format, NVFP4BlockScaling)")
+    if te:
+        head.append("# requires Transformer Engine >= " + "; >= ".join(te))
     env = megatron_env(ctx)
     for k, v in env.items():
         head.append(f"# launch with: export {k}={v}   (Megatron asserts it for TP/CP on pre-Blackwell GPUs)")
