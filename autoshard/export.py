@@ -1043,6 +1043,11 @@ def _deepspeed(ctx: _Ctx) -> str:
         "note": ("deepspeed.initialize(model=..., config=<this file>) as is: every rank is a data-parallel "
                  "rank, train_batch_size = micro x gradient_accumulation_steps x world"
                  if model_parallel == 1 else
+                 "deepspeed.initialize(model=..., config=<this file>) as is (AutoTP builds the TP groups; no "
+                 "mpu): DeepSpeed then reports train_batch_size = micro x GAS x world, counting the TP ranks; "
+                 f"the global batch is micro x GAS x dp = {t.global_batch_size}. With Megatron-DeepSpeed, pass "
+                 "its mpu instead"
+                 if p.pp == 1 and p.cp == 1 and not m.is_moe else
                  f"TP/PP/CP ranks ({model_parallel} per replica) are not data-parallel: pass "
                  "deepspeed.initialize(..., mpu=<your model-parallel unit>) (Megatron-DeepSpeed passes "
                  "megatron.mpu) so DeepSpeed counts dp = mpu.get_data_parallel_world_size() = "

@@ -3,10 +3,12 @@ group of the real world size), as `deepspeed.initialize` builds it:
 
 - pure data parallelism: no mpu, every rank data-parallel, `train_batch_size` checked by DeepSpeed's
   own batch assertion against micro x GAS x world;
-- with TP/PP/CP: with the mpu Megatron-DeepSpeed passes (data-parallel size = the plan's dp),
-  DeepSpeed derives train_batch_size = the planned global batch;
-- ZeRO stage, bf16 and activation checkpointing as planned; even pipeline splits equal DeepSpeed's
-  own `partition_uniform`.
+- pipelines: the mpu deepspeed.initialize takes from a PipelineModule (`PipelineParallelGrid` over
+  DeepSpeed's `PipeModelDataParallelTopology`), which gives the plan's data-parallel size;
+- TP/CP without PP: the mpu Megatron-DeepSpeed passes (data-parallel size = the plan's dp), and for
+  AutoTP the config also loads without one (no pinned train_batch_size to contradict);
+- DeepSpeed derives train_batch_size = the planned global batch; ZeRO stage, bf16/fp16 and
+  activation checkpointing as planned; even pipeline splits equal DeepSpeed's `partition_uniform`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("deepsp
 def _launcher():
     """Import torch and DeepSpeed when this module's first test runs, not at collection."""
     global dscomm, dist, DeepSpeedConfig, partition_uniform, FakeStore  # noqa: PLW0603
+    global PipelineParallelGrid, PipeModelDataParallelTopology  # noqa: PLW0603
     warnings.filterwarnings("ignore")
     import deepspeed.comm as dscomm
     import torch.distributed as dist
     from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
     from deepspeed.runtime.utils import partition_uniform
     from torch.testing._internal.distributed.fake_pg import FakeStore
     yield
@@ -83,6 +87,12 @@ def test_deepspeed_config_as_initialize_builds_it(case: str, ds_world) -> None:
     model_parallel = plan.tp * plan.pp * plan.cp
     if model_parallel == 1:
         c = DeepSpeedConfig(cfg)  # deepspeed.initialize(model=..., config=cfg): no mpu
+    elif plan.pp > 1:
+        # deepspeed.initialize(model=PipelineModule(...)) takes mpu = model.mpu(): the pipeline grid of
+        # DeepSpeed's own topology (pipe x data x model); built here the same way
+        grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(num_pp=plan.pp, num_mp=plan.tp * plan.cp,
+                                                                          num_dp=dp))
+        c = DeepSpeedConfig(cfg, mpu=grid)
     else:
         c = DeepSpeedConfig(cfg, mpu=Mpu(dp, plan.tp * plan.cp, plan.pp))
         assert "mpu" in cfg["autoshard"]["note"]
@@ -95,6 +105,13 @@ def test_deepspeed_config_as_initialize_builds_it(case: str, ds_world) -> None:
         assert c.float16_config.enabled and not c.bfloat16_config.enabled
     else:
         assert c.bfloat16_config.enabled
+    if plan.pp == 1 and plan.cp == 1 and plan.tp > 1 and "tensor_parallel" in cfg:
+        # AutoTP: deepspeed.initialize passes no mpu (it builds the TP groups itself, after the config),
+        # so the config must not pin train_batch_size: DeepSpeed derives micro x GAS x its world size.
+        plain = DeepSpeedConfig(cfg)
+        assert plain.train_micro_batch_size_per_gpu == plan.micro_batch_size
+        assert plain.train_batch_size == plain.train_micro_batch_size_per_gpu * plain.gradient_accumulation_steps \
+            * prob.cluster.num_gpus
     full = "full" in plan.recompute_per_layer(prob.model.num_hidden_layers)
     assert ("activation_checkpointing" in cfg) == full
 
