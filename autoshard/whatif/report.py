@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..loader import atomic_write, dumps_json
+from .schema import _fmt_tokens
 from .sensitivity import BINDING_MIN_GAIN_PCT
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "moe_host",
@@ -625,7 +626,7 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
         with_topo = len({(r["gpu"], r["topology"]) for r in rows}) > len({r["gpu"] for r in rows})
         d.h(2, f"Workload {wi + 1}: {w['name']}")
         t = w["training"]
-        d.p(f"Model `{w['model']}`, {num(w['tokens'])} tokens, sequence {t['seq_len']}, global batch "
+        d.p(f"Model `{w['model']}`, {_fmt_tokens(w['tokens'])} tokens, sequence {t['seq_len']}, global batch "
             f"{t['global_batch_size']} sequences, {t['precision']}.")
         feas = [r for r in rows if r.get("feasible")]
         infeasible = [r for r in rows if not r.get("feasible")]
