@@ -107,6 +107,40 @@ def test_solver_matches_brute_force(problem):
     assert fast.solver.objective_bound_s <= bf[0] + fast.solver.rounding_tolerance_s
 
 
+@st.composite
+def small_moe_problems_with_modules(draw):
+    """Small MoE problems whose search names Megatron recompute modules, on Megatron's or
+    torchtitan's profile (whose ZeRO stages are 0 and 3 only)."""
+    layers = draw(st.integers(2, 3))
+    hidden = 4096
+    model = {"name": "rand-moe", "num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 32000, "num_experts": 4,
+             "num_experts_per_tok": 2, "moe_intermediate_size": hidden, "first_k_dense_replace": draw(st.integers(0, 1))}
+    framework = draw(st.sampled_from(["megatron", "torchtitan"]))
+    space = {"tp": [1, 2], "pp": [1, 2], "cp": [1], "ep": [1, 2], "micro_batch_size": [1],
+             "zero_stage": [0, 1] if framework == "megatron" else [0, 3], "schedule": ["1f1b", "interleaved"],
+             "vpp": [1, 2], "sequence_parallel": [True],
+             "recompute": ["none", "moe_act+layernorm", "moe", "full"]}
+    # 24 GB GPUs and long sequences: HBM forces recompute, and modules compete with full recompute.
+    return load_problem({"model": model, "training": {"seq_len": draw(st.sampled_from([16384, 32768])),
+                                                      "global_batch_size": 8},
+                         "cluster": {"gpu": "rtx-4090", "num_gpus": 4},
+                         "framework": framework, "search": space})
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(small_moe_problems_with_modules())
+def test_solver_matches_brute_force_with_recompute_modules_and_folding(problem):
+    bf = brute_force(problem)
+    if bf is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem, time_limit_s=60)
+        return
+    sol = solve(problem, time_limit_s=60, top_k=0, gap_limit=0.0)
+    assert sol.solver.status == "OPTIMAL" and sol.estimate.fits
+    assert sol.estimate.step_time_s == pytest.approx(bf[0], rel=1e-6, abs=sol.solver.rounding_tolerance_s)
+
+
 def test_objective_equals_evaluate_and_is_deterministic():
     doc = {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
            "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16},

@@ -337,7 +337,7 @@ class StageModel:
         for c in range(self.V):
             size = 0
             for k in self.kinds:
-                for r in ("full", "selective", "none"):
+                for r in ["full", *[m for m in self.modes if m not in RECOMPUTES], "selective", "none"]:
                     cnt = counts.get((c, k, r), 0)
                     recompute += [r] * cnt
                     size += cnt
