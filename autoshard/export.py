@@ -428,6 +428,12 @@ def megatron_order(plan: Plan) -> str | None:
     return None
 
 
+def _pp_stride(plan: Plan, dp: int) -> int:
+    """Rank distance of pipeline neighbours in the plan's placement (the axes inside pp)."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": max(1, dp // plan.ep), "pp": plan.pp}
+    return math.prod(sizes[a] for a in plan.axes[:plan.axes.index("pp")])
+
+
 def megatron_env(ctx: _Ctx) -> dict[str, str]:
     """Environment variables the Megatron launch needs (arguments.py validate_args, d98e8a64dd):
     TP or CP on pre-Blackwell GPUs asserts CUDA_DEVICE_MAX_CONNECTIONS=1 unless Megatron-FSDP or
@@ -471,8 +477,8 @@ def _megatron(ctx: _Ctx) -> str:
             ctx.warn(f"placement {p.placement} needs --use-tp-pp-dp-mapping, which Megatron rejects when the "
                      f"attention and expert data-parallel sizes differ ({ctx.dp} vs {edp}, with cp or ep > 1): "
                      "exported with the default order tp-cp-ep-dp-pp, so pipeline neighbours are "
-                     f"{p.tp * p.cp * ctx.dp} ranks apart instead of {p.tp * p.cp} and data-parallel groups "
-                     "are contiguous (PP and DP traffic swap network levels)")
+                     f"{p.tp * p.cp * ctx.dp} ranks apart instead of {_pp_stride(p, ctx.dp)} and data-parallel "
+                     "groups are contiguous (PP and DP traffic swap network levels)")
         else:
             add("--use-tp-pp-dp-mapping")
     elif order is None:

@@ -439,7 +439,9 @@ def test_megatron_tp_pp_dp_mapping_dropped_where_megatron_rejects_it() -> None:
     # non-pp-last order: with cp=2 they differ (dp vs dp*cp), so the mapping is not exported.
     out = export_plan(LLAMA, Plan(tp=8, pp=4, cp=2, placement="tp-cp-ep-pp-dp"), "megatron")
     assert "--use-tp-pp-dp-mapping" not in megatron_flags(out.text)
-    assert any("--use-tp-pp-dp-mapping" in w and "pipeline neighbours" in w for w in out.warnings)
+    # 640 GPUs, tp8 cp2 pp4: dp 10; Megatron's default order puts pipeline neighbours tp*cp*dp = 160 ranks
+    # apart, the plan's pp-before-dp order tp*cp = 16
+    assert any("--use-tp-pp-dp-mapping" in w and "160 ranks apart instead of 16" in w for w in out.warnings)
 
 
 def test_megatron_recompute_block_prefix_is_exact() -> None:
