@@ -949,6 +949,8 @@ def _torchtitan(ctx: _Ctx) -> str:
         lines.append("#   module_fqns_per_model_part: set ParallelismConfig.module_fqns_per_model_part in the "
                      "recipe function to the list above")
     lines.append(f"#   in the recipe function: {ac_cfg}; model {model['name']} flavor {model['flavor']}")
+    if quantize is not None:
+        lines.append(f"#   precision: model converter {quantize[0]} with recipe_name {quantize[1]['recipe_name']!r}")
     return "\n".join(lines) + "\n"
 
 
