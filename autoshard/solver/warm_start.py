@@ -12,7 +12,7 @@ from ..spec import Problem
 from .bounds import _optimistic_table, _table_bound
 from .candidates import _placements
 
-WARM_START_CONFIGS = 3000
+WARM_START_CONFIGS = 800  # configurations the greedy pass tries, in numpy-bound order (a count: deterministic)
 
 
 WARM_SPLIT_CONFIGS = 24
