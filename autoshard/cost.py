@@ -189,6 +189,8 @@ class Config:
     etp: int | None = None  # expert tensor parallel (MoE parallel folding); None = tp
     tp_overlap: bool | None = None  # None = the framework's default where the plan allows it
     ep_overlap: bool | None = None
+    grad_overlap: bool = True  # overlap_grad_reduce
+    param_overlap: bool = True  # overlap_param_gather
 
     @property
     def expert_tp(self) -> int:
@@ -205,14 +207,15 @@ class Config:
         return Config(plan.tp, plan.cp, plan.ep, plan.pp, dp, plan.vpp, plan.sp, plan.zero_stage,
                       plan.micro_batch_size, plan.schedule, plan.placement,
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
-                      plan.tp_comm_overlap, plan.ep_overlap)
+                      plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
                     sequence_parallel=self.sp, zero_stage=self.zero, micro_batch_size=self.mbs,
                     schedule=self.schedule, placement=self.placement, recompute=recompute,
                     stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
-                    ep_overlap=self.ep_overlap)
+                    ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
+                    overlap_param_gather=self.param_overlap)
 
 
 def num_microbatches(problem: Problem, cfg: Config) -> int:
@@ -1006,14 +1009,19 @@ class TailModel:
     gather: tuple[float, float, float]  # parameter all-gather after the optimizer (ZeRO-1/2)
     optimizer_s_per_param: float  # optimizer step, per parameter held (before sharding)
     reduce_repeats: int  # 1, or the micro-batch count under ZeRO-2
+    overlap_reduce: bool = True  # gradient reduction under the last backward (overlap_grad_reduce)
+    overlap_gather: bool = True  # parameter all-gather under the next forward (overlap_param_gather)
 
 
 def tail_model(ctx: Context, table: "Table") -> TailModel:
     cfg, pl = table.cfg, table.placement
     opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
-    return _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
-                       table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
-                       ctx.framework.grad_reduce_bytes)
+    tm = _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
+                     table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
+                     ctx.framework.grad_reduce_bytes)
+    if cfg.grad_overlap and cfg.param_overlap:
+        return tm
+    return dataclasses.replace(tm, overlap_reduce=cfg.grad_overlap, overlap_gather=cfg.param_overlap)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1038,7 +1046,8 @@ def dp_tail_s(tm: TailModel, params: float, expert_params: float, fwd_s: float, 
     dense = params - expert_params
     red = tm.reduce[0] * dense + tm.reduce[1] * expert_params + tm.reduce[2] if any(tm.reduce) else 0.0
     gat = tm.gather[0] * dense + tm.gather[1] * expert_params + tm.gather[2] if any(tm.gather) else 0.0
-    exposed = tm.reduce_repeats * overlapped(red, bwd_s) + overlapped(gat, fwd_s)
+    exposed = tm.reduce_repeats * (overlapped(red, bwd_s) if tm.overlap_reduce else red) \
+        + (overlapped(gat, fwd_s) if tm.overlap_gather else gat)
     return exposed, tm.optimizer_s_per_param * params
 
 

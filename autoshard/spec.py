@@ -338,6 +338,11 @@ class Plan(Strict):
     # plan allows it (see autoshard/data/frameworks.yaml).
     tp_comm_overlap: bool | None = None  # TE userbuffers / torchtitan AsyncTP: GEMM + AG/RS pipelined
     ep_overlap: bool | None = None  # Megatron --overlap-moe-expert-parallel-comm (a2a under compute)
+    # Data-parallel overlap (Megatron --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch):
+    # gradient buckets reduce under the last backward, updated parameters gather under the next
+    # forward. Production recipes run both; off, the whole transfer is exposed (evaluated, not searched).
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
 
     @field_validator("placement")
     @classmethod

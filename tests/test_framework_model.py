@@ -189,3 +189,24 @@ def test_recompute_modules_trade_memory_for_time():
                           "cluster": {"gpu": "h100", "num_gpus": 8}})
     a, b = evaluate(llama, Plan(recompute="none")), evaluate(llama, Plan(recompute="mla_up_proj"))
     assert a.step_time_s == pytest.approx(b.step_time_s) and a.peak_memory_gib == pytest.approx(b.peak_memory_gib)
+
+
+def test_data_parallel_overlap_knobs():
+    from autoshard.cost import reduce_scatter_s, total_params
+    from autoshard.export import export_plan
+
+    p = load_problem({"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+                      "cluster": {"gpu": "h100", "num_gpus": 64}})
+    on = evaluate(p, Plan(zero_stage=1))
+    off = evaluate(p, Plan(zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=False))
+    ctx = context(p)
+    # Exposed whole: the fp32 gradient reduce-scatter and the bf16 parameter all-gather of the
+    # rank's parameters over the 64 data-parallel GPUs (Megatron's distributed optimizer).
+    prof = layer_table(ctx, Config.of(Plan(zero_stage=1), 64)).placement.dp_cp
+    n = total_params(p.model) - p.model.hidden_size  # the final norm is not on a rank's table
+    expected = reduce_scatter_s(ctx.levels, prof, 4 * n) + all_gather_s(ctx.levels, prof, 2 * n)
+    assert off.time_breakdown_s["dp_comm"] == pytest.approx(expected, rel=0.02)
+    assert on.time_breakdown_s["dp_comm"] < 0.5 * off.time_breakdown_s["dp_comm"]
+    text = export_plan(p, off.plan, "megatron").text
+    assert "--overlap-grad-reduce" not in text and "--overlap-param-gather" not in text
+    assert "--overlap-grad-reduce" in export_plan(p, on.plan, "megatron").text
