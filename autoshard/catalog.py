@@ -51,6 +51,12 @@ GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp4")
 _DTYPE_FALLBACK = {"bf16": "fp16", "fp16": "bf16", "fp8": "bf16", "fp4": "fp8"}
 
 
+# PCIe x16 bandwidth per direction by the generation each architecture's SXM/OAM parts use to reach the
+# host (NVIDIA/AMD datasheets: V100 Gen3, A100/Ada Gen4, H100/H200/B200/B300/MI300X/MI355X Gen5).
+PCIE_X16_GB_PER_S = {"volta": 15.8, "ampere": 31.5, "ada": 31.5, "hopper": 63.0, "blackwell": 63.0,
+                     "blackwell-ultra": 63.0, "cdna3": 63.0, "cdna4": 63.0}
+
+
 class GPU(Strict):
     id: str
     name: str
@@ -115,6 +121,23 @@ class GPU(Strict):
     @property
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_tb_per_s * 1e12
+
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        """GPU <-> host memory bandwidth each way: NVLink-C2C where the catalog gives it, else the
+        GPU's PCIe generation at x16 (PCI-SIG: Gen3 15.8, Gen4 31.5, Gen5 63 GB/s per direction)."""
+        if self.host_link_gb_per_s:
+            return self.host_link_gb_per_s * 1e9
+        return PCIE_X16_GB_PER_S.get(self.arch, 31.5) * 1e9
+
+    @property
+    def host_memory_bytes_per_s(self) -> float:
+        """Host DRAM bandwidth per GPU share, for CPU optimizer steps: Grace (LPDDR5X, 500 GB/s per
+        Grace: NVIDIA Grace datasheet) over its GPUs where the GPU has C2C, else a DGX-class 2-socket
+        server's ~614 GB/s (2 x 8 DDR5-4800 channels x 38.4 GB/s) over 8 GPUs = 77 GB/s."""
+        if self.host_link_gb_per_s:
+            return 500e9 * self.host_link_gb_per_s / 450.0
+        return 77e9
 
 
 class Topology(Strict):

@@ -92,7 +92,7 @@ def overlapped(comm_s: float, compute_s: float) -> float:
     """Exposed time of communication overlapped with computation: what does not fit under the
     computation, plus the slowdown it inflicts while it runs."""
     return max(0.0, comm_s - compute_s) + COMM_INTERFERENCE * min(comm_s, compute_s)
-TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "moe_host")
+TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "moe_host", "offload")
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,6 +191,7 @@ class Config:
     ep_overlap: bool | None = None
     grad_overlap: bool = True  # overlap_grad_reduce
     param_overlap: bool = True  # overlap_param_gather
+    opt_offload: bool = False  # optimizer_offload
 
     @property
     def expert_tp(self) -> int:
@@ -207,7 +208,8 @@ class Config:
         return Config(plan.tp, plan.cp, plan.ep, plan.pp, dp, plan.vpp, plan.sp, plan.zero_stage,
                       plan.micro_batch_size, plan.schedule, plan.placement,
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
-                      plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather)
+                      plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
+                      plan.optimizer_offload)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
@@ -215,7 +217,7 @@ class Config:
                     schedule=self.schedule, placement=self.placement, recompute=recompute,
                     stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
                     ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
-                    overlap_param_gather=self.param_overlap)
+                    overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload)
 
 
 def num_microbatches(problem: Problem, cfg: Config) -> int:
@@ -716,6 +718,15 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         elif recompute == "selective":
             c.bwd["recompute"] = core
             c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+        elif recompute == "offload":
+            # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
+            # stream to host memory during the forward and back before its backward, over the host
+            # link, hidden under the layer's computation where it is long enough.
+            moved = acts["none"] - acts["full"]
+            c.act_bytes = acts["full"]
+            link = ctx.gpu.host_link_bytes_per_s
+            c.fwd["offload"] = overlapped(moved / link, c.fwd["compute"])
+            c.bwd["offload"] = overlapped(moved / link, c.bwd["compute"])
         elif recompute != "none":  # Megatron recompute modules
             for module in recompute.split("+"):
                 t_s, saved, fl = _module_recompute(ctx, cfg, sh, kind, module, afwd, mfwd, core)
@@ -982,7 +993,7 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
     return {
         "weights": weights,
         "gradients": shard(fw.grad_bytes, cfg.zero >= 2),
-        "optimizer_states": shard(opt_b, cfg.zero >= 1),
+        "optimizer_states": 0.0 if cfg.opt_offload else shard(opt_b, cfg.zero >= 1),
     }
 
 
@@ -1019,6 +1030,14 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
     tm = _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
                      table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
                      ctx.framework.grad_reduce_bytes)
+    if cfg.opt_offload:
+        # Gradients go down to the host and updated bf16 weights come back over the host link; the
+        # CPU's Adam reads and writes ~28 B per parameter (fp32 weight, gradient, two moments) at the
+        # host memory bandwidth of the GPU's share. Both on the step's critical path.
+        shard = 1.0 / (cfg.dp * cfg.cp) if cfg.zero >= 1 else 1.0
+        fw, gpu = ctx.framework, ctx.gpu
+        per = shard * ((fw.grad_bytes + BF16) / gpu.host_link_bytes_per_s + 28.0 / gpu.host_memory_bytes_per_s)
+        tm = dataclasses.replace(tm, optimizer_s_per_param=per)
     if cfg.grad_overlap and cfg.param_overlap:
         return tm
     return dataclasses.replace(tm, overlap_reduce=cfg.grad_overlap, overlap_gather=cfg.param_overlap)

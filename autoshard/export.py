@@ -539,6 +539,14 @@ def _megatron(ctx: _Ctx) -> str:
         add("--overlap-grad-reduce")
     if p.zero_stage >= 1 and p.overlap_param_gather:
         add("--overlap-param-gather")
+    if p.optimizer_offload:  # Megatron-Core HybridDeviceOptimizer: the whole optimizer on the CPU
+        add("--optimizer-cpu-offload")
+        add("--optimizer-offload-fraction", 1.0)
+        add("--overlap-cpu-optimizer-d2h-h2d")
+    offloaded = ctx.recompute.count("offload")
+    if offloaded:  # TE activation offloading of the first N layers of each rank
+        add("--cpu-offloading")
+        add("--cpu-offloading-num-layers", offloaded // max(1, p.pp))
 
     # --- recompute -------------------------------------------------------------------------
     _megatron_recompute(ctx, add)
@@ -651,7 +659,7 @@ def _megatron(ctx: _Ctx) -> str:
 
 
 def _megatron_recompute(ctx: _Ctx, add) -> None:
-    modes = ctx.recompute
+    modes = ["none" if m == "offload" else m for m in ctx.recompute]  # offload: flags of its own
     kinds = set(modes)
     if kinds == {"none"}:
         return

@@ -28,12 +28,12 @@ def canonical_recompute(value: str) -> str:
     """`none`, `selective`, `full`, or Megatron recompute modules joined by `+` (`layernorm+moe_act`),
     in RECOMPUTE_MODULES order; `core_attn` alone is `selective`."""
     text = value.strip().lower()
-    if text in ("none", "selective", "full"):
+    if text in ("none", "selective", "full", "offload"):  # offload: activations to host memory
         return text
     mods = [m.strip() for m in text.replace(",", "+").split("+") if m.strip()]
     bad = [m for m in mods if m not in RECOMPUTE_MODULES]
     if bad or not mods:
-        raise ValueError(f"unknown recompute {value!r}: use none, selective, full, or modules joined by '+' "
+        raise ValueError(f"unknown recompute {value!r}: use none, selective, full, offload, or modules joined by '+' "
                          f"from {', '.join(RECOMPUTE_MODULES)}")
     mods = sorted(set(mods), key=RECOMPUTE_MODULES.index)
     return "selective" if mods == ["core_attn"] else "+".join(mods)
@@ -343,6 +343,9 @@ class Plan(Strict):
     # forward. Production recipes run both; off, the whole transfer is exposed (evaluated, not searched).
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    # Optimizer states (fp32 master weights and moments) in host memory, stepped by the CPU
+    # (Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload); evaluated, not searched.
+    optimizer_offload: bool = False
 
     @field_validator("placement")
     @classmethod

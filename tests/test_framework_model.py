@@ -210,3 +210,31 @@ def test_data_parallel_overlap_knobs():
     text = export_plan(p, off.plan, "megatron").text
     assert "--overlap-grad-reduce" not in text and "--overlap-param-gather" not in text
     assert "--overlap-grad-reduce" in export_plan(p, on.plan, "megatron").text
+
+
+def test_offloading_prices_the_host_link():
+    from autoshard.catalog import get_gpu
+
+    def problem(gpu):
+        return load_problem({"model": "llama3-70b", "training": {"seq_len": 8192, "global_batch_size": 64},
+                             "cluster": {"gpu": gpu, "num_gpus": 16}})
+
+    p = problem("h100")
+    base = evaluate(p, Plan(tp=8, pp=2, zero_stage=1))
+    opt = evaluate(p, Plan(tp=8, pp=2, zero_stage=1, optimizer_offload=True))
+    assert opt.stages[0].memory_gib["optimizer_states"] == 0.0
+    assert base.stages[0].memory_gib["optimizer_states"] > 40
+    # Optimizer step on the host: (4 B fp32 gradient down + 2 B bf16 weight up) per parameter over
+    # PCIe Gen5 (63 GB/s) + 28 B per parameter at 77 GB/s of host memory, for the rank's 1/dp share.
+    params = base.stages[0].memory_gib["weights"] * 2**30 / 2  # bf16 weights, dp = 1 (no sharding)
+    expected = params * (6 / 63e9 + 28 / 77e9)
+    assert opt.time_breakdown_s["optimizer"] == pytest.approx(expected, rel=0.02)
+    # Activation offloading keeps what full recompute keeps, and pays the host link instead.
+    off = evaluate(p, Plan(tp=8, pp=2, zero_stage=1, recompute="offload"))
+    full = evaluate(p, Plan(tp=8, pp=2, zero_stage=1, recompute="full"))
+    assert off.stages[0].memory_gib["activations"] == pytest.approx(full.stages[0].memory_gib["activations"])
+    assert off.time_breakdown_s["offload"] > 0 and off.time_breakdown_s.get("recompute", 0) == 0
+    # NVLink-C2C (GH200, 450 GB/s each way) moves the same bytes 7x faster than PCIe Gen5.
+    assert get_gpu("gh200").host_link_bytes_per_s / get_gpu("h100").host_link_bytes_per_s == pytest.approx(450 / 63)
+    gh = evaluate(problem("gh200"), Plan(tp=8, pp=2, zero_stage=1, recompute="offload", placement=off.plan.placement))
+    assert gh.time_breakdown_s["offload"] < off.time_breakdown_s["offload"]
