@@ -192,6 +192,7 @@ class Config:
     grad_overlap: bool = True  # overlap_grad_reduce
     param_overlap: bool = True  # overlap_param_gather
     opt_offload: bool = False  # optimizer_offload
+    cp_comm: str = "p2p"  # cp_comm_type
 
     @property
     def expert_tp(self) -> int:
@@ -209,7 +210,7 @@ class Config:
                       plan.micro_batch_size, plan.schedule, plan.placement,
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
                       plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                      plan.optimizer_offload)
+                      plan.optimizer_offload, plan.cp_comm_type)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
@@ -217,7 +218,8 @@ class Config:
                     schedule=self.schedule, placement=self.placement, recompute=recompute,
                     stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
                     ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
-                    overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload)
+                    overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload,
+                    cp_comm_type=self.cp_comm)
 
 
 def num_microbatches(problem: Problem, cfg: Config) -> int:
@@ -318,6 +320,11 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
             reasons.append(f"stage_layers sum to {sum(plan.stage_layers)}, the model has {m.num_hidden_layers} layers")
     if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
         reasons.append(f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
+    if plan.cp > 1 and plan.cp_comm_type == "a2a":
+        heads = m.kv_heads if not m.is_mla else m.num_attention_heads
+        if (m.num_attention_heads // plan.tp) % plan.cp or max(1, heads // plan.tp) % plan.cp:
+            reasons.append(f"cp_comm_type a2a scatters heads over cp={plan.cp}: the {m.num_attention_heads} query "
+                           f"and {heads} key/value heads per tp={plan.tp} group must divide by it")
     return dp, reasons
 
 
@@ -545,7 +552,17 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj)
     bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj)
     # Context parallel: ring exchange of K and V, overlapped with the core attention.
-    if cfg.cp > 1:
+    if cfg.cp > 1 and cfg.cp_comm == "a2a":
+        # Ulysses: all-to-all q, k, v before attention (sequence-sharded -> head-sharded) and the
+        # output after, each GPU sending (cp - 1)/cp of its share; the backward moves the gradients.
+        qkvo = BF16 * T * (2 * a * sh.d_qk + kv * sh.d_qk + kv * sh.d_v) if not m.is_mla else \
+            BF16 * T * a * (2 * sh.d_qk + 2 * sh.d_v)
+        fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, qkvo)
+    elif cfg.cp > 1 and cfg.cp_comm == "allgather":
+        # K/V all-gathered before attention (exposed); the backward reduce-scatters their gradients.
+        f, _ = cp_comm_s(ctx, cfg.cp, pl.cp, sh, 0.0)
+        fwd["cp_comm"], bwd["cp_comm"] = f, 2 * f
+    elif cfg.cp > 1:
         fwd["cp_comm"], bwd["cp_comm"] = cp_comm_s(ctx, cfg.cp, pl.cp, sh, core)
     return fwd, bwd, core, wgrad, flops
 

@@ -458,6 +458,8 @@ def _megatron(ctx: _Ctx) -> str:
     add("--tensor-model-parallel-size", p.tp)
     add("--pipeline-model-parallel-size", p.pp)
     add("--context-parallel-size", p.cp)
+    if p.cp > 1 and p.cp_comm_type != "p2p":
+        add("--cp-comm-type", p.cp_comm_type)
     etp = p.expert_tp
     if m.is_moe:
         add("--expert-model-parallel-size", p.ep)

@@ -346,6 +346,10 @@ class Plan(Strict):
     # Optimizer states (fp32 master weights and moments) in host memory, stepped by the CPU
     # (Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload); evaluated, not searched.
     optimizer_offload: bool = False
+    # How context parallelism exchanges K/V (Megatron --cp-comm-type): p2p ring overlapped with
+    # attention (default), allgather of K/V before attention, a2a (DeepSpeed-Ulysses: heads scattered
+    # across the CP group by all-to-all); evaluated, not searched.
+    cp_comm_type: Literal["p2p", "allgather", "a2a"] = "p2p"
 
     @field_validator("placement")
     @classmethod

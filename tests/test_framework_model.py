@@ -238,3 +238,26 @@ def test_offloading_prices_the_host_link():
     assert get_gpu("gh200").host_link_bytes_per_s / get_gpu("h100").host_link_bytes_per_s == pytest.approx(450 / 63)
     gh = evaluate(problem("gh200"), Plan(tp=8, pp=2, zero_stage=1, recompute="offload", placement=off.plan.placement))
     assert gh.time_breakdown_s["offload"] < off.time_breakdown_s["offload"]
+
+
+def test_cp_comm_types():
+    from autoshard.cost import all_to_all_s
+
+    p = load_problem({"model": "llama3-70b", "training": {"seq_len": 32768, "global_batch_size": 16},
+                      "cluster": {"gpu": "h100", "num_gpus": 64}})
+    plans = {t: Plan(tp=1, cp=8, pp=8, zero_stage=1, recompute="full", cp_comm_type=t)
+             for t in ("p2p", "allgather", "a2a")}
+    est = {t: evaluate(p, pl) for t, pl in plans.items()}
+    assert all(not [r for r in e.reasons if "GiB" not in r] for e in est.values())
+    # The ring hides under 32k-token attention; the all-gather is exposed whole.
+    assert est["p2p"].time_breakdown_s["cp_comm"] < est["allgather"].time_breakdown_s["cp_comm"]
+    # Ulysses: one all-to-all of q, k, v and one of the output per layer and pass, by the collective's figure.
+    ctx = context(p)
+    table = layer_table(ctx, Config.of(plans["a2a"], 1))
+    sh = Shapes(ctx, table.cfg)
+    qkvo = BF16 * sh.tokens * (2 * sh.a_local * sh.d_qk + sh.kv_local * (sh.d_qk + sh.d_v))
+    layer = table.layers[("dense", "full")]
+    assert layer.fwd["cp_comm"] == pytest.approx(all_to_all_s(ctx.levels, table.placement.cp, qkvo))
+    # a2a scatters heads: 8 key/value heads over tp 8 leave one per GPU, which cp 8 cannot split.
+    bad = evaluate(p, Plan(tp=8, cp=8, cp_comm_type="a2a"))
+    assert any("scatters heads" in r for r in bad.reasons)
