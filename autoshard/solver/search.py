@@ -48,6 +48,7 @@ ALT_SHARE = 0.25  # the alternatives' share of the proof's work (CP-SAT time and
 ALT_MIN_WORK = 0.2  # ... at least this much deterministic time
 ALT_CAP = 0.1  # deterministic time per configuration while looking for alternatives
 ALT_MIN_SOLVES = 12  # ... and at least this many CP-SAT calls
+ALT_MIN_VISITS = 64  # ... and configurations visited
 ALT_GAP = 0.002  # an alternative is its family's best to within 0.2% when its search completes
 NAMED_SHARE = 0.5  # a named alternative's budget: this share of the proof's work, at least 1 unit
 RUNNER_UP_SLOWER = 0.5  # families more than 50% slower than the chosen plan are not reported
@@ -317,7 +318,7 @@ class _Search:
         start's greedy plans seed every family it tried. True if it completed within that share."""
         self.proving, self.top_k = False, top_k
         work_cap = self.budget.work + max(ALT_MIN_WORK, ALT_SHARE * proof_work)
-        visit_cap = self.visited + max(16, int(ALT_SHARE * proof_visits))
+        visit_cap = self.visited + max(ALT_MIN_VISITS, int(ALT_SHARE * proof_visits))
         solve_cap = self.solves + max(ALT_MIN_SOLVES, int(ALT_SHARE * self.solves))  # each call also costs its setup
         mine = family_key(self.best.plan)
         total = min(len(order), RUNNER_UP_CONFIGS)
