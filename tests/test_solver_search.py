@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from autoshard.errors import InputError
 from autoshard.solver import family_key, solve
 from autoshard.solver.search import ALT_GAP
 from autoshard.spec import MESH_AXES
+
+ROOT_PROBLEMS = Path(__file__).resolve().parent.parent / "problems"
 
 SEED = {"model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 960},
         "cluster": {"gpu": "h100-sxm", "num_gpus": 640, "topology": "dgx-h100-superpod"}}
@@ -229,3 +232,13 @@ def test_batch_bar_advances_within_a_problem(tmp_path, monkeypatch):
 
     run_batch([str(tmp_path / "in")], str(tmp_path / "out"), jobs=1, top_k=0, progress=Recorder())
     assert ("tiny", "search") in seen  # events of the problem being solved reach the bar
+
+
+def test_same_answer_with_one_or_two_threads():
+    """Descents of a round start from the same incumbent and merge in order: jobs does not matter."""
+    p = load_problem(ROOT_PROBLEMS / "deepseek-v3-2048xh800.yaml")  # many placements reach CP-SAT
+    one, two = solve(p, top_k=3, jobs=1), solve(load_problem(ROOT_PROBLEMS / "deepseek-v3-2048xh800.yaml"), top_k=3, jobs=2)
+    same = lambda s: json.dumps({"plan": s.plan.model_dump(), "gap": s.solver.gap, "work": s.solver.work_s,  # noqa: E731
+                                 "solves": s.solver.cp_sat_solves, "alts": [a.plan.model_dump() for a in s.alternatives],
+                                 "fp": s.solver.fingerprint}, sort_keys=True)
+    assert one.solver.cp_sat_solves > 2 and same(one) == same(two)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,7 @@ ALT_MIN_SOLVES = 12  # ... and at least this many CP-SAT calls
 ALT_MIN_VISITS = 64  # ... and configurations visited
 ALT_GAP = 0.002  # an alternative is its family's best to within 0.2% when its search completes
 NAMED_SHARE = 0.5  # a named alternative's budget: this share of the proof's work, at least 1 unit
+ROUND = 2  # placements whose descents start from the same incumbent (run in threads with jobs > 1)
 RUNNER_UP_SLOWER = 0.5  # families more than 50% slower than the chosen plan are not reported
 RUNNER_UP_CONFIGS = 3000  # configurations ranked for alternatives (in numpy-bound order)
 
@@ -66,6 +69,21 @@ class _Found:
     tolerance_s: float = 0.0
     table: Any = None  # the layer table it was solved on (for the final tie-break)
     objective_units: int = 0
+
+
+@dataclass
+class _Outcome:
+    """What one CP-SAT descent found and proved (see `_Search.descend`)."""
+
+    table: Any
+    tbound: float
+    goal: float
+    kind: str = "none"  # closed (nothing under goal) | open (cap reached) | solved (its optimum) | none
+    cp_bound: float = -math.inf
+    found: list = field(default_factory=list)
+    solves: int = 0
+    work: float = 0.0
+    wall_fired: bool = False
 
 
 class _Budget:
@@ -117,6 +135,7 @@ class _Search:
         self.tables: dict = {}  # layer costs shared between placements (`cost.layer_table`)
         self.orders: dict = {}  # distinct placements per set of degrees (`_placements`)
         self.opt_bounds: dict = {}  # per configuration: its placement-free bound, cheap and with memory
+        self.pool: Any = None  # a thread pool when jobs > 1 (CP-SAT releases the GIL)
 
     # ---- targets -----------------------------------------------------------------------------
 
@@ -178,53 +197,76 @@ class _Search:
 
     # ---- one configuration ---------------------------------------------------------------------
 
-    def attempt(self, table: Table, tbound: float, cap_s: float) -> None:
-        """CP-SAT descent on one configuration and placement: first solution under the cutoff,
-        then a lower cutoff, until nothing is left under it (closed) or `cap_s` of work is spent
-        (left open with its proven bound)."""
-        cfg = table.cfg
-        goal = self.target(cfg)
-        if goal == -math.inf:
-            return
+    def descend(self, table: Table, tbound: float, goal: float, cap_s: float, work_left: float) -> "_Outcome":
+        """CP-SAT descent on one configuration and placement, from `goal`: first solution under the
+        cutoff, then a lower cutoff, until nothing is left under it (closed) or `cap_s` of work is
+        spent (open, with its proven bound). Reads nothing another descent of the same round
+        changes (the incumbent is the round's), so a round's descents can run in threads and
+        their merge, in order, is the same with one thread or two."""
+        out = _Outcome(table, tbound, goal)
         cutoff = _t(goal) if goal < math.inf else None
         sm = StageModel(self.ctx, table, self.modes, self.uniform, cutoff)
-        spent = 0.0
+        keep = self.gap_limit if self.proving else ALT_GAP
         while True:
-            work = min(cap_s - spent, self.budget.work_left())
+            work = min(cap_s, work_left) - out.work
             if work <= 1e-3 or self.budget.wall_left() <= 0:
-                if self.proving:
-                    self.timed_out = True
-                    self.seq += 1
-                    self.open.append((tbound, self.seq, table))
-                return
+                out.kind = "open"
+                return out
             status, obj, bnd = sm.solve(work, wall_s=self.budget.wall_left(), first_solution=True)
-            self.solves += 1
-            spent += sm.work_s
-            self.budget.spend(sm.work_s, sm.wall_fired)
+            out.solves += 1
+            out.work += sm.work_s
+            out.wall_fired |= sm.wall_fired
             if status == "INFEASIBLE":  # proven: nothing in this configuration reaches the goal
-                if cutoff is not None:
-                    self.close(goal)  # (up to the integer rounding, reported separately)
-                return
+                out.kind = "closed" if cutoff is not None else "none"
+                return out
             if obj is None:  # stopped by its cap: keep the proven bound, resume at the end
-                if self.proving:
-                    self.timed_out = True
-                    cp_bound = bnd * TIME_UNIT_S / sm.scale if bnd is not None else -math.inf
-                    self.seq += 1
-                    self.open.append((max(tbound, cp_bound), self.seq, table))
-                return
+                out.kind = "open"
+                out.cp_bound = bnd * TIME_UNIT_S / sm.scale if bnd is not None else -math.inf
+                return out
             stage_layers, recompute = sm.read_plan(sm.read_counts())
             rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
-            est = _evaluate(self.problem, cfg.plan(rc, stage_layers))
-            self.add(est.plan, est.step_time_s, obj * TIME_UNIT_S / sm.scale, _rounding_tolerance(self.ctx, table),
-                     table, obj)
+            est = _evaluate(self.problem, table.cfg.plan(rc, stage_layers))
+            out.found.append((est.plan, est.step_time_s, obj * TIME_UNIT_S / sm.scale,
+                              _rounding_tolerance(self.ctx, table), table, obj))
             if status == "OPTIMAL":
-                self.solved.add(cfg)
-                return
-            goal = self.target(cfg)
-            if goal == -math.inf:
-                return
+                out.kind = "solved"
+                return out
+            out.goal = goal = min(goal, est.step_time_s * (1 - keep))
             cutoff = min(_t(goal), obj - 1)
             sm.tighten(cutoff)
+
+    def merge(self, out: "_Outcome") -> None:
+        """Fold one descent's outcome into the search (in the round's order)."""
+        self.solves += out.solves
+        self.budget.spend(out.work, out.wall_fired)
+        for f in out.found:
+            self.add(*f)
+        if out.kind == "closed":
+            self.close(out.goal)  # (up to the integer rounding, reported separately)
+        elif out.kind == "solved":
+            self.solved.add(out.table.cfg)
+        elif out.kind == "open" and self.proving:
+            self.timed_out = True
+            self.seq += 1
+            self.open.append((max(out.tbound, out.cp_bound), self.seq, out.table))
+
+    def round(self, batch: list[tuple[Table, float]], cap_s: float) -> None:
+        """Descents on up to ROUND placements from the same incumbent, in threads when `jobs` > 1,
+        merged in order: the answer does not depend on the number of threads."""
+        goals = [self.target(t.cfg) for t, _ in batch]
+        work_left = self.budget.work_left()
+        todo = [(t, b, g) for (t, b), g in zip(batch, goals) if g != -math.inf]
+        if self.pool is not None and len(todo) > 1:
+            futures = [self.pool.submit(self.descend, t, b, g, cap_s, work_left) for t, b, g in todo]
+            outs = [f.result() for f in futures]
+        else:
+            outs = [self.descend(t, b, g, cap_s, work_left) for t, b, g in todo]
+        for out in outs:
+            self.merge(out)
+
+    def attempt(self, table: Table, tbound: float, cap_s: float) -> None:
+        """One descent on its own (a round of one)."""
+        self.round([(table, tbound)], cap_s)
 
     def opt_bound(self, cfg: Config, opt_cache: dict, target: float) -> float:
         """The placement-free bound of cfg: the cheap one, and the costlier one with the recompute
@@ -254,19 +296,27 @@ class _Search:
         tables = [layer_table(ctx, c, self.tables) for c in placed]
         ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
                         key=lambda x: x[:2])
-        for tbound, _, table in ranked:
-            if tbound >= self.target(table.cfg):
-                self.close(tbound)
-                break
-            if table.cfg in self.solved:  # (looking for alternatives: its best plan is known)
-                continue
-            with_memory = _table_bound(ctx, table, modes, memory=True)
-            if with_memory >= self.target(table.cfg):  # HBM forces enough recompute to lose: no CP-SAT needed
-                self.close(with_memory)
-                continue
+        i, done = 0, False
+        while i < len(ranked) and not done:
+            batch: list[tuple[Table, float]] = []  # up to ROUND placements, each checked against the incumbent
+            while i < len(ranked) and len(batch) < ROUND:
+                tbound, _, table = ranked[i]
+                i += 1
+                if tbound >= self.target(table.cfg):
+                    self.close(tbound)
+                    done = True
+                    break
+                if table.cfg in self.solved:  # (looking for alternatives: its best plan is known)
+                    continue
+                with_memory = _table_bound(ctx, table, modes, memory=True)
+                if with_memory >= self.target(table.cfg):  # HBM forces enough recompute to lose: no CP-SAT needed
+                    self.close(with_memory)
+                    continue
+                batch.append((table, with_memory))
             # One hard configuration must not hold up the rest: cap each proof, keep its bound,
             # resume it at the end with the work left (`retry`).
-            self.attempt(table, with_memory, self.cap_s if cap_s is None else cap_s)
+            if batch:
+                self.round(batch, self.cap_s if cap_s is None else cap_s)
         return True
 
     # ---- phases ------------------------------------------------------------------------------
@@ -300,14 +350,24 @@ class _Search:
         cap = RETRY_CAP
         while self.open:
             pending, self.open = sorted(self.open, key=lambda x: x[:2]), []
-            for k, (bnd, _, table) in enumerate(pending):
-                if bnd >= self.target():
-                    self.close(bnd)
-                elif self.budget.exhausted():
+            k = 0
+            while k < len(pending):
+                batch: list[tuple[Table, float]] = []
+                while k < len(pending) and len(batch) < ROUND:
+                    bnd, _, table = pending[k]
+                    if bnd >= self.target():
+                        self.close(bnd)
+                    elif self.budget.exhausted():
+                        break
+                    else:
+                        batch.append((table, bnd))
+                    k += 1
+                if not batch:
                     self.open += pending[k:]
-                    return
-                else:
-                    self.attempt(table, bnd, min(cap, self.budget.work_left()))
+                    if k < len(pending):
+                        return
+                    break
+                self.round(batch, min(cap, self.budget.work_left()))
             cap *= 4
 
     def alternatives(self, top_k: int, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
@@ -378,7 +438,7 @@ def fingerprint(problem: Problem, settings: dict[str, Any]) -> str:
 
 def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
           gap_limit: float = DEFAULT_GAP_LIMIT, work_limit: float | None = None,
-          alternatives: Sequence[str] = (), progress: ProgressFn | None = None) -> Solution:
+          alternatives: Sequence[str] = (), progress: ProgressFn | None = None, jobs: int | None = None) -> Solution:
     """The fastest plan that fits, with proof.
 
     `solver.status == 'OPTIMAL'` means no plan in the declared space is faster than the one
@@ -396,6 +456,9 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     named alternatives (`no-cp`, `tp-in-node`, `1f1b`, `even-stages`, `no-recompute`, `no-pp`,
     `no-ep`, or a fixed degree such as `tp8`), each the best plan under that restriction.
     `progress`: called with a dict (phase, visited, total, incumbent_s, bound_s, gap, work_s).
+    `jobs`: threads for CP-SAT (default: 2 where the machine has them). Descents of up to ROUND
+    placements start from the same incumbent and are merged in order, so the answer is the same
+    with any `jobs`.
 
     Raises `InfeasibleError` with the binding constraint and the smallest fixes when no
     plan in the declared space fits.
@@ -420,7 +483,22 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     modes = list(dict.fromkeys(problem.search.allowed("recompute", list(RECOMPUTES))))
     modes = [r for r in RECOMPUTES if r in modes] + [r for r in modes if r not in RECOMPUTES]
     search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
+    jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
+    if jobs > 1:
+        search.pool = ThreadPoolExecutor(max_workers=min(jobs, ROUND), thread_name_prefix="autoshard-cpsat")
+    try:
+        return _solve(problem, ctx, search, cands, order, t_lb, m_lb, pruned_mem, opt_cache, requests, budget,
+                      t0, time_limit_s, top_k, gap_limit, work_limit, alternatives, modes)
+    finally:
+        if search.pool is not None:
+            search.pool.shutdown(wait=True)
 
+
+def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config], order: list[int], t_lb: np.ndarray,
+           m_lb: np.ndarray, pruned_mem: int, opt_cache: dict, requests: list[Named], budget: _Budget, t0: float,
+           time_limit_s: float, top_k: int, gap_limit: float, work_limit: float, alternatives: Sequence[str],
+           modes: list[str]) -> Solution:
+    """`solve` after the bounds: warm start, proof, tie-break, alternatives, the record."""
     # Warm start: greedy recompute mixes and stage splits on the most promising configurations
     # (no CP-SAT, a counted number of configurations); a strong incumbent early makes every
     # cutoff and bound bite. Its wall-clock deadline is only a safety net.
@@ -508,7 +586,7 @@ def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search
     modes = [m for m in main.modes if req.modes is None or m in req.modes]
     sub = _Search(problem, ctx, modes, main.gap_limit, _Budget(work, deadline), main.uniform or req.uniform,
                   allow=req.allow)
-    sub.tables, sub.orders = main.tables, main.orders
+    sub.tables, sub.orders, sub.pool = main.tables, main.orders, main.pool
     sub.run(order, cands, t_lb, opt_cache)
     sub.retry()
     sub.tiebreak()
