@@ -38,8 +38,9 @@ CP-SAT objective must match it to within the rounding.
 
 Determinism: the budget is deterministic work (CP-SAT deterministic time, counted
 configurations), the wall-clock limit only a safety net that reports itself
-(`SolverStats.stopped_by`); candidates are enumerated in a fixed order, CP-SAT runs
-single-threaded with a fixed seed, ties are broken by a second CP-SAT pass (fewest recomputed
+(`SolverStats.stopped_by`); candidates are enumerated in a fixed order, each CP-SAT solve runs
+single-threaded with a fixed seed (two placements' descents may run in two threads, from the same
+incumbent, merged in order), ties are broken by a second CP-SAT pass (fewest recomputed
 layers, then layers as early as possible) and by candidate order. `SolverStats.fingerprint`
 hashes the problem, the versions and the budget.
 
