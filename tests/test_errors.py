@@ -41,9 +41,9 @@ TINY = {"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size":
         "search": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1], "zero_stage": [1]}}
 INFEASIBLE = {"model": "llama3-405b", "training": {"seq_len": 2048, "global_batch_size": 16},
               "cluster": {"gpu": "rtx-4090", "num_gpus": 8}}
-# An exact proof (gap limit 0) of this problem takes far longer than 2 s (6.9 s on the 2-core
-# machine with the solver of 2026-11-23; the seed problem, proven in 1.8 s now, no longer serves).
-LIMIT_PROBLEM = ROOT / "problems" / "llama3-405b-16384xh100.yaml"
+# An exact proof (gap limit 0) of this problem takes far longer than 2 s (see the file; the seed problem
+# and Llama 3 405B on 16,384 H100, proven exactly in 1.6-2.7 s by the solver's descent, no longer serve).
+LIMIT_PROBLEM = ROOT / "tests" / "data" / "hard_proof_moe.yaml"
 SUBPROCESS_TIMEOUT_S = 120
 
 

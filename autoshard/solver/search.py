@@ -136,6 +136,7 @@ class _Search:
         self.orders: dict = {}  # distinct placements per set of degrees (`_placements`)
         self.opt_bounds: dict = {}  # per configuration: its placement-free bound, cheap and with memory
         self.pool: Any = None  # a thread pool when jobs > 1 (CP-SAT releases the GIL)
+        self.inflight: set = set()  # stage models being solved (stopped on Ctrl-C)
 
     # ---- targets -----------------------------------------------------------------------------
 
@@ -206,6 +207,15 @@ class _Search:
         out = _Outcome(table, tbound, goal)
         cutoff = _t(goal) if goal < math.inf else None
         sm = StageModel(self.ctx, table, self.modes, self.uniform, cutoff)
+        self.inflight.add(sm)
+        try:
+            return self._descend(sm, out, cutoff, cap_s, work_left)
+        finally:
+            self.inflight.discard(sm)
+
+    def _descend(self, sm: StageModel, out: "_Outcome", cutoff: int | None, cap_s: float,
+                 work_left: float) -> "_Outcome":
+        table, goal = out.table, out.goal
         keep = self.gap_limit if self.proving else ALT_GAP
         while True:
             work = min(cap_s, work_left) - out.work
@@ -258,7 +268,12 @@ class _Search:
         todo = [(t, b, g) for (t, b), g in zip(batch, goals) if g != -math.inf]
         if self.pool is not None and len(todo) > 1:
             futures = [self.pool.submit(self.descend, t, b, g, cap_s, work_left) for t, b, g in todo]
-            outs = [f.result() for f in futures]
+            try:
+                outs = [f.result() for f in futures]
+            except BaseException:  # Ctrl-C: stop the solves still running in the other thread
+                for sm in list(self.inflight):
+                    sm.stop()
+                raise
         else:
             outs = [self.descend(t, b, g, cap_s, work_left) for t, b, g in todo]
         for out in outs:

@@ -309,6 +309,9 @@ class StageModel:
         prm.max_deterministic_time = max(0.01, work_s)
         prm.max_time_in_seconds = max(0.05, 4 * work_s + 1 if wall_s is None else wall_s)
         prm.stop_after_first_solution = first_solution
+        self.live = solver  # (`stop` from another thread ends it early)
+        if getattr(self, "stopped", False):
+            prm.max_deterministic_time = prm.max_time_in_seconds = 0.0
         status = solver.solve(self.model)
         self.solver = solver
         self.work_s = float(solver.response_proto.deterministic_time)
@@ -325,6 +328,13 @@ class StageModel:
             raise RuntimeError(f"CP-SAT rejected the stage model: {self.model.validate()}")
         bound = solver.best_objective_bound  # a proven bound even when no solution was found
         return "UNKNOWN", None, (int(bound) if math.isfinite(bound) else None)
+
+    def stop(self) -> None:
+        """End the running solve (and any later one) now: on Ctrl-C while solves run in threads."""
+        self.stopped = True
+        live = getattr(self, "live", None)
+        if live is not None:
+            live.stop_search()
 
     def read_counts(self) -> dict[tuple[int, str, str], int]:
         return {(c, k, r): self.solver.value(self.n[c][k][r])
