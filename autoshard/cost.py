@@ -465,6 +465,48 @@ def layer_params(m, kind: str) -> tuple[float, float]:
     return attn + experts + shared + router + norms, experts
 
 
+def lora_fraction(m, rank: int) -> float:
+    """Adapter parameters per frozen linear parameter of a layer: rank x (in + out) per matrix over
+    in x out (q, k, v, o and the MLP's up/gate/down), as PEFT's LoRA on all linear layers."""
+    h = m.hidden_size
+    if m.is_mla:
+        q = m.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        mats = [(h, q), (h, m.kv_lora_rank), (m.kv_lora_rank, m.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)),
+                (m.num_attention_heads * m.v_head_dim, h)]
+    else:
+        d = m.head_size
+        mats = [(h, m.num_attention_heads * d), (h, m.kv_heads * d), (h, m.kv_heads * d), (m.num_attention_heads * d, h)]
+    ffn = m.intermediate_size if not m.is_moe else m.expert_ffn
+    mats += [(h, ffn), (ffn, h)] + ([(h, ffn)] if m.gated else [])
+    return rank * sum(a + b for a, b in mats) / sum(a * b for a, b in mats)
+
+
+QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 + double-quantized scales (Dettmers et al. 2023, sec. 3)
+
+
+def zero3_bytes_per_param(ctx: "Context") -> tuple[float, float]:
+    """(bytes gathered, bytes reduce-scattered) per parameter by ZeRO-3 / FSDP each layer: bf16 weights
+    (QLoRA: the 4-bit base) and the framework's reduction dtype (LoRA: the adapters' gradients)."""
+    tr = ctx.training
+    if tr.finetune == "full":
+        return BF16, ctx.framework.grad_reduce_bytes
+    frac = lora_fraction(ctx.model, tr.lora_rank)
+    base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
+    return base + frac * BF16, frac * ctx.framework.grad_reduce_bytes
+
+
+def param_bytes(ctx: "Context") -> tuple[float, float, float]:
+    """(weight, gradient, optimizer-state) bytes per model parameter as the run keeps them: the
+    framework's (full training), or a frozen base plus trained adapters (LoRA / QLoRA)."""
+    fw, tr = ctx.framework, ctx.training
+    opt_b = fw.optimizer_state_bytes(tr.optimizer)
+    if tr.finetune == "full":
+        return fw.weight_bytes, fw.grad_bytes, opt_b
+    frac = lora_fraction(ctx.model, tr.lora_rank)
+    base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
+    return base + frac * BF16, frac * fw.grad_bytes, frac * opt_b
+
+
 def total_params(m) -> float:
     emb = m.vocab_size * m.hidden_size
     head = 0 if m.tie_word_embeddings else emb
@@ -494,7 +536,9 @@ def model_flops_per_step(problem: Problem) -> float:
         d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
     else:
         d_qk = d_v = m.head_size
-    per_token = 6 * active_matmul_params(m) + 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v)
+    # Frozen weights (LoRA) need no weight gradients: forward + input gradients, 4 N per token.
+    per_n = 6 if t.finetune == "full" else 4
+    per_token = per_n * active_matmul_params(m) + 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v)
     return per_token * t.tokens_per_step
 
 
@@ -518,6 +562,17 @@ def attention_head_dim_factor(head_dim: float) -> float:
     bf16 forward, causal, 16k): ~500 TFLOP/s at head dim 64, ~650 at 128, ~750 at 256, i.e.
     d / (d + 32) normalized at 128 (0.83 at 64, 1.11 at 256)."""
     return (head_dim / (head_dim + ATTN_HEAD_DIM_HALF)) / (128.0 / (128.0 + ATTN_HEAD_DIM_HALF))
+
+
+def _frozen_adjust(ctx: Context, gemm_fwd_s: float) -> tuple[float, float]:
+    """(backward GEMM time, weight-gradient time) of a block whose forward GEMMs take gemm_fwd_s:
+    input and weight gradients (2x, Narayanan et al. 2021), or with frozen base weights (LoRA) the
+    input gradients alone plus the adapters' three small GEMMs per pass (their share of the FLOPs is
+    `lora_fraction`)."""
+    if ctx.training.finetune == "full":
+        return 2 * gemm_fwd_s, gemm_fwd_s
+    adapters = lora_fraction(ctx.model, ctx.training.lora_rank) * gemm_fwd_s
+    return gemm_fwd_s + 2 * adapters, adapters
 
 
 def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
@@ -545,9 +600,9 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     flops += core_flops
     elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
     fwd["compute"] = proj + core + scores + elem
-    bwd["compute"] = 2 * proj + ATTN_BWD_FACTOR * core + ELEMENTWISE_BWD_FACTOR * (elem + scores)
+    proj_b, wgrad = _frozen_adjust(ctx, proj)
+    bwd["compute"] = proj_b + ATTN_BWD_FACTOR * core + ELEMENTWISE_BWD_FACTOR * (elem + scores)
     core += scores  # what selective recompute re-runs
-    wgrad = proj
     # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass.
     fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj)
     bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj)
@@ -656,11 +711,12 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
             a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send)  # dispatch + combine
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
     fwd["compute"] = t_mlp + elem
-    bwd["compute"] = 2 * t_mlp + ELEMENTWISE_BWD_FACTOR * elem
+    t_b, t_w = _frozen_adjust(ctx, t_mlp)
+    bwd["compute"] = t_b + ELEMENTWISE_BWD_FACTOR * elem
     fwd["ep_comm"], bwd["ep_comm"] = a2a, a2a
     fwd["tp_comm"] += tp_f
     bwd["tp_comm"] += tp_b
-    return fwd, bwd, t_mlp, flops
+    return fwd, bwd, t_w, flops
 
 
 def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
@@ -712,8 +768,8 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         mbwd["ep_comm"] = overlapped(mbwd["ep_comm"], afwd["compute"] + mfwd["compute"])
     zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
     if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
-        w_dense, w_exp = BF16 * dense_local, BF16 * expert_local
-        g_b = ctx.framework.grad_reduce_bytes
+        w_b, g_b = zero3_bytes_per_param(ctx)
+        w_dense, w_exp = w_b * dense_local, w_b * expert_local
         ag = all_gather_s(ctx.levels, pl.dp_cp, w_dense) + all_gather_s(ctx.levels, pl.edp, w_exp)
         rs = reduce_scatter_s(ctx.levels, pl.dp_cp, g_b * dense_local) \
             + reduce_scatter_s(ctx.levels, pl.edp, g_b * expert_local)
@@ -724,6 +780,10 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.fwd[key] = afwd[key] + mfwd[key]
             c.bwd[key] = abwd[key] + mbwd[key]
         c.wgrad_s = awgrad + mwgrad
+        if ctx.training.finetune == "qlora":  # NF4 weights dequantized to bf16 for every GEMM pass
+            dq = _mem_s(ctx, (QLORA_BYTES_PER_PARAM + BF16) * (dense_local + expert_local))
+            c.fwd["compute"] += dq
+            c.bwd["compute"] += dq
         c.params = dense_local + expert_local
         c.expert_params = expert_local
         c.act_bytes = acts.get(recompute, acts["none"])
@@ -857,8 +917,8 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     head = _gemm_s(ctx, T, h, V)
     ce = _mem_s(ctx, (BF16 + 4 + 4) * T * V)  # logits -> fp32 softmax -> grad
     c.fwd["compute"] = head + ce + _mem_s(ctx, 2 * BF16 * sh.res_tokens * h)
-    c.bwd["compute"] = 2 * head + ce
-    c.wgrad_s = head
+    head_b, c.wgrad_s = (2 * head, head) if ctx.training.finetune == "full" else (head, 0.0)  # LoRA: frozen head
+    c.bwd["compute"] = head_b + ce
     if cfg.tp > 1:
         act = BF16 * T * h
         op = all_gather_s if cfg.sp else all_reduce_s
@@ -995,21 +1055,20 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
     dense = params - expert_params
     dp_dense = cfg.dp * cfg.cp
     dp_exp = max(1, cfg.tp * cfg.cp * cfg.dp // (cfg.expert_tp * cfg.ep))
-    fw = ctx.framework
-    opt_b = fw.optimizer_state_bytes(ctx.training.optimizer)
+    w_b, g_b, opt_b = param_bytes(ctx)
 
     def shard(nbytes_per_param: float, sharded: bool) -> float:
         if not sharded:
             return nbytes_per_param * params
         return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
 
-    weights = shard(fw.weight_bytes, cfg.zero >= 3)
+    weights = shard(w_b, cfg.zero >= 3)
     from .catalog import weight_copy_bytes_per_param  # noqa: PLC0415
 
     weights += shard(weight_copy_bytes_per_param(ctx.training.precision, ctx.gpu), cfg.zero >= 3)  # fp8/fp4 copies
     return {
         "weights": weights,
-        "gradients": shard(fw.grad_bytes, cfg.zero >= 2),
+        "gradients": shard(g_b, cfg.zero >= 2),
         "optimizer_states": 0.0 if cfg.opt_offload else shard(opt_b, cfg.zero >= 1),
     }
 
@@ -1047,6 +1106,11 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
     tm = _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
                      table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
                      ctx.framework.grad_reduce_bytes)
+    if ctx.training.finetune != "full":  # only the adapters are reduced, gathered and stepped
+        f = lora_fraction(ctx.model, ctx.training.lora_rank)
+        tm = dataclasses.replace(tm, reduce=(tm.reduce[0] * f, tm.reduce[1] * f, tm.reduce[2]),
+                                 gather=(tm.gather[0] * f, tm.gather[1] * f, tm.gather[2]),
+                                 optimizer_s_per_param=tm.optimizer_s_per_param * f)
     if cfg.opt_offload:
         # Gradients go down to the host and updated bf16 weights come back over the host link; the
         # CPU's Adam reads and writes ~28 B per parameter (fp32 weight, gradient, two moments) at the

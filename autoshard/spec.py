@@ -204,6 +204,11 @@ class TrainingSpec(Strict):
     precision: Precision = "bf16"
     optimizer: Optimizer = "adam"
     flash_attention: bool = True
+    # Fine-tuning: `lora` freezes the base weights (bf16) and trains rank-`lora_rank` adapters on every
+    # linear layer (Hu et al. 2021); `qlora` also stores the frozen base in 4-bit NF4 with double
+    # quantization, 4.127 bits per parameter (Dettmers et al. 2023, §3), dequantized for each GEMM.
+    finetune: Literal["full", "lora", "qlora"] = "full"
+    lora_rank: Annotated[int, Field(ge=1, le=65536)] = 16
 
     @property
     def tokens_per_step(self) -> int:

@@ -261,3 +261,29 @@ def test_cp_comm_types():
     # a2a scatters heads: 8 key/value heads over tp 8 leave one per GPU, which cp 8 cannot split.
     bad = evaluate(p, Plan(tp=8, cp=8, cp_comm_type="a2a"))
     assert any("scatters heads" in r for r in bad.reasons)
+
+
+def test_lora_and_qlora_fine_tuning():
+    from autoshard.cost import _attention_params, _mlp_params, lora_fraction
+
+    m = load_problem({"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 16},
+                      "cluster": {"gpu": "rtx-4090", "num_gpus": 1}}).model
+    # PEFT's print for Llama-3-8B, LoRA r=16 on every linear layer: "trainable params: 41,943,040".
+    linear = _attention_params(m) + _mlp_params(m, m.intermediate_size)
+    assert lora_fraction(m, 16) * linear * m.num_hidden_layers == pytest.approx(41_943_040)
+
+    def est(ft, **plan):
+        p = load_problem({"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 16,
+                                                            "finetune": ft},
+                          "cluster": {"gpu": "rtx-4090", "num_gpus": 1}})
+        return evaluate(p, Plan(recompute="full", **plan))
+
+    full, lora, qlora = est("full"), est("lora"), est("qlora")
+    # Seed 003's small-team question: Llama 3 8B on one 24 GB RTX 4090 fits with LoRA and QLoRA only.
+    assert not full.fits and lora.fits and qlora.fits
+    # Frozen bf16 base (2 B/param) vs NF4 with double quantization (4.127 bits/param).
+    assert lora.memory_breakdown_gib["weights"] / qlora.memory_breakdown_gib["weights"] == pytest.approx(
+        (2 + 2 * 0.0052) / (4.127 / 8 + 2 * 0.0052), rel=0.03)
+    # No weight gradients for the frozen base: the backward shrinks (QLoRA pays dequantization).
+    assert lora.step_time_s < full.step_time_s < 1.5 * lora.step_time_s
+    assert qlora.step_time_s > lora.step_time_s

@@ -214,7 +214,10 @@ def _random_problem(rng):
     training = {"seq_len": rng.choice([128, 1024, 4096]), "global_batch_size": rng.choice([16, 64]),
                 "flash_attention": rng.random() < 0.7, "optimizer": rng.choice(["adamw", "sgd"])}
     cluster = {"gpu": rng.choice(["rtx-4090", "a100-sxm-40gb", "h100-sxm"]), "num_gpus": rng.choice([8, 16, 32])}
-    return load_problem({"model": model, "training": training, "cluster": cluster})
+    # Fine-tuning modes and framework profiles change bytes per parameter and the tail: bounds must hold.
+    training["finetune"] = rng.choice(["full", "full", "lora", "qlora"])
+    framework = rng.choice(["megatron", "megatron", "torchtitan", "deepspeed"])
+    return load_problem({"model": model, "training": training, "cluster": cluster, "framework": framework})
 
 
 @pytest.mark.parametrize("seed", range(12))

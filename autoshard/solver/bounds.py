@@ -105,23 +105,24 @@ def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> 
     dense = total - expert + m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
     dense_gpu = dense / (tp * pp)
     exp_gpu = expert / (tp * pp * ep)
-    fw = ctx.framework
-    opt_b = fw.optimizer_state_bytes(tr.optimizer)
-    w_b = fw.weight_bytes + (1.0 if tr.precision == "fp8" else 0.0)
+    from ..cost import lora_fraction, param_bytes  # noqa: PLC0415
+
+    w_b, g_b, opt_b = param_bytes(ctx)  # (the precision recipe's weight copies only add to w_b)
     dpc = dp * cp
     edp = np.maximum(1, dpc / ep)
 
     def per(nb: float, sharded: np.ndarray) -> np.ndarray:
         return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
 
-    static = per(w_b, zero >= 3) + per(fw.grad_bytes, zero >= 2) + per(opt_b, zero >= 1)
+    static = per(w_b, zero >= 3) + per(g_b, zero >= 2) + per(opt_b, zero >= 1)
     # The data-parallel tail includes the optimizer step of the rank holding the most
     # parameters, at least the mean rank's (see `cost.tail_model`).
     from ..cost import OPT_TRAFFIC_BYTES  # noqa: PLC0415
 
     opt_traffic = OPT_TRAFFIC_BYTES * (1.0 if tr.optimizer in ("adam", "adamw") else 2 / 3)
     shard = np.where(zero >= 1, 1.0 / dpc, 1.0)
-    t_lb = t_lb + opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
+    frac = 1.0 if tr.finetune == "full" else lora_fraction(m, tr.lora_rank)  # LoRA steps only adapters
+    t_lb = t_lb + frac * opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
     infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
     infl = np.where(sched == 3, M, np.minimum(infl, M))
     acts = infl * (L / pp) * BF16 * tokens * h / np.where(sp > 0, tp, 1)
@@ -133,15 +134,19 @@ def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
     for the backward, reduce-scatter of the gradients), each group on consecutive GPUs."""
     from ..topology import all_gather_s, contiguous_profile, reduce_scatter_s  # noqa: PLC0415
 
+    from ..cost import zero3_bytes_per_param  # noqa: PLC0415
+
     m, lv, g = ctx.model, ctx.levels, ctx.graph
     dp_cp = contiguous_profile(g, cfg.dp * cfg.cp)
     edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep))
+    w_b, g_b = zero3_bytes_per_param(ctx)
+    w_b, g_b = min(w_b, BF16), min(g_b, BF16)  # (bf16 stands in for more: still a lower bound)
     total = 0.0
     for k in m.layer_kinds():
         params, experts = layer_params(m, k)
-        w_dense, w_exp = BF16 * (params - experts) / cfg.tp, BF16 * experts / (cfg.tp * cfg.ep)
-        ag = all_gather_s(lv, dp_cp, w_dense) + all_gather_s(lv, edp, w_exp)
-        rs = reduce_scatter_s(lv, dp_cp, w_dense) + reduce_scatter_s(lv, edp, w_exp)
+        d_loc, e_loc = (params - experts) / cfg.tp, experts / (cfg.tp * cfg.ep)
+        ag = all_gather_s(lv, dp_cp, w_b * d_loc) + all_gather_s(lv, edp, w_b * e_loc)
+        rs = reduce_scatter_s(lv, dp_cp, g_b * d_loc) + reduce_scatter_s(lv, edp, g_b * e_loc)
         total += 2 * ag + rs
     return total
 
