@@ -73,11 +73,11 @@ class Task:
 
 
 def _ignore_sigint() -> None:
-    """Pool worker setup: Ctrl-C is the parent's to handle; SIGTERM (the parent's
-    `pool.terminate()`, or a job scheduler signalling the whole process group) ends the worker
-    quietly instead of running the parent's handler, which a forked worker inherits."""
+    """Pool worker setup: Ctrl-C and SIGTERM (a terminal, or a job scheduler signalling the whole
+    process group) are the parent's to handle: it writes what finished and kills the workers
+    (SIGKILL). A worker killed by the signal itself would be reported as a failed option."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class Terminated(KeyboardInterrupt):
@@ -262,20 +262,49 @@ def _execute(tasks: Sequence[Task], jobs: int, progress: ProgressFn | None, done
             if progress:
                 progress(len(done), total, t.label)
         return
+    _execute_local(order, jobs, progress, done)
+
+
+def _execute_local(order: Sequence[Task], jobs: int, progress: ProgressFn | None, done: dict[str, dict]) -> None:
+    """Run tasks on a pool of `jobs` worker processes (concurrent.futures: a worker that dies, e.g.
+    killed with its process group by a job scheduler's SIGTERM, breaks the pool instead of wedging it
+    the way multiprocessing.Pool's terminate() waits forever on a queue lock the dead worker held).
+    On an interrupt the workers are killed at once; what finished stays in `done`."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # noqa: PLC0415
+    from concurrent.futures.process import BrokenProcessPool  # noqa: PLC0415
+
+    total = len(order)
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    pool = ctx.Pool(processes=min(jobs, total), initializer=_ignore_sigint)
-    labels = {t.key: t.label for t in order}
+    ex = ProcessPoolExecutor(max_workers=min(jobs, total), mp_context=ctx, initializer=_ignore_sigint)
+    procs: list[Any] = []
     try:
-        for res in pool.imap_unordered(run_task, order, chunksize=1):
-            done[res["key"]] = res
-            if progress:
-                progress(len(done), total, labels[res["key"]])
-        pool.close()
+        futures = {ex.submit(run_task, t): t for t in order}  # first in, first out: big clusters first
+        procs = list((getattr(ex, "_processes", None) or {}).values())
+        pending = set(futures)
+        rank = {f: i for i, f in enumerate(futures)}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=rank.__getitem__):
+                task = futures[fut]
+                try:
+                    res = fut.result()
+                except BrokenProcessPool as exc:  # a worker died (killed, out of memory): reported per row
+                    res = {"key": task.key, "status": "error",
+                           "reason": f"worker process died: {' '.join(str(exc).split())}"[:300]}
+                done[task.key] = res
+                if progress:
+                    progress(len(done), total, task.label)
+        ex.shutdown(wait=True)
     except BaseException:
-        pool.terminate()
+        procs += [p for p in (getattr(ex, "_processes", None) or {}).values() if p not in procs]
+        ex.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:  # the solves in flight are abandoned: kill now, not after their time limit
+            with contextlib.suppress(Exception):
+                proc.kill()
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                proc.join(timeout=5)
         raise
-    finally:
-        pool.join()
 
 
 # ---- Dask executor (optional extra: pip install 'autoshard[dask]') ------------------------------
