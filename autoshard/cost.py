@@ -564,6 +564,16 @@ def attention_head_dim_factor(head_dim: float) -> float:
     return (head_dim / (head_dim + ATTN_HEAD_DIM_HALF)) / (128.0 / (128.0 + ATTN_HEAD_DIM_HALF))
 
 
+def moe_imbalance(ctx: Context, cfg: Config) -> float:
+    """Routed tokens on the busiest expert-parallel rank over the mean: the problem's imbalance,
+    evened out by EPLB's redundant experts (assumed linear up to one redundant expert per EP rank,
+    the layout DeepSeek-V3 deploys: 32 redundant experts on EP32, report sec. 3.4)."""
+    imb = ctx.training.moe_load_imbalance
+    if imb <= 1.0 or cfg.ep <= 1:
+        return 1.0
+    return 1.0 + (imb - 1.0) * max(0.0, 1.0 - ctx.training.moe_redundant_experts / cfg.ep)
+
+
 def _frozen_adjust(ctx: Context, gemm_fwd_s: float) -> tuple[float, float]:
     """(backward GEMM time, weight-gradient time) of a block whose forward GEMMs take gemm_fwd_s:
     input and weight gradients (2x, Narayanan et al. 2021), or with frozen base weights (LoRA) the
@@ -687,7 +697,7 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         k, E, etp = m.num_experts_per_tok, m.num_experts, cfg.expert_tp
         # Routed token copies this GPU's experts see: with SP each GPU routes T / tp tokens, and an
         # ETP group gathers the copies of its etp members (without SP the TP ranks share tokens).
-        routed = T * k * (etp / cfg.tp if cfg.sp or etp < cfg.tp else 1.0)
+        routed = T * k * (etp / cfg.tp if cfg.sp or etp < cfg.tp else 1.0) * moe_imbalance(ctx, cfg)
         t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep)
         t_mlp = t_exp
         tp_f = tp_b = 0.0
@@ -707,7 +717,7 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         t_mlp += _mem_s(ctx, 4 * BF16 * routed * h)
         a2a = 0.0
         if cfg.ep > 1:
-            send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h
+            send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
             a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send)  # dispatch + combine
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
     fwd["compute"] = t_mlp + elem
@@ -735,7 +745,7 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
         mlp = mats * T * m.intermediate_size / t
     else:
         k, etp = m.num_experts_per_tok, cfg.expert_tp
-        routed = T * k * (etp / t if cfg.sp or etp < t else 1.0)  # as in `_mlp_cost`
+        routed = T * k * (etp / t if cfg.sp or etp < t else 1.0) * moe_imbalance(ctx, cfg)  # as in `_mlp_cost`
         mlp = mats * routed * m.expert_ffn / etp + BF16 * routed * h + 4 * T * m.num_experts
         mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
     if ctx.training.flash_attention:
@@ -758,6 +768,8 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     params, experts = layer_params(ctx.model, kind)
     dense_local = (params - experts) / cfg.tp
     expert_local = experts / (cfg.expert_tp * cfg.ep)
+    if experts and ctx.training.moe_redundant_experts:  # EPLB keeps the redundant copies' weights too
+        expert_local *= 1 + ctx.training.moe_redundant_experts / ctx.model.num_experts
     acts = _activation_bytes(ctx, cfg, sh, kind)
     flops = aflops + mflops
     if ep_overlap_on(ctx, cfg):

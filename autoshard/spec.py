@@ -209,6 +209,11 @@ class TrainingSpec(Strict):
     # quantization, 4.127 bits per parameter (Dettmers et al. 2023, §3), dequantized for each GEMM.
     finetune: Literal["full", "lora", "qlora"] = "full"
     lora_rank: Annotated[int, Field(ge=1, le=65536)] = 16
+    # MoE routing imbalance: tokens on the busiest expert-parallel rank over the mean (1 = balanced, as
+    # Megatron-Bridge benchmarks force; 1.2-1.5 is common without load balancing). Redundant experts
+    # (DeepSeek's EPLB) replicate hot experts: one per EP rank removes the imbalance.
+    moe_load_imbalance: Annotated[float, Field(ge=1.0, le=64.0)] = 1.0
+    moe_redundant_experts: Annotated[int, Field(ge=0, le=65536)] = 0
 
     @property
     def tokens_per_step(self) -> int:

@@ -287,3 +287,21 @@ def test_lora_and_qlora_fine_tuning():
     # No weight gradients for the frozen base: the backward shrinks (QLoRA pays dequantization).
     assert lora.step_time_s < full.step_time_s < 1.5 * lora.step_time_s
     assert qlora.step_time_s > lora.step_time_s
+
+
+def test_moe_imbalance_and_redundant_experts():
+    def est(imb, redundant):
+        p = load_problem({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 1024,
+                                                              "moe_load_imbalance": imb,
+                                                              "moe_redundant_experts": redundant},
+                          "cluster": {"gpu": "h100", "num_gpus": 256}})
+        return evaluate(p, Plan(tp=1, pp=8, ep=32, zero_stage=1, recompute="full"))
+
+    balanced, skewed, half, eplb = est(1.0, 0), est(1.3, 0), est(1.3, 16), est(1.3, 32)
+    # The busiest EP rank sets the pace: 30% more routed tokens there, 30% more all-to-all bytes.
+    assert skewed.time_breakdown_s["ep_comm"] == pytest.approx(1.3 * balanced.time_breakdown_s["ep_comm"], rel=0.01)
+    assert balanced.step_time_s < half.step_time_s < skewed.step_time_s
+    # One redundant expert per EP rank (EPLB, as DeepSeek-V3 deploys) evens the load out again, and
+    # costs the copies' weights: 32 of 256 experts more.
+    assert eplb.step_time_s == pytest.approx(balanced.step_time_s, rel=1e-4)  # (+ the copies' optimizer step)
+    assert eplb.stages[1].memory_gib["weights"] > balanced.stages[1].memory_gib["weights"]
