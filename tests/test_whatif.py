@@ -21,6 +21,7 @@ from autoshard.whatif import (
     optimize_purchase,
     pareto_front,
     run_study,
+    run_task,
     violations,
     young_daly_interval_s,
 )
@@ -832,3 +833,30 @@ def test_an_output_folder_that_cannot_be_written_fails_before_solving(tmp_path, 
     with pytest.raises(InputError) as exc:
         run_study(SMALL, "/proc/autoshard-test/out")
     assert exc.value.line().startswith("/proc/autoshard-test/out: cannot write here: ")
+
+
+def _dies_on_16_gpus(task):  # module level: the worker pool pickles it by name
+    import os
+
+    if task.num_gpus == 16:
+        os._exit(1)  # a worker killed mid-solve (out of memory, SIGKILL)
+    return run_task(task)  # the real one (imported above; the test patches the runner's name)
+
+
+def test_a_worker_that_dies_is_reported_not_a_hang(tmp_path, monkeypatch):
+    """A worker process that dies breaks the pool: its option and those still queued are error rows
+    ('worker process died'), never a hang (multiprocessing.Pool waited forever for the lost task)."""
+    import autoshard.whatif.runner as runner
+
+    monkeypatch.setattr(runner, "run_task", _dies_on_16_gpus)
+    study = {**SMALL, "pricing": {"mode": "cloud"}, "sensitivity": "off"}
+    try:
+        res = run_study(study, tmp_path, jobs=2, report=False)
+        rows = res.rows
+    except Exception as exc:  # every option failed: one line, results written
+        assert "every option failed to solve" in str(exc)
+        rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    died = [r for r in rows if r.get("status") == "error"]
+    assert any(r["num_gpus"] == 16 for r in died)
+    assert all(r["reason"].startswith("worker process died") for r in died)
+
