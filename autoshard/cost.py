@@ -199,6 +199,17 @@ class Config:
         return self.tp if self.etp is None else self.etp
 
     @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism: the ranks of a stage holding the same experts (edp)."""
+        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether any weights are replicated over ranks (dense over dp x cp, experts over edp): what
+        ZeRO shards and gradient reduction spans. Folding can give experts edp > 1 at dp = 1."""
+        return self.dp * self.cp > 1 or self.expert_dp > 1
+
+    @property
     def folded(self) -> bool:
         """Experts laid out as etp x ep x edp over the stage's ranks (Megatron's MoE parallel
         folding) rather than ep carved out of the data-parallel axis of the placement."""
@@ -778,7 +789,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         mfwd, mbwd = dict(mfwd), dict(mbwd)
         mfwd["ep_comm"] = overlapped(mfwd["ep_comm"], abwd["compute"] + mbwd["compute"])
         mbwd["ep_comm"] = overlapped(mbwd["ep_comm"], afwd["compute"] + mfwd["compute"])
-    zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
+    zero3 = cfg.zero == 3 and cfg.data_parallel
     if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
         w_b, g_b = zero3_bytes_per_param(ctx)
         w_dense, w_exp = w_b * dense_local, w_b * expert_local
@@ -976,7 +987,7 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     them the same inputs (shapes and the TP / CP / EP groups; the ZeRO-3 groups too). The
     shared `Cost` objects must not be modified."""
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
-    zero3 = cfg.zero == 3 and cfg.dp * cfg.cp > 1
+    zero3 = cfg.zero == 3 and cfg.data_parallel
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg),
            (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
@@ -1141,7 +1152,7 @@ def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_expe
                 opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16) -> TailModel:
     none = (0.0, 0.0, 0.0)
     reduce = gather = none
-    if dpc > 1 and zero < 3:
+    if (dpc > 1 or edp.size > 1) and zero < 3:
         op = all_reduce_s if zero == 0 else reduce_scatter_s
         (sd, cd), (se, ce) = affine(op, lv, dp_cp), affine(op, lv, edp)
         reduce = (grad_b * sd, grad_b * se, cd + (ce if has_experts else 0.0))
@@ -1320,7 +1331,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         infl = inflight_microbatches(cfg, r, M)
         mem["activations"] = x.act_bytes * infl
         mem["working"] = working_bytes(table, r == head_rank)
-        if cfg.zero == 3 and cfg.dp * cfg.cp > 1:
+        if cfg.zero == 3 and cfg.data_parallel:
             biggest = max(c.params for c in table.layers.values())
             mem["zero3_gathered"] = 2 * BF16 * biggest
         peak = sum(mem.values())

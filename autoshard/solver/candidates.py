@@ -75,7 +75,8 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
                 for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"]):
                     if tp == 1 and not sp and True in sp_["sequence_parallel"]:
                         continue  # sp is meaningless at tp=1: keep one of the two
-                    if dp * cp == 1 and zero > 0 and 0 in sp_["zero_stage"]:
+                    if dp * cp == 1 and zero > 0 and 0 in sp_["zero_stage"] and \
+                            tp * cp * dp // ((etp or tp) * ep) == 1:
                         continue  # nothing to shard: ZeRO stages are all the same plan
                     out.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched,
                                       probe.placement, etp))

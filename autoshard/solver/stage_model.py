@@ -167,7 +167,7 @@ class StageModel:
         def static(c) -> float:
             return per_dense * c.params + per_exp * c.expert_params
 
-        z3 = 2 * BF16 * max(c.params for c in tb.layers.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
+        z3 = 2 * BF16 * max(c.params for c in tb.layers.values()) if (cfg.zero == 3 and cfg.data_parallel) else 0.0
         cap = ctx.capacity_bytes
         scale = cfg.vpp if cfg.schedule == "interleaved" else 1  # in-flight counts are k / vpp
         for p in range(cfg.pp):

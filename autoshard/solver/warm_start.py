@@ -99,7 +99,7 @@ class _Greedy:
                     front.append(r)
             self.ladder[k] = front
         cfg = self.cfg
-        self.z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
+        self.z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.data_parallel) else 0.0
         self.memo: dict[tuple[int, int, int], tuple[list[str], float] | None] = {}
 
     def rank(self, p: int, layers: list[int]) -> tuple[list[str], float] | None:
