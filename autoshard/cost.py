@@ -706,9 +706,7 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         a2a = 0.0
     else:
         k, E, etp = m.num_experts_per_tok, m.num_experts, cfg.expert_tp
-        # Routed token copies this GPU's experts see: with SP each GPU routes T / tp tokens, and an
-        # ETP group gathers the copies of its etp members (without SP the TP ranks share tokens).
-        routed = T * k * (etp / cfg.tp if cfg.sp or etp < cfg.tp else 1.0) * moe_imbalance(ctx, cfg)
+        routed = routed_tokens(ctx, cfg, sh)
         t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep)
         t_mlp = t_exp
         tp_f = tp_b = 0.0
@@ -755,8 +753,8 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
-        k, etp = m.num_experts_per_tok, cfg.expert_tp
-        routed = T * k * (etp / t if cfg.sp or etp < t else 1.0) * moe_imbalance(ctx, cfg)  # as in `_mlp_cost`
+        etp = cfg.expert_tp
+        routed = routed_tokens(ctx, cfg, sh)
         mlp = mats * routed * m.expert_ffn / etp + BF16 * routed * h + 4 * T * m.num_experts
         mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
     if ctx.training.flash_attention:
@@ -829,7 +827,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.bwd["offload"] = overlapped(moved / link, c.bwd["compute"])
         elif recompute != "none":  # Megatron recompute modules
             for module in recompute.split("+"):
-                t_s, saved, fl = _module_recompute(ctx, cfg, sh, kind, module, afwd, mfwd, core)
+                t_s, saved, fl = _module_recompute(ctx, cfg, sh, kind, module, afwd, mfwd, core, acts)
                 if t_s or saved:  # the module applies to this layer: its checkpoint wrapper's host time
                     t_s += ctx.framework.recompute_module_host_s
                 c.bwd["recompute"] += t_s
@@ -849,8 +847,16 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     return out
 
 
+def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:
+    """Routed token copies one GPU's experts see per micro-batch: with SP each GPU routes T / tp
+    tokens and an ETP group gathers the copies of its etp members (without SP the TP ranks share
+    tokens); the busiest EP rank gets `moe_imbalance` times the mean."""
+    k, etp, t = sh.m.num_experts_per_tok, cfg.expert_tp, cfg.tp
+    return sh.tokens * k * (etp / t if cfg.sp or etp < t else 1.0) * moe_imbalance(ctx, cfg)
+
+
 def _module_recompute(ctx: Context, cfg: Config, sh: Shapes, kind: str, module: str, afwd: dict, mfwd: dict,
-                      core_s: float) -> tuple[float, float, float]:
+                      core_s: float, acts: dict[str, float]) -> tuple[float, float, float]:
     """(time re-run in the backward, activation bytes no longer kept, FLOPs re-run) of one Megatron
     recompute module on one layer of `kind` (a module that does not apply to the kind costs nothing):
     core_attn re-runs core attention; layernorm both norms (drops their outputs); mlp the dense MLP
@@ -860,13 +866,11 @@ def _module_recompute(ctx: Context, cfg: Config, sh: Shapes, kind: str, module: 
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
     mats = 6 if m.gated else 4
-    k, etp = m.num_experts_per_tok, cfg.expert_tp
-    routed = T * k * (etp / t if cfg.sp or etp < t else 1.0)
+    etp = cfg.expert_tp
+    routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
         flops = 2 * T * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
-        saved = 0.0 if ctx.training.flash_attention else _activation_bytes(ctx, cfg, sh, kind)["none"] - \
-            _activation_bytes(ctx, cfg, sh, kind)["selective"]
-        return core_s, saved, flops
+        return core_s, acts["none"] - acts["selective"], flops
     if module == "layernorm":
         return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * BF16 * T * h / div, 0.0
     if module == "mlp" and kind == "dense":

@@ -64,8 +64,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import csv
-import json
 import math
 import os
 import statistics
@@ -205,6 +203,14 @@ def _int(v: Any, default: int | None = None) -> int | None:
     return int(v)
 
 
+def global_batch_seqs(row: Mapping[str, Any]) -> int | None:
+    """A row's global batch in sequences: as given, or its tokens over the sequence length."""
+    gbs = _int(row.get("global_batch_seqs"))
+    if gbs is None and row.get("global_batch_tokens"):
+        gbs = int(row["global_batch_tokens"]) // int(row["seq_len"])
+    return gbs
+
+
 def _recompute(value: Any) -> str | None:
     if value is None:
         return "none"
@@ -314,12 +320,9 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         zs = _int(row.get("zero_stage"))
         zero = zs if zs is not None else (0 if narayanan else 1 if dgxc else 0)
     mbs = _int(row.get("micro_batch"), 1)
-    gbs = _int(row.get("global_batch_seqs"))
+    gbs = global_batch_seqs(row)
     if gbs is None:
-        if row.get("global_batch_tokens"):
-            gbs = int(row["global_batch_tokens"]) // int(row["seq_len"])
-        else:
-            return skip("global batch not published")
+        return skip("global batch not published")
     vpp = _int(row.get("vpp_chunks"))
     if vpp is None and row.get("layers_per_virtual_stage"):
         vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
@@ -397,22 +400,6 @@ def default_runs_path() -> Path:
             return q
         raise InputError(f"${RUNS_ENV} points to no runs file", source=str(q))
     raise InputError(f"validation runs not found at {p}; set ${RUNS_ENV} to a dev_runs.json", source=str(p))
-
-
-def _csv_value(text: str) -> Any:
-    t = text.strip()
-    if t == "" or t.lower() in ("null", "none", "nan"):
-        return None
-    if t.lower() in ("true", "false"):
-        return t.lower() == "true"
-    try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        return float(t)
-    except ValueError:
-        return t
 
 
 def load_runs(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:

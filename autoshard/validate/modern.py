@@ -59,6 +59,7 @@ from collections.abc import Mapping
 from typing import Any, get_args
 
 from ..errors import InputError
+from . import _int, global_batch_seqs
 
 # One line to switch: True = give `training.precision` the recipe wherever autoshard.spec accepts it.
 USE_RECIPES = True
@@ -300,12 +301,6 @@ def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[
     return tp_ov, ep_ov, found
 
 
-def _int(v: Any, default: int | None = None) -> int | None:
-    if v is None or v == "":
-        return default
-    return int(v)
-
-
 def _exists(gid: str) -> bool:
     from ..catalog import get_gpu  # noqa: PLC0415
 
@@ -441,12 +436,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                      f"TP/CP ranks (MoE parallel folding); etp=1 as Megatron-Bridge's MoE recipes set")
     zs = _int(row.get("zero_stage"))
     zero = 3 if fsdp else zs if zs is not None else (1 if framework == "megatron" else 0)
-    gbs = _int(row.get("global_batch_seqs"))
+    gbs = global_batch_seqs(row)
     if gbs is None:
-        if row.get("global_batch_tokens"):
-            gbs = int(row["global_batch_tokens"]) // int(row["seq_len"])
-        else:
-            return skip("global batch not published")
+        return skip("global batch not published")
     mbs = _int(row.get("micro_batch"))
     if mbs is None:
         other = row.get("other_metrics") if isinstance(row.get("other_metrics"), Mapping) else {}
