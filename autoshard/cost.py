@@ -834,17 +834,30 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
                 c.act_bytes -= saved
                 c.hfu_flops += fl
             c.act_bytes = max(c.act_bytes, acts["full"])
-        if kind == "moe" and ctx.framework.moe_layer_host_s:
-            # Dropless MoE layers wait for the host: the per-expert token counts come back to the CPU
-            # (TE GroupedLinear takes host-side m_splits) and the layer's many small kernels are then
-            # launched from an empty queue, once per micro-batch in the forward and twice in the backward.
-            c.fwd["moe_host"] = ctx.framework.moe_layer_host_s / 3
-            c.bwd["moe_host"] = 2 * ctx.framework.moe_layer_host_s / 3
+        if kind == "moe":
+            host = moe_host_s(ctx, cfg)
+            c.fwd["moe_host"], c.bwd["moe_host"] = host / 3, 2 * host / 3
         if zero3:
             c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
         out[recompute] = c
     return out
+
+
+def moe_host_s(ctx: Context, cfg: Config) -> float:
+    """Exposed host time of one dropless MoE layer and micro-batch, forward + backward (a third in the
+    forward, two thirds in the backward). Megatron's dispatcher brings the per-expert token counts to
+    the CPU (a device-to-host sync that empties the GPU's queue: `moe_layer_host_s`), and Transformer
+    Engine's GroupedLinear then works expert by expert from the host (host-side m_splits, a split, a
+    quantization and a cuBLAS GEMM per local expert, forward and backward: `moe_expert_host_s` each),
+    so the layer's host time grows with the experts each GPU holds, E / ep (with EPLB's redundant
+    copies). Larger EP therefore cuts host time as well as memory."""
+    fw = ctx.framework
+    if not (fw.moe_layer_host_s or fw.moe_expert_host_s):
+        return 0.0
+    m = ctx.model
+    local = m.num_experts / cfg.ep * (1 + ctx.training.moe_redundant_experts / m.num_experts)
+    return fw.moe_layer_host_s + fw.moe_expert_host_s * local
 
 
 def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:

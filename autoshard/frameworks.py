@@ -25,6 +25,7 @@ class FrameworkProfile:
     uneven_stages: bool
     source: str
     moe_layer_host_s: float = 0.0  # exposed host time per MoE layer and micro-batch (fwd + bwd)
+    moe_expert_host_s: float = 0.0  # ... and per local expert of that layer (grouped-MLP path)
     attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
 
@@ -47,6 +48,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             ep_overlap=bool(row["ep_overlap"]), moe_folding=bool(row["moe_folding"]),
             uneven_stages=bool(row["uneven_stages"]), source=" ".join(str(row["source"]).split()),
             moe_layer_host_s=float(row.get("moe_layer_host_ms", 0.0)) / 1e3,
+            moe_expert_host_s=float(row.get("moe_expert_host_ms", 0.0)) / 1e3,
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3)
     return out

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, Discriminator, Tag, ConfigDict, 
 Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-rowwise", "fp8-blockwise", "mxfp8",
                     "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
-Framework = Literal["megatron", "torchtitan", "deepspeed", "maxtext"]
+Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")

@@ -396,7 +396,12 @@ def test_modern_automodel_and_partial_recompute():
     rs = modern_rows()
     kimi = run_to_case(rs["automodel_kimik2_h100_bf16_256gpu"])
     assert isinstance(kimi, Case), kimi
-    assert kimi.framework == "torchtitan" and kimi.source_group == "NeMo AutoModel"
+    assert kimi.framework == "automodel" and kimi.source_group == "NeMo AutoModel"
+    # AutoModel runs FSDP2 (fp32 sharded parameters, as torchtitan) with TE's fused attention (cuDNN), not SDPA.
+    from autoshard.frameworks import get_framework
+    auto, titan = get_framework("automodel"), get_framework("torchtitan")
+    assert (auto.weight_bytes, auto.zero_stages) == (titan.weight_bytes, titan.zero_stages)
+    assert auto.attention_kernel_factor == 1.0 > titan.attention_kernel_factor
     assert kimi.plan.recompute == "full" and (kimi.plan.pp, kimi.plan.vpp, kimi.plan.ep) == (8, 4, 32)
     assert kimi.problem.model.is_mla and kimi.problem.model.num_experts == 384
     l8 = run_to_case(rs["mbridge_2509_llama38b_h100_fp8_8gpu"])

@@ -180,7 +180,7 @@ def framework_of(row: Mapping[str, Any]) -> tuple[str, str]:
     rid = str(row.get("id") or "")
     low = src.lower()
     if "automodel" in low or rid.startswith("automodel"):
-        return "torchtitan", "NeMo AutoModel"
+        return "automodel", "NeMo AutoModel"
     if "torchtitan" in low or rid.startswith("torchtitan"):
         return "torchtitan", "torchtitan"
     if "mlperf" in low or rid.startswith("mlperf"):
