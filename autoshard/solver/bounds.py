@@ -250,64 +250,146 @@ def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
     return s
 
 
-def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
-    """Lower bound of the slowest rank's time per micro-batch when HBM forces recompute;
-    inf if no split fits.
+FRONT_CAP = 256  # points kept per (kind, layer count) front; beyond, bytes are rounded down (still a bound)
 
-    Rank p holding n layers of a kind needs fixed_p + n (static + infl_p act_fast) bytes
-    with every layer at its fastest mode; each byte over the capacity costs at least the
-    best seconds per activation byte any leaner mode trades, / infl_p (an LP relaxation),
-    and past n infl_p (act_fast - act_leanest) no mix fits. t_p(n) is increasing in n, so
-    the bound is the least T at which the ranks together can hold every layer of the kind
-    (each >= vpp layers with one kind; with several, each kind alone, the others taken as free)."""
+
+def _pareto(b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (bytes ascending, time strictly descending) Pareto front of the points (b, t); past
+    FRONT_CAP points, an optimistic front: each of FRONT_CAP byte buckets becomes one point
+    with the bucket's least bytes and least time (so sums stay lower bounds)."""
+    o = np.lexsort((t, b))
+    b, t = b[o], t[o]
+    keep = np.ones(len(t), dtype=bool)
+    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+    b, t = b[keep], t[keep]
+    if len(b) > FRONT_CAP:
+        edges = np.linspace(b[0], b[-1], FRONT_CAP + 1)
+        bucket = np.minimum(np.searchsorted(edges, b, side="right") - 1, FRONT_CAP - 1)
+        first = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        last = np.r_[first[1:], len(b)] - 1
+        b, t = b[first], t[last]  # least bytes and least time of each bucket
+    return b, t
+
+
+def _mix_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per count n = 0..n_max: the (activation bytes, least time) front of n layers of `kind`
+    over every mix of recompute modes (memoized per set of shared layer costs)."""
+    key = ("fronts", kind, tuple(modes), n_max)
+    got = table.memo.get(key)
+    if got is not None:
+        return got
+    costs = [table.layers[(kind, r)] for r in modes]
+    a = np.array([c.act_bytes for c in costs])
+    s = np.array([c.total_s for c in costs])
+    fronts = [(np.zeros(1), np.zeros(1))]
+    for _ in range(n_max):
+        b, t = fronts[-1]
+        fronts.append(_pareto((b[:, None] + a[None, :]).ravel(), (t[:, None] + s[None, :]).ravel()))
+    table.memo[key] = fronts
+    return fronts
+
+
+def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
+    """t[p, d, n]: the least time per micro-batch of pipeline rank p holding d layers of the
+    first kind and n of the second (one kind: d = 0) with its recompute mix chosen to fit HBM
+    exactly, whole layers (inf where no mix fits). Rank p needs fixed_p + its layers' static
+    bytes + infl_p x their activations; the fronts of the two kinds are combined point by point.
+    Made nondecreasing in n (a rank with more layers is never faster)."""
     kinds = ctx.model.layer_kinds()
     cfg, lay = table.cfg, table.layers
     P = cfg.pp
+    ks = sorted(set(kinds), key=kinds.index)  # dense before moe
+    first, second = (ks[0], ks[1]) if len(ks) == 2 else (None, ks[0])
+    n1, n2 = (kinds.count(first) if first else 0), kinds.count(second)
     per_dense = sum(static_bytes(ctx, cfg, 1.0, 0.0).values())
     per_exp = sum(static_bytes(ctx, cfg, 1.0, 1.0).values()) - per_dense
 
     def static(c) -> float:
-        return per_dense * (c.params - c.expert_params) + (per_dense + per_exp) * c.expert_params
+        return per_dense * c.params + per_exp * c.expert_params
 
-    z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.dp * cfg.cp > 1) else 0.0
-    t_ex, _ = _stage_extras(table, P * cfg.vpp, per_rank=True) if P > 1 else ([table.embed.total_s + table.head.total_s], [])
-    infl = np.array([inflight_microbatches(cfg, p, table.microbatches) for p in range(P)])[:, None]
+    z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.data_parallel) else 0.0
+    t_ex = (_stage_extras(table, P * cfg.vpp, per_rank=True)[0] if P > 1
+            else [table.embed.total_s + table.head.total_s])
+    infl = np.array([inflight_microbatches(cfg, p, table.microbatches) for p in range(P)])
     ends = [([table.embed] if p == 0 else []) + ([table.head] if p == P - 1 else []) for p in range(P)]
-    fixed = np.array([sum(static(c) for c in e) + working_bytes(table, p == P - 1) + z3 for p, e in enumerate(ends)])[:, None]
-    fixed = fixed + infl * np.array([sum(c.act_bytes for c in e) for e in ends])[:, None]
-    min_per = cfg.vpp if len(set(kinds)) == 1 else 0
-    best = 0.0
-    for k in sorted(set(kinds)):
-        fast = min(modes, key=lambda r: (lay[(k, r)].total_s, lay[(k, r)].act_bytes))
-        c0 = lay[(k, fast)]
-        trades = [((c0.act_bytes - lay[(k, r)].act_bytes), lay[(k, r)].total_s - c0.total_s) for r in modes]
-        trades = [(b, max(0.0, t)) for b, t in trades if b > 0]
-        save_max = max((b for b, _ in trades), default=0.0)
-        s_per_byte = min((t / b for b, t in trades), default=math.inf)
-        L = kinds.count(k)
-        n = np.arange(L + 1, dtype=np.float64)[None, :]
-        need = fixed + n * (static(c0) + infl * c0.act_bytes) - ctx.capacity_bytes
-        with np.errstate(invalid="ignore"):
-            extra = np.where(need > 0, need / infl * s_per_byte, 0.0)  # a layer frees infl x its bytes
-        t = n * c0.total_s + np.array(t_ex)[:, None] + extra
-        t = np.where(need > n * infl * save_max, np.inf, t)
-        floor = t[:, min_per].max()  # every rank holds at least min_per layers
-        if not math.isfinite(floor):
-            return math.inf
-        t[:, :min_per] = -np.inf  # (so each row stays sorted)
-        levels = np.unique(t[np.isfinite(t) & (t >= floor)])
-        # held(T) = sum over ranks of the most layers with t_p(n) <= T (t_p increasing in n).
-        held = lambda T: int((t <= T).sum()) - P  # noqa: E731
+    fixed = np.array([sum(static(c) + infl[p] * c.act_bytes for c in e) + working_bytes(table, p == P - 1) + z3
+                      for p, e in enumerate(ends)])
+    room = (ctx.capacity_bytes * (1 + 1e-9) - fixed) / infl  # activation bytes each rank can hold, before layers
+    f2 = _mix_fronts(table, second, modes, n2)
+    s2 = static(lay[(second, modes[0])])
+    f1 = _mix_fronts(table, first, modes, n1) if first else [(np.zeros(1), np.zeros(1))]
+    s1 = static(lay[(first, modes[0])]) if first else 0.0
+    out = np.full((P, n1 + 1, n2 + 1), np.inf)
+    for d, (b1, t1) in enumerate(f1):
+        for bb, tt in zip(b1, t1):
+            for n, (b2, t2) in enumerate(f2):
+                left = room - (d * s1 + n * s2) / infl - bb  # second-kind activation bytes each rank can hold
+                i = np.searchsorted(b2, left, side="right") - 1  # the front's leanest point that fits
+                best = np.where(i >= 0, t2[np.maximum(i, 0)] + tt, np.inf)
+                out[:, d, n] = np.minimum(out[:, d, n], best)
+                if (i < 0).all():
+                    break  # (more layers fit nowhere either)
+    out += np.array(t_ex)[:, None, None]
+    return np.maximum.accumulate(out, axis=2)
+
+
+def _spread(mask: int, lo: int, hi: int) -> int:
+    """OR of mask << s for s = lo..hi (a set of sums as a bit mask, plus any of lo..hi)."""
+    x, span, w = mask << lo, hi - lo + 1, 1
+    while 2 * w <= span:
+        x |= x << w
+        w *= 2
+    return x | (x << (span - w)) if span > w else x
+
+
+def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
+    """Lower bound of the slowest rank's time per micro-batch when HBM forces recompute;
+    inf if no split fits.
+
+    Exact in whole layers and recompute modes, relaxing only which layers go where: the least
+    T such that the ranks, each holding at least vpp layers (a chunk needs one) and at most
+    what `_rank_times` says fits under T, can together hold every layer of both kinds. One
+    kind: a sum of per-rank ranges; two: a dynamic program over ranks on the set of reachable
+    (first-kind, second-kind) totals, the second as a bit mask."""
+    key = ("memory_tmax", tuple(modes), table.cfg, table.pp_p2p_s, table.microbatches)  # (memo is shared)
+    if key in table.memo:
+        return table.memo[key]
+    kinds = ctx.model.layer_kinds()
+    t = _rank_times(ctx, table, modes)
+    P, D, N = t.shape
+    n1, n2 = D - 1, N - 1
+    min_per = table.cfg.vpp if P > 1 else len(kinds)
+
+    def fits(T: float) -> bool:
+        most = (t <= T).sum(axis=2) - 1  # most second-kind layers per (rank, first-kind count); -1: none
+        if D == 1:  # one kind: every rank its minimum, and room for all together
+            return bool((most[:, 0] >= min_per).all() and most[:, 0].sum() >= n2)
+        reach = {0: 1}
+        for p in range(P):
+            nxt: dict[int, int] = {}
+            for d, mask in reach.items():
+                for k in range(n1 - d + 1):
+                    lo, hi = max(0, min_per - k), min(int(most[p, k]), n2)
+                    if hi >= lo:
+                        nxt[d + k] = nxt.get(d + k, 0) | (_spread(mask, lo, hi) & ((1 << (n2 + 1)) - 1))
+            reach = nxt
+            if not reach:
+                return False
+        return bool((reach.get(n1, 0) >> n2) & 1)
+
+    levels = np.unique(t[np.isfinite(t)])
+    if not len(levels) or not fits(levels[-1]):
+        best = math.inf
+    else:
         lo, hi = 0, len(levels) - 1
-        if held(levels[hi]) < L:
-            return math.inf
         while lo < hi:
             mid = (lo + hi) // 2
-            if held(levels[mid]) >= L:
+            if fits(levels[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        best = max(best, float(levels[lo]))
+        best = float(levels[lo])
+    table.memo[key] = best
     return best
 
 
@@ -384,7 +466,8 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
         return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
     if cfg.schedule == "interleaved":
         c_ex, _ = _stage_extras(table, V, per_rank=False)
-        chunk = balanced_max(tau, c_ex, L)
+        # A rank's time is the sum of its vpp chunks' times: the slowest rank has a chunk of >= tmax / vpp.
+        chunk = max(balanced_max(tau, c_ex, L), tmax / cfg.vpp)
         return M * tmax + (cfg.pp - 1) * chunk + tail
     return (M - 1) * tmax + fast + tail
 

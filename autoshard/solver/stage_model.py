@@ -223,6 +223,11 @@ class StageModel:
             md.add(self.V * cmax >= sum(self.chunk_time))
             c_ex, _ = _stage_extras(tb, self.V, per_rank=False)
             md.add(cmax >= int(balanced_max(tau, c_ex, L) / TIME_UNIT_S) - (L + 2))
+            # A rank's time is the sum of its chunks' (up to rounding): its largest chunk is >= 1 / vpp of it.
+            for t in self.time:
+                md.add(cfg.vpp * cmax >= t - (L + 2))
+            if math.isfinite(forced) and forced > 0:
+                md.add(cfg.vpp * cmax >= int(forced / TIME_UNIT_S) - cfg.vpp * (L + 2))
             pipe = M * tmax + (cfg.pp - 1) * cmax
         else:
             pipe = M * tmax + sum(self.time) - tmax
