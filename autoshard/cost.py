@@ -137,6 +137,29 @@ class Context:
         return gemm_flops_per_s(self.gpu, self.training.precision)
 
     @property
+    def hp_flops_per_s(self) -> float:
+        """GEMM rate of the layers every recipe keeps in 16 bits (the router, the LM head)."""
+        from .catalog import attention_flops_per_s  # noqa: PLC0415
+
+        return attention_flops_per_s(self.gpu)
+
+    @functools.cached_property
+    def quant_bytes(self) -> tuple[float, float]:
+        """HBM bytes moved per element to quantize a linear layer's (activation, weight) inputs for its
+        low-precision GEMMs, weighted by the recipe's low-precision share: activations every pass;
+        weights only where the recipe keeps no low-precision copy for the step (torchao recasts them
+        every micro-batch; Transformer Engine caches them). (0, 0) for 16-bit recipes."""
+        from .catalog import (  # noqa: PLC0415
+            low_precision_fraction,
+            quant_overhead_bytes_per_element,
+            weight_copy_bytes_per_param,
+        )
+
+        prec = self.training.precision
+        q = quant_overhead_bytes_per_element(prec, self.gpu) * low_precision_fraction(prec)
+        return q, (q if q and not weight_copy_bytes_per_param(prec, self.gpu) else 0.0)
+
+    @property
     def attn_flops_per_s(self) -> float:
         """Core attention runs in bf16 at the GPU's matmul efficiency times the framework's
         attention-kernel factor (FlashAttention-3 / cuDNN = 1; FlashAttention-2 through SDPA less)."""
@@ -193,6 +216,7 @@ class Config:
     param_overlap: bool = True  # overlap_param_gather
     opt_offload: bool = False  # optimizer_offload
     cp_comm: str = "p2p"  # cp_comm_type
+    cuda_graphs: bool = False  # full-iteration CUDA graphs: no host overheads
 
     @property
     def expert_tp(self) -> int:
@@ -221,7 +245,7 @@ class Config:
                       plan.micro_batch_size, plan.schedule, plan.placement,
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
                       plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                      plan.optimizer_offload, plan.cp_comm_type)
+                      plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
@@ -230,7 +254,7 @@ class Config:
                     stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
                     ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
                     overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload,
-                    cp_comm_type=self.cp_comm)
+                    cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs)
 
 
 def num_microbatches(problem: Problem, cfg: Config) -> int:
@@ -291,6 +315,8 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
             reasons.append(f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
         elif plan.pp > 1 and plan.vpp < 2:
             reasons.append("ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
+    if plan.cuda_graphs and not fw.cuda_graphs:
+        reasons.append(f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
     if dp:
         per = dp * plan.micro_batch_size
         if t.global_batch_size % per:
@@ -437,11 +463,17 @@ def gemm_shape_efficiency(gpu: GPU, m: float, k: float, n: float, groups: float 
 def _gemm_s(ctx: Context, m: float, k: float, n: float, flops_per_s: float | None = None,
             groups: float = 1.0) -> float:
     """Roofline time of `groups` (m x k) @ (k x n) GEMMs in bf16-sized operands, the compute side
-    at the GPU's matmul rate times `gemm_shape_efficiency`."""
+    at the GPU's matmul rate times `gemm_shape_efficiency`. A linear layer in the recipe's precision
+    (no `flops_per_s` given) also pays the quantization of its inputs (`Context.quant_bytes`)."""
     flops = 2.0 * m * k * n * groups
     nbytes = BF16 * (m * k + k * n + m * n) * groups
     rate = (flops_per_s or ctx.mm_flops_per_s) * gemm_shape_efficiency(ctx.gpu, m, k, n, groups)
-    return max(flops / rate, nbytes / ctx.hbm_bytes_per_s)
+    t = max(flops / rate, nbytes / ctx.hbm_bytes_per_s)
+    if flops_per_s is None:
+        q_act, q_weight = ctx.quant_bytes
+        if q_act:
+            t += (q_act * m * k + q_weight * k * n) * groups / ctx.hbm_bytes_per_s
+    return t
 
 
 def _mem_s(ctx: Context, nbytes: float) -> float:
@@ -719,7 +751,7 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
             et = 2 * all_gather_s(ctx.levels, etp_prof, BF16 * routed * h)
             tp_f += et
             tp_b += et
-        t_mlp += _gemm_s(ctx, T, h, E)  # router
+        t_mlp += _gemm_s(ctx, T, h, E, ctx.hp_flops_per_s)  # router (16-bit in every recipe)
         flops += 2 * T * h * E
         ffn_elem = routed * m.expert_ffn / etp * (3 if m.gated else 2)
         # Permute / unpermute of the routed copies (read + write, dispatch and combine).
@@ -828,7 +860,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         elif recompute != "none":  # Megatron recompute modules
             for module in recompute.split("+"):
                 t_s, saved, fl = _module_recompute(ctx, cfg, sh, kind, module, afwd, mfwd, core, acts)
-                if t_s or saved:  # the module applies to this layer: its checkpoint wrapper's host time
+                if (t_s or saved) and not cfg.cuda_graphs:  # the module's checkpoint wrapper's host time
                     t_s += ctx.framework.recompute_module_host_s
                 c.bwd["recompute"] += t_s
                 c.act_bytes -= saved
@@ -851,9 +883,10 @@ def moe_host_s(ctx: Context, cfg: Config) -> float:
     Engine's GroupedLinear then works expert by expert from the host (host-side m_splits, a split, a
     quantization and a cuBLAS GEMM per local expert, forward and backward: `moe_expert_host_s` each),
     so the layer's host time grows with the experts each GPU holds, E / ep (with EPLB's redundant
-    copies). Larger EP therefore cuts host time as well as memory."""
+    copies). Larger EP therefore cuts host time as well as memory. Full-iteration CUDA graphs
+    (`cuda_graphs`) replay the step without the host: none."""
     fw = ctx.framework
-    if not (fw.moe_layer_host_s or fw.moe_expert_host_s):
+    if cfg.cuda_graphs or not (fw.moe_layer_host_s or fw.moe_expert_host_s):
         return 0.0
     m = ctx.model
     local = m.num_experts / cfg.ep * (1 + ctx.training.moe_redundant_experts / m.num_experts)
@@ -954,7 +987,7 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     T, h, V = sh.tokens, sh.h, m.vocab_size / cfg.tp
     c = Cost()
     c.params = 0.0 if (m.tie_word_embeddings and cfg.pp == 1) else m.vocab_size * h / cfg.tp
-    head = _gemm_s(ctx, T, h, V)
+    head = _gemm_s(ctx, T, h, V, ctx.hp_flops_per_s)  # the output layer stays 16-bit in every recipe
     ce = _mem_s(ctx, (BF16 + 4 + 4) * T * V)  # logits -> fp32 softmax -> grad
     c.fwd["compute"] = head + ce + _mem_s(ctx, 2 * BF16 * sh.res_tokens * h)
     head_b, c.wgrad_s = (2 * head, head) if ctx.training.finetune == "full" else (head, 0.0)  # LoRA: frozen head
@@ -1006,7 +1039,7 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     zero3 = cfg.zero == 3 and cfg.data_parallel
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
-           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg),
+           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs,
            (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)

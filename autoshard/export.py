@@ -187,6 +187,9 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     fam = model_family(problem.model) or {}
     if problem.model.is_moe and fmt == "megatron":
         ctx.mtp_layers = int(fam.get("mtp_layers", 0))
+    if plan.cuda_graphs and fmt != "megatron":
+        ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
+                 "option, so the host overheads the plan leaves out are paid (slower than planned)")
     if ctx.ep_overlap and "full" in ctx.recompute and fmt == "megatron":
         ctx.ep_overlap = False
         ctx.warn("expert all-to-all overlap is not exported: Megatron forbids it with full recompute "
@@ -545,6 +548,13 @@ def _megatron(ctx: _Ctx) -> str:
         add("--optimizer-cpu-offload")
         add("--optimizer-offload-fraction", 1.0)
         add("--overlap-cpu-optimizer-d2h-h2d")
+    if p.cuda_graphs:  # the whole step captured once and replayed (Megatron-LM d98e8a64dd arguments.py)
+        add("--cuda-graph-impl", "full_iteration")
+        add("--no-check-for-nan-in-loss-and-grad")  # validate_args asks for it with full_iteration graphs
+        if m.is_moe:
+            ctx.warn("full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set "
+                     "--moe-token-dispatcher-type flex with the HybridEP backend and paged stashing "
+                     "(Megatron-Bridge _enable_hybridep_full_iteration_mxfp8); not written by this exporter")
     offloaded = ctx.recompute.count("offload")
     if offloaded:  # TE activation offloading of the first N layers of each rank
         add("--cpu-offloading")

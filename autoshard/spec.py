@@ -360,6 +360,11 @@ class Plan(Strict):
     # attention (default), allgather of K/V before attention, a2a (DeepSpeed-Ulysses: heads scattered
     # across the CP group by all-to-all); evaluated, not searched.
     cp_comm_type: Literal["p2p", "allgather", "a2a"] = "p2p"
+    # Full-iteration CUDA graphs (Megatron --cuda-graph-impl full_iteration): the training step is
+    # captured once and replayed, so host-side launch and synchronization costs (dropless MoE's
+    # per-expert host work, recompute modules' Python wrappers) vanish; MoE then needs a sync-free
+    # dispatcher (HybridEP with paged stashing). Evaluated, not searched.
+    cuda_graphs: bool = False
 
     @field_validator("placement")
     @classmethod

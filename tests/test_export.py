@@ -59,6 +59,9 @@ MEGATRON_ALLOWED = frozenset({
     "--moe-router-dtype", "--mtp-loss-scaling-factor", "--rotary-scaling-factor", "--mscale",
     "--mscale-all-dim", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--fp4-format",
     "--fp4-recipe",
+    # full-iteration CUDA graphs: TransformerConfig.cuda_graph_impl and arguments.py's
+    # --no-check-for-nan-in-loss-and-grad, which validate_args asks for with it (Megatron-LM d98e8a64dd)
+    "--cuda-graph-impl", "--no-check-for-nan-in-loss-and-grad",
 })
 NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
 
@@ -78,6 +81,7 @@ CASES = {
     "tp8-sp-pp4-dp20-zero1-1f1b": (LLAMA, Plan(tp=8, pp=4, zero_stage=1, schedule="1f1b")),
     "interleaved-vpp2": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved", zero_stage=1)),
     "uneven-first-last-lighter": (LLAMA, Plan(tp=8, pp=4, stage_layers=[18, 22, 22, 18])),
+    "full-iteration-cuda-graphs": (LLAMA, Plan(tp=8, pp=4, zero_stage=1, cuda_graphs=True)),
     "uneven-middle-layout": (LLAMA, Plan(tp=8, pp=4, stage_layers=[17, 22, 23, 18])),
     "uneven-interleaved-layout": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved",
                                               stage_layers=[8, 10, 10, 10, 10, 11, 11, 10])),
@@ -599,3 +603,12 @@ def test_export_to_another_framework_than_priced_warns() -> None:
     assert any("priced for megatron" in w and "framework: torchtitan" in w for w in out.warnings)
     titan = Problem(**{**LLAMA.model_dump(), "framework": "torchtitan"})
     assert not any("priced for" in w for w in export_plan(titan, Plan(tp=8, pp=4, zero_stage=3), "torchtitan").warnings)
+
+
+def test_cuda_graphs_exported_for_megatron_only():
+    plan = Plan(tp=8, pp=4, zero_stage=1, cuda_graphs=True)
+    flags = megatron_flags(export_plan(LLAMA, plan, "megatron").text)
+    assert flags["--cuda-graph-impl"] == "full_iteration" and flags["--no-check-for-nan-in-loss-and-grad"] is True
+    assert "--cuda-graph-impl" not in megatron_flags(export_plan(LLAMA, Plan(tp=8, pp=4, zero_stage=1), "megatron").text)
+    titan = export_plan(LLAMA, plan, "torchtitan")
+    assert any("CUDA graphs" in w for w in titan.warnings), titan.warnings

@@ -313,3 +313,59 @@ def test_moe_imbalance_and_redundant_experts():
     extra = eplb.step_time_s - balanced.step_time_s
     assert host_e - host_b <= extra <= 1.3 * (host_e - host_b)
     assert eplb.stages[1].memory_gib["weights"] > balanced.stages[1].memory_gib["weights"]
+
+
+def test_moe_host_time_grows_with_local_experts_and_vanishes_under_cuda_graphs():
+    # Megatron profile: a dropless MoE layer costs the dispatcher's host sync plus TE GroupedLinear's
+    # per-expert host work for each local expert (E / ep), per micro-batch; full-iteration CUDA
+    # graphs replay the step without the host.
+    p = load_problem({"model": "qwen3-30b-a3b", "training": {"seq_len": 4096, "global_batch_size": 512},
+                      "cluster": {"gpu": "b200", "num_gpus": 16}})
+    prof = get_framework("megatron")
+    host = {}
+    for ep in (8, 16):
+        e = evaluate(p, Plan(tp=1, pp=1, ep=ep, zero_stage=1, micro_batch_size=4))
+        assert e.fits, e.reasons
+        n = 48 * 512 // 16 // 4  # MoE layers x micro-batches per rank
+        local = 128 // ep
+        host[ep] = e.time_breakdown_s["moe_host"]
+        assert host[ep] == pytest.approx(n * (prof.moe_layer_host_s + local * prof.moe_expert_host_s), rel=1e-6)
+    assert host[16] < host[8]
+    graphs = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4, cuda_graphs=True))
+    assert graphs.time_breakdown_s["moe_host"] == 0.0
+    plain = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4))
+    assert graphs.step_time_s == pytest.approx(plain.step_time_s - host[8], rel=1e-9)
+    # Only a framework that captures the step can run it that way.
+    titan = load_problem({"model": "qwen3-30b-a3b", "framework": "torchtitan",
+                          "training": {"seq_len": 4096, "global_batch_size": 512},
+                          "cluster": {"gpu": "b200", "num_gpus": 16}})
+    bad = evaluate(titan, Plan(tp=1, pp=1, ep=8, zero_stage=3, micro_batch_size=4, cuda_graphs=True))
+    assert any("CUDA graphs" in r for r in bad.reasons)
+
+
+def test_fp8_pays_quantization_and_keeps_router_and_head_in_bf16():
+    from autoshard.catalog import get_recipe
+    from autoshard.cost import _gemm_s
+
+    def ctx_of(precision, gpu="h100"):
+        return context(load_problem({"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64,
+                                                                          "precision": precision},
+                                     "cluster": {"gpu": gpu, "num_gpus": 8}}))
+
+    bf16, cur, row = ctx_of("bf16"), ctx_of("fp8-current"), ctx_of("fp8-rowwise")
+    assert bf16.quant_bytes == (0.0, 0.0)
+    m, k, n = 8192.0, 4096.0, 14336.0
+    # Transformer Engine caches the fp8 weights for the step: only the activation is quantized each pass.
+    q = get_recipe("fp8-current").per_arch(get_recipe("fp8-current").quant_hbm_bytes_per_element, cur.gpu)
+    assert cur.quant_bytes == (q, 0.0)
+    no_quant = _gemm_s(cur, m, k, n, cur.mm_flops_per_s)
+    assert _gemm_s(cur, m, k, n) == pytest.approx(no_quant + q * m * k / cur.hbm_bytes_per_s)
+    # torchao recasts the weights every micro-batch (no fp8 weight copy kept).
+    qa, qw = row.quant_bytes
+    assert qa == qw > 0
+    # A 16-bit rate for the router and LM head: the same in bf16 and fp8 recipes.
+    assert cur.hp_flops_per_s == bf16.mm_flops_per_s < cur.mm_flops_per_s
+    # The overhead is O(m k) against the GEMM's O(m k n): fp8 gains less on narrow layers.
+    def gain(n_out):
+        return _gemm_s(bf16, m, k, n_out) / _gemm_s(cur, m, k, n_out)
+    assert gain(512) < gain(14336) < 2.0

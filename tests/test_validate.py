@@ -389,7 +389,11 @@ def test_modern_torchtitan_rows():
     assert (big.plan.tp, big.plan.pp, big.plan.cp, big.plan.dp, big.plan.micro_batch_size) == (8, 8, 4, 2, 1)
     assert big.plan.tp_comm_overlap is True and big.recipe == "fp8-current" and big.plan.recompute == "full"
     row = run_to_case(rs["torchtitan_2506_llama370btable_llama3170b_256gpu_22"])
-    assert row.recipe == "fp8-blockwise"  # torchao rowwise
+    assert row.recipe == "fp8-rowwise"  # torchao Float8Linear recipe 'rowwise'
+    assert row.plan.tp_comm_overlap is False  # "vanilla TP": torchtitan's plain DTensor TP, collectives exposed
+    # Full-iteration CUDA graphs where the row says so (MLPerf's config_common_cg.sh).
+    assert run_to_case(rs["mlperf_v51_llama31_405b_gb300_nvfp4_512gpu"]).plan.cuda_graphs is True
+    assert run_to_case(rs["mbridge_2509_llama38b_h100_fp8_8gpu"]).plan.cuda_graphs is False
 
 
 def test_modern_automodel_and_partial_recompute():

@@ -138,7 +138,7 @@ def precision_recipe(row: Mapping[str, Any], arch: str) -> tuple[str | None, str
         return "nvfp4", text
     if "float8" in low:  # torchao float8 training of nn.Linear
         if "rowwise" in low:
-            return "fp8-blockwise", f"{text}: torchao rowwise scaling priced as fp8-blockwise (finer-grained current scaling)"
+            return "fp8-rowwise", f"{text}: torchao row-wise scaling (Float8Linear recipe 'rowwise')"
         return "fp8-current", f"{text}: torchao tensorwise dynamic scaling = current scaling"
     if "mxfp8" in low or "fp8-mx" in low or "parenthesised" in low:
         if blackwell:
@@ -289,6 +289,8 @@ def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[
         tp_ov = m.group(1) in ("on", "enabled")
     if re.search(r"async[- ]?tp", technique.lower() + " " + str(row.get("precision") or "").lower()):
         tp_ov = True
+    elif re.search(r"vanilla tp", technique.lower()):  # torchtitan's plain DTensor TP: collectives exposed
+        tp_ov = False
     ep_ov: bool | None = None
     m = re.search(r"(?:ep|moe expert[- ]parallel comm(?:unication)?) overlap (on|off|disabled|enabled)", low)
     if m:
@@ -299,6 +301,13 @@ def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[
     if ep_ov is not None:
         found.append(f"ep_overlap={ep_ov} (stated)")
     return tp_ov, ep_ov, found
+
+
+def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
+    """Whether the row says the step ran as a full-iteration CUDA graph (MLPerf's config_common_cg.sh,
+    Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8, cuda_graph_impl full_iteration)."""
+    text = " ".join(str(row.get(k) or "") for k in ("notes", "other_metrics")).lower()
+    return bool(re.search(r"full[-_ ]iteration", text))
 
 
 def _exists(gid: str) -> bool:
@@ -475,9 +484,12 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True))},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
+        graphs = framework == "megatron" and cuda_graphs_of(row)
+        if graphs:
+            notes.append("full-iteration CUDA graphs (stated in the row): cuda_graphs=True")
         plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
                     sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs, recompute=rc,
-                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov)
+                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
     if fam == "gpt3" and model_name.lower().startswith("bloom"):
