@@ -228,13 +228,14 @@ def test_bounds_never_exceed_evaluate(seed):
     import random
 
     from autoshard.cost import even_split
-    from autoshard.solver import StageModel, _optimistic_table, _placements, _table_bound, bounds, candidates
+    from autoshard.solver import StageModel, _optimistic_table, _placements, _table_bound, candidates
+    from autoshard.solver.bounds import _bounds
 
     rng = random.Random(seed)
     p = _random_problem(rng)
     ctx = context(p)
     cands = candidates(p, ctx)
-    t_lb, m_lb = bounds(ctx, cands)
+    t_lb, m_lb, could_fit = _bounds(ctx, cands)
     modes = ["none", "selective", "full"]
     L = p.model.num_hidden_layers
     checked = 0
@@ -257,6 +258,7 @@ def test_bounds_never_exceed_evaluate(seed):
                 for name, b in (("numpy", t_lb[i]), ("optimistic", opt), ("table", own)):
                     assert b <= e.step_time_s * (1 + 1e-9), (cfg, name)
                 if e.fits:  # the memory-aware bounds hold for plans that fit (inf: nothing does)
+                    assert could_fit[i], (cfg, "numpy fit")
                     for name, b in (("optimistic+memory", opt_mem), ("table+memory", own_mem)):
                         assert b <= e.step_time_s * (1 + 1e-9), (cfg, name)
                 assert m_lb[i] <= e.peak_memory_gib * 2**30 * (1 + 1e-9), (cfg, "memory bound")

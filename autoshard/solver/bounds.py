@@ -24,8 +24,30 @@ from ..cost import (
 )
 
 
+def _groups(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the first candidate of each distinct row of `cols`, each candidate's row)."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        _, inv = np.unique(c, return_inverse=True)
+        key = key * (int(inv.max()) + 1 if len(inv) else 1) + inv
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return first, inv.reshape(-1)
+
+
+_SCHEDULES = {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}
+_FIELDS = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs", "zero", "sp", "etp")
+
+
 def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(time lower bound in s, memory lower bound in bytes) for every candidate, vectorized.
+    """(time lower bound in s, memory lower bound in bytes) for every candidate (`_bounds`)."""
+    t_lb, m_lb, _ = _bounds(ctx, cands, opt_cache)
+    return t_lb, m_lb
+
+
+def _bounds(ctx: Context, cands: list[Config],
+            opt_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time lower bound in s, memory lower bound in bytes, whether any split could fit in HBM)
+    for every candidate, vectorized.
 
     Time: one micro-batch through each layer kind at its fastest recompute mode, priced by
     `cost.layer_costs` itself with every process group on consecutive GPUs (the cheapest
@@ -37,50 +59,44 @@ def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> 
     optimizer step plus the interference of its data-parallel traffic.
     Memory: the first rank holds at least its share of the sharded weights, gradients and
     optimizer states and, with every layer recomputed, each in-flight micro-batch's layer inputs.
+    Fit: `_could_fit`, every rank with every layer at its leanest mode.
+    Per-candidate Python work is done once per distinct group of the fields it depends on.
     """
+    from operator import attrgetter  # noqa: PLC0415
+
     m, tr = ctx.model, ctx.training
-    a = np.array([[c.tp, c.cp, c.ep, c.pp, c.dp, c.vpp, c.mbs, c.zero, int(c.sp),
-                   {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}[c.schedule]] for c in cands],
-                 dtype=np.float64).reshape(-1, 10)
-    tp, cp, ep, pp, dp, vpp, mbs, zero, sp, sched = a.T
+    n_c = len(cands)
+    raw = list(map(attrgetter(*_FIELDS, "schedule"), cands))
+    a = np.array([r[:9] + (-1 if r[9] is None else r[9], _SCHEDULES[r[10]]) for r in raw],
+                 dtype=np.float64).reshape(-1, 11)
+    tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
     L, h = m.num_hidden_layers, m.hidden_size
     tokens = mbs * tr.seq_len / cp
+    M = tr.global_batch_size // (dp * mbs)
     kinds = m.layer_kinds()
     kind_list = sorted(set(kinds))
     opt_cache = {} if opt_cache is None else opt_cache
-    # Per distinct layer shape: (fastest time per kind, fastest time less weight gradients per
-    # kind, embedding + LM head time, LM head weight-gradient time).
-    shape: dict[tuple, tuple[list[float], list[float], float, float]] = {}
-    tau = np.zeros((len(cands), len(kind_list)))
-    u_tau = np.zeros((len(cands), len(kind_list)))
-    ends = np.zeros(len(cands))
-    head_w = np.zeros(len(cands))
-    for j, c in enumerate(cands):
-        ep_ov = ep_overlap_on(ctx, c)
-        key = (c.tp, c.cp, c.ep, c.sp, c.mbs, c.pp == 1, c.etp, c.tp_overlap, c.ep_overlap, ep_ov)
-        if key not in shape:
-            # Layer costs depend on the schedule only through whether expert all-to-all overlaps.
-            tb = _optimistic_table(ctx, dataclasses.replace(c, zero=0), opt_cache)
-            lay = tb.layers
-            shape[key] = ([min(x.total_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
-                          [min(x.total_s - x.wgrad_s for (k2, _), x in lay.items() if k2 == k) for k in kind_list],
-                          tb.embed.total_s + tb.head.total_s, tb.head.wgrad_s)
-        tau[j], u_tau[j], ends[j], head_w[j] = shape[key]
+    # Per distinct layer shape: the optimistic table. Its layer costs depend on the schedule only
+    # through whether expert all-to-all overlaps (`ep_overlap_on`: pp, vpp, schedule, M >= 2).
+    first, inv = _groups([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2])
+    tables = [_optimistic_table(ctx, dataclasses.replace(cands[j], zero=0), opt_cache) for j in first]
+    lay = [tb.layers for tb in tables]
+    tau = np.array([[min(x.total_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list] for ly in lay])[inv]
+    u_tau = np.array([[min(x.total_s - x.wgrad_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list]
+                      for ly in lay])[inv]
+    ends = np.array([tb.embed.total_s + tb.head.total_s for tb in tables])[inv]
+    head_w = np.array([tb.head.wgrad_s for tb in tables])[inv]
     counts = np.array([kinds.count(k) for k in kind_list], dtype=np.float64)
     busy = tau @ counts + ends
     # ZeRO-3 gathers every layer's weights before its forward and backward and reduce-scatters
     # its gradients, overlapped with compute: per layer c + overlapped(x, c) = (1 - k) max(c, x)
     # + k (c + x), and the sum over layers is at least that form of the sums (max is subadditive).
-    zero3 = np.zeros(len(cands))
-    z3_memo: dict[tuple, float] = {}
-    for j, c in enumerate(cands):
-        if c.zero == 3 and c.dp * c.cp > 1:
-            key = (c.tp, c.cp, c.ep, c.dp)
-            if key not in z3_memo:
-                z3_memo[key] = _zero3_lower_bound(ctx, c)
-            zero3[j] = z3_memo[key]
+    zero3 = np.zeros(n_c)
+    z3 = np.flatnonzero((zero == 3) & (dp * cp > 1))
+    if len(z3):
+        f3, i3 = _groups([tp[z3], cp[z3], ep[z3], dp[z3]])
+        zero3[z3] = np.array([_zero3_lower_bound(ctx, cands[z3[j]]) for j in f3])[i3]
     t_micro = (1 - COMM_INTERFERENCE) * np.maximum(busy, zero3) + COMM_INTERFERENCE * (busy + zero3)
-    M = tr.global_batch_size / (dp * mbs)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
     c = np.where(sched == 2, 0.0, c)
     t_lb = (M - c) * t_micro / pp + c * t_micro
@@ -126,7 +142,70 @@ def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> 
     infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
     infl = np.where(sched == 3, M, np.minimum(infl, M))
     acts = infl * (L / pp) * BF16 * tokens * h / np.where(sp > 0, tp, 1)
-    return t_lb, static + acts
+    ok = _could_fit(ctx, cands, tables, inv, a, M)
+    return t_lb, static + acts, ok
+
+
+def _could_fit(ctx: Context, cands: list[Config], tables: list[Table], inv: np.ndarray, a: np.ndarray,
+               M: np.ndarray) -> np.ndarray:
+    """Whether some split of each candidate could fit in HBM, every layer at its leanest mode
+    (False only where none can): rank p, with its fixed bytes (working set, ZeRO-3 gathers,
+    embedding or LM head), holds at most floor(room_p / (static + infl_p x activations)) layers
+    of a kind; every rank needs vpp layers, each kind must fit (the others taken as free), and
+    all layers at the smaller size. Static bytes per parameter (`cost.static_bytes`) and in-flight
+    micro-batches (`cost.inflight_microbatches`) are taken once per distinct group."""
+    kinds = ctx.model.layer_kinds()
+    ks = sorted(set(kinds))
+    tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
+    n_c = len(cands)
+    # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
+    # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
+    lay = [tb.layers for tb in tables]
+    kp = np.array([[(c.params, c.expert_params, min(x.act_bytes for (k2, _), x in ly.items() if k2 == k))
+                    for k in ks for c in [next(x for (k2, _), x in ly.items() if k2 == k)]]
+                   for ly in lay])[inv]  # (n_c, kinds, 3)
+    work = np.array([max(x.work_bytes for x in ly.values()) for ly in lay])[inv]
+    head_work = np.maximum(work, np.array([tb.head.work_bytes for tb in tables])[inv])
+    big = np.array([max(x.params for x in ly.values()) for ly in lay])[inv]
+    ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
+                      (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
+    # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
+    fs, gi = _groups([tp, cp, dp, etp, ep, zero])
+    coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
+                      sum(static_bytes(ctx, cands[j], 1.0, 1.0).values())) for j in fs])[gi]
+    per_d, per_e = coef[:, 0], coef[:, 1] - coef[:, 0]
+
+    def static(sel: np.ndarray, params: np.ndarray, eparams: np.ndarray) -> np.ndarray:
+        return per_d[sel] * params + per_e[sel] * eparams
+
+    data_parallel = np.array([cands[j].data_parallel for j in fs])[gi]
+    z3 = np.where((zero == 3) & data_parallel, 2 * BF16 * big, 0.0)
+    cap = ctx.capacity_bytes * (1 + 1e-9)
+    ok = np.ones(n_c, dtype=bool)
+    fi, ii = _groups([pp, vpp, sched, M])
+    by_group = np.argsort(ii, kind="stable")
+    starts = np.searchsorted(ii[by_group], np.arange(len(fi) + 1))
+    for g, j in enumerate(fi):
+        sel = by_group[starts[g]:starts[g + 1]]
+        cfg = cands[j]
+        P = cfg.pp
+        infl = np.array([inflight_microbatches(cfg, p, int(M[j])) for p in range(P)])[None, :]  # (1, P)
+        room = np.broadcast_to((cap - work[sel] - z3[sel])[:, None], (len(sel), P)).copy()
+        room[:, -1] -= head_work[sel] - work[sel]
+        for e, p in ((0, 0), (1, P - 1)):
+            room[:, p] -= static(sel, ends[sel, e, 0], ends[sel, e, 1]) + infl[0, p] * ends[sel, e, 2]
+        sizes = np.stack([static(sel, kp[sel, i, 0], kp[sel, i, 1])[:, None] + infl * kp[sel, i, 2][:, None]
+                          for i in range(len(ks))])  # (kinds, n, P)
+        most = np.floor(np.maximum(room, 0)[None] / sizes + 1e-9)  # layers of each kind a rank can hold
+        lean = np.floor(np.maximum(room, 0) / sizes.min(axis=0) + 1e-9)
+        need = cfg.vpp if P > 1 else len(kinds)
+        good = (room >= 0).all(axis=1) & (lean >= need).all(axis=1) & (lean.sum(axis=1) >= len(kinds))
+        for i, k in enumerate(ks):
+            good &= most[i].sum(axis=1) >= kinds.count(k)
+        if P == 1:  # one rank holds every layer
+            good &= sum(kinds.count(k) * sizes[i, :, 0] for i, k in enumerate(ks)) <= room[:, 0]
+        ok[sel] = good
+    return ok
 
 
 def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
@@ -315,22 +394,40 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     fixed = np.array([sum(static(c) + infl[p] * c.act_bytes for c in e) + working_bytes(table, p == P - 1) + z3
                       for p, e in enumerate(ends)])
     room = (ctx.capacity_bytes * (1 + 1e-9) - fixed) / infl  # activation bytes each rank can hold, before layers
-    f2 = _mix_fronts(table, second, modes, n2)
-    s2 = static(lay[(second, modes[0])])
     f1 = _mix_fronts(table, first, modes, n1) if first else [(np.zeros(1), np.zeros(1))]
     s1 = static(lay[(first, modes[0])]) if first else 0.0
+    s2 = static(lay[(second, modes[0])])
+    n = np.arange(n2 + 1)[None, :]
     out = np.full((P, n1 + 1, n2 + 1), np.inf)
     for d, (b1, t1) in enumerate(f1):
         for bb, tt in zip(b1, t1):
-            for n, (b2, t2) in enumerate(f2):
-                left = room - (d * s1 + n * s2) / infl - bb  # second-kind activation bytes each rank can hold
-                i = np.searchsorted(b2, left, side="right") - 1  # the front's leanest point that fits
-                best = np.where(i >= 0, t2[np.maximum(i, 0)] + tt, np.inf)
-                out[:, d, n] = np.minimum(out[:, d, n], best)
-                if (i < 0).all():
-                    break  # (more layers fit nowhere either)
+            left = room[:, None] - (d * s1 + n * s2) / infl[:, None] - bb  # second-kind act bytes per rank
+            out[:, d, :] = np.minimum(out[:, d, :], _least_time(table, second, modes, left) + tt)
     out += np.array(t_ex)[:, None, None]
     return np.maximum.accumulate(out, axis=2)
+
+
+def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> np.ndarray:
+    """[p, n]: the least time of n layers of `kind` whose activations fit in room[p, n] bytes
+    (inf if none). Two useful modes (the usual case): the fewest layers in the leaner mode, in
+    closed form; more: a search of each count's front (`_mix_fronts`)."""
+    lay = table.layers
+    useful: list[str] = []  # the kind's time / memory Pareto modes, fastest first
+    for r in sorted(modes, key=lambda r: (lay[(kind, r)].total_s, lay[(kind, r)].act_bytes)):
+        if not useful or lay[(kind, r)].act_bytes < lay[(kind, useful[-1])].act_bytes:
+            useful.append(r)
+    n = np.arange(room.shape[1])[None, :]
+    if len(useful) <= 2:
+        fast, lean = lay[(kind, useful[0])], lay[(kind, useful[-1])]
+        over = n * fast.act_bytes - room
+        save = fast.act_bytes - lean.act_bytes
+        k = np.maximum(0.0, np.ceil(over / save - 1e-9)) if save > 0 else np.where(over > 0, np.inf, 0.0)
+        return np.where(k <= n, n * fast.total_s + np.minimum(k, n) * (lean.total_s - fast.total_s), np.inf)
+    out = np.full(room.shape, np.inf)
+    for j, (b, t) in enumerate(_mix_fronts(table, kind, useful, room.shape[1] - 1)):
+        i = np.searchsorted(b, room[:, j], side="right") - 1  # the front's leanest point that fits
+        out[:, j] = np.where(i >= 0, t[np.maximum(i, 0)], np.inf)
+    return out
 
 
 def _spread(mask: int, lo: int, hi: int) -> int:

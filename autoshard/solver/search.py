@@ -34,7 +34,7 @@ from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, RECOMPUTES, Plan, Problem
-from .bounds import _optimistic_table, _table_bound, bounds
+from .bounds import _bounds, _optimistic_table, _table_bound
 from .candidates import _placements, candidates
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
 from .families import Family, Named, family_key, family_name, named
@@ -490,8 +490,8 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
-    t_lb, m_lb = bounds(ctx, cands, opt_cache)
-    fits = m_lb <= ctx.capacity_bytes
+    t_lb, m_lb, could_fit = _bounds(ctx, cands, opt_cache)
+    fits = (m_lb <= ctx.capacity_bytes) & could_fit
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
     # The default modes, and Megatron recompute modules where `search: recompute` names them.
