@@ -217,6 +217,7 @@ class Config:
     opt_offload: bool = False  # optimizer_offload
     cp_comm: str = "p2p"  # cp_comm_type
     cuda_graphs: bool = False  # full-iteration CUDA graphs: no host overheads
+    dispatcher: str | None = None  # moe_dispatcher; None = the framework's default
 
     @property
     def expert_tp(self) -> int:
@@ -245,7 +246,7 @@ class Config:
                       plan.micro_batch_size, plan.schedule, plan.placement,
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
                       plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                      plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs)
+                      plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs, plan.moe_dispatcher)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
@@ -254,7 +255,7 @@ class Config:
                     stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
                     ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
                     overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload,
-                    cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs)
+                    cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs, moe_dispatcher=self.dispatcher)
 
 
 def num_microbatches(problem: Problem, cfg: Config) -> int:
@@ -315,6 +316,9 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
             reasons.append(f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
         elif plan.pp > 1 and plan.vpp < 2:
             reasons.append("ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
+    if plan.moe_dispatcher and plan.moe_dispatcher not in fw.moe_dispatchers:
+        reasons.append(f"{problem.framework} has no {plan.moe_dispatcher} expert dispatcher "
+                       f"(it runs {', '.join(fw.moe_dispatchers)})")
     if plan.cuda_graphs and not fw.cuda_graphs:
         reasons.append(f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
     if dp:
@@ -759,7 +763,8 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         a2a = 0.0
         if cfg.ep > 1:
             send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
-            a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send)  # dispatch + combine
+            dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
+            a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send, dedup)  # dispatch + combine
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
     fwd["compute"] = t_mlp + elem
     t_b, t_w = _frozen_adjust(ctx, t_mlp)
@@ -874,6 +879,11 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
         out[recompute] = c
     return out
+
+
+def dispatcher_of(ctx: Context, cfg: Config) -> str:
+    """The expert dispatcher a plan runs: its own choice, else the framework's default."""
+    return cfg.dispatcher or ctx.framework.moe_dispatchers[0]
 
 
 def moe_host_s(ctx: Context, cfg: Config) -> float:
@@ -1039,7 +1049,7 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     zero3 = cfg.zero == 3 and cfg.data_parallel
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
-           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs,
+           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
            (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)

@@ -187,6 +187,9 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     fam = model_family(problem.model) or {}
     if problem.model.is_moe and fmt == "megatron":
         ctx.mtp_layers = int(fam.get("mtp_layers", 0))
+    if plan.moe_dispatcher not in (None, "alltoall") and problem.model.is_moe and fmt != "megatron":
+        ctx.warn(f"expert dispatcher {plan.moe_dispatcher} is not exported: {TARGETS_SHORT[fmt]} dispatches "
+                 "with a flat all-to-all, which sends every copy of a token across nodes (slower than planned)")
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
@@ -617,7 +620,12 @@ def _megatron(ctx: _Ctx) -> str:
             add("--moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn)
         if m.num_dense_layers:
             add("--moe-layer-freq", f"[0]*{m.num_dense_layers}+[1]*{m.num_moe_layers}")
-        add("--moe-token-dispatcher-type", "alltoall")
+        dispatcher = p.moe_dispatcher or "alltoall"
+        if dispatcher == "alltoall":
+            add("--moe-token-dispatcher-type", "alltoall")
+        else:  # the flex dispatcher with the DeepEP / HybridEP kernels (transformer_config.py, d98e8a64dd)
+            add("--moe-token-dispatcher-type", "flex")
+            add("--moe-flex-dispatcher-backend", dispatcher)
         add("--moe-grouped-gemm")
         if not any(f.startswith("--moe-router-load-balancing-type") for f in fam_flags):
             ctx.warn(f"router settings of {m.name} unknown: Megatron's defaults are used (softmax top-k, "

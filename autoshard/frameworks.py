@@ -29,6 +29,7 @@ class FrameworkProfile:
     attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
 
     def optimizer_state_bytes(self, optimizer: str) -> float:
         """Bytes per parameter the optimizer keeps (master weights + moments); SGD keeps one moment."""
@@ -52,7 +53,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_expert_host_s=float(row.get("moe_expert_host_ms", 0.0)) / 1e3,
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
-            cuda_graphs=bool(row.get("cuda_graphs", False)))
+            cuda_graphs=bool(row.get("cuda_graphs", False)),
+            moe_dispatchers=tuple(row.get("moe_dispatchers", ["alltoall"])))
     return out
 
 

@@ -365,6 +365,10 @@ class Plan(Strict):
     # per-expert host work, recompute modules' Python wrappers) vanish; MoE then needs a sync-free
     # dispatcher (HybridEP with paged stashing). Evaluated, not searched.
     cuda_graphs: bool = False
+    # Expert token dispatch (Megatron --moe-token-dispatcher-type alltoall, or flex with
+    # --moe-flex-dispatcher-backend deepep | hybridep): the hierarchical kernels send a token once per
+    # remote node (or NVLink domain) and fan it out over NVLink there; None = the framework's default.
+    moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] | None = None
 
     @field_validator("placement")
     @classmethod

@@ -406,15 +406,27 @@ def all_reduce_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -
     return t + _latency(levels, prof, 2)
 
 
-def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float) -> float:
-    """AllToAll where every GPU sends `bytes_per_gpu` spread evenly over the group."""
+def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float, dedup_copies: int = 0) -> float:
+    """AllToAll where every GPU sends `bytes_per_gpu` spread evenly over the group.
+
+    `dedup_copies` = k: the bytes are k copies of each token bound for k uniformly spread
+    destinations, and a hierarchical dispatcher (DeepEP, HybridEP) sends a token once to each
+    remote domain beyond the first level that hosts any of its destinations, fanning it out over the
+    first level (NVLink) there: of a domain's n peers at that level, a token reaches
+    (n - 1)(1 - (1 - 1/n)^k) on average instead of k (n - 1)/n copies."""
     g = prof.size
     if g <= 1 or bytes_per_gpu <= 0:
         return 0.0
     t, inner = 0.0, 1
     for i, (lv, m) in enumerate(zip(levels, prof.members)):
         if m > inner:
-            share = (m - 1) / g if i == 0 else (1 - inner / g)
+            if i == 0:
+                share = (m - 1) / g
+            elif dedup_copies > 1:
+                n = g / inner
+                share = (n - 1) * (1 - (1 - 1 / n) ** dedup_copies) / dedup_copies
+            else:
+                share = 1 - inner / g
             t = max(t, bytes_per_gpu * share / lv.bytes_per_s)
         inner = m
     return t + _latency(levels, prof, 1)

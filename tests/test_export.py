@@ -62,6 +62,8 @@ MEGATRON_ALLOWED = frozenset({
     # full-iteration CUDA graphs: TransformerConfig.cuda_graph_impl and arguments.py's
     # --no-check-for-nan-in-loss-and-grad, which validate_args asks for with it (Megatron-LM d98e8a64dd)
     "--cuda-graph-impl", "--no-check-for-nan-in-loss-and-grad",
+    # the flex dispatcher's backend: TransformerConfig.moe_flex_dispatcher_backend (d98e8a64dd)
+    "--moe-flex-dispatcher-backend",
 })
 NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
 
@@ -89,6 +91,7 @@ CASES = {
     "deepseek-v3-mla-ep8": (problem("deepseek-v3"), Plan(tp=2, pp=8, ep=8, stage_layers=[7, 8, 8, 8, 8, 8, 8, 6],
                                                       recompute="selective")),
     "deepseek-v3-default-split": (problem("deepseek-v3"), Plan(tp=1, pp=8, ep=16, zero_stage=1)),
+    "deepseek-v3-deepep": (problem("deepseek-v3"), Plan(tp=1, pp=8, ep=16, zero_stage=1, moe_dispatcher="deepep")),
     "zero3-full-recompute": (LLAMA, Plan(tp=8, zero_stage=3, micro_batch_size=2, recompute="full")),
     "per-layer-recompute-mix": (LLAMA, Plan(tp=8, pp=4, zero_stage=1, recompute=MIX_IRREGULAR)),
     "cp2-fp8-zero2": (problem("llama3-70b", precision="fp8"), Plan(tp=8, cp=2, pp=4, zero_stage=2)),
@@ -612,3 +615,14 @@ def test_cuda_graphs_exported_for_megatron_only():
     assert "--cuda-graph-impl" not in megatron_flags(export_plan(LLAMA, Plan(tp=8, pp=4, zero_stage=1), "megatron").text)
     titan = export_plan(LLAMA, plan, "torchtitan")
     assert any("CUDA graphs" in w for w in titan.warnings), titan.warnings
+
+
+def test_moe_dispatcher_exported_as_megatron_flex_backend():
+    prob = problem("deepseek-v3")
+    for dispatcher, expect in ((None, "alltoall"), ("alltoall", "alltoall"), ("deepep", "flex"), ("hybridep", "flex")):
+        flags = megatron_flags(export_plan(prob, Plan(tp=1, pp=8, ep=16, zero_stage=1, moe_dispatcher=dispatcher),
+                                           "megatron").text)
+        assert flags["--moe-token-dispatcher-type"] == expect
+        assert flags.get("--moe-flex-dispatcher-backend") == (dispatcher if expect == "flex" else None)
+    titan = export_plan(prob, Plan(tp=1, pp=8, ep=16, zero_stage=1, moe_dispatcher="deepep"), "torchtitan")
+    assert any("dispatcher deepep is not exported" in w for w in titan.warnings), titan.warnings

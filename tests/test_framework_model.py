@@ -369,3 +369,42 @@ def test_fp8_pays_quantization_and_keeps_router_and_head_in_bf16():
     def gain(n_out):
         return _gemm_s(bf16, m, k, n_out) / _gemm_s(cur, m, k, n_out)
     assert gain(512) < gain(14336) < 2.0
+
+
+def test_hierarchical_dispatch_sends_a_token_once_per_remote_node():
+    # DeepEP / HybridEP: a token bound for k experts crosses the scale-out network once per remote
+    # node hosting any of them, not once per copy. Checked against a direct count over every way of
+    # placing the k copies on n nodes.
+    import itertools
+
+    from autoshard.topology import all_to_all_s
+
+    def expected_remote_nodes(n, k):  # brute force: mean distinct remote nodes over all n^k placements
+        total = sum(len({d for d in dest if d != 0}) for dest in itertools.product(range(n), repeat=k))
+        return total / n ** k
+
+    p = load_problem({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 1024},
+                      "cluster": {"gpu": "h100", "num_gpus": 256}})
+    ctx = context(p)
+    for ep, nodes in ((16, 2), (32, 4), (64, 8)):
+        prof = contiguous_profile(ctx.graph, ep)
+        flat, dedup = all_to_all_s(ctx.levels, prof, 1e9), all_to_all_s(ctx.levels, prof, 1e9, 8)
+        lat = all_to_all_s(ctx.levels, prof, 1e-9)  # the latency term alone
+        ratio = (dedup - lat) / (flat - lat)
+        copies_remote = 8 * (nodes - 1) / nodes
+        assert ratio == pytest.approx(expected_remote_nodes(nodes, 8) / copies_remote, rel=1e-3), ep
+    # One copy per token (k = 1) is the flat all-to-all; inside one node nothing changes.
+    assert all_to_all_s(ctx.levels, contiguous_profile(ctx.graph, 64), 1e9, 1) == all_to_all_s(
+        ctx.levels, contiguous_profile(ctx.graph, 64), 1e9)
+    assert all_to_all_s(ctx.levels, contiguous_profile(ctx.graph, 8), 1e9, 8) == all_to_all_s(
+        ctx.levels, contiguous_profile(ctx.graph, 8), 1e9)
+    # In a plan: DeepEP cuts EP64's exposed all-to-all; frameworks without it reject the choice.
+    base = dict(tp=1, pp=8, ep=32, zero_stage=1, recompute="full", ep_overlap=False)
+    a2a = evaluate(p, Plan(**base)).time_breakdown_s["ep_comm"]
+    deep = evaluate(p, Plan(**base, moe_dispatcher="deepep")).time_breakdown_s["ep_comm"]
+    assert deep < 0.6 * a2a
+    titan = load_problem({"model": "deepseek-v3", "framework": "torchtitan",
+                          "training": {"seq_len": 4096, "global_batch_size": 1024},
+                          "cluster": {"gpu": "h100", "num_gpus": 256}})
+    bad = evaluate(titan, Plan(tp=1, pp=8, ep=32, zero_stage=3, moe_dispatcher="deepep"))
+    assert any("dispatcher" in r for r in bad.reasons)

@@ -394,6 +394,14 @@ def test_modern_torchtitan_rows():
     # Full-iteration CUDA graphs where the row says so (MLPerf's config_common_cg.sh).
     assert run_to_case(rs["mlperf_v51_llama31_405b_gb300_nvfp4_512gpu"]).plan.cuda_graphs is True
     assert run_to_case(rs["mbridge_2509_llama38b_h100_fp8_8gpu"]).plan.cuda_graphs is False
+    # NeMo AutoModel dispatches with DeepEP (its profile's default); Megatron rows that name no
+    # dispatcher keep Megatron's alltoall.
+    from autoshard.cost import Config, context, dispatcher_of
+    kimi = run_to_case(rs["automodel_kimik2_h100_bf16_256gpu"])
+    assert dispatcher_of(context(kimi.problem), Config.of(kimi.plan, kimi.plan.dp)) == "deepep"
+    qwen = run_to_case(rs["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"])
+    assert qwen.plan.moe_dispatcher is None
+    assert dispatcher_of(context(qwen.problem), Config.of(qwen.plan, qwen.plan.dp)) == "alltoall"
 
 
 def test_modern_automodel_and_partial_recompute():
@@ -663,3 +671,13 @@ def test_bad_ablation_files_are_one_line_errors(tmp_path, capsys):
         assert main(["validate", "--ablations", str(f)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and expect in err[0] and str(f) in err[0]
+
+
+def test_modern_rows_name_their_dispatcher_and_cuda_graphs():
+    from autoshard.validate.modern import cuda_graphs_of, dispatcher_of_row
+
+    row = {"notes": "Recipe at HEAD (helpers it calls: _benchmark_common, _enable_hybridep_full_iteration_mxfp8)"}
+    assert dispatcher_of_row(row) == "hybridep" and cuda_graphs_of(row)
+    assert dispatcher_of_row({"other_metrics": {"kernel_optimizations": "TE + DeepEP"}}) == "deepep"
+    plain = {"notes": "MoE footnote: all benchmarks token-dropless."}
+    assert dispatcher_of_row(plain) is None and not cuda_graphs_of(plain)

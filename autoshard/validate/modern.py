@@ -310,6 +310,16 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(re.search(r"full[-_ ]iteration", text))
 
 
+def dispatcher_of_row(row: Mapping[str, Any]) -> str | None:
+    """The expert dispatcher a row names (HybridEP / DeepEP flex backends), None where it names none."""
+    text = " ".join(str(row.get(k) or "") for k in ("notes", "other_metrics")).lower()
+    if re.search(r"hybrid[-_]?ep", text):
+        return "hybridep"
+    if "deepep" in text:
+        return "deepep"
+    return None
+
+
 def _exists(gid: str) -> bool:
     from ..catalog import get_gpu  # noqa: PLC0415
 
@@ -487,9 +497,12 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         graphs = framework == "megatron" and cuda_graphs_of(row)
         if graphs:
             notes.append("full-iteration CUDA graphs (stated in the row): cuda_graphs=True")
+        dispatcher = dispatcher_of_row(row) if framework == "megatron" and ep > 1 else None
+        if dispatcher:
+            notes.append(f"expert dispatcher {dispatcher} (stated in the row)")
         plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
                     sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs, recompute=rc,
-                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs)
+                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs, moe_dispatcher=dispatcher)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
     if fam == "gpt3" and model_name.lower().startswith("bloom"):
