@@ -478,7 +478,17 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     if not len(levels) or not fits(levels[-1]):
         best = math.inf
     else:
-        lo, hi = 0, len(levels) - 1
+        # Start from the least T at which the second kind alone fits (the first taken as free), a
+        # necessary condition checked for every level at once; the answer is usually at or near it.
+        most = (t.min(axis=1)[:, None, :] <= levels[None, :, None]).sum(axis=2) - 1  # (P, levels)
+        alone = (np.minimum(most, n2).sum(axis=0) >= n2) & (most >= min_per - n1).all(axis=0)
+        lo, hi, step = int(np.argmax(alone)), len(levels) - 1, 1  # every level below lo fails
+        while lo + step - 1 < hi:  # galloping, then bisection
+            if fits(levels[lo + step - 1]):
+                hi = lo + step - 1
+                break
+            lo += step
+            step *= 2
         while lo < hi:
             mid = (lo + hi) // 2
             if fits(levels[mid]):
