@@ -29,7 +29,7 @@ from .spec import Plan, Problem
 TIME_NAMES = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "tensor-parallel communication",
     "cp_comm": "context-parallel communication", "ep_comm": "expert all-to-all", "pp_comm": "pipeline sends",
-    "zero3_comm": "ZeRO-3 parameter gathers", "moe_host": "MoE host synchronization", "offload": "host-memory offload traffic",
+    "zero3_comm": "ZeRO-3 parameter gathers", "host": "host-side time (MoE syncs and per-expert work, blocking launches)", "offload": "host-memory offload traffic",
     "pipeline_bubble": "pipeline bubble",
     "dp_comm": "data-parallel gradient traffic", "optimizer": "optimizer step",
 }

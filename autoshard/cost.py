@@ -92,7 +92,13 @@ def overlapped(comm_s: float, compute_s: float) -> float:
     """Exposed time of communication overlapped with computation: what does not fit under the
     computation, plus the slowdown it inflicts while it runs."""
     return max(0.0, comm_s - compute_s) + COMM_INTERFERENCE * min(comm_s, compute_s)
-TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "moe_host", "offload")
+# Host time of one transformer layer per micro-batch (forward, recompute and backward launches) when
+# every launch blocks (training.launch_blocking, CUDA_LAUNCH_BLOCKING=1). Fitted: BigScience's BLOOM
+# logbook (chronicles-prequel.md, 02-20 micro-batch sweeps, run with CUDA_LAUNCH_BLOCKING=1 against
+# NCCL hangs) is 4.5-6.8 ms slower per layer and extra micro-batch at micro-batch 1 than at 2 on A100
+# (tp8, pp6-12), and its own async/sync check measured 6.8% at 80 GPUs.
+BLOCKING_LAYER_HOST_S = 6.0e-3
+TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "host", "offload")
 
 
 # ---------------------------------------------------------------------------------------
@@ -871,9 +877,11 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
                 c.act_bytes -= saved
                 c.hfu_flops += fl
             c.act_bytes = max(c.act_bytes, acts["full"])
-        if kind == "moe":
-            host = moe_host_s(ctx, cfg)
-            c.fwd["moe_host"], c.bwd["moe_host"] = host / 3, 2 * host / 3
+        host = moe_host_s(ctx, cfg) if kind == "moe" else 0.0
+        if ctx.training.launch_blocking and not cfg.cuda_graphs:
+            host += BLOCKING_LAYER_HOST_S
+        if host:
+            c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
         if zero3:
             c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])

@@ -28,7 +28,7 @@ from typing import Any
 ERROR_KINDS = {"input": 2, "infeasible": 1, "internal": 2}
 TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
                "ep_comm": "EP comm", "pp_comm": "PP comm", "zero3_comm": "ZeRO-3 gathers",
-               "moe_host": "MoE host sync", "offload": "host offload", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
+               "host": "host time", "offload": "host offload", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "grads"), ("optimizer_states", "optimizer"),
                   ("activations", "activations"))
 PLAN_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "dp", "sequence_parallel", "zero_stage", "micro_batch_size",

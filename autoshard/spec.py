@@ -214,6 +214,10 @@ class TrainingSpec(Strict):
     # (DeepSeek's EPLB) replicate hot experts: one per EP rank removes the imbalance.
     moe_load_imbalance: Annotated[float, Field(ge=1.0, le=64.0)] = 1.0
     moe_redundant_experts: Annotated[int, Field(ge=0, le=65536)] = 0
+    # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the GPU, so each layer's kernel launches
+    # are paid on the critical path once per micro-batch (a workaround for NCCL hangs; BigScience
+    # trained BLOOM's benchmarks so). Costs cost.BLOCKING_LAYER_HOST_S per layer and micro-batch.
+    launch_blocking: bool = False
 
     @property
     def tokens_per_step(self) -> int:

@@ -305,7 +305,7 @@ def test_moe_imbalance_and_redundant_experts():
     # One redundant expert per EP rank (EPLB, as DeepSeek-V3 deploys) evens the load out again, and
     # costs the copies' weights: 32 of 256 experts more, so 9 local experts instead of 8, each with its
     # share of the grouped-MLP host time (Megatron profile: moe_expert_host_ms per local expert).
-    host_b, host_e = balanced.time_breakdown_s["moe_host"], eplb.time_breakdown_s["moe_host"]
+    host_b, host_e = balanced.time_breakdown_s["host"], eplb.time_breakdown_s["host"]
     prof = get_framework("megatron")
     per_layer = prof.moe_layer_host_s + 8 * prof.moe_expert_host_s
     assert host_e == pytest.approx(host_b * (per_layer + prof.moe_expert_host_s) / per_layer, rel=1e-6)
@@ -328,11 +328,11 @@ def test_moe_host_time_grows_with_local_experts_and_vanishes_under_cuda_graphs()
         assert e.fits, e.reasons
         n = 48 * 512 // 16 // 4  # MoE layers x micro-batches per rank
         local = 128 // ep
-        host[ep] = e.time_breakdown_s["moe_host"]
+        host[ep] = e.time_breakdown_s["host"]
         assert host[ep] == pytest.approx(n * (prof.moe_layer_host_s + local * prof.moe_expert_host_s), rel=1e-6)
     assert host[16] < host[8]
     graphs = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4, cuda_graphs=True))
-    assert graphs.time_breakdown_s["moe_host"] == 0.0
+    assert graphs.time_breakdown_s["host"] == 0.0
     plain = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4))
     assert graphs.step_time_s == pytest.approx(plain.step_time_s - host[8], rel=1e-9)
     # Only a framework that captures the step can run it that way.

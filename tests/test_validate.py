@@ -681,3 +681,34 @@ def test_modern_rows_name_their_dispatcher_and_cuda_graphs():
     assert dispatcher_of_row({"other_metrics": {"kernel_optimizations": "TE + DeepEP"}}) == "deepep"
     plain = {"notes": "MoE footnote: all benchmarks token-dropless."}
     assert dispatcher_of_row(plain) is None and not cuda_graphs_of(plain)
+
+
+def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
+    # The BLOOM logbook's configurations: Megatron-DeepSpeed of Feb 2022 (no sequence parallelism,
+    # DeepSpeed's pipeline engine, no TP overlap), with CUDA_LAUNCH_BLOCKING=1 against NCCL hangs.
+    from autoshard.cost import BLOCKING_LAYER_HOST_S
+    from autoshard.validate.ablations import config_row
+    from autoshard.validate.modern import modern_row_to_case
+
+    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
+             "model": {"name": "BLOOM-candidate 182B (NHIDDEN=13824, NLAYERS=78)", "hidden": 13824, "layers": 78,
+                       "heads": 64},
+             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 384, "seq_len": 2048,
+             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)"}
+    cases = []
+    for mbs in (1, 2):
+        row, notes = config_row(group, {"tp": 4, "pp": 12, "dp": 8, "zero_stage": 1, "micro_batch": mbs}, mbs)
+        assert row["sp"] is False and row["launch_blocking"] is True
+        row["step_time_s"] = 100.0
+        case = modern_row_to_case(row)
+        assert case.framework == "deepspeed" and case.problem.training.launch_blocking
+        assert case.plan.sequence_parallel is False
+        cases.append(case)
+    # Blocking launches cost each layer its launches once per micro-batch: micro-batch 1 pays twice
+    # as many as micro-batch 2 (256 vs 128 micro-batches per pipeline; 78 layers over 12 stages put 6
+    # or 7 on the stage that sets the pace).
+    est = [cost.evaluate(c.problem, c.plan) for c in cases]
+    layers = est[0].time_breakdown_s["host"] / (256 * BLOCKING_LAYER_HOST_S)
+    assert round(layers) in (6, 7) and layers == pytest.approx(round(layers), rel=1e-6)
+    assert est[0].time_breakdown_s["host"] == pytest.approx(2 * est[1].time_breakdown_s["host"], rel=1e-6)
+    assert est[0].step_time_s > est[1].step_time_s  # as measured (148.2 vs 103.5 s)

@@ -193,6 +193,11 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
     }
     if name.lower().startswith("bloom"):
         row["flash_attention"] = False  # 2022 Megatron-DeepSpeed: fused softmax, no FlashAttention
+        row["sp"] = False  # sequence parallelism reached Megatron-LM later in 2022 (Korthikanti et al.)
+        # The logbook's benchmarks from 02-17 on ran with CUDA_LAUNCH_BLOCKING=1 ("dealing with JZ
+        # hanging on the large model": asynchronous launches always hung at 320 GPUs).
+        row["launch_blocking"] = True
+        notes.append("CUDA_LAUNCH_BLOCKING=1 (the logbook's workaround for NCCL hangs at 320+ GPUs)")
     if "torchtitan" in src.lower():
         row["other_metrics"] = {"local_batch_size": mbs * pp}
     row["_tp_overlap"] = tp_ov if tp_ov is not None else group_tp_ov

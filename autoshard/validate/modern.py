@@ -179,6 +179,8 @@ def framework_of(row: Mapping[str, Any]) -> tuple[str, str]:
     src = str(row.get("source") or "")
     rid = str(row.get("id") or "")
     low = src.lower()
+    if "bigscience" in low or "megatron-deepspeed" in low:
+        return "deepspeed", "BigScience Megatron-DeepSpeed"
     if "automodel" in low or rid.startswith("automodel"):
         return "automodel", "NeMo AutoModel"
     if "torchtitan" in low or rid.startswith("torchtitan"):
@@ -491,7 +493,8 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         problem = load_problem({
             "name": rid, "model": model, "framework": framework,
             "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
-                         "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True))},
+                         "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True)),
+                         "launch_blocking": bool(row.get("launch_blocking", False))},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         graphs = framework == "megatron" and cuda_graphs_of(row)

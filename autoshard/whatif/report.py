@@ -22,11 +22,11 @@ from ..loader import atomic_write, dumps_json
 from .schema import _fmt_tokens
 from .sensitivity import BINDING_MIN_GAIN_PCT
 
-TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "moe_host", "offload",
+TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "host", "offload",
              "pipeline_bubble", "dp_comm", "optimizer")
 TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
                "ep_comm": "EP comm", "pp_comm": "PP comm", "zero3_comm": "ZeRO-3 gathers",
-               "moe_host": "MoE host sync", "offload": "host offload", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
+               "host": "host time", "offload": "host offload", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
 GAINS = (("gain_internode_2x_pct", "2x inter-node"), ("gain_nvlink_2x_pct", "2x NVLink"),
          ("gain_hbm_plus_pct", "+HBM"), ("gain_fp8_pct", "fp8"))
 MAX_BARS = 28  # options shown in bar charts (Pareto, recommended and best by time first)
