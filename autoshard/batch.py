@@ -755,16 +755,20 @@ class ProgressBar:
         done, total = self.last
         self._draw(done, total, f"{name}: {status_text(event)}")
 
-    def _draw(self, done: int, total: int, text: str) -> None:
+    def _line(self, done: int, total: int, text: str) -> str:
+        """The TTY line: `\r`, the bar, done/total, seconds and `text`, cut and padded to the terminal."""
         fill = int(self.width * done / total) if total else self.width
         bar = "#" * fill + "." * (self.width - fill)
         line = f"[{bar}] {done}/{total} {time.monotonic() - self.t0:.0f}s"
         if text:
             line += f" {text}"
         cols = shutil.get_terminal_size((80, 24)).columns
-        line = line[:max(10, cols - 1)]
+        return "\r" + line[:max(10, cols - 1)].ljust(max(10, cols - 1))
+
+    def _draw(self, done: int, total: int, text: str) -> None:
+        line = self._line(done, total, text)
         try:
-            self.stream.write("\r" + line.ljust(max(10, cols - 1)))
+            self.stream.write(line)
             self.stream.flush()
         except (OSError, ValueError):
             return
@@ -776,14 +780,7 @@ class ProgressBar:
             self.counts[status] += 1
         try:
             if self.tty:
-                fill = int(self.width * done / total) if total else self.width
-                bar = "#" * fill + "." * (self.width - fill)
-                line = f"[{bar}] {done}/{total} {time.monotonic() - self.t0:.0f}s"
-                if name:
-                    line += f" {name}: {status}"
-                cols = shutil.get_terminal_size((80, 24)).columns
-                line = line[:max(10, cols - 1)]
-                self.stream.write("\r" + line.ljust(max(10, cols - 1)))
+                self.stream.write(self._line(done, total, f"{name}: {status}" if name else ""))
                 self.pending = True
                 if total and done >= total:
                     self.stream.write("\n")
