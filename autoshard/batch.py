@@ -40,7 +40,6 @@ import os
 import shutil
 import signal
 import stat
-import sys
 import tempfile
 import threading
 import time
@@ -53,6 +52,7 @@ from typing import Any, TextIO
 
 from .errors import InfeasibleError, InputError
 from .loader import atomic_write, dumps_json, file_folder, problem_paths, read_document, resolve_path
+from .progress import TerminalLine
 from .spec import DEFAULT_GAP_LIMIT
 from .render import (
     error_markdown,
@@ -728,20 +728,14 @@ def _run_pool(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
 # =============================================================================================
 
 
-class ProgressBar:
+class ProgressBar(TerminalLine):
     """`progress` callback drawing on stderr: one redrawn line on a TTY, else one line per
     finished problem. No dependencies."""
 
     def __init__(self, stream: TextIO | None = None, width: int = 24):
-        self.stream = stream if stream is not None else sys.stderr
-        try:
-            self.tty = bool(self.stream.isatty())
-        except (AttributeError, ValueError):
-            self.tty = False
+        super().__init__(stream)
         self.width = width
         self.counts: Counter[str] = Counter()
-        self.t0 = time.monotonic()
-        self.pending = False  # a TTY line without its newline
         self.last = (0, 0)  # (done, total) of the last call
 
     def step(self, name: str, event: dict[str, Any]) -> None:
@@ -790,15 +784,6 @@ class ProgressBar:
             self.stream.flush()
         except (OSError, ValueError):
             pass
-
-    def close(self) -> None:
-        if self.pending:
-            try:
-                self.stream.write("\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass
-            self.pending = False
 
 
 def summary_table(result: BatchResult) -> str:

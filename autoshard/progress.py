@@ -10,13 +10,39 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 
 def wanted(quiet: bool) -> bool:
     """Progress is drawn only on a terminal (stderr), and never with --quiet."""
     return not quiet and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
+class TerminalLine:
+    """Base of the stderr `progress` callbacks of `batch` (ProgressBar) and `whatif` (ProgressLine):
+    the stream (stderr unless given), whether it is a terminal, the start time, and a line left
+    open (`pending`) that `close` ends."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        try:
+            self.tty = bool(self.stream.isatty())
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.t0 = time.monotonic()
+        self.pending = False  # a terminal line without its newline
+
+    def close(self) -> None:
+        """End a line left open (after an interrupt), so that the next message starts on its own."""
+        if self.pending:
+            try:
+                self.stream.write("\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+            self.pending = False
 
 
 def status_text(event: dict[str, Any]) -> str:

@@ -14,17 +14,17 @@ import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ..errors import AutoshardError, InfeasibleError, InputError
 from ..loader import atomic_write, dumps_json
+from ..progress import TerminalLine
 from ..render import json_safe
 from .report import money
 from ..spec import Problem
@@ -191,19 +191,10 @@ class StudyResult:
 ProgressFn = Callable[[int, int, str], None]
 
 
-class ProgressLine:
+class ProgressLine(TerminalLine):
     """A `progress` callback for stderr: on a terminal one line redrawn in place (carriage return,
     cut to the terminal's width, the rest of the line cleared), else one plain line per finished
     option (no carriage returns in logs)."""
-
-    def __init__(self, stream: TextIO | None = None):
-        self.stream = stream if stream is not None else sys.stderr
-        try:
-            self.tty = bool(self.stream.isatty())
-        except (AttributeError, ValueError):
-            self.tty = False
-        self.t0 = time.monotonic()
-        self.pending = False  # a terminal line without its newline
 
     def __call__(self, done: int, total: int, label: str) -> None:
         line = f"[{done}/{total}] {time.monotonic() - self.t0:.0f} s" + (f" {label}" if label else "")
@@ -220,15 +211,6 @@ class ProgressLine:
         except (OSError, ValueError):
             pass
 
-    def close(self) -> None:
-        """End a line left open (after an interrupt), so that the next message starts on its own."""
-        if self.pending:
-            try:
-                self.stream.write("\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass
-            self.pending = False
 
 def _tasks(study: Study, time_limit_s: float, scratch: str) -> dict[str, Task]:
     tasks: dict[str, Task] = {}
