@@ -211,6 +211,19 @@ def global_batch_seqs(row: Mapping[str, Any]) -> int | None:
     return gbs
 
 
+def row_dp(row: Mapping[str, Any], n: int, tp: int, pp: int, cp: int,
+           notes: list[str]) -> tuple[int | None, str | None]:
+    """A row's data-parallel degree and, where it cannot be had, why: its `dp` as given, else
+    gpu_count / (tp*pp*cp) (noted in `notes`), or (None, the reason) where that does not divide."""
+    dp = _int(row.get("dp"))
+    if dp is None:
+        if n % (tp * pp * cp):
+            return None, f"tp*pp*cp = {tp * pp * cp} does not divide gpu_count = {n}"
+        dp = n // (tp * pp * cp)
+        notes.append(f"dp derived: {dp}")
+    return dp, None
+
+
 def _recompute(value: Any) -> str | None:
     if value is None:
         return "none"
@@ -311,12 +324,9 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         dp = n // cp
         zero = 3
     else:
-        dp = _int(row.get("dp"))
+        dp, why = row_dp(row, n, tp, pp, cp, notes)
         if dp is None:
-            if n % (tp * pp * cp):
-                return skip(f"tp*pp*cp = {tp * pp * cp} does not divide gpu_count = {n}")
-            dp = n // (tp * pp * cp)
-            notes.append(f"dp derived: {dp}")
+            return skip(why)
         zs = _int(row.get("zero_stage"))
         zero = zs if zs is not None else (0 if narayanan else 1 if dgxc else 0)
     mbs = _int(row.get("micro_batch"), 1)

@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from typing import Any, get_args
 
 from ..errors import InputError
-from . import _int, global_batch_seqs
+from . import _int, global_batch_seqs, row_dp
 
 # One line to switch: True = give `training.precision` the recipe wherever autoshard.spec accepts it.
 USE_RECIPES = True
@@ -445,12 +445,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     cp, ep = _int(row.get("cp"), 1), _int(row.get("ep"), 1)
     etp = _int(row.get("etp"))
     fsdp = bool(row.get("fsdp"))
-    dp = _int(row.get("dp"))
+    dp, why = row_dp(row, n, tp, pp, cp, notes)
     if dp is None:
-        if n % (tp * pp * cp):
-            return skip(f"tp*pp*cp = {tp * pp * cp} does not divide gpu_count = {n}")
-        dp = n // (tp * pp * cp)
-        notes.append(f"dp derived: {dp}")
+        return skip(why)
     if etp is None and ep > 1 and dp % ep and (tp * cp * dp) % ep == 0:
         etp = 1
         notes.append(f"etp not published: ep={ep} does not divide dp={dp}, so the run folds experts over "
