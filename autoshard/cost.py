@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .catalog import GPU, get_gpu
 from .frameworks import FrameworkProfile, get_framework
-from .spec import RECOMPUTES, Plan, Problem, Recompute
+from .spec import RECOMPUTES, Plan, Problem, ProblemParts, Recompute
 from .topology import (
     ClusterGraph,
     Level,
@@ -107,20 +107,12 @@ TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
 
 
 @dataclass(frozen=True)
-class Context:
+class Context(ProblemParts):
     problem: Problem
     gpu: GPU
     levels: tuple[Level, ...]
     graph: ClusterGraph
     modes: tuple[str, ...] = RECOMPUTES  # recompute modes the layer tables price (+ modules asked for)
-
-    @property
-    def model(self):
-        return self.problem.model
-
-    @property
-    def training(self):
-        return self.problem.training
 
     @property
     def num_gpus(self) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError
-from .spec import Plan, Problem
+from .spec import Plan, Problem, ProblemParts
 
 FORMATS = ("megatron", "torchtitan", "deepspeed", "maxtext", "jax")
 
@@ -75,7 +75,7 @@ def autoshard_version() -> str:
 
 
 @dataclass
-class _Ctx:
+class _Ctx(ProblemParts):
     problem: Problem
     plan: Plan  # dp filled in
     dp: int
@@ -90,14 +90,6 @@ class _Ctx:
     ep_overlap: bool = False  # expert all-to-all overlapped, as priced
     mtp_layers: int = 0  # multi-token-prediction layers of the model family (Megatron --mtp-num-layers)
     warnings: list[str] = field(default_factory=list)
-
-    @property
-    def model(self):
-        return self.problem.model
-
-    @property
-    def training(self):
-        return self.problem.training
 
     @property
     def mixed(self) -> bool:

@@ -442,6 +442,20 @@ class Problem(Strict):
         return self.training.tokens_per_step
 
 
+class ProblemParts:
+    """`model` and `training` of the `problem` an object carries (cost.Context, export's _Ctx)."""
+
+    problem: Problem
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.problem.model
+
+    @property
+    def training(self) -> TrainingSpec:
+        return self.problem.training
+
+
 def _default_precision(data: Any) -> Any:
     """A problem that names no precision trains in bf16, or in fp16 on a GPU without bf16 (V100)."""
     if not isinstance(data, dict):
