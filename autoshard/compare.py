@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -138,15 +138,18 @@ def _memory_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
     def shard(p: Plan) -> str:
         return f"1/(TP{p.tp} x PP{p.pp}){f' (experts also /EP{p.ep})' if p.ep > 1 else ''}"
 
+    def zero_dp(p: Plan) -> str:
+        return f"ZeRO-{p.zero_stage} DP{p.dp}"
+
     if key == "weights":
         return (f"each GPU holds {shard(pa)} of the weights ({la}) vs {shard(pb)} ({lb})"
                 f"{', sharded again by ZeRO-3' if 3 in (pa.zero_stage, pb.zero_stage) else ''}")
     if key == "gradients":
         return (f"gradients follow the weights' sharding, and ZeRO-2/3 shard them over data parallelism "
-                f"(ZeRO-{pa.zero_stage} DP{pa.dp} vs ZeRO-{pb.zero_stage} DP{pb.dp})")
+                f"({zero_dp(pa)} vs {zero_dp(pb)})")
     if key == "optimizer_states":
         return (f"optimizer states follow the weights' sharding, and ZeRO >= 1 shards them over data "
-                f"parallelism (ZeRO-{pa.zero_stage} DP{pa.dp} vs ZeRO-{pb.zero_stage} DP{pb.dp})")
+                f"parallelism ({zero_dp(pa)} vs {zero_dp(pb)})")
     if key == "activations":
         sa, sb = max(a.stages, key=lambda s: s.peak_memory_gib), max(b.stages, key=lambda s: s.peak_memory_gib)
         return (f"the fullest stage keeps {sa.inflight_microbatches:g} micro-batches of {sa.layers} layers in flight "
@@ -160,6 +163,12 @@ def _memory_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
     return MEMORY_NAMES.get(key, key)
 
 
+def _terms(da: dict[str, float], db: dict[str, float], why: Callable[[str], str]) -> list[Term]:
+    """One Term per key of either breakdown (A's keys first, in order): both values, B - A, and why."""
+    return [Term(key=k, a=da.get(k, 0.0), b=db.get(k, 0.0), delta=db.get(k, 0.0) - da.get(k, 0.0), why=why(k))
+            for k in dict.fromkeys([*da, *db])]
+
+
 def compare(problem: Problem, a: Plan, b: Plan, label_a: str = "your plan", label_b: str = "chosen plan") -> Comparison:
     """Plan `a` against plan `b` on `problem`, both with `evaluate`. An invalid plan (degrees that
     do not divide, an unknown layout) is InputError naming its reasons; a plan that does not fit
@@ -168,10 +177,7 @@ def compare(problem: Problem, a: Plan, b: Plan, label_a: str = "your plan", labe
     for label, e in ((label_a, ea), (label_b, eb)):
         if not e.time_breakdown_s:
             raise InputError(f"{label} is invalid: {'; '.join(e.reasons)}", field="--plan")
-    keys = list(dict.fromkeys([*ea.time_breakdown_s, *eb.time_breakdown_s]))
-    terms = [Term(key=k, a=ea.time_breakdown_s.get(k, 0.0), b=eb.time_breakdown_s.get(k, 0.0),
-                  delta=eb.time_breakdown_s.get(k, 0.0) - ea.time_breakdown_s.get(k, 0.0),
-                  why=_time_why(k, ea, eb, label_a, label_b)) for k in keys]
+    terms = _terms(ea.time_breakdown_s, eb.time_breakdown_s, lambda k: _time_why(k, ea, eb, label_a, label_b))
     step_delta = eb.step_time_s - ea.step_time_s
     rest = step_delta - sum(t.delta for t in terms)
     if abs(rest) > 1e-9 * max(ea.step_time_s, eb.step_time_s):
@@ -179,10 +185,8 @@ def compare(problem: Problem, a: Plan, b: Plan, label_a: str = "your plan", labe
                           b=eb.step_time_s - sum(eb.time_breakdown_s.values()), delta=rest,
                           why=_time_why("rounding", ea, eb, label_a, label_b)))
     terms.sort(key=lambda t: -abs(t.delta))
-    mkeys = list(dict.fromkeys([*ea.memory_breakdown_gib, *eb.memory_breakdown_gib]))
-    mterms = [Term(key=k, a=ea.memory_breakdown_gib.get(k, 0.0), b=eb.memory_breakdown_gib.get(k, 0.0),
-                   delta=eb.memory_breakdown_gib.get(k, 0.0) - ea.memory_breakdown_gib.get(k, 0.0),
-                   why=_memory_why(k, ea, eb, label_a, label_b)) for k in mkeys]
+    mterms = _terms(ea.memory_breakdown_gib, eb.memory_breakdown_gib,
+                    lambda k: _memory_why(k, ea, eb, label_a, label_b))
     mterms.sort(key=lambda t: -abs(t.delta))
     faster, slower = (label_b, label_a) if step_delta < 0 else (label_a, label_b)
     sign = -1.0 if step_delta < 0 else 1.0  # deltas as what the slower plan pays more
@@ -210,10 +214,9 @@ def comparison_text(c: Comparison) -> str:
     """A side-by-side table of both plans, the terms by size of their difference, one line each."""
     a, b = c.a, c.b
     w = max(len(c.label_a), len(c.label_b), 6)
-    lines = [f"{c.label_a:>{w}}: {a.plan.short()}  {a.step_time_s:.3f} s/step  MFU {a.mfu:.1%}  "
-             f"peak {a.peak_memory_gib:.1f} GiB{'' if a.fits else '  (does not fit)'}",
-             f"{c.label_b:>{w}}: {b.plan.short()}  {b.step_time_s:.3f} s/step  MFU {b.mfu:.1%}  "
-             f"peak {b.peak_memory_gib:.1f} GiB{'' if b.fits else '  (does not fit)'}",
+    lines = [*(f"{label:>{w}}: {e.plan.short()}  {e.step_time_s:.3f} s/step  MFU {e.mfu:.1%}  "
+               f"peak {e.peak_memory_gib:.1f} GiB{'' if e.fits else '  (does not fit)'}"
+               for label, e in ((c.label_a, a), (c.label_b, b))),
              "", c.summary, "",
              f"step time, s ({c.label_b} - {c.label_a} = {c.step_delta_s:+.3f} s):",
              f"  {'term':<32} {c.label_a[:11]:>11} {c.label_b[:11]:>11} {'diff':>9}  why"]
