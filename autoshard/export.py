@@ -543,8 +543,11 @@ def _megatron(ctx: _Ctx) -> str:
         add("--optimizer-cpu-offload")
         add("--optimizer-offload-fraction", 1.0)
         add("--overlap-cpu-optimizer-d2h-h2d")
-    if p.cuda_graphs:  # the whole step captured once and replayed (Megatron-LM d98e8a64dd arguments.py)
-        add("--cuda-graph-impl", "full_iteration")
+    if p.cuda_graphs:  # the whole step captured once and replayed
+        # megatron-core <= 0.16 spells it impl local + scope full_iteration; Megatron-LM d98e8a64dd
+        # migrates that spelling to --cuda-graph-impl full_iteration (validate_args, cuda_graph_config.py)
+        add("--cuda-graph-impl", "local")
+        add("--cuda-graph-scope", "full_iteration")
         add("--no-check-for-nan-in-loss-and-grad")  # validate_args asks for it with full_iteration graphs
         if m.is_moe:
             ctx.warn("full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set "

@@ -61,7 +61,7 @@ MEGATRON_ALLOWED = frozenset({
     "--fp4-recipe",
     # full-iteration CUDA graphs: TransformerConfig.cuda_graph_impl and arguments.py's
     # --no-check-for-nan-in-loss-and-grad, which validate_args asks for with it (Megatron-LM d98e8a64dd)
-    "--cuda-graph-impl", "--no-check-for-nan-in-loss-and-grad",
+    "--cuda-graph-impl", "--cuda-graph-scope", "--no-check-for-nan-in-loss-and-grad",
     # the flex dispatcher's backend: TransformerConfig.moe_flex_dispatcher_backend (d98e8a64dd)
     "--moe-flex-dispatcher-backend",
 })
@@ -611,7 +611,8 @@ def test_export_to_another_framework_than_priced_warns() -> None:
 def test_cuda_graphs_exported_for_megatron_only():
     plan = Plan(tp=8, pp=4, zero_stage=1, cuda_graphs=True)
     flags = megatron_flags(export_plan(LLAMA, plan, "megatron").text)
-    assert flags["--cuda-graph-impl"] == "full_iteration" and flags["--no-check-for-nan-in-loss-and-grad"] is True
+    assert (flags["--cuda-graph-impl"], flags["--cuda-graph-scope"]) == ("local", "full_iteration")
+    assert flags["--no-check-for-nan-in-loss-and-grad"] is True
     assert "--cuda-graph-impl" not in megatron_flags(export_plan(LLAMA, Plan(tp=8, pp=4, zero_stage=1), "megatron").text)
     titan = export_plan(LLAMA, plan, "torchtitan")
     assert any("CUDA graphs" in w for w in titan.warnings), titan.warnings

@@ -50,7 +50,7 @@ TRAINING_FLAGS = {
     "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings", "--vocab-size",
     "--ckpt-format", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--position-embedding-type", "--use-tp-pp-dp-mapping", "--swiglu", "--disable-bias-linear",
-    "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention",
+    "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention", "--no-check-for-nan-in-loss-and-grad",
 }
 PRECISIONS = yaml.safe_load((Path(__file__).resolve().parents[2] / "autoshard" / "data" / "precisions.yaml")
                             .read_text()) or {}
