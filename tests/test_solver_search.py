@@ -153,6 +153,18 @@ def test_budget_is_deterministic_work_busy_or_quiet():
     assert same(quiet) == same(busy)
 
 
+def test_two_threads_stay_within_the_work_budget():
+    """The descents of a round run at once: each gets its own share of the work left, so the
+    solve spends at most the budget (plus the tie-break's half-share), with one thread or two."""
+    from autoshard.solver.search import TIEBREAK_WORK
+
+    hard = Path(__file__).resolve().parent / "data" / "hard_proof_moe.yaml"
+    for jobs in (1, 2):
+        sol = solve(load_problem(hard), top_k=0, gap_limit=0.0, work_limit=1.0, jobs=jobs)
+        assert sol.solver.stopped_by == "work budget"
+        assert sol.solver.work_s <= 1.0 + TIEBREAK_WORK / 2 + 0.02
+
+
 def test_wall_clock_is_a_safety_net_that_says_so():
     hard = Path(__file__).resolve().parent / "data" / "hard_proof_moe.yaml"  # an exact proof takes far longer
     t0 = time.perf_counter()

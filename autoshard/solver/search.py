@@ -205,6 +205,9 @@ class _Search:
         changes (the incumbent is the round's), so a round's descents can run in threads and
         their merge, in order, is the same with one thread or two."""
         out = _Outcome(table, tbound, goal)
+        if min(cap_s, work_left) <= 1e-3:  # no work left for it: stays open with its bound
+            out.kind = "open"
+            return out
         cutoff = _t(goal) if goal < math.inf else None
         sm = StageModel(self.ctx, table, self.modes, self.uniform, cutoff)
         self.inflight.add(sm)
@@ -264,10 +267,16 @@ class _Search:
         """Descents on up to ROUND placements from the same incumbent, in threads when `jobs` > 1,
         merged in order: the answer does not depend on the number of threads."""
         goals = [self.target(t.cfg) for t, _ in batch]
-        work_left = self.budget.work_left()
         todo = [(t, b, g) for (t, b), g in zip(batch, goals) if g != -math.inf]
+        # Each descent gets its own share of the work left, in order (the first up to its cap,
+        # the next what the first may leave), so a round never spends more than the budget:
+        # the descents run at the same time and cannot see each other's spending.
+        left, shares = self.budget.work_left(), []
+        for _ in todo:
+            shares.append(max(0.0, min(cap_s, left)))
+            left -= shares[-1]
         if self.pool is not None and len(todo) > 1:
-            futures = [self.pool.submit(self.descend, t, b, g, cap_s, work_left) for t, b, g in todo]
+            futures = [self.pool.submit(self.descend, t, b, g, w, w) for (t, b, g), w in zip(todo, shares)]
             try:
                 outs = [f.result() for f in futures]
             except BaseException:  # Ctrl-C: stop the solves still running in the other thread
@@ -275,7 +284,7 @@ class _Search:
                     sm.stop()
                 raise
         else:
-            outs = [self.descend(t, b, g, cap_s, work_left) for t, b, g in todo]
+            outs = [self.descend(t, b, g, w, w) for (t, b, g), w in zip(todo, shares)]
         for out in outs:
             self.merge(out)
 
