@@ -209,12 +209,15 @@ class StageModel:
             md.add(umax >= int(balanced_max(u_tau, u_ex, L) / TIME_UNIT_S) - (L + 2))
             pipe = M * tmax + (cfg.pp - 1) * umax
         elif cfg.schedule == "interleaved":
-            if len(self.kinds) == 1:
-                # Symmetry: with identical layers, a rank's chunks (other than the first and last
-                # virtual stage) can be permuted without changing rank totals, the largest chunk,
-                # memory or sends; keep them sorted by time.
+            if len(self.kinds) == 1 or not self.uniform:
+                # Symmetry: a rank's chunks other than the first and last virtual stage, and past
+                # the first count[dense] chunks (the only ones that can hold a dense layer: every
+                # chunk holds one layer or more, dense layers first), hold identical layers and can
+                # be permuted without changing rank totals, the largest chunk, memory, sends or
+                # the near-even sizes; keep them sorted by time.
+                start = 1 if len(self.kinds) == 1 else max(1, self.count[self.kinds[0]])
                 for p in range(cfg.pp):
-                    free = [c for c in self._rank_chunks(p) if 0 < c < self.V - 1]
+                    free = [c for c in self._rank_chunks(p) if start <= c < self.V - 1]
                     for a, b in zip(free, free[1:]):
                         md.add(self.chunk_time[a] >= self.chunk_time[b])
             cmax = md.new_int_var(0, horizon, "chunk_max")
