@@ -211,6 +211,13 @@ def cmd_solve(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plan_label(arg: str, index: int) -> str:
+    """How `compare` names a --plan: a file by its stem, a short inline plan by itself, else A / B."""
+    if Path(arg).suffix in (".yaml", ".yml", ".json"):
+        return Path(arg).stem
+    return f"plan {arg}" if len(arg) < 40 else f"plan {'AB'[index]}"
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     from .compare import compare, comparison_text, plan_argument  # noqa: PLC0415
     from .loader import load_problem, read_document  # noqa: PLC0415
@@ -219,7 +226,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
     if len(a.plan or []) > 2:
         raise InputError(f"at most two plans, got {len(a.plan)}", field="--plan")
     plans = [plan_argument(x) for x in a.plan or []]
-    labels = [f"plan {x}" if len(x) < 40 else "your plan" for x in a.plan or []]
+    labels = [_plan_label(x, i) for i, x in enumerate(a.plan or [])]
+    if len(labels) == 2 and labels[0] == labels[1]:
+        labels = [f"{lab} (A)" if i == 0 else f"{lab} (B)" for i, lab in enumerate(labels)]
     if not plans:  # the problem's own `plan:` (as `evaluate`)
         doc = read_document(a.problem)
         if not isinstance(doc, dict) or "plan" not in doc:

@@ -29,7 +29,7 @@ from .spec import Plan, Problem
 TIME_NAMES = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "tensor-parallel communication",
     "cp_comm": "context-parallel communication", "ep_comm": "expert all-to-all", "pp_comm": "pipeline sends",
-    "zero3_comm": "ZeRO-3 parameter gathers", "host": "host-side time (MoE syncs and per-expert work, blocking launches)", "offload": "host-memory offload traffic",
+    "zero3_comm": "ZeRO-3 parameter gathers", "host": "host time", "offload": "host-memory offload traffic",
     "pipeline_bubble": "pipeline bubble",
     "dp_comm": "data-parallel gradient traffic", "optimizer": "optimizer step",
 }
@@ -109,8 +109,12 @@ def _time_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
         return (f"CP{pa.cp} ({la}) vs CP{pb.cp} ({lb}): the context-parallel KV exchange is overlapped with "
                 f"attention; what attention cannot hide is exposed ({max(va, vb):.2f} s in {more})")
     if key == "ep_comm":
-        return (f"EP{pa.ep} ({la}) vs EP{pb.ep} ({lb}): the expert all-to-all dispatch and combine of every MoE "
-                f"layer ({max(va, vb):.2f} s in {more})")
+        def ep(p: Plan) -> str:
+            d = p.moe_dispatcher
+            return f"EP{p.ep}" + (f" {d}" if d else "") + (" overlapped" if p.ep_overlap else "")
+        return (f"{ep(pa)} ({la}) vs {ep(pb)} ({lb}): the expert all-to-all dispatch and combine of every MoE "
+                f"layer ({max(va, vb):.2f} s in {more}); DeepEP / HybridEP send a token once per remote node, "
+                "Megatron's EP overlap hides it under another micro-batch's compute")
     if key == "pp_comm":
         return (f"{_pipe(pa)} ({la}) vs {_pipe(pb)} ({lb}): activations sent between pipeline stages, once per "
                 "micro-batch and virtual stage")
@@ -127,6 +131,12 @@ def _time_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
     if key == "optimizer":
         return (f"ZeRO-{pa.zero_stage} over DP{pa.dp} ({la}) vs ZeRO-{pb.zero_stage} over DP{pb.dp} ({lb}): the "
                 "optimizer step updates the parameters each GPU holds (sharded by ZeRO >= 1)")
+    if key == "host":
+        def host(p: Plan) -> str:
+            return f"EP{p.ep}" + (", full-iteration CUDA graphs" if p.cuda_graphs else "")
+        return (f"{host(pa)} ({la}) vs {host(pb)} ({lb}): host-side time of dropless MoE layers (the dispatcher's "
+                "sync, the grouped MLP's work per local expert, so fewer with more EP), recompute-module wrappers "
+                f"and blocking launches; CUDA graphs replay without it ({max(va, vb):.2f} s in {more})")
     if key == "rounding":
         return "round-off of the two breakdowns (they are the evaluator's own terms)"
     return f"{TIME_NAMES.get(key, key)}: {va:.3f} s ({la}) vs {vb:.3f} s ({lb})"

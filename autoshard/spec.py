@@ -403,8 +403,11 @@ class Plan(Strict):
         """A compact one-line description, e.g. `tp8 sp pp4 dp20 zero1 mbs1 1f1b`."""
         parts = [f"tp{self.tp}" + (" sp" if self.sp else ""), f"cp{self.cp}", f"ep{self.ep}",
                  f"etp{self.etp}" if self.etp is not None and self.etp != self.tp else "",
+                 self.moe_dispatcher if self.moe_dispatcher and self.moe_dispatcher != "alltoall" else "",
                  f"pp{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""), f"dp{self.dp}",
                  f"zero{self.zero_stage}", f"mbs{self.micro_batch_size}", self.schedule]
+        if self.cuda_graphs:
+            parts.append("cuda-graphs")
         rc = self.recompute
         if isinstance(rc, str):
             parts.append(f"recompute={rc}")

@@ -114,6 +114,19 @@ def test_cli_two_plans_json(capsys):
     assert total == pytest.approx(doc["b"]["step_time_s"] - doc["a"]["step_time_s"], rel=1e-9)
 
 
+def test_cli_names_two_long_inline_plans_apart_and_says_what_dispatch_changes(capsys):
+    dsv3 = SEED.parent / "deepseek-v3-2048xh800.yaml"
+    base = "tp=1,ep=32,pp=8,zero_stage=1,recompute=full"
+    rc, out, err = run(capsys, "compare", str(dsv3), "--plan", base, "--plan", base + ",moe_dispatcher=deepep")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("plan A: ") and lines[1].startswith("plan B: ") and " deepep " in lines[1]
+    ep = next(line for line in lines if line.strip().startswith("expert all-to-all"))
+    assert "EP32 (plan A) vs EP32 deepep (plan B)" in ep
+    a, b = (float(x) for x in ep.split()[2:4])
+    assert b < 0.6 * a  # 4 nodes per EP32 group: a token crosses to ~2.7 of 3 remote nodes, not 6 of 8 copies
+
+
 @pytest.mark.parametrize("plan,needle", [("tp=3", "invalid"), ("no-such-file.yaml", "no-such-file.yaml"),
                                          ("tp=8,bogus=1", "bogus")])
 def test_cli_bad_plans_are_one_line_exit_2(capsys, plan, needle):
