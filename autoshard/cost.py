@@ -46,6 +46,7 @@ from .topology import (
     ClusterGraph,
     Level,
     Placement,
+    Profile,
     all_gather_s,
     all_reduce_s,
     all_to_all_s,
@@ -668,6 +669,19 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         qkvo = BF16 * T * (2 * a * sh.d_qk + kv * sh.d_qk + kv * sh.d_v) if not m.is_mla else \
             BF16 * T * a * (2 * sh.d_qk + 2 * sh.d_v)
         fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, qkvo)
+    elif cfg.cp > 1 and cfg.cp_comm == "a2a+p2p":
+        # Hierarchical (Megatron a2a+p2p): Ulysses all-to-all among the `inner` CP ranks of one NVLink
+        # domain (heads scattered, their sequence gathered), then the p2p ring over the `outer` groups,
+        # each passing K/V of its inner group's tokens for its share of the heads (the same bytes as
+        # one rank's K/V), overlapped with attention.
+        inner, outer = cp_hierarchy(ctx, cfg, pl)
+        qkvo = BF16 * T * (2 * a * sh.d_qk + kv * sh.d_qk + kv * sh.d_v) if not m.is_mla else \
+            BF16 * T * a * (2 * sh.d_qk + 2 * sh.d_v)
+        n = len(pl.cp.members)
+        a2a = all_to_all_s(ctx.levels, Profile(inner, (inner,) * n), qkvo) if inner > 1 else 0.0
+        f, b = (cp_comm_s(ctx, outer, Profile(outer, tuple(max(1, x // inner) for x in pl.cp.members)), sh, core)
+                if outer > 1 else (0.0, 0.0))
+        fwd["cp_comm"], bwd["cp_comm"] = a2a + f, a2a + b
     elif cfg.cp > 1 and cfg.cp_comm == "allgather":
         # K/V all-gathered before attention (exposed); the backward reduce-scatters their gradients.
         f, _ = cp_comm_s(ctx, cfg.cp, pl.cp, sh, 0.0)
@@ -675,6 +689,18 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     elif cfg.cp > 1:
         fwd["cp_comm"], bwd["cp_comm"] = cp_comm_s(ctx, cfg.cp, pl.cp, sh, core)
     return fwd, bwd, core, wgrad, flops
+
+
+def cp_hierarchy(ctx: Context, cfg: Config, pl: Placement) -> tuple[int, int]:
+    """(inner, outer) sizes of hierarchical a2a+p2p context parallelism: the all-to-all runs among the
+    CP ranks that share an NVLink domain, as many as also divide each TP rank's query and key/value
+    heads (Ulysses scatters heads); the p2p ring spans the rest (Megatron's
+    --hierarchical-context-parallel-sizes inner outer)."""
+    m = ctx.model
+    heads = int(m.num_attention_heads // cfg.tp)
+    kv = heads if m.is_mla else max(1, int(m.kv_heads // cfg.tp))
+    inner = math.gcd(math.gcd(pl.cp.members[0], cfg.cp), math.gcd(heads, kv))
+    return inner, cfg.cp // inner
 
 
 def tp_overlap_on(ctx: Context, cfg: Config, pl: Placement) -> bool:
@@ -1049,7 +1075,7 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     zero3 = cfg.zero == 3 and cfg.data_parallel
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
-           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
+           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg), cfg.cp_comm,
            (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)

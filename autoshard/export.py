@@ -182,6 +182,9 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     if plan.moe_dispatcher not in (None, "alltoall") and problem.model.is_moe and fmt != "megatron":
         ctx.warn(f"expert dispatcher {plan.moe_dispatcher} is not exported: {TARGETS_SHORT[fmt]} dispatches "
                  "with a flat all-to-all, which sends every copy of a token across nodes (slower than planned)")
+    if plan.cp > 1 and plan.cp_comm_type != "p2p" and fmt != "megatron":
+        ctx.warn(f"cp_comm_type {plan.cp_comm_type} is not exported: {TARGETS_SHORT[fmt]} runs its own context "
+                 "parallelism exchange (the step time differs from the estimate)")
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
@@ -352,6 +355,17 @@ def titan_flavor(model) -> tuple[str, str] | None:
     return fam.get("titan_flavors", {}).get(str(model.name).lower())
 
 
+def hierarchical_cp_sizes(problem: Problem, plan: Plan) -> tuple[int, int]:
+    """(inner a2a, outer p2p) sizes the cost model priced for cp_comm_type a2a+p2p (cost.cp_hierarchy)."""
+    from .cost import Config, context, cp_hierarchy  # noqa: PLC0415
+    from .topology import place_axes  # noqa: PLC0415
+
+    ctx = context(problem)
+    cfg = Config.of(plan, plan.dp)
+    pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
+    return cp_hierarchy(ctx, cfg, pl)
+
+
 def gpu_arch(problem: Problem) -> str:
     try:
         from .catalog import get_gpu  # noqa: PLC0415
@@ -458,6 +472,8 @@ def _megatron(ctx: _Ctx) -> str:
     add("--context-parallel-size", p.cp)
     if p.cp > 1 and p.cp_comm_type != "p2p":
         add("--cp-comm-type", p.cp_comm_type)
+        if p.cp_comm_type == "a2a+p2p":  # nargs='+': the a2a group inside an NVLink domain, then the ring
+            add("--hierarchical-context-parallel-sizes", list(hierarchical_cp_sizes(ctx.problem, p)))
     etp = p.expert_tp
     if m.is_moe:
         add("--expert-model-parallel-size", p.ep)
@@ -668,7 +684,12 @@ def _megatron(ctx: _Ctx) -> str:
         head.append(f"# warning: {w}")
     body = []
     for i, (flag, value) in enumerate(flags):
-        line = flag if value is None else f"{flag} {shlex.quote(str(value))}"
+        if value is None:
+            line = flag
+        elif isinstance(value, list):  # an nargs='+' flag
+            line = " ".join([flag, *(shlex.quote(str(v)) for v in value)])
+        else:
+            line = f"{flag} {shlex.quote(str(value))}"
         body.append(line + (" \\" if i < len(flags) - 1 else ""))
     return "\n".join(head + body) + "\n"
 

@@ -362,8 +362,9 @@ class Plan(Strict):
     optimizer_offload: bool = False
     # How context parallelism exchanges K/V (Megatron --cp-comm-type): p2p ring overlapped with
     # attention (default), allgather of K/V before attention, a2a (DeepSpeed-Ulysses: heads scattered
-    # across the CP group by all-to-all); evaluated, not searched.
-    cp_comm_type: Literal["p2p", "allgather", "a2a"] = "p2p"
+    # across the CP group by all-to-all), a2a+p2p (hierarchical: a2a among the CP ranks of one NVLink
+    # domain, the p2p ring across domains; --hierarchical-context-parallel-sizes); evaluated, not searched.
+    cp_comm_type: Literal["p2p", "allgather", "a2a", "a2a+p2p"] = "p2p"
     # Full-iteration CUDA graphs (Megatron --cuda-graph-impl full_iteration): the training step is
     # captured once and replayed, so host-side launch and synchronization costs (dropless MoE's
     # per-expert host work, recompute modules' Python wrappers) vanish; MoE then needs a sync-free

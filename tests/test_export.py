@@ -66,6 +66,7 @@ MEGATRON_ALLOWED = frozenset({
     "--moe-flex-dispatcher-backend",
 })
 NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
+NARGS_FLAGS = ("--hierarchical-context-parallel-sizes",)  # nargs='+' in Megatron-LM arguments.py
 
 
 def problem(model, **training) -> Problem:
@@ -115,9 +116,10 @@ def megatron_flags(text: str) -> dict[str, str | bool]:
         last = i == len(body) - 1
         assert line.endswith(" \\") != last, f"line continuation wrong on {line!r}"
         tokens = shlex.split(line.removesuffix(" \\"))
-        assert tokens[0].startswith("--") and len(tokens) in (1, 2), line
+        assert tokens[0].startswith("--") and (len(tokens) in (1, 2) or tokens[0] in NARGS_FLAGS), line
         assert tokens[0] not in flags, f"duplicate flag {tokens[0]}"
-        flags[tokens[0]] = tokens[1] if len(tokens) == 2 else True
+        flags[tokens[0]] = (" ".join(tokens[1:]) if tokens[0] in NARGS_FLAGS else tokens[1]) if len(tokens) >= 2 \
+            else True
     return flags
 
 
@@ -627,3 +629,27 @@ def test_moe_dispatcher_exported_as_megatron_flex_backend():
         assert flags.get("--moe-flex-dispatcher-backend") == (dispatcher if expect == "flex" else None)
     titan = export_plan(prob, Plan(tp=1, pp=8, ep=16, zero_stage=1, moe_dispatcher="deepep"), "torchtitan")
     assert any("dispatcher deepep is not exported" in w for w in titan.warnings), titan.warnings
+
+
+def test_hierarchical_cp_exports_the_priced_group_sizes():
+    # a2a+p2p: Ulysses all-to-all among the CP ranks of one NVLink domain, the p2p ring across domains,
+    # exported as Megatron's --hierarchical-context-parallel-sizes inner outer (nargs='+').
+    from autoshard import evaluate
+
+    prob = Problem(model="llama3-70b", cluster={"gpu": "h100-sxm", "num_gpus": 512},
+                   training={"seq_len": 131072, "global_batch_size": 64})
+    plan = Plan(tp=2, cp=16, pp=4, zero_stage=1, recompute="full", cp_comm_type="a2a+p2p")
+    flags = megatron_flags(export_plan(prob, plan, "megatron").text)
+    # tp2 leaves 4 CP ranks in an 8-GPU node, and 4 divides each TP rank's 32 query and 4 KV heads.
+    assert flags["--cp-comm-type"] == "a2a+p2p" and flags["--hierarchical-context-parallel-sizes"] == "4 4"
+    est = evaluate(prob, plan)
+    assert est.fits and est.time_breakdown_s["cp_comm"] > 0
+    # With tp8 no two CP ranks share a node: the hierarchy degenerates to the p2p ring, same price.
+    ring = evaluate(prob, Plan(tp=8, cp=16, pp=4, zero_stage=1, recompute="full"))
+    flat = evaluate(prob, Plan(tp=8, cp=16, pp=4, zero_stage=1, recompute="full", cp_comm_type="a2a+p2p"))
+    assert flat.step_time_s == pytest.approx(ring.step_time_s, rel=1e-12)
+    assert megatron_flags(export_plan(prob, Plan(tp=8, cp=16, pp=4, zero_stage=1, recompute="full",
+                                                 cp_comm_type="a2a+p2p"), "megatron").text)[
+        "--hierarchical-context-parallel-sizes"] == "1 16"
+    titan = export_plan(prob, plan, "torchtitan")
+    assert any("cp_comm_type a2a+p2p is not exported" in w for w in titan.warnings), titan.warnings

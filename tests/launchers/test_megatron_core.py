@@ -85,13 +85,13 @@ def flags_of(text: str) -> dict[str, str | bool]:
     for line in text.splitlines():
         if line.startswith("--"):
             tok = shlex.split(line.removesuffix(" \\"))
-            out[tok[0]] = tok[1] if len(tok) == 2 else True
+            out[tok[0]] = tok[1] if len(tok) == 2 else [int(t) for t in tok[1:]] if len(tok) > 2 else True
     return out
 
 
-def _value(v: str | bool):
-    if v is True:
-        return True
+def _value(v: str | bool | list):
+    if v is True or isinstance(v, list):
+        return v
     for cast in (int, float):
         try:
             return cast(v)
