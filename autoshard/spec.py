@@ -19,6 +19,7 @@ Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-ro
                     "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
 Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext"]
+Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
@@ -270,6 +271,10 @@ class SearchSpec(Strict):
     schedule: Schedule | list[Schedule] | None = None
     recompute: RecomputeChoice | None = None
     placement: str | list[str] | None = None
+    # Expert dispatchers the solver may plan with (default: the framework's; it takes the hierarchical
+    # one where the framework runs it: never slower, as it moves no more bytes). [alltoall] where
+    # DeepEP / HybridEP are not installed.
+    moe_dispatcher: Dispatcher | list[Dispatcher] | None = None
     uniform_stages: bool = False  # force an even layer split (e.g. for launchers without uneven PP)
     max_candidates: Annotated[int, Field(ge=1)] | None = None
     # HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (`--headroom`):
@@ -373,7 +378,7 @@ class Plan(Strict):
     # Expert token dispatch (Megatron --moe-token-dispatcher-type alltoall, or flex with
     # --moe-flex-dispatcher-backend deepep | hybridep): the hierarchical kernels send a token once per
     # remote node (or NVLink domain) and fan it out over NVLink there; None = the framework's default.
-    moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] | None = None
+    moe_dispatcher: Dispatcher | None = None
 
     @field_validator("placement")
     @classmethod

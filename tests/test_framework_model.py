@@ -408,3 +408,53 @@ def test_hierarchical_dispatch_sends_a_token_once_per_remote_node():
                           "cluster": {"gpu": "h100", "num_gpus": 256}})
     bad = evaluate(titan, Plan(tp=1, pp=8, ep=32, zero_stage=3, moe_dispatcher="deepep"))
     assert any("dispatcher" in r for r in bad.reasons)
+
+
+def test_solver_plans_with_the_hierarchical_dispatcher_the_framework_runs():
+    from autoshard.cost import context
+    from autoshard.errors import InputError
+    from autoshard.solver.candidates import planned_dispatcher
+
+    def disp(model="deepseek-v3", gpu="h800", n=256, framework="megatron", allowed=None):
+        p = load_problem({"model": model, "framework": framework, "training": {"seq_len": 4096,
+                                                                                "global_batch_size": 1024},
+                          "cluster": {"gpu": gpu, "num_gpus": n}})
+        ctx = context(p)
+        return planned_dispatcher(p, ctx, allowed or list(ctx.framework.moe_dispatchers))
+
+    assert disp() == "deepep"  # 8-GPU NVLink nodes
+    assert disp(gpu="gb200", n=288) == "hybridep"  # NVL72: only HybridEP spans a multi-node NVLink domain
+    assert disp(model="llama3-70b") is None  # dense: no dispatcher
+    assert disp(framework="torchtitan") is None  # its only dispatcher, the default
+    assert disp(framework="automodel") == "deepep"
+    assert disp(allowed=["alltoall"]) is None  # DeepEP not installed: the flat all-to-all
+    with pytest.raises(InputError, match="search.moe_dispatcher|runs the alltoall"):
+        disp(framework="torchtitan", allowed=["deepep"])
+    # The hierarchical dispatcher never prices above the flat one: the choice loses no optimum.
+    p = load_problem({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 1024},
+                      "cluster": {"gpu": "h800", "num_gpus": 256}})
+    for ep in (8, 16, 32):
+        base = dict(tp=1, pp=8, ep=ep, zero_stage=1, recompute="full")
+        flat, deep = evaluate(p, Plan(**base)), evaluate(p, Plan(**base, moe_dispatcher="deepep"))
+        assert deep.step_time_s <= flat.step_time_s
+        assert (deep.step_time_s == flat.step_time_s) == (ep <= 8)  # one node: nothing to deduplicate
+
+
+def test_cached_expert_profiles_match_the_rank_generator_groups_for_every_order():
+    # _place prices folded expert groups through a cache keyed on the pipeline axis only; the groups
+    # must be those of _expert_groups (Megatron's expert RankGenerator) for every placement order.
+    import itertools
+
+    from autoshard.topology import _expert_profiles, cluster_graph, resolve_levels
+    from autoshard.catalog import get_gpu
+
+    p = load_problem({"model": "qwen3-235b-a22b", "training": {"seq_len": 4096, "global_batch_size": 1024},
+                      "cluster": {"gpu": "gb200", "num_gpus": 288}})
+    levels = resolve_levels(p.cluster, get_gpu("gb200"))
+    graph = cluster_graph(levels, 288)
+    sizes = {"tp": 2, "cp": 3, "ep": 1, "dp": 12, "pp": 4}
+    for order in itertools.permutations(("tp", "cp", "ep", "dp", "pp")):
+        stride = int(np.prod([sizes[a] for a in order[:order.index("pp")]]))
+        for etp, ep in ((1, 8), (2, 4), (1, 24)):
+            want = tuple(graph.group_profile(g) for g in _expert_groups(order, sizes, etp, ep))
+            assert _expert_profiles(graph, 4, stride, etp, ep) == want, (order, etp, ep)

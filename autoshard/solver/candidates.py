@@ -8,6 +8,7 @@ from itertools import product
 from typing import Any
 
 from ..cost import Config, Context, config_reasons
+from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
 from ..topology import place_axes
 
@@ -37,7 +38,27 @@ def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
         "sequence_parallel": s.allowed("sequence_parallel", [True, False]),
         "recompute": s.allowed("recompute", list(RECOMPUTES)),
         "placement": s.allowed("placement", []),
+        "moe_dispatcher": s.allowed("moe_dispatcher", list(fw.moe_dispatchers)),
     }
+
+
+def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> str | None:
+    """The expert dispatcher plans use: a hierarchical one (it sends a token once per remote node, so
+    it never moves more bytes than the flat all-to-all) where the framework runs it and the search
+    allows it; HybridEP on multi-node NVLink domains (DeepEP's kernels cover one node's NVLink),
+    DeepEP otherwise. None (the framework's default) for dense models."""
+    if not problem.model.is_moe:
+        return None
+    runs = [d for d in allowed if d in ctx.framework.moe_dispatchers]
+    if not runs:
+        raise InputError(f"{problem.framework} runs the {', '.join(ctx.framework.moe_dispatchers)} expert "
+                         f"dispatcher, not {', '.join(allowed)}", field="search.moe_dispatcher")
+    allowed = runs
+    first = "hybridep" if ctx.levels[0].size > 8 else "deepep"
+    for d in (first, "deepep", "hybridep"):
+        if d in allowed:
+            return d
+    return allowed[0] if allowed and allowed[0] != ctx.framework.moe_dispatchers[0] else None
 
 
 def candidates(problem: Problem, ctx: Context) -> list[Config]:
@@ -47,6 +68,7 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
     n = problem.cluster.num_gpus
     gbs = problem.training.global_batch_size
     out: list[Config] = []
+    dispatcher = planned_dispatcher(problem, ctx, sp_["moe_dispatcher"])
     for tp, cp, pp in product(sp_["tp"], sp_["cp"], sp_["pp"]):
         if n % (tp * cp * pp):
             continue
@@ -79,7 +101,7 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
                             tp * cp * dp // ((etp or tp) * ep) == 1:
                         continue  # nothing to shard: ZeRO stages are all the same plan
                     out.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched,
-                                      probe.placement, etp))
+                                      probe.placement, etp, dispatcher=dispatcher))
     return out
 
 
