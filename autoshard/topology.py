@@ -265,10 +265,31 @@ def _place(graph: ClusterGraph, order: tuple[str, ...], tp: int, cp: int, ep: in
     if not folded:
         return Placement(tp=prof("tp"), cp=prof("cp"), ep=prof("ep"), dp=prof("ep", "dp"),
                          dp_cp=prof("ep", "dp", "cp"), edp=prof("dp", "cp"), pp=prof("pp"), pp_level=pp_level)
-    etp_g, ep_g, edp_g = _expert_groups(order, sizes, etp, ep)
-    return Placement(tp=prof("tp"), cp=prof("cp"), ep=graph.group_profile(ep_g), dp=prof("dp"),
-                     dp_cp=prof("dp", "cp"), edp=graph.group_profile(edp_g), pp=prof("pp"),
-                     pp_level=pp_level, etp=graph.group_profile(etp_g))
+    etp_p, ep_p, edp_p = _expert_profiles(graph, pp, stride, etp, ep)
+    return Placement(tp=prof("tp"), cp=prof("cp"), ep=ep_p, dp=prof("dp"), dp_cp=prof("dp", "cp"), edp=edp_p,
+                     pp=prof("pp"), pp_level=pp_level, etp=etp_p)
+
+
+@functools.lru_cache(maxsize=4096)
+def _expert_profiles(graph: ClusterGraph, pp: int, stride: int, etp: int, ep: int) -> tuple[Profile, Profile, Profile]:
+    """Profiles of the (etp, ep, edp) groups under MoE parallel folding. They depend on the placement
+    only through the pipeline axis (degree and stride): a rank's index inside its stage is its rank
+    with the pipeline coordinate taken out, whatever the order of tp, cp and dp (`_expert_groups`
+    numbers the stage's ranks in that order, which is the same index). Cached on exactly that, so
+    the placements of one configuration share the work."""
+    world = graph.num_gpus  # a plan's mesh covers every GPU
+    ranks = np.arange(world)
+    pp_c = (ranks // stride) % pp
+    lin = ranks % stride + (ranks // (stride * pp)) * stride
+    stage_size = world // pp
+    edp = max(1, stage_size // (etp * ep))
+    e_tp, e_ep, e_dp = lin % etp, (lin // etp) % ep, lin // (etp * ep)
+
+    def rows(key_a: np.ndarray, key_b: np.ndarray, within: np.ndarray, size: int) -> np.ndarray:
+        return ranks[np.lexsort((within, key_b, key_a, pp_c))].reshape(-1, size)
+
+    return (graph.group_profile(rows(e_ep, e_dp, e_tp, etp)), graph.group_profile(rows(e_tp, e_dp, e_ep, ep)),
+            graph.group_profile(rows(e_tp, e_ep, e_dp, edp)))
 
 
 def _expert_groups(order: tuple[str, ...], sizes: dict[str, int], etp: int, ep: int
