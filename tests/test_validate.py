@@ -712,3 +712,15 @@ def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
     assert round(layers) in (6, 7) and layers == pytest.approx(round(layers), rel=1e-6)
     assert est[0].time_breakdown_s["host"] == pytest.approx(2 * est[1].time_breakdown_s["host"], rel=1e-6)
     assert est[0].step_time_s > est[1].step_time_s  # as measured (148.2 vs 103.5 s)
+
+
+def test_completed_plans_keep_the_runs_dispatcher():
+    # Where a row does not publish its recompute, the solver picks it under the row's degrees; it must
+    # not also swap the row's expert dispatcher for the one it would plan with (DeepEP / HybridEP).
+    from autoshard.validate import completed_plan
+
+    mix = run_to_case(modern_rows()["nemo_2504_mixtral8x7b_gb200_fp8_64gpu"])
+    assert not mix.recompute_published and mix.plan.ep == 8
+    done = completed_plan(mix)
+    assert done.moe_dispatcher in (None, "alltoall")  # Megatron's default, as the run had it (the planner takes deepep)
+    assert (done.tp, done.pp, done.ep, done.micro_batch_size) == (mix.plan.tp, mix.plan.pp, 8, mix.plan.micro_batch_size)

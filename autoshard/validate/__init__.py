@@ -380,10 +380,14 @@ def completed_plan(case: Case) -> Any:
     from ..errors import InfeasibleError  # noqa: PLC0415
     from ..solver import solve  # noqa: PLC0415
 
+    from ..frameworks import get_framework  # noqa: PLC0415
+
     p = case.plan
     fixed = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
              "sequence_parallel": p.sp, "zero_stage": p.zero_stage, "micro_batch_size": p.micro_batch_size,
-             "schedule": p.schedule, "placement": p.placement, "uniform_stages": True}
+             "schedule": p.schedule, "placement": p.placement, "uniform_stages": True,
+             # the dispatcher the run used (stated, else the framework's default), not the planner's pick
+             "moe_dispatcher": p.moe_dispatcher or get_framework(case.problem.framework).moe_dispatchers[0]}
     problem = case.problem.model_copy(update={"search": case.problem.search.model_copy(update=fixed)})
     try:
         return solve(problem, time_limit_s=60, top_k=0).plan
