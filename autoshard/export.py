@@ -677,6 +677,10 @@ def _megatron(ctx: _Ctx) -> str:
         te.append("2.7 (--fp4-format, NVFP4BlockScaling)")
     if te:
         head.append("# requires Transformer Engine >= " + "; >= ".join(te))
+    if m.is_moe and p.moe_dispatcher in ("deepep", "hybridep"):
+        head.append(f"# requires the {'DeepEP' if p.moe_dispatcher == 'deepep' else 'HybridEP'} kernels "
+                    "(github.com/deepseek-ai/DeepEP; HybridEP is its hybrid-ep branch) for the flex dispatcher; "
+                    "without them plan with `search: {moe_dispatcher: alltoall}`")
     env = megatron_env(ctx)
     for k, v in env.items():
         head.append(f"# launch with: export {k}={v}   (Megatron asserts it for TP/CP on pre-Blackwell GPUs)")
