@@ -266,6 +266,84 @@ def test_bounds_never_exceed_evaluate(seed):
     assert checked > 50
 
 
+@pytest.mark.parametrize("cluster", [{"gpu": "b200", "num_gpus": 1024, "topology": "dgx-b200"},
+                                     {"gpu": "gb200", "num_gpus": 576, "topology": "gb200-nvl72"},
+                                     {"gpu": "h100-sxm", "num_gpus": 96}])
+def test_free_tail_profiles_are_every_placements(cluster):
+    """The placement-free tail's profiles (rank runs, no rank arrays) are exactly the dense and
+    expert reduction groups `place_axes` gives over every order of the mesh axes, folded or not."""
+    import random
+
+    from autoshard.solver.bounds import _tail_profiles
+    from autoshard.spec import divisors
+    from autoshard.topology import place_axes
+
+    ctx = context(load_problem({"model": "qwen3-235b-a22b", "training": {"seq_len": 4096, "global_batch_size": 2048},
+                                "cluster": cluster}))
+    n = cluster["num_gpus"]
+    rng, checked = random.Random(n), 0
+    while checked < 60:
+        tp = rng.choice([d for d in divisors(n) if d <= 8])
+        cp = rng.choice([d for d in divisors(n // tp) if d <= 16])
+        pp = rng.choice([d for d in divisors(n // (tp * cp)) if d <= 16])
+        dp, ep, etp = n // (tp * cp * pp), rng.choice([1, 2, 4, 8, 16, 32, 64]), rng.choice([None, 1, 2])
+        if (tp * cp * dp) % ((etp or tp) * ep) or (etp is None and dp % ep):
+            continue
+        got = {(d.size, d.members, e.size, e.members) for d, e in _tail_profiles(ctx.graph, tp, cp, ep, dp, pp, etp)}
+        want = set()
+        for perm in itertools.permutations(MESH_AXES):
+            pl = place_axes(ctx.graph, "-".join(perm), tp, cp, ep, dp, pp, etp)
+            want.add((pl.dp_cp.size, pl.dp_cp.members, pl.edp.size, pl.edp.members))
+        assert got == want, (tp, cp, ep, dp, pp, etp)
+        checked += 1
+
+
+@pytest.mark.parametrize("seed,cluster", [(0, {"gpu": "b200", "num_gpus": 256, "topology": "dgx-b200"}),
+                                          (1, {"gpu": "h100-sxm", "num_gpus": 128}),
+                                          (2, {"gpu": "b200", "num_gpus": 128, "topology": "dgx-b200"})])
+def test_free_tail_bound_holds_on_multilevel_clusters(seed, cluster):
+    """On clusters with several levels, where placements differ most, the placement-free bound
+    (its tail the cheapest placement order's, coefficient by coefficient) stays at or below every
+    placement's own tail and `evaluate` of its plans; and it is tighter than consecutive GPUs."""
+    import random
+
+    from autoshard.cost import even_split, tail_model
+    from autoshard.solver import _optimistic_table, _placements, _table_bound, candidates
+    from autoshard.solver.bounds import _free_tail_model, _tail_bound
+
+    rng = random.Random(seed)
+    model = dict(SMALL_MOE, num_hidden_layers=4)
+    p = load_problem({"model": model, "training": {"seq_len": 4096, "global_batch_size": 512},
+                      "cluster": cluster,
+                      "framework": rng.choice(["megatron", "megatron", "deepspeed"]),
+                      "search": {"micro_batch_size": [1, 2], "vpp": [1, 2]}})
+    ctx = context(p)
+    cands = candidates(p, ctx)
+    modes = ["none", "selective", "full"]
+    L = p.model.num_hidden_layers
+    tighter = 0
+    for cfg0 in rng.sample(cands, min(40, len(cands))):
+        optimistic = _optimistic_table(ctx, cfg0)
+        opt = _table_bound(ctx, optimistic, modes, exact_windows=False)
+        free = _free_tail_model(ctx, optimistic)
+        for cfg in _placements(p, ctx, cfg0):
+            table = layer_table(ctx, cfg)
+            tm = tail_model(ctx, table)
+            for a, b in ((free.reduce, tm.reduce), (free.gather, tm.gather)):
+                assert all(x <= y * (1 + 1e-12) for x, y in zip(a, b)), cfg
+            assert _tail_bound(ctx, optimistic, modes, 0.0, False) <= _tail_bound(ctx, table, modes, 0.0, False) * (
+                1 + 1e-9), cfg
+            split = even_split(L, cfg.pp * cfg.vpp)
+            rc = [rng.choice(modes) for _ in range(L)]
+            e = assemble(ctx, table, split, rc, cfg.plan(rc, split), [])
+            assert opt <= e.step_time_s * (1 + 1e-9), cfg
+        consecutive = tail_model(ctx, optimistic)  # every group on consecutive GPUs: never dearer
+        assert all(x <= y * (1 + 1e-12) for x, y in zip(consecutive.reduce + consecutive.gather,
+                                                         free.reduce + free.gather))
+        tighter += consecutive.reduce != free.reduce or consecutive.gather != free.gather
+    assert tighter > 0
+
+
 SMALL_MOE = {"name": "moe", "num_hidden_layers": 10, "hidden_size": 4096, "intermediate_size": 16384,
              "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000, "num_experts": 16,
              "num_experts_per_tok": 2, "moe_intermediate_size": 4096, "first_k_dense_replace": 2}

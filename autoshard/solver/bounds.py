@@ -5,6 +5,7 @@ recompute HBM forces (`_memory_tmax`). Tests check each against `evaluate`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from ..cost import (
     Config,
     Context,
     Table,
+    TailModel,
     ep_overlap_on,
     inflight_microbatches,
     layer_params,
@@ -509,16 +511,18 @@ def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact
     gradient reduction, but every second of it also lengthens the rank's time, which the
     pipeline pays M times, more than the (1 - k) R it can save in the tail (R = 1, or M under
     ZeRO-2); so the window counts only the recompute that fits under `tmax` for free:
-    the mean rank's time at its fastest modes up to tmax, capped at the slowest modes."""
+    the mean rank's time at its fastest modes up to tmax, capped at the slowest modes.
+    Without exact windows (a table that stands for every placement), the tail's affine form
+    is the cheapest of every placement order's, coefficient by coefficient (`_free_tail_model`)."""
     from ..cost import dp_tail_s, tail_model  # noqa: PLC0415
 
-    tm = tail_model(ctx, table)
     s = _summary(ctx, table, modes)
     p = table.cfg.pp
     hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
     params, eparams = s.params / p, s.expert_params / p
     if not exact_windows:  # overlapped(x, w) >= COMM_INTERFERENCE * x for every window w
-        return sum(dp_tail_s(tm, params, eparams, math.inf, math.inf))
+        return sum(dp_tail_s(_free_tail_model(ctx, table), params, eparams, math.inf, math.inf))
+    tm = tail_model(ctx, table)
     fwd = s.fwd_s / p + hops
     bwd_fast = s.bwd_fast_s / p + hops
     free = max(0.0, tmax - (fwd + bwd_fast))  # recompute that fits under tmax
@@ -599,3 +603,90 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg))
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     return Table(cfg, pl, layers, embed, head, 0.0, num_microbatches(ctx.problem, cfg), memo)
+
+
+def _free_tail_model(ctx: Context, table: Table) -> TailModel:
+    """The data-parallel tail's affine form for every placement of table.cfg at once: each
+    coefficient (seconds per dense parameter, per expert parameter, fixed seconds) the least
+    over the placement orders of the mesh axes. The exposed tail is nondecreasing in every
+    coefficient (parameter counts are >= 0), so it is a lower bound of each placement's tail.
+    Without folding, one order puts ep, dp and cp innermost and both groups on consecutive GPUs
+    (`_optimistic_table`'s profiles, kept). With MoE parallel folding the expert group is strided
+    by etp x ep over the stage's ranks in every order, never consecutive: pricing it so made the
+    expert reduction about 8x cheaper than any placement could (the dense coefficient stays the
+    consecutive one: some order still puts dp and cp innermost, at TP's expense, which the layer
+    costs price on their own)."""
+    from ..cost import tail_model  # noqa: PLC0415
+
+    cfg = table.cfg
+    if not cfg.folded:  # some order puts ep, dp and cp innermost: both groups consecutive at once
+        return tail_model(ctx, table)
+    # Everything `tail_model` reads of the configuration (the memo is shared by one solve's tables).
+    key = ("free_tail", cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp, cfg.zero,
+           table.microbatches if cfg.zero == 2 else 0, cfg.grad_overlap, cfg.param_overlap, cfg.opt_offload)
+    got = table.memo.get(key)
+    if got is not None:
+        return got
+    tms = [tail_model(ctx, dataclasses.replace(table, placement=dataclasses.replace(table.placement, dp_cp=d, edp=e)))
+           for d, e in _tail_profiles(ctx.graph, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)]
+    got = tms[0] if len(tms) == 1 else dataclasses.replace(
+        tms[0], reduce=tuple(min(x) for x in zip(*(t.reduce for t in tms))),
+        gather=tuple(min(x) for x in zip(*(t.gather for t in tms))))
+    table.memo[key] = got
+    return got
+
+
+@functools.lru_cache(maxsize=4096)
+def _tail_profiles(graph, tp: int, cp: int, ep: int, dp: int, pp: int, etp: int | None) -> tuple:
+    """The distinct (dense reduction, expert reduction) profile pairs over every order of the
+    mesh axes (`topology._place`'s dp_cp and edp), from their rank runs (`group_runs`,
+    `_runs_profile`): no rank arrays but one per distinct layout."""
+    from itertools import permutations  # noqa: PLC0415
+
+    from ..spec import MESH_AXES  # noqa: PLC0415
+    from ..topology import _is_folded, _runs_profile, group_runs, place_axes  # noqa: PLC0415
+
+    etp_ = tp if etp is None else etp
+    folded = _is_folded(tp, ep, dp, etp_)
+    sizes = {"tp": tp, "cp": cp, "ep": 1 if folded else ep, "dp": dp if folded else max(1, dp // ep), "pp": pp}
+    live = [a for a in MESH_AXES if sizes[a] > 1] or ["tp"]
+    out: dict = {}
+    for order in permutations(live):
+        if not folded:
+            pair = (_runs_profile(graph, group_runs(order, sizes, ("ep", "dp", "cp"))),
+                    _runs_profile(graph, group_runs(order, sizes, ("dp", "cp"))))
+        else:
+            runs = _folded_edp_runs(order, sizes, etp_ * ep)
+            edp = (_runs_profile(graph, runs) if runs is not None else
+                   place_axes(graph, "-".join([*order, *[a for a in MESH_AXES if a not in order]]),
+                              tp, cp, ep, dp, pp, etp).edp)
+            pair = (_runs_profile(graph, group_runs(order, sizes, ("dp", "cp"))), edp)
+        out.setdefault(pair, None)
+    return tuple(out)
+
+
+def _folded_edp_runs(order: tuple[str, ...], sizes: dict[str, int], inner: int) -> tuple | None:
+    """Rank runs of the expert data-parallel groups under MoE parallel folding (`topology.
+    _expert_groups`): a stage's attention ranks in placement order split as etp x ep (`inner`,
+    not in the group) x edp (in it), the pipeline axis inserted where the order has it. None
+    where the two splits do not nest (then the caller places the ranks)."""
+    stage = math.prod(sizes[a] for a in order if a != "pp")
+    before = math.prod(sizes[a] for a in order[:order.index("pp")]) if "pp" in order else stage
+    pp = sizes["pp"]
+    if before <= inner:
+        if inner % before:
+            return None
+        raw = [(before, False), (pp, False), (inner // before, False), (stage // inner, True)]
+    else:
+        if before % inner:
+            return None
+        raw = [(inner, False), (before // inner, True), (pp, False), (stage // before, True)]
+    runs: list[tuple[int, bool]] = []
+    for n, member in raw:
+        if n == 1:
+            continue
+        if runs and runs[-1][1] == member:
+            runs[-1] = (runs[-1][0] * n, member)
+        else:
+            runs.append((n, member))
+    return tuple(runs)
