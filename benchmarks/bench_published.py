@@ -82,19 +82,22 @@ CASES = [
         problem="problems/deepseek-v3-2048xh800.yaml",
         source="DeepSeek-AI, DeepSeek-V3 Technical Report (2024), sec. 3.2",
         plan=dict(tp=1, ep=64, pp=16, dp=128, zero_stage=1, micro_batch_size=1, schedule="zero_bubble",
-                  recompute="selective"),
+                  recompute="layernorm+mla_up_proj", moe_dispatcher="deepep"),
         notes=[
             "published: 16-way PP, 64-way EP over 8 nodes, ZeRO-1 DP, no TP; DualPipe; FP8 training; "
             "recomputation of RMSNorm and the MLA up-projections; batch 15,360 x 4,096 tokens",
             "assumed: DualPipe priced as the zero-bubble (ZB-H1) schedule on the problem's Megatron profile "
             "(Megatron has no DualPipe); the DualPipeV variant prices the V schedule with its all-to-all "
-            "overlap on torchtitan's profile; their partial recompute as autoshard's `selective`; "
+            "overlap on torchtitan's profile; their partial recompute as the recompute modules "
+            "`layernorm+mla_up_proj`; their dispatch kernels (DeepEP: a token crosses IB once per node, "
+            "fanned out over NVLink; node-limited routing to 4 nodes is not priced) as `deepep`; "
             "micro-batch 1; an even layer split",
         ],
         variants={"full recompute (the least memory-hungry version)": {"recompute": "full"},
                   "DualPipeV with full recompute, on torchtitan's profile (the only framework profile with "
                   "DualPipe: FSDP, fp32 master weights)": {"framework": "torchtitan", "schedule": "dualpipev",
-                                                          "vpp": 2, "zero_stage": 3, "recompute": "full"}},
+                                                          "vpp": 2, "zero_stage": 3, "recompute": "full",
+                                                          "moe_dispatcher": None}},
     ),
     Case(
         key="llama3-70b",
