@@ -380,14 +380,11 @@ def gpu_arch(problem: Problem) -> str:
 # blockwise,custom}, --fp4-format e2m1 --fp4-recipe nvfp4. torchtitan 0.2.2 job_config.py: converters
 # "quantize.linear.float8" ([quantize.linear.float8] recipe_name tensorwise | rowwise |
 # rowwise_with_gw_hp; torchao dropped delayed scaling) and "quantize.linear.mx" (recipe_name mxfp8_cublas).
-# `*_note`: what the closest setting changes (a warning).
+# `*_note`: what the closest setting changes (a warning). Keyed by recipe id (`fp8` is fp8-delayed:
+# look up through `_recipe_settings`).
 PRECISION_RECIPES: dict[str, dict[str, Any]] = {
     "bf16": {"megatron": [], "titan": None},
     "fp16": {"megatron": [], "titan": None},
-    "fp8": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")],
-            "titan": ("quantize.linear.float8", "tensorwise"),
-            "titan_note": "torchtitan/torchao has no delayed scaling: exported as tensorwise (current) scaling, "
-                          "one more read of each GEMM input per step for its amax"},
     "fp8-delayed": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")],
                     "titan": ("quantize.linear.float8", "tensorwise"),
                     "titan_note": "torchtitan/torchao has no delayed scaling: exported as tensorwise (current) "
@@ -408,6 +405,13 @@ PRECISION_RECIPES: dict[str, dict[str, Any]] = {
               "titan_note": "torchtitan has no NVFP4 recipe: the exported job trains in bf16 (about half the "
                             "planned GEMM rate)"},
 }
+
+
+def _recipe_settings(precision: str) -> dict[str, Any] | None:
+    """The launcher settings of a training precision, its aliases resolved (`fp8` -> fp8-delayed)."""
+    from .catalog import precision_id  # noqa: PLC0415
+
+    return PRECISION_RECIPES.get(precision_id(str(precision)) or str(precision))
 
 
 # ---------------------------------------------------------------------------------------
@@ -579,7 +583,7 @@ def _megatron(ctx: _Ctx) -> str:
 
     # --- precision ---------------------------------------------------------------------------
     add("--fp16" if t.precision == "fp16" else "--bf16")
-    recipe = PRECISION_RECIPES.get(str(t.precision))
+    recipe = _recipe_settings(t.precision)
     if recipe:
         for flag, value in recipe["megatron"]:
             add(flag, value)
@@ -891,7 +895,7 @@ def _torchtitan(ctx: _Ctx) -> str:
                  f"registered (dim={m.hidden_size}, n_layers={m.num_hidden_layers}, "
                  f"n_heads={m.num_attention_heads}, n_kv_heads={m.kv_heads}, vocab_size={m.vocab_size}) before "
                  "the job runs")
-    recipe = PRECISION_RECIPES.get(str(t.precision)) or {
+    recipe = _recipe_settings(t.precision) or {
         "titan": None, "titan_note": "no torchtitan recipe: the exported job trains in bf16"}
     quantize: tuple[str, dict[str, Any]] | None = None
     if recipe["titan"] is not None:
