@@ -162,7 +162,7 @@ class Context(ProblemParts):
     def attn_flops_per_s(self) -> float:
         """Core attention runs in bf16 at the GPU's matmul efficiency times the framework's
         attention-kernel factor (FlashAttention-3 / cuDNN = 1; FlashAttention-2 through SDPA less)."""
-        return self.gpu.peak_flops("bf16") * self.gpu.matmul_efficiency("bf16") * self.framework.attention_kernel_factor
+        return self.hp_flops_per_s * self.framework.attention_kernel_factor
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -666,19 +666,15 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     if cfg.cp > 1 and cfg.cp_comm == "a2a":
         # Ulysses: all-to-all q, k, v before attention (sequence-sharded -> head-sharded) and the
         # output after, each GPU sending (cp - 1)/cp of its share; the backward moves the gradients.
-        qkvo = BF16 * T * (2 * a * sh.d_qk + kv * sh.d_qk + kv * sh.d_v) if not m.is_mla else \
-            BF16 * T * a * (2 * sh.d_qk + 2 * sh.d_v)
-        fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, qkvo)
+        fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, _qkvo_bytes(sh))
     elif cfg.cp > 1 and cfg.cp_comm == "a2a+p2p":
         # Hierarchical (Megatron a2a+p2p): Ulysses all-to-all among the `inner` CP ranks of one NVLink
         # domain (heads scattered, their sequence gathered), then the p2p ring over the `outer` groups,
         # each passing K/V of its inner group's tokens for its share of the heads (the same bytes as
         # one rank's K/V), overlapped with attention.
         inner, outer = cp_hierarchy(ctx, cfg, pl)
-        qkvo = BF16 * T * (2 * a * sh.d_qk + kv * sh.d_qk + kv * sh.d_v) if not m.is_mla else \
-            BF16 * T * a * (2 * sh.d_qk + 2 * sh.d_v)
         n = len(pl.cp.members)
-        a2a = all_to_all_s(ctx.levels, Profile(inner, (inner,) * n), qkvo) if inner > 1 else 0.0
+        a2a = all_to_all_s(ctx.levels, Profile(inner, (inner,) * n), _qkvo_bytes(sh)) if inner > 1 else 0.0
         f, b = (cp_comm_s(ctx, outer, Profile(outer, tuple(max(1, x // inner) for x in pl.cp.members)), sh, core)
                 if outer > 1 else (0.0, 0.0))
         fwd["cp_comm"], bwd["cp_comm"] = a2a + f, a2a + b
@@ -689,6 +685,14 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     elif cfg.cp > 1:
         fwd["cp_comm"], bwd["cp_comm"] = cp_comm_s(ctx, cfg.cp, pl.cp, sh, core)
     return fwd, bwd, core, wgrad, flops
+
+
+def _qkvo_bytes(sh: Shapes) -> float:
+    """Bytes of one GPU's q, k, v and attention output per micro-batch: what Ulysses' all-to-alls move."""
+    T, a, kv = sh.tokens, sh.a_local, sh.kv_local
+    if sh.m.is_mla:
+        return BF16 * T * a * (2 * sh.d_qk + 2 * sh.d_v)
+    return BF16 * T * (2 * a * sh.d_qk + kv * sh.d_qk + kv * sh.d_v)
 
 
 def cp_hierarchy(ctx: Context, cfg: Config, pl: Placement) -> tuple[int, int]:
@@ -1075,7 +1079,8 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     zero3 = cfg.zero == 3 and cfg.data_parallel
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
-           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg), cfg.cp_comm,
+           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
+           cfg.cp_comm,
            (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)

@@ -570,8 +570,9 @@ def _megatron(ctx: _Ctx) -> str:
         add("--cuda-graph-scope", "full_iteration")
         add("--no-check-for-nan-in-loss-and-grad")  # validate_args asks for it with full_iteration graphs
         if m.is_moe:
-            ctx.warn("full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set "
-                     "--moe-token-dispatcher-type flex with the HybridEP backend and paged stashing "
+            need = "paged stashing" if p.moe_dispatcher == "hybridep" else \
+                "--moe-token-dispatcher-type flex with the HybridEP backend and paged stashing"
+            ctx.warn(f"full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set {need} "
                      "(Megatron-Bridge _enable_hybridep_full_iteration_mxfp8); not written by this exporter")
     offloaded = ctx.recompute.count("offload")
     if offloaded:  # TE activation offloading of the first N layers of each rank

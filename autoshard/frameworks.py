@@ -37,6 +37,18 @@ class FrameworkProfile:
         return self.master_bytes + moments
 
 
+def _dispatchers(name: str, values: list[str]) -> tuple[str, ...]:
+    """A profile's expert dispatchers, checked against the names plans take (spec.Dispatcher)."""
+    from typing import get_args  # noqa: PLC0415
+
+    from .spec import Dispatcher  # noqa: PLC0415
+
+    bad = [v for v in values if v not in get_args(Dispatcher)]
+    if bad or not values:
+        raise ValueError(f"frameworks.yaml: {name}.moe_dispatchers: {bad or 'empty'} (valid: {get_args(Dispatcher)})")
+    return tuple(values)
+
+
 @functools.cache
 def profiles() -> dict[str, FrameworkProfile]:
     data = yaml.safe_load(resources.files("autoshard.data").joinpath("frameworks.yaml").read_text())
@@ -54,7 +66,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),
-            moe_dispatchers=tuple(row.get("moe_dispatchers", ["alltoall"])))
+            moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])))
     return out
 
 

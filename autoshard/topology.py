@@ -296,7 +296,8 @@ def _expert_groups(order: tuple[str, ...], sizes: dict[str, int], etp: int, ep: 
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rank rows of the (etp, ep, edp) groups under MoE parallel folding: inside every pipeline
     stage, the attention ranks in placement order (innermost axis fastest) numbered 0..S-1, then
-    split as etp x ep x edp with etp innermost."""
+    split as etp x ep x edp with etp innermost. The reference the tests hold against Megatron's
+    expert RankGenerator and against `_expert_profiles`, which prices them from the pipeline axis."""
     shape = [sizes[a] for a in order]
     world = int(np.prod(shape))
     ranks = np.arange(world)

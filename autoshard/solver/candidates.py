@@ -53,12 +53,9 @@ def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> st
     if not runs:
         raise InputError(f"{problem.framework} runs the {', '.join(ctx.framework.moe_dispatchers)} expert "
                          f"dispatcher, not {', '.join(allowed)}", field="search.moe_dispatcher")
-    allowed = runs
     first = "hybridep" if ctx.levels[0].size > 8 else "deepep"
-    for d in (first, "deepep", "hybridep"):
-        if d in allowed:
-            return d
-    return allowed[0] if allowed and allowed[0] != ctx.framework.moe_dispatchers[0] else None
+    choice = next((d for d in (first, "deepep", "hybridep") if d in runs), "alltoall")
+    return None if choice == "alltoall" == ctx.framework.moe_dispatchers[0] else choice
 
 
 def candidates(problem: Problem, ctx: Context) -> list[Config]:

@@ -174,27 +174,27 @@ def spec_precision(recipe: str) -> str:
     return "fp8"
 
 
+# (words in the source or starting the id, framework profile, source family), first match wins.
+SOURCE_FRAMEWORKS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("bigscience", "megatron-deepspeed"), "deepspeed", "BigScience Megatron-DeepSpeed"),
+    (("automodel",), "automodel", "NeMo AutoModel"),
+    (("torchtitan",), "torchtitan", "torchtitan"),
+    (("mlperf",), "megatron", "MLPerf Training"),
+    (("simumax",), "megatron", "SimuMax B200"),
+    (("primus",), "megatron", "AMD Primus"),
+    (("megatron-bridge", "mbridge"), "megatron", "Megatron-Bridge"),
+    (("nemo",), "megatron", "NeMo 25.0x"),
+)
+
+
 def framework_of(row: Mapping[str, Any]) -> tuple[str, str]:
     """(Problem.framework, source family) of a modern row."""
     src = str(row.get("source") or "")
     rid = str(row.get("id") or "")
     low = src.lower()
-    if "bigscience" in low or "megatron-deepspeed" in low:
-        return "deepspeed", "BigScience Megatron-DeepSpeed"
-    if "automodel" in low or rid.startswith("automodel"):
-        return "automodel", "NeMo AutoModel"
-    if "torchtitan" in low or rid.startswith("torchtitan"):
-        return "torchtitan", "torchtitan"
-    if "mlperf" in low or rid.startswith("mlperf"):
-        return "megatron", "MLPerf Training"
-    if "simumax" in low or rid.startswith("simumax"):
-        return "megatron", "SimuMax B200"
-    if "primus" in low or rid.startswith("primus"):
-        return "megatron", "AMD Primus"
-    if "megatron-bridge" in low or rid.startswith("mbridge"):
-        return "megatron", "Megatron-Bridge"
-    if "nemo" in low or rid.startswith("nemo"):
-        return "megatron", "NeMo 25.0x"
+    for words, framework, family in SOURCE_FRAMEWORKS:
+        if any(w in low or rid.startswith(w) for w in words):
+            return framework, family
     return "megatron", src.split(",")[0].strip()[:32] or "unknown"
 
 
@@ -305,16 +305,19 @@ def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[
     return tp_ov, ep_ov, found
 
 
+def _notes_text(row: Mapping[str, Any]) -> str:
+    return " ".join(str(row.get(k) or "") for k in ("notes", "other_metrics")).lower()
+
+
 def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     """Whether the row says the step ran as a full-iteration CUDA graph (MLPerf's config_common_cg.sh,
     Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8, cuda_graph_impl full_iteration)."""
-    text = " ".join(str(row.get(k) or "") for k in ("notes", "other_metrics")).lower()
-    return bool(re.search(r"full[-_ ]iteration", text))
+    return bool(re.search(r"full[-_ ]iteration", _notes_text(row)))
 
 
 def dispatcher_of_row(row: Mapping[str, Any]) -> str | None:
     """The expert dispatcher a row names (HybridEP / DeepEP flex backends), None where it names none."""
-    text = " ".join(str(row.get(k) or "") for k in ("notes", "other_metrics")).lower()
+    text = _notes_text(row)
     if re.search(r"hybrid[-_]?ep", text):
         return "hybridep"
     if "deepep" in text:
