@@ -892,7 +892,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.bwd["offload"] = overlapped(moved / link, c.bwd["compute"])
         elif recompute != "none":  # Megatron recompute modules
             for module in recompute.split("+"):
-                t_s, saved, fl = _module_recompute(ctx, cfg, sh, kind, module, afwd, mfwd, core, acts)
+                t_s, saved, fl = _module_recompute(ctx, cfg, pl, sh, kind, module, afwd, mfwd, core, acts)
                 if (t_s or saved) and not cfg.cuda_graphs:  # the module's checkpoint wrapper's host time
                     t_s += ctx.framework.recompute_module_host_s
                 c.bwd["recompute"] += t_s
@@ -941,14 +941,19 @@ def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:
     return sh.tokens * k * (etp / t if cfg.sp or etp < t else 1.0) * moe_imbalance(ctx, cfg)
 
 
-def _module_recompute(ctx: Context, cfg: Config, sh: Shapes, kind: str, module: str, afwd: dict, mfwd: dict,
-                      core_s: float, acts: dict[str, float]) -> tuple[float, float, float]:
+def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, module: str,
+                      afwd: dict, mfwd: dict, core_s: float,
+                      acts: dict[str, float]) -> tuple[float, float, float]:
     """(time re-run in the backward, activation bytes no longer kept, FLOPs re-run) of one Megatron
     recompute module on one layer of `kind` (a module that does not apply to the kind costs nothing):
     core_attn re-runs core attention; layernorm both norms (drops their outputs); mlp the dense MLP
     block and moe the whole MoE block (its all-to-all too), each keeping only its input; moe_act the
     experts' activation function (drops its output); shared_experts the shared-expert MLP;
-    mla_up_proj MLA's query/key/value up-projections (drops q, k, v, keeps the latents)."""
+    mla_up_proj MLA's query/key/value up-projections (drops q, k, v, keeps the latents): Megatron's
+    `qkv_up_proj_and_rope_apply` re-runs the query projection (`linear_q_up_proj` on the q latent, or
+    `linear_q_proj` on the hidden state where the model has no q_lora_rank, as Moonlight), the key/value
+    up-projection, RoPE and the q/k concatenation; with sequence parallelism both column-parallel
+    projections all-gather their sequence-sharded inputs again (multi_latent_attention.py)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
     mats = 6 if m.gated else 4
@@ -976,11 +981,13 @@ def _module_recompute(ctx: Context, cfg: Config, sh: Shapes, kind: str, module: 
         return up + down, mats * T * ffn, 2 * T * h * ffn * (3 if m.gated else 2)
     if module == "mla_up_proj" and m.is_mla:
         a = sh.a_local
-        gemms = [(T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v))]
-        if m.q_lora_rank:
-            gemms.append((T, m.q_lora_rank, a * sh.d_qk))
-        return (sum(_gemm_s(ctx, *g) for g in gemms), BF16 * T * a * (2 * sh.d_qk + sh.d_v),
-                sum(2 * x * y * z for x, y, z in gemms))
+        q_in = m.q_lora_rank or h
+        gemms = [(T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v)), (T, q_in, a * sh.d_qk)]
+        qkv = BF16 * T * a * (2 * sh.d_qk + sh.d_v)
+        t_s = sum(_gemm_s(ctx, *g) for g in gemms) + _mem_s(ctx, 2 * qkv)  # GEMMs, RoPE + concatenation
+        if cfg.sp and t > 1:
+            t_s += all_gather_s(ctx.levels, pl.tp, BF16 * T * (q_in + m.kv_lora_rank))
+        return t_s, qkv, sum(2 * x * y * z for x, y, z in gemms)
     return 0.0, 0.0, 0.0
 
 

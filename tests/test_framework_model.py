@@ -458,3 +458,35 @@ def test_cached_expert_profiles_match_the_rank_generator_groups_for_every_order(
         for etp, ep in ((1, 8), (2, 4), (1, 24)):
             want = tuple(graph.group_profile(g) for g in _expert_groups(order, sizes, etp, ep))
             assert _expert_profiles(graph, 4, stride, etp, ep) == want, (order, etp, ep)
+
+
+def test_mla_up_proj_recompute_reruns_what_megatron_reruns():
+    # Megatron's qkv_up_proj_and_rope_apply (multi_latent_attention.py) re-runs the query projection
+    # (linear_q_proj on the hidden state when q_lora_rank is None, as Moonlight-16B), the kv
+    # up-projection and RoPE; with SP both column-parallel projections all-gather their inputs again.
+    from pathlib import Path
+
+    import yaml
+
+    from autoshard.cost import _module_recompute
+
+    m = yaml.safe_load((Path(__file__).parents[1] / "autoshard/data/models.yaml").read_text())["deepseek-v3"]
+    m.pop("source")
+    m.update(q_lora_rank=None, num_hidden_layers=4, first_k_dense_replace=1, hidden_size=2048,
+             num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=6,
+             moe_intermediate_size=1408, intermediate_size=11264, num_shared_experts=2)
+    p = load_problem({"model": m, "training": {"seq_len": 4096, "global_batch_size": 8},
+                      "cluster": {"gpu": "h100", "num_gpus": 8}})
+    ctx = context(p)
+    times = {}
+    for sp in (False, True):
+        table = layer_table(ctx, Config.of(Plan(tp=2, etp=1, ep=8, sequence_parallel=sp), 1))
+        sh = Shapes(ctx, table.cfg)
+        layer = table.layers[("moe", "none")]
+        t_s, saved, flops = _module_recompute(ctx, table.cfg, table.placement, sh, "moe", "mla_up_proj",
+                                              layer.fwd, layer.fwd, 0.0, {})
+        # 8 local heads: kv up-projection 512 -> 8 x (128 + 128), query projection 2048 -> 8 x 192.
+        assert flops == pytest.approx(2 * 4096 * (512 * 8 * 256 + 2048 * 8 * 192))
+        assert saved == pytest.approx(2 * 4096 * 8 * (2 * 192 + 128))  # q, k, v in bf16
+        times[sp] = t_s, all_gather_s(ctx.levels, table.placement.tp, 2 * 4096 * (2048 + 512))
+    assert times[True][0] == pytest.approx(times[False][0] + times[True][1])
