@@ -393,3 +393,42 @@ def test_describe_difference_names_only_real_changes():
     d = b.model_copy(update={"recompute": ["full"] * 2 + ["none"] * 124})
     assert describe_difference(b, d) == "recompute none -> none:124,full:2"
     assert describe_difference(b, b) == "same degrees, different layer split"
+
+
+@pytest.mark.parametrize("dense,pp,vpp,seq", [(2, 2, 1, 4096), (2, 4, 1, 4096), (3, 3, 2, 4096), (3, 2, 2, 16384),
+                                              (3, 3, 2, 16384)])
+def test_memory_tmax_is_the_least_slowest_rank_over_every_fitting_plan(dense, pp, vpp, seq):
+    """`_memory_tmax` (the recompute HBM forces, dense layers only where a dense-first split can
+    put them) is at most the slowest rank's time of every plan that fits, by enumeration of every
+    split (>= 1 layer per virtual stage) and per-layer recompute; and where dense placement binds,
+    it equals the enumerated least (seq 16384: HBM forces recompute too)."""
+    from autoshard.cost import assign_layers, rank_totals
+    from autoshard.solver import _memory_tmax, _placements, candidates
+
+    model = dict(SMALL_MOE, num_hidden_layers=8, first_k_dense_replace=dense)
+    schedule = "interleaved" if vpp > 1 else "1f1b"
+    p = load_problem({"model": model, "training": {"seq_len": seq, "global_batch_size": 48},
+                      "cluster": {"gpu": "rtx-4090", "num_gpus": 8 * pp // 2},
+                      "search": {"tp": [2], "cp": [1], "ep": [2], "pp": [pp], "vpp": [vpp], "zero_stage": [1],
+                                 "micro_batch_size": [1], "schedule": [schedule], "sequence_parallel": [True]}})
+    ctx = context(p)
+    modes = ["none", "full"]
+    kinds = p.model.layer_kinds()
+    L = len(kinds)
+    exact = 0
+    for cfg0 in candidates(p, ctx):
+        table = layer_table(ctx, _placements(p, ctx, cfg0)[0])
+        bound = _memory_tmax(ctx, table, modes)
+        least = float("inf")
+        for split in compositions(L, pp * vpp):
+            for rc in itertools.product(modes, repeat=L):
+                rc = list(rc)
+                e = assemble(ctx, table, split, rc, table.cfg.plan(rc, split), [])
+                if not e.fits:
+                    continue
+                per_rank = assign_layers(kinds, rc, split, pp)
+                tmax = max(rank_totals(table, ch, r == 0, r == pp - 1).time_s for r, ch in enumerate(per_rank))
+                least = min(least, tmax)
+        assert bound <= least * (1 + 1e-9), table.cfg
+        exact += bound == pytest.approx(least, rel=1e-9)
+    assert exact >= 1

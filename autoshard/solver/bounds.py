@@ -449,7 +449,10 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     T such that the ranks, each holding at least vpp layers (a chunk needs one) and at most
     what `_rank_times` says fits under T, can together hold every layer of both kinds. One
     kind: a sum of per-rank ranges; two: a dynamic program over ranks on the set of reachable
-    (first-kind, second-kind) totals, the second as a bit mask."""
+    (first-kind, second-kind) totals, the second as a bit mask. Dense layers come first and every
+    virtual stage holds a layer or more, so dense layer i sits in virtual stage i or before: rank p
+    holds dense layers only in its virtual stages c < n_dense (at most n_dense - c in each), and
+    rank 0 holds the first."""
     key = ("memory_tmax", tuple(modes), table.cfg, table.pp_p2p_s, table.microbatches)  # (memo is shared)
     if key in table.memo:
         return table.memo[key]
@@ -458,6 +461,11 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     P, D, N = t.shape
     n1, n2 = D - 1, N - 1
     min_per = table.cfg.vpp if P > 1 else len(kinds)
+    if P > 1:  # the dense layers each rank can hold (see above)
+        d_lo = [min(1, n1) if p == 0 else 0 for p in range(P)]
+        d_hi = [min(n1, sum(n1 - c for c in range(p, min(n1, P * table.cfg.vpp), P))) for p in range(P)]
+    else:
+        d_lo, d_hi = [0], [n1]
 
     def fits(T: float) -> bool:
         most = (t <= T).sum(axis=2) - 1  # most second-kind layers per (rank, first-kind count); -1: none
@@ -467,7 +475,7 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         for p in range(P):
             nxt: dict[int, int] = {}
             for d, mask in reach.items():
-                for k in range(n1 - d + 1):
+                for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
                     lo, hi = max(0, min_per - k), min(int(most[p, k]), n2)
                     if hi >= lo:
                         nxt[d + k] = nxt.get(d + k, 0) | (_spread(mask, lo, hi) & ((1 << (n2 + 1)) - 1))
