@@ -320,6 +320,13 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
                        f"(it runs {', '.join(fw.moe_dispatchers)})")
     if plan.cuda_graphs and not fw.cuda_graphs:
         reasons.append(f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
+    if t.moe_capacity_factor is not None and m.is_moe:
+        if not fw.moe_token_drop:
+            reasons.append(f"{problem.framework} routes dropless: it has no expert capacity to drop tokens at "
+                           "(training.moe_capacity_factor)")
+        elif (plan.moe_dispatcher or fw.moe_dispatchers[0]) == "deepep":
+            reasons.append("the DeepEP dispatcher cannot pad expert inputs to a capacity (Megatron raises with "
+                           "--moe-pad-expert-input-to-capacity): token dropping needs alltoall or hybridep")
     if dp:
         per = dp * plan.micro_batch_size
         if t.global_batch_size % per:
@@ -614,6 +621,8 @@ def moe_imbalance(ctx: Context, cfg: Config) -> float:
     """Routed tokens on the busiest expert-parallel rank over the mean: the problem's imbalance,
     evened out by EPLB's redundant experts (assumed linear up to one redundant expert per EP rank,
     the layout DeepSeek-V3 deploys: 32 redundant experts on EP32, report sec. 3.4)."""
+    if ctx.training.moe_capacity_factor is not None:  # dropped above, padded up to the capacity
+        return ctx.training.moe_capacity_factor
     imb = ctx.training.moe_load_imbalance
     if imb <= 1.0 or cfg.ep <= 1:
         return 1.0
@@ -923,14 +932,17 @@ def moe_host_s(ctx: Context, cfg: Config) -> float:
     Engine's GroupedLinear then works expert by expert from the host (host-side m_splits, a split, a
     quantization and a cuBLAS GEMM per local expert, forward and backward: `moe_expert_host_s` each),
     so the layer's host time grows with the experts each GPU holds, E / ep (with EPLB's redundant
-    copies). Larger EP therefore cuts host time as well as memory. Full-iteration CUDA graphs
+    copies). Larger EP therefore cuts host time as well as memory. Dropping and padding to a capacity
+    (`training.moe_capacity_factor`) fixes every count in advance: no sync (token_dispatcher.py
+    `drop_and_pad`: cuda_sync_point "no_sync"), the per-expert work stays. Full-iteration CUDA graphs
     (`cuda_graphs`) replay the step without the host: none."""
     fw = ctx.framework
     if cfg.cuda_graphs or not (fw.moe_layer_host_s or fw.moe_expert_host_s):
         return 0.0
     m = ctx.model
     local = m.num_experts / cfg.ep * (1 + ctx.training.moe_redundant_experts / m.num_experts)
-    return fw.moe_layer_host_s + fw.moe_expert_host_s * local
+    sync = fw.moe_layer_host_s if ctx.training.moe_capacity_factor is None else 0.0
+    return sync + fw.moe_expert_host_s * local
 
 
 def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:

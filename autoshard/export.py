@@ -185,6 +185,16 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     if plan.cp > 1 and plan.cp_comm_type != "p2p" and fmt != "megatron":
         ctx.warn(f"cp_comm_type {plan.cp_comm_type} is not exported: {TARGETS_SHORT[fmt]} runs its own context "
                  "parallelism exchange (the step time differs from the estimate)")
+    from .frameworks import get_framework  # noqa: PLC0415
+
+    if problem.model.is_moe and problem.training.moe_capacity_factor is not None \
+            and not get_framework(target_fw).moe_token_drop:
+        ctx.warn(f"token dropping (moe_capacity_factor {problem.training.moe_capacity_factor}) is not exported: "
+                 f"{TARGETS_SHORT[fmt]} routes dropless (experts see the routing's imbalance; slower than planned)")
+    if problem.model.is_moe and problem.training.moe_capacity_factor is not None and fmt == "deepspeed":
+        ctx.warn(f"token dropping is set in code: deepspeed.moe.layer.MoE(capacity_factor="
+                 f"{problem.training.moe_capacity_factor}, drop_tokens=True) or Megatron-DeepSpeed "
+                 f"--moe-train-capacity-factor {problem.training.moe_capacity_factor}")
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
@@ -569,7 +579,7 @@ def _megatron(ctx: _Ctx) -> str:
         add("--cuda-graph-impl", "local")
         add("--cuda-graph-scope", "full_iteration")
         add("--no-check-for-nan-in-loss-and-grad")  # validate_args asks for it with full_iteration graphs
-        if m.is_moe:
+        if m.is_moe and t.moe_capacity_factor is None:  # drop-and-pad is sync-free already
             need = "paged stashing" if p.moe_dispatcher == "hybridep" else \
                 "--moe-token-dispatcher-type flex with the HybridEP backend and paged stashing"
             ctx.warn(f"full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set {need} "
@@ -643,6 +653,9 @@ def _megatron(ctx: _Ctx) -> str:
             add("--moe-token-dispatcher-type", "flex")
             add("--moe-flex-dispatcher-backend", dispatcher)
         add("--moe-grouped-gemm")
+        if t.moe_capacity_factor is not None:  # drop above the capacity, pad up to it (no D2H sync)
+            add("--moe-expert-capacity-factor", t.moe_capacity_factor)
+            add("--moe-pad-expert-input-to-capacity")
         if not any(f.startswith("--moe-router-load-balancing-type") for f in fam_flags):
             ctx.warn(f"router settings of {m.name} unknown: Megatron's defaults are used (softmax top-k, "
                      "aux_loss coefficient 0); set --moe-aux-loss-coeff to the model's router_aux_loss_coef")
@@ -1402,6 +1415,8 @@ def _maxtext(ctx: _Ctx) -> str:
         cfg["num_experts"] = m.num_experts
         cfg["num_experts_per_tok"] = m.num_experts_per_tok
         cfg["base_moe_mlp_dim"] = m.expert_ffn
+        if ctx.training.moe_capacity_factor is not None:
+            cfg["capacity_factor"] = ctx.training.moe_capacity_factor
         if m.num_shared_experts:
             cfg["shared_experts"] = m.num_shared_experts
         if m.first_k_dense_replace:

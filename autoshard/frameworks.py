@@ -30,6 +30,7 @@ class FrameworkProfile:
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
+    moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
 
     def optimizer_state_bytes(self, optimizer: str) -> float:
         """Bytes per parameter the optimizer keeps (master weights + moments); SGD keeps one moment."""
@@ -66,7 +67,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),
-            moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])))
+            moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
+            moe_token_drop=bool(row.get("moe_token_drop", False)))
     return out
 
 

@@ -215,6 +215,13 @@ class TrainingSpec(Strict):
     # (DeepSeek's EPLB) replicate hot experts: one per EP rank removes the imbalance.
     moe_load_imbalance: Annotated[float, Field(ge=1.0, le=64.0)] = 1.0
     moe_redundant_experts: Annotated[int, Field(ge=0, le=65536)] = 0
+    # Token dropping (GShard / Switch capacity): each expert takes at most capacity_factor x its mean
+    # share of a micro-batch's routed tokens and is padded up to that capacity (Megatron
+    # --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity, Megatron-Bridge
+    # apply_moe_token_drop: 1.0). Every expert then computes the same padded count, whatever the
+    # routing imbalance, and the token counts are known on the host without a device-to-host sync.
+    # None = dropless.
+    moe_capacity_factor: Annotated[float, Field(gt=0.0, le=64.0)] | None = None
     # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the GPU, so each layer's kernel launches
     # are paid on the critical path once per micro-batch (a workaround for NCCL hangs; BigScience
     # trained BLOOM's benchmarks so). Costs cost.BLOCKING_LAYER_HOST_S per layer and micro-batch.

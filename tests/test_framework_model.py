@@ -490,3 +490,37 @@ def test_mla_up_proj_recompute_reruns_what_megatron_reruns():
         assert saved == pytest.approx(2 * 4096 * 8 * (2 * 192 + 128))  # q, k, v in bf16
         times[sp] = t_s, all_gather_s(ctx.levels, table.placement.tp, 2 * 4096 * (2048 + 512))
     assert times[True][0] == pytest.approx(times[False][0] + times[True][1])
+
+
+def test_token_drop_pads_every_expert_to_its_capacity():
+    # Megatron's drop-and-pad (--moe-expert-capacity-factor + --moe-pad-expert-input-to-capacity):
+    # every expert computes capacity_factor x its mean share whatever the routing imbalance, and the
+    # dispatcher knows the counts without a device-to-host sync (token_dispatcher.py, "no_sync").
+    def est(framework="megatron", plan=None, **training):
+        p = load_problem({"model": "qwen3-30b-a3b", "framework": framework,
+                          "training": {"seq_len": 4096, "global_batch_size": 256, **training},
+                          "cluster": {"gpu": "h100", "num_gpus": 16}})
+        return evaluate(p, plan or Plan(tp=1, pp=2, ep=8, micro_batch_size=1))
+
+    balanced = est()
+    skewed = est(moe_load_imbalance=1.5)
+    dropped = est(moe_load_imbalance=1.5, moe_capacity_factor=1.0)
+    padded = est(moe_capacity_factor=1.25)
+    tb = {k: e.time_breakdown_s for k, e in
+          (("balanced", balanced), ("skewed", skewed), ("dropped", dropped), ("padded", padded))}
+    # The busiest rank's imbalance is gone: computation and all-to-all as balanced routing.
+    assert tb["skewed"]["compute"] > 1.1 * tb["balanced"]["compute"]
+    assert tb["dropped"]["compute"] == pytest.approx(tb["balanced"]["compute"])
+    assert tb["dropped"]["ep_comm"] == pytest.approx(tb["balanced"]["ep_comm"])
+    # Padding to 1.25x the mean moves and computes 1.25x the routed copies.
+    assert tb["padded"]["ep_comm"] == pytest.approx(1.25 * tb["balanced"]["ep_comm"], rel=0.02)
+    assert tb["padded"]["compute"] > tb["balanced"]["compute"]
+    # No sync: the host pays only the per-expert work, moe_layer_host_ms less per MoE layer and micro-batch.
+    fw = get_framework("megatron")
+    layers_mbs = 48 / 2 * balanced.num_microbatches  # pp 2: 24 MoE layers per stage
+    assert tb["balanced"]["host"] - tb["dropped"]["host"] == pytest.approx(fw.moe_layer_host_s * layers_mbs, rel=1e-6)
+    # Launchers that route dropless cannot, and DeepEP cannot pad.
+    assert any("routes dropless" in r for r in est("torchtitan", Plan(tp=1, ep=8, zero_stage=3),
+                                                   moe_capacity_factor=1.0).reasons)
+    assert any("DeepEP" in r for r in est(plan=Plan(tp=1, pp=2, ep=8, moe_dispatcher="deepep"),
+                                         moe_capacity_factor=1.0).reasons)

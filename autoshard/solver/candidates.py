@@ -54,7 +54,10 @@ def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> st
         raise InputError(f"{problem.framework} runs the {', '.join(ctx.framework.moe_dispatchers)} expert "
                          f"dispatcher, not {', '.join(allowed)}", field="search.moe_dispatcher")
     first = "hybridep" if ctx.levels[0].size > 8 else "deepep"
-    choice = next((d for d in (first, "deepep", "hybridep") if d in runs), "alltoall")
+    order = (first, "deepep", "hybridep")
+    if problem.training.moe_capacity_factor is not None:  # DeepEP cannot pad to a capacity
+        order = ("hybridep",)
+    choice = next((d for d in order if d in runs), "alltoall")
     return None if choice == "alltoall" == ctx.framework.moe_dispatchers[0] else choice
 
 

@@ -315,6 +315,14 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(re.search(r"full[-_ ]iteration", _notes_text(row)))
 
 
+def token_drop_of(row: Mapping[str, Any]) -> float | None:
+    """The expert capacity factor of a token-drop run (None: dropless). Megatron-Bridge labels its
+    token-drop benchmarks '(tokendrop)' and runs them through apply_moe_token_drop: capacity factor
+    1.0, inputs padded to the capacity (src/megatron/bridge/training/utils/moe_token_drop.py)."""
+    label = f"{row.get('id', '')} {row.get('model', '')}".lower()
+    return 1.0 if re.search(r"token[-_ ]?drop(?!less)", label) else None
+
+
 def dispatcher_of_row(row: Mapping[str, Any]) -> str | None:
     """The expert dispatcher a row names (HybridEP / DeepEP flex backends), None where it names none."""
     text = _notes_text(row)
@@ -439,8 +447,6 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                      first_k_dense_replace=_int(row.get("first_k_dense"), 0) or 0)
         if row.get("moe_ffn") is None:
             notes.append(f"moe_ffn null: experts of ffn = {row['ffn']} (Mixtral-style)")
-        if "token-drop" in model_name.lower() or "tokendrop" in rid:
-            notes.append("token-dropping run priced as dropless balanced routing")
 
     # ---- parallel plan
     layers = int(row["layers"])
@@ -486,6 +492,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                      "by the solver with every published degree fixed")
     tp_ov, ep_ov, ov_notes = overlaps_of(row)
     notes += ov_notes
+    capacity = token_drop_of(row) if model.get("num_experts") else None
+    if capacity is not None:
+        notes.append(f"token-drop run (stated in the row): moe_capacity_factor {capacity}, padded to capacity")
     ga = _int(row.get("grad_accum"))
     if ga is not None and dp * mbs * ga != gbs:
         notes.append(f"grad_accum {ga} x dp {dp} x mbs {mbs} != global batch {gbs}")
@@ -494,7 +503,8 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
             "name": rid, "model": model, "framework": framework,
             "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
                          "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True)),
-                         "launch_blocking": bool(row.get("launch_blocking", False))},
+                         "launch_blocking": bool(row.get("launch_blocking", False)),
+                         "moe_capacity_factor": capacity},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         graphs = framework == "megatron" and cuda_graphs_of(row)

@@ -200,6 +200,8 @@ def test_transformer_config_is_the_planned_model(case: str) -> None:
         assert cfg.moe_aux_loss_coeff > 0
         assert cfg.expert_model_parallel_size == plan.ep
         assert cfg.expert_tensor_parallel_size == plan.expert_tp
+        cf = prob.training.moe_capacity_factor  # token drop: drop and pad to the capacity
+        assert (cfg.moe_expert_capacity_factor, cfg.moe_pad_expert_input_to_capacity) == (cf, cf is not None)
     else:
         assert cfg.num_moe_experts is None
     if fam.get("family") == "deepseek-v3":
