@@ -724,3 +724,19 @@ def test_completed_plans_keep_the_runs_dispatcher():
     done = completed_plan(mix)
     assert done.moe_dispatcher in (None, "alltoall")  # Megatron's default, as the run had it (the planner takes deepep)
     assert (done.tp, done.pp, done.ep, done.micro_batch_size) == (mix.plan.tp, mix.plan.pp, 8, mix.plan.micro_batch_size)
+
+
+def test_completed_plans_keep_the_runs_overlaps_and_graphs():
+    # The solver that fills in an unpublished recompute has no overlap / CUDA-graph knobs in its
+    # search: the completed plan keeps the run's own settings (they had fallen back to the defaults).
+    import dataclasses
+
+    from autoshard.validate import completed_plan
+
+    mix = run_to_case(modern_rows()["nemo_2504_mixtral8x7b_gb200_fp8_64gpu"])
+    assert not mix.recompute_published
+    stated = dict(ep_overlap=False, tp_comm_overlap=False, cuda_graphs=True, overlap_param_gather=False)
+    case = dataclasses.replace(mix, plan=mix.plan.model_copy(update=stated))
+    done = completed_plan(case)
+    assert {k: getattr(done, k) for k in stated} == stated
+    assert cost.evaluate(case.problem, done).time_breakdown_s.get("host", 0.0) == 0.0  # graphs: no host time

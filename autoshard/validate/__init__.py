@@ -371,6 +371,11 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc)
 
 
+# Plan settings of a run that are not degrees of the search (solve leaves them to the framework).
+RUN_KNOBS = ("tp_comm_overlap", "ep_overlap", "overlap_grad_reduce", "overlap_param_gather", "optimizer_offload",
+             "cp_comm_type", "cuda_graphs")
+
+
 def completed_plan(case: Case) -> Any:
     """The case's plan, with recompute chosen per layer by the solver when the source does not
     publish it (a run recomputes what it must to fit; the degrees, micro-batch and schedule
@@ -389,8 +394,10 @@ def completed_plan(case: Case) -> Any:
              # the dispatcher the run used (stated, else the framework's default), not the planner's pick
              "moe_dispatcher": p.moe_dispatcher or get_framework(case.problem.framework).moe_dispatchers[0]}
     problem = case.problem.model_copy(update={"search": case.problem.search.model_copy(update=fixed)})
+    # The search space has no overlap, offload or CUDA-graph knobs: the run's own settings are kept.
+    knobs = {k: getattr(p, k) for k in RUN_KNOBS}
     try:
-        return solve(problem, time_limit_s=60, top_k=0).plan
+        return solve(problem, time_limit_s=60, top_k=0).plan.model_copy(update=knobs)
     except InfeasibleError:
         return p.model_copy(update={"recompute": "full"})
 
