@@ -255,3 +255,53 @@ def test_same_answer_with_one_or_two_threads():
                                  "solves": s.solver.cp_sat_solves, "alts": [a.plan.model_dump() for a in s.alternatives],
                                  "fp": s.solver.fingerprint}, sort_keys=True)
     assert one.solver.cp_sat_solves > 2 and same(one) == same(two)
+
+
+@pytest.mark.parametrize("doc", [
+    {"model": "mixtral-8x7b", "training": {"seq_len": 4096, "global_batch_size": 256},
+     "cluster": {"gpu": "h100-sxm", "num_gpus": 64}},
+    {"model": {"preset": "deepseek-v3", "num_hidden_layers": 12}, "training": {"seq_len": 8192, "global_batch_size": 96},
+     "cluster": {"gpu": "b200", "num_gpus": 96, "topology": "dgx-b200"}},
+    {"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 48},
+     "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 48}, "framework": "deepspeed"}])
+def test_candidates_are_every_valid_configuration_in_order(doc):
+    """`candidates` (validity probed once per degrees and schedule, rows built into Config on read)
+    lists exactly what checking `config_reasons` with every micro-batch size lists, in the same
+    order; reading it behaves as a list."""
+    from autoshard.cost import config_reasons
+    from autoshard.solver import candidates
+    from autoshard.solver.candidates import _space, planned_dispatcher
+    from autoshard.spec import Plan
+
+    p = load_problem(doc)
+    ctx = context(p)
+    sp_ = _space(p, ctx)
+    n, gbs, L = p.cluster.num_gpus, p.training.global_batch_size, p.model.num_hidden_layers
+    dispatcher = planned_dispatcher(p, ctx, sp_["moe_dispatcher"])
+    want = []
+    for tp, cp, pp, ep, mbs, etp, sched, vpp, zero, sp in itertools.product(
+            sp_["tp"], sp_["cp"], sp_["pp"], sp_["ep"], sp_["micro_batch_size"], sp_["etp"], sp_["schedule"],
+            sp_["vpp"], sp_["zero_stage"], sp_["sequence_parallel"]):
+        if n % (tp * cp * pp) or gbs % (n // (tp * cp * pp) * mbs):
+            continue
+        dp = n // (tp * cp * pp)
+        etp = None if etp == tp else etp
+        if (etp is not None and tp == 1 or pp * vpp > L or sched == "dualpipev" or (vpp > 1) != (sched == "interleaved")
+                or pp == 1 and sched != "1f1b" or tp == 1 and not sp):
+            continue
+        if dp * cp == 1 and zero > 0 and tp * cp * dp // ((etp or tp) * ep) == 1:
+            continue
+        plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched, etp=etp,
+                    zero_stage=zero)
+        if config_reasons(p, plan)[1]:
+            continue
+        want.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, plan.placement, etp,
+                           dispatcher=dispatcher))
+    got = candidates(p, ctx)
+    assert len(got) == len(want) > 100
+    # The same configurations; the order is the enumeration's (tp, cp, pp, then ep, mbs, etp, ...).
+    assert sorted(map(repr, got)) == sorted(map(repr, want))
+    key = lambda c: (sp_["tp"].index(c.tp), sp_["cp"].index(c.cp), sp_["pp"].index(c.pp), sp_["ep"].index(c.ep),
+                     sp_["micro_batch_size"].index(c.mbs))  # noqa: E731
+    assert [key(c) for c in got] == sorted(key(c) for c in got)
+    assert got[-1] == got[len(got) - 1] and got[1:3] == [got[1], got[2]] and list(got)[5] is got[5]

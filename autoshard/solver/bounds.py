@@ -64,13 +64,9 @@ def _bounds(ctx: Context, cands: list[Config],
     Fit: `_could_fit`, every rank with every layer at its leanest mode.
     Per-candidate Python work is done once per distinct group of the fields it depends on.
     """
-    from operator import attrgetter  # noqa: PLC0415
-
     m, tr = ctx.model, ctx.training
     n_c = len(cands)
-    raw = list(map(attrgetter(*_FIELDS, "schedule"), cands))
-    a = np.array([r[:9] + (-1 if r[9] is None else r[9], _SCHEDULES[r[10]]) for r in raw],
-                 dtype=np.float64).reshape(-1, 11)
+    a = _fields(cands)
     tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
     L, h = m.num_hidden_layers, m.hidden_size
     tokens = mbs * tr.seq_len / cp
@@ -148,6 +144,23 @@ def _bounds(ctx: Context, cands: list[Config],
     return t_lb, static + acts, ok
 
 
+def _fields(cands: list[Config]) -> np.ndarray:
+    """(n, 11): each candidate's `_FIELDS` and schedule (`_SCHEDULES`), etp None as -1; read off
+    `Candidates` rows where the candidates are (no Config built)."""
+    from operator import attrgetter  # noqa: PLC0415
+
+    from .candidates import Candidates  # noqa: PLC0415
+
+    if isinstance(cands, Candidates) and cands.rows:
+        cols = dict(zip(Candidates.ROW, zip(*cands.rows)))
+        cols["etp"] = [-1 if x is None else x for x in cols["etp"]]
+        sched = list(map(_SCHEDULES.__getitem__, cols["schedule"]))
+        return np.column_stack([np.array(cols[f], dtype=np.float64) for f in _FIELDS] + [np.array(sched, np.float64)])
+    raw = list(map(attrgetter(*_FIELDS, "schedule"), cands))
+    return np.array([r[:9] + (-1 if r[9] is None else r[9], _SCHEDULES[r[10]]) for r in raw],
+                    dtype=np.float64).reshape(-1, 11)
+
+
 def _could_fit(ctx: Context, cands: list[Config], tables: list[Table], inv: np.ndarray, a: np.ndarray,
                M: np.ndarray) -> np.ndarray:
     """Whether some split of each candidate could fit in HBM, every layer at its leanest mode
@@ -222,13 +235,14 @@ def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
     edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep))
     w_b, g_b = zero3_bytes_per_param(ctx)
     w_b, g_b = min(w_b, BF16), min(g_b, BF16)  # (bf16 stands in for more: still a lower bound)
+    kinds = m.layer_kinds()
     total = 0.0
-    for k in m.layer_kinds():
+    for k in sorted(set(kinds)):  # (layers of one kind cost the same)
         params, experts = layer_params(m, k)
         d_loc, e_loc = (params - experts) / cfg.tp, experts / (cfg.tp * cfg.ep)
         ag = all_gather_s(lv, dp_cp, w_b * d_loc) + all_gather_s(lv, edp, w_b * e_loc)
         rs = reduce_scatter_s(lv, dp_cp, g_b * d_loc) + reduce_scatter_s(lv, edp, g_b * e_loc)
-        total += 2 * ag + rs
+        total += kinds.count(k) * (2 * ag + rs)
     return total
 
 

@@ -4,6 +4,7 @@ the distinct placements of their mesh axes."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from itertools import product
 from typing import Any
 
@@ -61,14 +62,48 @@ def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> st
     return None if choice == "alltoall" == ctx.framework.moe_dispatchers[0] else choice
 
 
-def candidates(problem: Problem, ctx: Context) -> list[Config]:
+class Candidates(Sequence):
+    """The configurations `candidates` enumerates, held as rows of their fields (`ROW`) and built
+    as `Config` when read: a large cluster's space holds hundreds of thousands, and building as
+    many frozen dataclasses took seconds where the numpy bounds read the rows and the search
+    reads a few thousand."""
+
+    ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp")
+
+    def __init__(self, rows: list[tuple], dispatcher: str | None):
+        self.rows, self.dispatcher = rows, dispatcher
+        self._built: dict[int, Config] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.rows)))]
+        i = range(len(self.rows))[i]  # (negative indices; IndexError past the end)
+        cfg = self._built.get(i)
+        if cfg is None:
+            cfg = self._built[i] = Config(*self.rows[i], dispatcher=self.dispatcher)
+        return cfg
+
+
+def candidates(problem: Problem, ctx: Context) -> Candidates:
     """Every global configuration allowed by `search:` and the divisibility rules, in a
     fixed order (placement left as the canonical order; placements are expanded later)."""
     sp_ = _space(problem, ctx)
     n = problem.cluster.num_gpus
     gbs = problem.training.global_batch_size
-    out: list[Config] = []
+    rows: list[tuple] = []
     dispatcher = planned_dispatcher(problem, ctx, sp_["moe_dispatcher"])
+    # The validity rules depend on the micro-batch only through the batch divisibility checked
+    # here (dp x mbs divides the batch; interleaving: pp divides the micro-batches): checked once
+    # per set of the other degrees and schedule.
+    probed: dict[tuple, str | None] = {}
+    L = problem.model.num_hidden_layers
+    zero_sp = [(zero, sp) for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"])]
+    sp_choice = True in sp_["sequence_parallel"]
+    scheds = [(sched, vpp) for sched, vpp in product(sp_["schedule"], sp_["vpp"])
+              if sched != "dualpipev" and (vpp > 1) == (sched == "interleaved")]
     for tp, cp, pp in product(sp_["tp"], sp_["cp"], sp_["pp"]):
         if n % (tp * cp * pp):
             continue
@@ -82,27 +117,28 @@ def candidates(problem: Problem, ctx: Context) -> list[Config]:
             if etp is not None and tp == 1:
                 continue  # etp = 1 = tp: the same plan as etp None
             mb = gbs // (dp * mbs)
-            for sched, vpp in product(sp_["schedule"], sp_["vpp"]):
-                if pp * vpp > problem.model.num_hidden_layers or sched == "dualpipev":
+            # ZeRO stages are all the same plan where there is nothing to shard.
+            single = dp * cp == 1 and 0 in sp_["zero_stage"] and tp * cp * dp // ((etp or tp) * ep) == 1
+            for sched, vpp in scheds:
+                if pp * vpp > L:
                     continue  # embedding / loss pipeline slots and DualPipeV: evaluated, not searched
-                if (vpp > 1) != (sched == "interleaved"):
+                if pp == 1 and sched != "1f1b" or sched == "interleaved" and mb % pp:
                     continue
-                if pp == 1 and sched != "1f1b":
+                key = (tp, cp, pp, ep, etp, sched, vpp)
+                if key not in probed:  # (the rules do not depend on the ZeRO stage or SP either)
+                    probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched,
+                                 etp=etp, zero_stage=sp_["zero_stage"][0])
+                    probed[key] = None if config_reasons(problem, probe)[1] else probe.placement
+                placement = probed[key]
+                if placement is None:
                     continue
-                # The validity rules do not depend on the ZeRO stage or SP: check once.
-                probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched,
-                             etp=etp, zero_stage=sp_["zero_stage"][0])
-                if config_reasons(problem, probe)[1] or (sched == "interleaved" and mb % pp):
-                    continue
-                for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"]):
-                    if tp == 1 and not sp and True in sp_["sequence_parallel"]:
+                for zero, sp in zero_sp:
+                    if tp == 1 and not sp and sp_choice:
                         continue  # sp is meaningless at tp=1: keep one of the two
-                    if dp * cp == 1 and zero > 0 and 0 in sp_["zero_stage"] and \
-                            tp * cp * dp // ((etp or tp) * ep) == 1:
-                        continue  # nothing to shard: ZeRO stages are all the same plan
-                    out.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched,
-                                      probe.placement, etp, dispatcher=dispatcher))
-    return out
+                    if single and zero > 0:
+                        continue
+                    rows.append((tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp))
+    return Candidates(rows, dispatcher)
 
 
 def _with_placement(cfg: Config, placement: str) -> Config:
