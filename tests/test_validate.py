@@ -394,14 +394,16 @@ def test_modern_torchtitan_rows():
     # Full-iteration CUDA graphs where the row says so (MLPerf's config_common_cg.sh).
     assert run_to_case(rs["mlperf_v51_llama31_405b_gb300_nvfp4_512gpu"]).plan.cuda_graphs is True
     assert run_to_case(rs["mbridge_2509_llama38b_h100_fp8_8gpu"]).plan.cuda_graphs is False
-    # NeMo AutoModel dispatches with DeepEP (its profile's default); Megatron rows that name no
-    # dispatcher keep Megatron's alltoall.
+    # NeMo AutoModel dispatches with DeepEP (its profile's default); Megatron-Bridge rows get what their
+    # release's recipe ran (data/mbridge_recipes.yaml): qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config
+    # runs alltoall with the EP overlap; gpt_oss_120b ... gb200_fp8mx full-iteration graphs and HybridEP.
     from autoshard.cost import Config, context, dispatcher_of
     kimi = run_to_case(rs["automodel_kimik2_h100_bf16_256gpu"])
     assert dispatcher_of(context(kimi.problem), Config.of(kimi.plan, kimi.plan.dp)) == "deepep"
     qwen = run_to_case(rs["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"])
-    assert qwen.plan.moe_dispatcher is None
-    assert dispatcher_of(context(qwen.problem), Config.of(qwen.plan, qwen.plan.dp)) == "alltoall"
+    assert (qwen.plan.moe_dispatcher, qwen.plan.ep_overlap, qwen.plan.cuda_graphs) == ("alltoall", True, False)
+    oss = run_to_case(rs["mbridge_2608_gptoss120b_gb200_mxfp8_64gpu"])
+    assert (oss.plan.moe_dispatcher, oss.plan.ep_overlap, oss.plan.cuda_graphs) == ("hybridep", True, True)
 
 
 def test_modern_automodel_and_partial_recompute():
@@ -740,3 +742,35 @@ def test_completed_plans_keep_the_runs_overlaps_and_graphs():
     done = completed_plan(case)
     assert {k: getattr(done, k) for k in stated} == stated
     assert cost.evaluate(case.problem, done).time_breakdown_s.get("host", 0.0) == 0.0  # graphs: no host time
+
+
+def test_recipe_of_reads_the_release_recipe_and_its_siblings():
+    # A row of the table is looked up by id; an unlisted row of the same release, model and GPU system
+    # (another GPU count or precision of one recipe) gets the settings all its listed siblings share.
+    from autoshard.validate.modern import recipe_of
+
+    row = modern_rows()["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"]
+    assert recipe_of(row)["ep_overlap"] is True and recipe_of(row)["recompute"] == "none"
+    sibling = {**row, "id": "mbridge_260401_qwen3235ba22b_h100_bf16_512gpu"}
+    got = recipe_of(sibling)
+    assert (got["ep_overlap"], got["dispatcher"], got["confidence"]) == (True, "alltoall", "high")
+    # 25.09 token-drop Qwen3-30B: B200 and GB200 agree on everything but the GPU; unknown models get nothing.
+    assert recipe_of({**row, "id": "x", "other_metrics": {"release": "25.09", "source_model_label": "Qwen3_30B_a3B (tokendrop)"},
+                      "gpu": "DGX-GB200"})["capacity_factor"] == 1.0
+    assert recipe_of({**row, "id": "x", "model": "Unknown", "other_metrics": {}}) == {}
+
+
+def test_mbridge_recipe_table_is_well_formed():
+    from typing import get_args
+
+    from autoshard.spec import Dispatcher, Plan
+    from autoshard.validate.modern import _mbridge_recipes
+
+    table = _mbridge_recipes()
+    assert len(table) == 30
+    for rid, e in table.items():
+        assert e["dispatcher"] in get_args(Dispatcher), rid
+        assert e["cuda_graphs"] in ("none", "local", "transformer_engine", "full_iteration"), rid
+        assert e["confidence"] in ("high", "medium", "low") and e["source"], rid
+        Plan(recompute=e["recompute"])  # a recompute the plans take
+        assert rid.startswith("mbridge_") and isinstance(e["ep_overlap"], bool)

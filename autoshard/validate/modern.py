@@ -54,9 +54,13 @@ overlaps                   tp_comm_overlap from the notes ('TP comm overlap on/o
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any, get_args
+
+import yaml
 
 from ..errors import InputError
 from . import _int, global_batch_seqs, row_dp
@@ -311,8 +315,39 @@ def _notes_text(row: Mapping[str, Any]) -> str:
 
 def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     """Whether the row says the step ran as a full-iteration CUDA graph (MLPerf's config_common_cg.sh,
-    Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8, cuda_graph_impl full_iteration)."""
-    return bool(re.search(r"full[-_ ]iteration", _notes_text(row)))
+    Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8 or
+    _apply_gpt_oss_120b_full_iter_fp8mx_configs, cuda_graph_impl full_iteration)."""
+    return bool(re.search(r"full[-_ ]iter", _notes_text(row)))
+
+
+RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute")
+
+
+@functools.cache
+def _mbridge_recipes() -> dict[str, dict[str, Any]]:
+    text = resources.files("autoshard.data").joinpath("mbridge_recipes.yaml").read_text(encoding="utf-8")
+    return dict(yaml.safe_load(text)["runs"])
+
+
+def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What Megatron-Bridge's performance recipe ran for a row (autoshard/data/mbridge_recipes.yaml,
+    read from the recipes at the row's release): the row's own entry, else the settings on which every
+    entry of the same release, model and GPU system agrees (another GPU count or precision of one
+    recipe). Empty where nothing is known. Low-confidence entries give no recompute."""
+    table = _mbridge_recipes()
+    own = table.get(str(row.get("id") or ""))
+    if own is None:
+        other = row.get("other_metrics") or {}
+        key = (str(other.get("release") or ""), str(other.get("source_model_label") or row.get("model") or ""),
+               str(row.get("gpu") or ""))
+        same = [e for e in table.values() if (e["release"], e["model"], e["gpu"]) == key]
+        own = {k: same[0].get(k) for k in RECIPE_KNOBS
+               if same and all(e.get(k) == same[0].get(k) for e in same)} | (
+            {"confidence": min((e["confidence"] for e in same), key=("low", "medium", "high").index),
+             "source": same[0]["source"]} if same else {})
+    if own.get("confidence") == "low":
+        own = {k: v for k, v in own.items() if k != "recompute"}
+    return dict(own)
 
 
 def token_drop_of(row: Mapping[str, Any]) -> float | None:
@@ -487,14 +522,23 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         return skip(rc_note or "activation_recompute has no mapping")
     if rc_note:
         notes.append(rc_note)
+    mb_recipe = recipe_of(row) if framework == "megatron" else {}
+    if not published_rc and mb_recipe.get("recompute"):
+        rc, published_rc = mb_recipe["recompute"], True
+        notes.append(f"recompute {rc}: the Megatron-Bridge recipe of the release ({mb_recipe['source'][:60]})")
     if not published_rc:
         notes.append("activation_recompute not published: the least recompute that fits, chosen per layer "
                      "by the solver with every published degree fixed")
     tp_ov, ep_ov, ov_notes = overlaps_of(row)
     notes += ov_notes
+    if ep_ov is None and "ep_overlap" in mb_recipe:
+        ep_ov = bool(mb_recipe["ep_overlap"])
+        notes.append(f"ep_overlap={ep_ov}: the Megatron-Bridge recipe of the release")
     capacity = token_drop_of(row) if model.get("num_experts") else None
+    if capacity is None and model.get("num_experts") and mb_recipe.get("capacity_factor"):
+        capacity = float(mb_recipe["capacity_factor"])
     if capacity is not None:
-        notes.append(f"token-drop run (stated in the row): moe_capacity_factor {capacity}, padded to capacity")
+        notes.append(f"token-drop run: moe_capacity_factor {capacity}, padded to capacity")
     ga = _int(row.get("grad_accum"))
     if ga is not None and dp * mbs * ga != gbs:
         notes.append(f"grad_accum {ga} x dp {dp} x mbs {mbs} != global batch {gbs}")
@@ -507,12 +551,12 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          "moe_capacity_factor": capacity},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
-        graphs = framework == "megatron" and cuda_graphs_of(row)
+        graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
         if graphs:
-            notes.append("full-iteration CUDA graphs (stated in the row): cuda_graphs=True")
-        dispatcher = dispatcher_of_row(row) if framework == "megatron" and ep > 1 else None
+            notes.append("full-iteration CUDA graphs (stated in the row or its recipe): cuda_graphs=True")
+        dispatcher = (dispatcher_of_row(row) or mb_recipe.get("dispatcher")) if framework == "megatron" and ep > 1 else None
         if dispatcher:
-            notes.append(f"expert dispatcher {dispatcher} (stated in the row)")
+            notes.append(f"expert dispatcher {dispatcher} (stated in the row or its recipe)")
         plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
                     sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs, recompute=rc,
                     tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs, moe_dispatcher=dispatcher)
