@@ -668,9 +668,13 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     proj_b, wgrad = _frozen_adjust(ctx, proj)
     bwd["compute"] = proj_b + ATTN_BWD_FACTOR * core + ELEMENTWISE_BWD_FACTOR * (elem + scores)
     core += scores  # what selective recompute re-runs
-    # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass.
-    fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj)
-    bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj)
+    # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass. With SP, MLA's down-projections
+    # run on the sequence shard (duplicated weights) and the column-parallel up-projections gather the
+    # latents (q_lora or the hidden state, kv_lora) and the RoPE key instead of the hidden state
+    # (Megatron multi_latent_attention.py, _qkv_down_projection).
+    gather = BF16 * T * ((m.q_lora_rank or h) + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else None
+    fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj, gather)
+    bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj, gather)
     # Context parallel: ring exchange of K and V, overlapped with the core attention.
     if cfg.cp > 1 and cfg.cp_comm == "a2a":
         # Ulysses: all-to-all q, k, v before attention (sequence-sharded -> head-sharded) and the
@@ -725,16 +729,18 @@ def tp_overlap_on(ctx: Context, cfg: Config, pl: Placement) -> bool:
     return ctx.framework.tp_comm_overlap and pl.tp.members[0] >= cfg.tp
 
 
-def tp_comm_s(ctx: Context, cfg: Config, pl: Placement, act_bytes: float, gemm_s: float) -> float:
+def tp_comm_s(ctx: Context, cfg: Config, pl: Placement, act_bytes: float, gemm_s: float,
+              gather_bytes: float | None = None) -> float:
     """Exposed TP communication of one block in one pass: all-gather + reduce-scatter of the
-    `act_bytes` activation with SP (all-reduce without). Overlapped (`tp_overlap_on`), only the
+    `act_bytes` activation with SP (all-reduce without); `gather_bytes` where the block gathers
+    something else than its output (MLA gathers its latents). Overlapped (`tp_overlap_on`), only the
     first all-gather chunk (1/tp, ring exchange) and the last reduce-scatter chunk (1 of
     TP_OVERLAP_RS_SPLITS) are exposed; the rest hides under the block's `gemm_s` of GEMMs."""
     if cfg.tp == 1:
         return 0.0
     if not cfg.sp:
         return all_reduce_s(ctx.levels, pl.tp, act_bytes)
-    ag = all_gather_s(ctx.levels, pl.tp, act_bytes)
+    ag = all_gather_s(ctx.levels, pl.tp, act_bytes if gather_bytes is None else gather_bytes)
     rs = reduce_scatter_s(ctx.levels, pl.tp, act_bytes)
     if not tp_overlap_on(ctx, cfg, pl):
         return ag + rs

@@ -524,3 +524,22 @@ def test_token_drop_pads_every_expert_to_its_capacity():
                                                    moe_capacity_factor=1.0).reasons)
     assert any("DeepEP" in r for r in est(plan=Plan(tp=1, pp=2, ep=8, moe_dispatcher="deepep"),
                                          moe_capacity_factor=1.0).reasons)
+
+
+def test_mla_gathers_its_latents_not_the_hidden_state():
+    # With sequence parallelism, MLA's down-projections run on the sequence shard and the
+    # column-parallel up-projections all-gather q_lora + kv_lora + the RoPE key (DeepSeek-V3: 1536 +
+    # 512 + 64 = 2112 of 7168 per token); the output projection reduce-scatters the hidden state.
+    from autoshard.cost import _attention_cost
+    from autoshard.topology import reduce_scatter_s
+
+    p = load_problem({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 1024},
+                      "cluster": {"gpu": "h100", "num_gpus": 1024}})
+    ctx = context(p)
+    table = layer_table(ctx, Config.of(Plan(tp=2, pp=8, ep=32, etp=1, tp_comm_overlap=False), 1))
+    sh = Shapes(ctx, table.cfg)
+    fwd, bwd, *_ = _attention_cost(ctx, table.cfg, table.placement, sh)
+    tp = table.placement.tp
+    want = all_gather_s(ctx.levels, tp, 2 * sh.tokens * 2112) + reduce_scatter_s(ctx.levels, tp, 2 * sh.tokens * 7168)
+    assert fwd["tp_comm"] == pytest.approx(want) and bwd["tp_comm"] == pytest.approx(want)
+    assert want < 2 * all_gather_s(ctx.levels, tp, 2 * sh.tokens * 7168)  # less than a GQA block's AG + RS
