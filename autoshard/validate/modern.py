@@ -46,9 +46,18 @@ recompute                  'none ...' -> none; 'full ...' -> full; 'selective' /
                            selective; recompute_modules=[] -> none, other module lists -> those modules (Megatron names);
                            recompute_num_layers=N with pp = 1 -> full for the first N layers;
                            activation_checkpointing: true -> full; cpu_offloading -> none (noted: not
-                           modelled); null -> the least recompute that fits (solver, as dev_runs)
+                           modelled); null -> the release recipe's (below), else the least recompute
+                           that fits (solver, as dev_runs)
 overlaps                   tp_comm_overlap from the notes ('TP comm overlap on/off/disabled') or
-                           AsyncTP in the technique; ep_overlap where the row says so; None otherwise
+                           AsyncTP in the technique; ep_overlap where the row says so, else the
+                           release recipe's; None otherwise
+Megatron-Bridge recipe     `recipe_of`: what the release's perf recipe ran (data/mbridge_recipes.yaml,
+                           read from the Megatron-Bridge history): EP overlap, dispatcher, token drop,
+                           full-iteration CUDA graphs and recompute, each where the row states none
+token drop                 '(tokendrop)' rows or recipes: moe_capacity_factor 1.0, padded to capacity
+                           (Megatron-Bridge apply_moe_token_drop)
+CUDA graphs / dispatcher   'full_iteration' / 'full_iter' in the notes -> cuda_graphs; HybridEP / DeepEP
+                           named in the notes -> moe_dispatcher (else the recipe's)
 =========================  ===========================================================================
 """
 
