@@ -432,3 +432,32 @@ def test_memory_tmax_is_the_least_slowest_rank_over_every_fitting_plan(dense, pp
         assert bound <= least * (1 + 1e-9), table.cfg
         exact += bound == pytest.approx(least, rel=1e-9)
     assert exact >= 1
+
+
+@pytest.mark.parametrize("seq,schedules", [(8192, ["1f1b", "interleaved"]), (16384, ["interleaved", "zero_bubble"])])
+def test_rank_cuts_keep_every_optimum(seq, schedules):
+    """The stage model's per-rank least times (`rank_cuts`, redundant constraints from `_rank_times`)
+    cut no plan: with and without them, every configuration's exact optimum is the same, under HBM
+    pressure that forces recompute."""
+    from autoshard.solver import StageModel, _placements, candidates
+
+    model = dict(SMALL_MOE, num_hidden_layers=8, first_k_dense_replace=2)
+    p = load_problem({"model": model, "training": {"seq_len": seq, "global_batch_size": 32},
+                      "cluster": {"gpu": "rtx-4090", "num_gpus": 8},
+                      "search": {"cp": [1], "zero_stage": [1], "micro_batch_size": [1], "schedule": schedules,
+                                 "vpp": [1, 2]}})
+    ctx = context(p)
+    modes = ["none", "selective", "full"]
+    compared = 0
+    for cfg0 in candidates(p, ctx):
+        if cfg0.pp == 1:
+            continue
+        table = layer_table(ctx, _placements(p, ctx, cfg0)[0])
+        got = []
+        for cuts in (False, True):
+            sm = StageModel(ctx, table, modes, False, None, rank_cuts=cuts)
+            status, obj, _ = sm.solve(20)
+            got.append((status, obj))
+        assert got[0] == got[1], cfg0
+        compared += got[0][0] == "OPTIMAL"
+    assert compared >= 4

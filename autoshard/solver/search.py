@@ -198,18 +198,21 @@ class _Search:
 
     # ---- one configuration ---------------------------------------------------------------------
 
-    def descend(self, table: Table, tbound: float, goal: float, cap_s: float, work_left: float) -> "_Outcome":
+    def descend(self, table: Table, tbound: float, goal: float, cap_s: float, work_left: float,
+                resumed: bool = False) -> "_Outcome":
         """CP-SAT descent on one configuration and placement, from `goal`: first solution under the
         cutoff, then a lower cutoff, until nothing is left under it (closed) or `cap_s` of work is
         spent (open, with its proven bound). Reads nothing another descent of the same round
         changes (the incumbent is the round's), so a round's descents can run in threads and
-        their merge, in order, is the same with one thread or two."""
+        their merge, in order, is the same with one thread or two. `resumed` (a proof a cap
+        stopped): the stage model with its per-rank least-time constraints (`StageModel`
+        rank_cuts), which shorten hard proofs under memory pressure and slow easy ones."""
         out = _Outcome(table, tbound, goal)
         if min(cap_s, work_left) <= 1e-3:  # no work left for it: stays open with its bound
             out.kind = "open"
             return out
         cutoff = _t(goal) if goal < math.inf else None
-        sm = StageModel(self.ctx, table, self.modes, self.uniform, cutoff)
+        sm = StageModel(self.ctx, table, self.modes, self.uniform, cutoff, rank_cuts=resumed)
         self.inflight.add(sm)
         try:
             return self._descend(sm, out, cutoff, cap_s, work_left)
@@ -263,7 +266,7 @@ class _Search:
             self.seq += 1
             self.open.append((max(out.tbound, out.cp_bound), self.seq, out.table))
 
-    def round(self, batch: list[tuple[Table, float]], cap_s: float) -> None:
+    def round(self, batch: list[tuple[Table, float]], cap_s: float, resumed: bool = False) -> None:
         """Descents on up to ROUND placements from the same incumbent, in threads when `jobs` > 1,
         merged in order: the answer does not depend on the number of threads."""
         goals = [self.target(t.cfg) for t, _ in batch]
@@ -276,7 +279,7 @@ class _Search:
             shares.append(max(0.0, min(cap_s, left)))
             left -= shares[-1]
         if self.pool is not None and len(todo) > 1:
-            futures = [self.pool.submit(self.descend, t, b, g, w, w) for (t, b, g), w in zip(todo, shares)]
+            futures = [self.pool.submit(self.descend, t, b, g, w, w, resumed) for (t, b, g), w in zip(todo, shares)]
             try:
                 outs = [f.result() for f in futures]
             except BaseException:  # Ctrl-C: stop the solves still running in the other thread
@@ -284,7 +287,7 @@ class _Search:
                     sm.stop()
                 raise
         else:
-            outs = [self.descend(t, b, g, w, w) for (t, b, g), w in zip(todo, shares)]
+            outs = [self.descend(t, b, g, w, w, resumed) for (t, b, g), w in zip(todo, shares)]
         for out in outs:
             self.merge(out)
 
@@ -391,7 +394,7 @@ class _Search:
                     if k < len(pending):
                         return
                     break
-                self.round(batch, min(cap, self.budget.work_left()))
+                self.round(batch, min(cap, self.budget.work_left()), resumed=True)
             cap *= 4
 
     def alternatives(self, top_k: int, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
