@@ -121,7 +121,7 @@ class Context(ProblemParts):
 
     @property
     def framework(self) -> FrameworkProfile:
-        return get_framework(self.problem.framework)
+        return get_framework(self.problem.framework, self.problem.training.main_grads)
 
     @property
     def peak(self) -> float:
@@ -320,6 +320,8 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
                        f"(it runs {', '.join(fw.moe_dispatchers)})")
     if plan.cuda_graphs and not fw.cuda_graphs:
         reasons.append(f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
+    if fw.main_grads_reason(t.main_grads):
+        reasons.append(fw.main_grads_reason(t.main_grads))
     if t.moe_capacity_factor is not None and m.is_moe:
         if not fw.moe_token_drop:
             reasons.append(f"{problem.framework} routes dropless: it has no expert capacity to drop tokens at "

@@ -589,6 +589,9 @@ def _megatron(ctx: _Ctx) -> str:
         add("--cpu-offloading")
         add("--cpu-offloading-num-layers", offloaded // max(1, p.pp))
 
+    if t.main_grads == "bf16":  # main_grad buffers and the gradient reduction in bf16
+        add("--grad-reduce-in-bf16")
+
     # --- recompute -------------------------------------------------------------------------
     _megatron_recompute(ctx, add)
 
@@ -929,7 +932,7 @@ def _torchtitan(ctx: _Ctx) -> str:
     if t.precision == "fp16":
         ctx.warn("torchtitan has no fp16 mixed precision (mixed_precision_param is bfloat16 or float32): "
                  "exported as bf16, which needs a GPU with bf16 tensor cores (same speed where it has them)")
-    training["mixed_precision_reduce"] = "float32"
+    training["mixed_precision_reduce"] = "bfloat16" if t.main_grads == "bf16" else "float32"
 
     parallelism["data_parallel_replicate_degree"] = replicate
     parallelism["data_parallel_shard_degree"] = shard
@@ -1143,6 +1146,8 @@ def _deepspeed(ctx: _Ctx) -> str:
         cfg["fp16"] = {"enabled": True, "loss_scale": 0}  # 0 = dynamic loss scaling
     else:
         cfg["bf16"] = {"enabled": True}
+        if t.main_grads == "fp32":  # gradients accumulated and reduced in fp32 (BF16_Optimizer)
+            cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     zero: dict[str, Any] = {"stage": p.zero_stage, "overlap_comm": True}
     if p.zero_stage >= 1:
         zero["contiguous_gradients"] = True

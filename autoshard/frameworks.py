@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from importlib import resources
@@ -31,6 +32,23 @@ class FrameworkProfile:
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
+    # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
+    main_grads: tuple[tuple[str, float, float], ...] = ()
+
+    def with_main_grads(self, kind: str | None) -> "FrameworkProfile":
+        """This profile with its gradient buffer and reduction in `kind` (fp32 / bf16; None: the
+        default). A kind it does not run leaves the profile as it is (`main_grads_reason` says so)."""
+        for name, grad_b, reduce_b in self.main_grads:
+            if name == kind:
+                return dataclasses.replace(self, grad_bytes=grad_b, grad_reduce_bytes=reduce_b)
+        return self
+
+    def main_grads_reason(self, kind: str | None) -> str | None:
+        """Why a run of this framework cannot keep its gradients in `kind`, or None."""
+        kinds = [name for name, _, _ in self.main_grads]
+        if kind is None or kind in kinds:
+            return None
+        return f"{self.name} keeps its gradients in {' or '.join(kinds) or 'its own dtype'}, not {kind} (training.main_grads)"
 
     def optimizer_state_bytes(self, optimizer: str) -> float:
         """Bytes per parameter the optimizer keeps (master weights + moments); SGD keeps one moment."""
@@ -68,9 +86,12 @@ def profiles() -> dict[str, FrameworkProfile]:
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
-            moe_token_drop=bool(row.get("moe_token_drop", False)))
+            moe_token_drop=bool(row.get("moe_token_drop", False)),
+            main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 
 
-def get_framework(name: str) -> FrameworkProfile:
-    return profiles()[name]
+@functools.cache
+def get_framework(name: str, main_grads: str | None = None) -> FrameworkProfile:
+    """The profile of `name`, with its gradients kept and reduced in `main_grads` where asked."""
+    return profiles()[name].with_main_grads(main_grads)

@@ -222,6 +222,10 @@ class TrainingSpec(Strict):
     # routing imbalance, and the token counts are known on the host without a device-to-host sync.
     # None = dropless.
     moe_capacity_factor: Annotated[float, Field(gt=0.0, le=64.0)] | None = None
+    # Gradient buffers and the data-parallel reduction in fp32 or bf16; None = the framework's default
+    # (Megatron-LM: fp32 main grads for bf16 training; --grad-reduce-in-bf16 and Megatron-Bridge's
+    # performance recipes: bf16, half the bytes held and reduced; torchtitan: its reduce dtype).
+    main_grads: Literal["fp32", "bf16"] | None = None
     # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the GPU, so each layer's kernel launches
     # are paid on the critical path once per micro-batch (a workaround for NCCL hangs; BigScience
     # trained BLOOM's benchmarks so). Costs cost.BLOCKING_LAYER_HOST_S per layer and micro-batch.

@@ -543,3 +543,26 @@ def test_mla_gathers_its_latents_not_the_hidden_state():
     want = all_gather_s(ctx.levels, tp, 2 * sh.tokens * 2112) + reduce_scatter_s(ctx.levels, tp, 2 * sh.tokens * 7168)
     assert fwd["tp_comm"] == pytest.approx(want) and bwd["tp_comm"] == pytest.approx(want)
     assert want < 2 * all_gather_s(ctx.levels, tp, 2 * sh.tokens * 7168)  # less than a GQA block's AG + RS
+
+
+def test_bf16_main_grads_halve_the_gradient_buffers_and_their_reduction():
+    # Megatron-LM keeps fp32 main grads for bf16 training; --grad-reduce-in-bf16 (every Megatron-Bridge
+    # performance recipe: grad_reduce_in_fp32 false) keeps and reduces them in bf16.
+    from autoshard.export import export_plan
+
+    def problem(**training):
+        return load_problem({"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64, **training},
+                             "cluster": {"gpu": "h100", "num_gpus": 64}})
+
+    plan = Plan(tp=1, zero_stage=1, overlap_grad_reduce=False)
+    fp32, bf16 = evaluate(problem(), plan), evaluate(problem(main_grads="bf16"), plan)
+    assert bf16.stages[0].memory_gib["gradients"] == pytest.approx(fp32.stages[0].memory_gib["gradients"] / 2)
+    ctx32, ctx16 = context(problem()), context(problem(main_grads="bf16"))
+    assert (ctx32.framework.grad_reduce_bytes, ctx16.framework.grad_reduce_bytes) == (4, 2)
+    assert bf16.time_breakdown_s["dp_comm"] < 0.6 * fp32.time_breakdown_s["dp_comm"]  # exposed: half the bytes
+    assert "--grad-reduce-in-bf16" in export_plan(problem(main_grads="bf16"), plan, "megatron").text
+    assert "--grad-reduce-in-bf16" not in export_plan(problem(), plan, "megatron").text
+    tt = load_problem({**problem(main_grads="bf16").model_dump(exclude={"framework", "search"}), "framework": "torchtitan"})
+    assert 'mixed_precision_reduce = "bfloat16"' in export_plan(tt, Plan(tp=1, zero_stage=3), "torchtitan").text
+    mt = load_problem({**problem(main_grads="bf16").model_dump(exclude={"framework", "search"}), "framework": "maxtext"})
+    assert any("keeps its gradients in fp32, not bf16" in r for r in evaluate(mt, Plan(tp=1, zero_stage=3)).reasons)

@@ -419,7 +419,13 @@ def test_modern_automodel_and_partial_recompute():
     assert kimi.plan.recompute == "full" and (kimi.plan.pp, kimi.plan.vpp, kimi.plan.ep) == (8, 4, 32)
     assert kimi.problem.model.is_mla and kimi.problem.model.num_experts == 384
     l8 = run_to_case(rs["mbridge_2509_llama38b_h100_fp8_8gpu"])
-    assert l8.plan.recompute == ["full"] * 5 + ["none"] * 27  # recompute_num_layers=5, PP 1
+    # The row's 'recompute_num_layers=5' was read from today's recipe ('HEAD recipe'); the 25.09
+    # recipe itself recomputed nothing (data/mbridge_recipes.yaml, high confidence), and wins.
+    assert "HEAD recipe" in rs["mbridge_2509_llama38b_h100_fp8_8gpu"]["activation_recompute"]
+    assert l8.plan.recompute == "none" and l8.problem.training.main_grads == "bf16"
+    from autoshard.validate.modern import recompute_of
+    assert recompute_of(rs["mbridge_2509_llama38b_h100_fp8_8gpu"]["activation_recompute"], 32, 1, 1)[0] == \
+        ["full"] * 5 + ["none"] * 27  # recompute_num_layers=5, PP 1
     assert l8.plan.zero_stage == 3 and l8.recipe == "fp8-current"
     mix = run_to_case(rs["nemo_2504_mixtral8x7b_gb200_fp8_64gpu"])
     assert mix.recipe == "fp8-current" and mix.problem.model.expert_ffn == 14336 and mix.plan.ep == 8
@@ -767,10 +773,32 @@ def test_mbridge_recipe_table_is_well_formed():
     from autoshard.validate.modern import _mbridge_recipes
 
     table = _mbridge_recipes()
-    assert len(table) == 30
+    assert len(table) == 48  # 30 MoE and 18 dense Megatron-Bridge rows
     for rid, e in table.items():
-        assert e["dispatcher"] in get_args(Dispatcher), rid
+        assert "dispatcher" not in e or e["dispatcher"] in get_args(Dispatcher), rid
+        assert e.get("layout") in (None, "embedding+loss") and int(e.get("offload_layers", 0)) >= 0, rid
         assert e["cuda_graphs"] in ("none", "local", "transformer_engine", "full_iteration"), rid
         assert e["confidence"] in ("high", "medium", "low") and e["source"], rid
         Plan(recompute=e["recompute"])  # a recompute the plans take
-        assert rid.startswith("mbridge_") and isinstance(e["ep_overlap"], bool)
+        assert rid.startswith("mbridge_") and isinstance(e.get("ep_overlap", False), bool)
+
+
+def test_recipe_layouts_and_activation_offloading():
+    # account_for_embedding/loss_in_pipeline_split: (layers + 2) slots split evenly, the first and last
+    # virtual stage one transformer layer short (Llama 3.1 405B: 126 layers on 64 or 32 virtual stages).
+    from autoshard.validate.modern import modern_row_to_case, recipe_stage_layers
+
+    assert recipe_stage_layers(126, 64, "embedding+loss") == [1] + [2] * 62 + [1]
+    assert recipe_stage_layers(126, 32, "embedding+loss") == [3] + [4] * 30 + [3]
+    assert recipe_stage_layers(80, 20, "embedding+loss") is None  # 82 slots do not split in 20
+    assert recipe_stage_layers(126, 64, None) is None and recipe_stage_layers(126, 1, "embedding+loss") is None
+    # The 25.09 GB200 Llama 3 70B recipe offloads the activations of 40 of its 80 layers
+    # (cpu_offloading_num_layers 40) and recomputes nothing; the row itself publishes neither.
+    row = {"id": "mbridge_2509_llama370b_gb200_fp8_64gpu", "source": "NVIDIA NeMo Megatron-Bridge performance summary",
+           "model": "LLAMA3_70B", "layers": 80, "hidden": 8192, "ffn": 28672, "heads": 64, "kv_heads": 8,
+           "vocab": 128256, "seq_len": 8192, "gpu": "DGX-GB200", "gpu_count": 64, "gpus_per_node": 4,
+           "nvlink_domain_gpus": 72, "precision": "FP8", "tp": 1, "pp": 1, "cp": 1, "dp": 64, "fsdp": True,
+           "micro_batch": 2, "global_batch_seqs": 128, "step_time_s": 4.11,
+           "other_metrics": {"release": "25.09", "source_model_label": "LLAMA3_70B"}, "notes": "", "etp": None}
+    case = modern_row_to_case(row)
+    assert case.plan.recompute == ["offload"] * 40 + ["none"] * 40 and case.recompute_published

@@ -329,7 +329,9 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(re.search(r"full[-_ ]iter", _notes_text(row)))
 
 
-RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute")
+RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
+                "offload_layers", "layout")
+LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
 
 
 @functools.cache
@@ -342,7 +344,8 @@ def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """What Megatron-Bridge's performance recipe ran for a row (autoshard/data/mbridge_recipes.yaml,
     read from the recipes at the row's release): the row's own entry, else the settings on which every
     entry of the same release, model and GPU system agrees (another GPU count or precision of one
-    recipe). Empty where nothing is known. Low-confidence entries give no recompute."""
+    recipe). Empty where nothing is known. Low-confidence entries give no recompute, offloading or
+    pipeline layout (their table configuration matches no committed recipe)."""
     table = _mbridge_recipes()
     own = table.get(str(row.get("id") or ""))
     if own is None:
@@ -355,8 +358,18 @@ def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
             {"confidence": min((e["confidence"] for e in same), key=("low", "medium", "high").index),
              "source": same[0]["source"]} if same else {})
     if own.get("confidence") == "low":
-        own = {k: v for k, v in own.items() if k != "recompute"}
+        own = {k: v for k, v in own.items() if k not in LAYOUT_KNOBS}
     return dict(own)
+
+
+def recipe_stage_layers(layers: int, chunks: int, layout: str | None) -> list[int] | None:
+    """Layers per virtual stage under Megatron's account_for_embedding/loss_in_pipeline_split: the
+    embedding and the loss count as one layer each, the (layers + 2) slots split evenly, so the first
+    and the last virtual stage hold one transformer layer fewer. None where it does not apply."""
+    if layout != "embedding+loss" or chunks <= 1 or (layers + 2) % chunks:
+        return None
+    per = (layers + 2) // chunks
+    return [per - 1] + [per] * (chunks - 2) + [per - 1]
 
 
 def token_drop_of(row: Mapping[str, Any]) -> float | None:
@@ -532,14 +545,25 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     if rc_note:
         notes.append(rc_note)
     mb_recipe = recipe_of(row) if framework == "megatron" else {}
-    if not published_rc and mb_recipe.get("recompute"):
+    # A recompute the row copied from today's recipe ('... HEAD recipe ...') yields to the release's own.
+    from_head = "head recipe" in str(row.get("activation_recompute") or "").lower()
+    if mb_recipe.get("recompute") and (not published_rc or (from_head and mb_recipe.get("confidence") == "high")):
         rc, published_rc = mb_recipe["recompute"], True
-        notes.append(f"recompute {rc}: the Megatron-Bridge recipe of the release ({mb_recipe['source'][:60]})")
+        offloaded = min(int(mb_recipe.get("offload_layers") or 0), layers)
+        if offloaded:  # TE activation offloading of the first N layers (--cpu-offloading-num-layers)
+            rc = ["offload"] * offloaded + [rc] * (layers - offloaded)
+        notes.append(f"recompute {mb_recipe['recompute']}" + (f", activations of {offloaded} layers offloaded"
+                     if offloaded else "") + f": the Megatron-Bridge recipe of the release ({mb_recipe['source'][:60]})")
     if not published_rc:
         notes.append("activation_recompute not published: the least recompute that fits, chosen per layer "
                      "by the solver with every published degree fixed")
     tp_ov, ep_ov, ov_notes = overlaps_of(row)
     notes += ov_notes
+    if tp_ov is None and "tp_comm_overlap" in mb_recipe:
+        tp_ov = bool(mb_recipe["tp_comm_overlap"])
+    stage_layers = recipe_stage_layers(layers, pp * vpp, mb_recipe.get("layout"))
+    if stage_layers:
+        notes.append("embedding and loss counted as pipeline layers (the recipe's account_for_*_in_pipeline_split)")
     if ep_ov is None and "ep_overlap" in mb_recipe:
         ep_ov = bool(mb_recipe["ep_overlap"])
         notes.append(f"ep_overlap={ep_ov}: the Megatron-Bridge recipe of the release")
@@ -557,7 +581,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
             "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
                          "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True)),
                          "launch_blocking": bool(row.get("launch_blocking", False)),
-                         "moe_capacity_factor": capacity},
+                         "moe_capacity_factor": capacity,
+                         # every Megatron-Bridge performance recipe: grad_reduce_in_fp32 false
+                         "main_grads": "bf16" if group == "Megatron-Bridge" else None},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
@@ -566,7 +592,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         dispatcher = (dispatcher_of_row(row) or mb_recipe.get("dispatcher")) if framework == "megatron" and ep > 1 else None
         if dispatcher:
             notes.append(f"expert dispatcher {dispatcher} (stated in the row or its recipe)")
-        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
+        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
                     sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs, recompute=rc,
                     tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs, moe_dispatcher=dispatcher)
     except (InputError, ValidationError, ValueError) as exc:
