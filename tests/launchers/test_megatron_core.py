@@ -51,6 +51,7 @@ TRAINING_FLAGS = {
     "--ckpt-format", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--position-embedding-type", "--use-tp-pp-dp-mapping", "--swiglu", "--disable-bias-linear",
     "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention", "--no-check-for-nan-in-loss-and-grad",
+    "--grad-reduce-in-bf16",  # arguments.py: accumulate_allreduce_grads_in_fp32 False -> DDP grad_reduce_in_fp32 False
 }
 PRECISIONS = yaml.safe_load((Path(__file__).resolve().parents[2] / "autoshard" / "data" / "precisions.yaml")
                             .read_text()) or {}
