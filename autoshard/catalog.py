@@ -239,6 +239,7 @@ class Recipe(Strict):
     gemm_efficiency_factor: float = Field(gt=0, le=1)
     weight_copy_bytes_per_param: dict[str, float]
     quant_hbm_bytes_per_element: dict[str, float]
+    saved_input_bytes_per_element: dict[str, float] = Field(default_factory=lambda: {"default": 2.0})
     published_speedup_vs_bf16: tuple[float, float] | None = None
     sources: dict[str, str]
 
@@ -348,6 +349,15 @@ def weight_copy_bytes_per_param(precision: str, gpu: GPU | None = None) -> float
     counting the recipe's bf16 layers (which keep no copy)."""
     r = get_recipe(precision)
     return r.per_arch(r.weight_copy_bytes_per_param, gpu) * (1 - r.bf16_layer_fraction)
+
+
+def saved_input_bytes_per_element(precision: str, gpu: GPU | None = None) -> float:
+    """Bytes per element of a linear layer's input kept for the backward where the framework keeps it
+    quantized (Transformer Engine): 2 for 16-bit recipes, ~1 for FP8, ~0.56 for NVFP4; the recipe's
+    bf16 layers keep 2."""
+    r = get_recipe(precision)
+    lp = low_precision_fraction(precision)
+    return lp * r.per_arch(r.saved_input_bytes_per_element, gpu) + (1 - lp) * 2.0
 
 
 def low_precision_fraction(precision: str) -> float:

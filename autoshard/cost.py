@@ -124,6 +124,16 @@ class Context(ProblemParts):
         return get_framework(self.problem.framework, self.problem.training.main_grads)
 
     @property
+    def saved_input_bytes(self) -> float:
+        """Bytes per element of a linear layer's input kept for the backward: the recipe's quantized
+        size where the framework keeps it quantized (Transformer Engine), else bf16."""
+        if not self.framework.quantized_saved_inputs:
+            return float(BF16)
+        from .catalog import saved_input_bytes_per_element  # noqa: PLC0415
+
+        return saved_input_bytes_per_element(self.training.precision, self.gpu)
+
+    @property
     def peak(self) -> float:
         from .catalog import gemm_peak_flops_per_s  # noqa: PLC0415
 
@@ -821,23 +831,27 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
 
 
 def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
-    """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022)."""
+    """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022). The
+    inputs of the linear layers (QKV, MLA up-projections, attention output projection, fc1, fc2 and
+    the experts' fc1) are kept at `Context.saved_input_bytes` per element: bf16, or the recipe's
+    FP8/FP4 size where the framework keeps them quantized (Transformer Engine)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
+    q = ctx.saved_input_bytes
     # Residual-stream tensors: LN1 in, QKV in, LN2 in, MLP in (+ 2 one-byte dropout masks).
-    stream = (8 + (2 if m.dropout else 0)) * T * h / div
-    if m.is_mla:
-        attn = BF16 * T * (m.kv_lora_rank + m.qk_rope_head_dim + (m.q_lora_rank or 0))
-        attn += BF16 * T * sh.a_local * (2 * sh.d_qk + 2 * sh.d_v)  # q, k, v, proj input
-    else:
-        attn = BF16 * T * sh.d * (2 * sh.a_local + 2 * sh.kv_local)  # q, k, v, proj input
-    mats = 6 if m.gated else 4
+    stream = (2 * BF16 + 2 * q + (2 if m.dropout else 0)) * T * h / div
+    if m.is_mla:  # the up-projections' latent inputs, the RoPE key; q, k, v and the proj input
+        attn = q * T * (m.kv_lora_rank + (m.q_lora_rank or 0)) + BF16 * T * m.qk_rope_head_dim
+        attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
+    else:  # q, k, v, proj input
+        attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
+    mats = (6 if m.gated else 4) - BF16 + q  # fc1 output(s) in bf16, the fc2 input as saved
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
         etp = cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        mlp = mats * routed * m.expert_ffn / etp + BF16 * routed * h + 4 * T * m.num_experts
+        mlp = mats * routed * m.expert_ffn / etp + q * routed * h + 4 * T * m.num_experts
         mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
@@ -976,24 +990,25 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     projections all-gather their sequence-sharded inputs again (multi_latent_attention.py)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
-    mats = 6 if m.gated else 4
+    q = ctx.saved_input_bytes  # linear-layer inputs as kept (see _activation_bytes)
+    mats = (6 if m.gated else 4) - BF16 + q
     etp = cfg.expert_tp
     routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
         flops = 2 * T * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
         return core_s, acts["none"] - acts["selective"], flops
     if module == "layernorm":
-        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * BF16 * T * h / div, 0.0
+        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * q * T * h / div, 0.0
     if module == "mlp" and kind == "dense":
         return (mfwd["compute"] + mfwd["tp_comm"], mats * T * m.intermediate_size / t,
                 2 * T * h * m.intermediate_size / t * (3 if m.gated else 2))
     if module == "moe" and kind == "moe":
-        saved = mats * routed * m.expert_ffn / etp + BF16 * routed * h + mats * T * m.num_shared_experts * m.expert_ffn / t
+        saved = mats * routed * m.expert_ffn / etp + q * routed * h + mats * T * m.num_shared_experts * m.expert_ffn / t
         return (mfwd["compute"] + mfwd["tp_comm"] + mfwd["ep_comm"], saved,
                 2 * routed * h * m.expert_ffn / etp * (3 if m.gated else 2))
     if module == "moe_act" and kind == "moe":
         act_out = BF16 * routed * m.expert_ffn / etp
-        return _mem_s(ctx, (3 if m.gated else 2) * act_out), act_out, 0.0
+        return _mem_s(ctx, (3 if m.gated else 2) * act_out), q / BF16 * act_out, 0.0
     if module == "shared_experts" and kind == "moe" and m.num_shared_experts:
         ffn = m.num_shared_experts * m.expert_ffn / t
         up = _gemm_s(ctx, T, h, ((3 if m.gated else 2) - 1) * ffn)

@@ -32,6 +32,7 @@ class FrameworkProfile:
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
+    quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
     # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
     main_grads: tuple[tuple[str, float, float], ...] = ()
 
@@ -87,6 +88,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             cuda_graphs=bool(row.get("cuda_graphs", False)),
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),
+            quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 

@@ -566,3 +566,27 @@ def test_bf16_main_grads_halve_the_gradient_buffers_and_their_reduction():
     assert 'mixed_precision_reduce = "bfloat16"' in export_plan(tt, Plan(tp=1, zero_stage=3), "torchtitan").text
     mt = load_problem({**problem(main_grads="bf16").model_dump(exclude={"framework", "search"}), "framework": "maxtext"})
     assert any("keeps its gradients in fp32, not bf16" in r for r in evaluate(mt, Plan(tp=1, zero_stage=3)).reasons)
+
+
+def test_te_keeps_fp8_linear_inputs_for_the_backward():
+    # Transformer Engine keeps a linear layer's quantized input (columnwise, rowwise dropped) for its
+    # weight gradient: per dense layer the QKV, proj, fc1 and fc2 inputs drop from 2 bytes to 1 (FP8)
+    # or 0.5625 (NVFP4) per element. torchtitan's float8 keeps them in bf16 here.
+    from autoshard.cost import _activation_bytes
+
+    def acts(precision, framework="megatron", gpu="b200"):
+        p = load_problem({"model": "llama3-70b", "framework": framework,
+                          "training": {"seq_len": 8192, "global_batch_size": 64, "precision": precision},
+                          "cluster": {"gpu": gpu, "num_gpus": 64}})
+        ctx = context(p)
+        cfg = Config.of(Plan(tp=4, pp=2, zero_stage=1 if framework == "megatron" else 3), 1)
+        return _activation_bytes(ctx, cfg, Shapes(ctx, cfg), "dense")["none"], Shapes(ctx, cfg)
+
+    bf16, sh = acts("bf16")
+    T, h, ad, ffn = sh.tokens, sh.h, sh.a_local * sh.d, 28672 / 4
+    linear_inputs = 2 * T * h / 4 + T * ad + T * ffn  # QKV + fc1 inputs (SP-sharded), proj, fc2 inputs
+    assert bf16 - acts("fp8-current")[0] == pytest.approx(1.0 * linear_inputs)
+    # NVFP4 keeps 16% of the layers' linear layers in bf16 (precisions.yaml bf16_layer_fraction).
+    assert bf16 - acts("nvfp4")[0] == pytest.approx((2 - (0.84 * 0.5625 + 0.16 * 2)) * linear_inputs)
+    assert acts("mxfp8")[0] == pytest.approx(bf16 - (2 - 1.03125) * linear_inputs)
+    assert acts("fp8-current", "torchtitan", "h100")[0] == pytest.approx(acts("bf16", "torchtitan", "h100")[0])
