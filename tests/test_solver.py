@@ -461,3 +461,23 @@ def test_rank_cuts_keep_every_optimum(seq, schedules):
         assert got[0] == got[1], cfg0
         compared += got[0][0] == "OPTIMAL"
     assert compared >= 4
+
+
+def test_counts_under_equals_broadcast_comparison():
+    """`_counts_under` (a cumulative histogram over level indices, used by `_memory_tmax`) equals
+    the (P, levels, N) comparison it replaces, with ties, inf and levels that are not values."""
+    import numpy as np
+
+    from autoshard.solver.bounds import _counts_under
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        P, N = int(rng.integers(1, 20)), int(rng.integers(1, 40))
+        t = np.round(rng.random((P, N)) * 5, 1)
+        t[rng.random((P, N)) < 0.2] = np.inf
+        finite = t[np.isfinite(t)]
+        levels = np.unique(finite) if rng.random() < 0.5 else np.unique(np.r_[finite, rng.random(3) * 6])
+        if not len(levels):
+            continue
+        ref = (t[:, None, :] <= levels[None, :, None]).sum(axis=2)
+        assert (_counts_under(t, levels) == ref).all()

@@ -504,7 +504,7 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     else:
         # Start from the least T at which the second kind alone fits (the first taken as free), a
         # necessary condition checked for every level at once; the answer is usually at or near it.
-        most = (t.min(axis=1)[:, None, :] <= levels[None, :, None]).sum(axis=2) - 1  # (P, levels)
+        most = _counts_under(t.min(axis=1), levels) - 1  # (P, levels)
         alone = (np.minimum(most, n2).sum(axis=0) >= n2) & (most >= min_per - n1).all(axis=0)
         lo, hi, step = int(np.argmax(alone)), len(levels) - 1, 1  # every level below lo fails
         while lo + step - 1 < hi:  # galloping, then bisection
@@ -524,6 +524,15 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     return best
 
 
+def _counts_under(t: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """c[p, i] = #{n: t[p, n] <= levels[i]} for ascending `levels`, from each value's level index
+    (a cumulative histogram: O(P (N + levels)), not a (P, levels, N) comparison)."""
+    P, nl = t.shape[0], len(levels)
+    at = np.searchsorted(levels, t, side="left")  # first level >= t[p, n] (nl: above every level)
+    flat = (np.arange(P)[:, None] * (nl + 1) + at).ravel()
+    return np.bincount(flat, minlength=P * (nl + 1)).reshape(P, nl + 1).cumsum(axis=1)[:, :nl]
+
+
 def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact_windows: bool) -> float:
     """Lower bound of the data-parallel tail of the slowest rank, given `tmax`, a lower bound of
     the slowest rank's time per micro-batch.
@@ -536,7 +545,7 @@ def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact
     the mean rank's time at its fastest modes up to tmax, capped at the slowest modes.
     Without exact windows (a table that stands for every placement), the tail's affine form
     is the cheapest of every placement order's, coefficient by coefficient (`_free_tail_model`)."""
-    from ..cost import dp_tail_s, tail_model  # noqa: PLC0415
+    from ..cost import dp_tail_s  # noqa: PLC0415
 
     s = _summary(ctx, table, modes)
     p = table.cfg.pp
@@ -544,12 +553,26 @@ def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact
     params, eparams = s.params / p, s.expert_params / p
     if not exact_windows:  # overlapped(x, w) >= COMM_INTERFERENCE * x for every window w
         return sum(dp_tail_s(_free_tail_model(ctx, table), params, eparams, math.inf, math.inf))
-    tm = tail_model(ctx, table)
+    tm = _placed_tail_model(ctx, table)
     fwd = s.fwd_s / p + hops
     bwd_fast = s.bwd_fast_s / p + hops
     free = max(0.0, tmax - (fwd + bwd_fast))  # recompute that fits under tmax
     bwd = bwd_fast + min(free, (s.bwd_slow_s - s.bwd_fast_s) / p)
     return sum(dp_tail_s(tm, params, eparams, fwd, bwd))
+
+
+def _placed_tail_model(ctx: Context, table: Table) -> TailModel:
+    """`cost.tail_model` of the table, memoized in `Table.memo` on everything it reads of the
+    configuration and placement (the rest is the solve's context)."""
+    from ..cost import tail_model  # noqa: PLC0415
+
+    cfg, pl = table.cfg, table.placement
+    key = ("tail", pl.dp_cp, pl.edp, cfg.zero, cfg.dp, cfg.cp, table.microbatches if cfg.zero == 2 else 0,
+           cfg.grad_overlap, cfg.param_overlap, cfg.opt_offload)
+    got = table.memo.get(key)
+    if got is None:
+        got = table.memo[key] = tail_model(ctx, table)
+    return got
 
 
 def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bool = True,
@@ -563,14 +586,40 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
     is exposed, so only the part no window hides (interference and the optimizer) counts.
     `memory=True` adds the recompute HBM forces (`_memory_tmax`; costlier to compute)."""
     cfg = table.cfg
-    s = _summary(ctx, table, modes)
-    L = sum(s.count.values())
-    fast = s.fast
     M = table.microbatches
     p = cfg.pp
     forced = _memory_tmax(ctx, table, modes) if memory else 0.0
     if math.isinf(forced):  # no split fits in HBM
         return math.inf
+    tmax, second, serial = _pipeline_shape(ctx, table, modes, forced)
+    tail = _tail_bound(ctx, table, modes, tmax, exact_windows)
+    if p == 1:
+        return M * tmax + tail
+    if cfg.schedule == "zero_bubble":  # (second: max u)
+        # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
+        return max(M * tmax + (cfg.pp - 1) * second, serial) + tail
+    if cfg.schedule == "interleaved":  # (second: the slowest rank's largest chunk)
+        return M * tmax + (cfg.pp - 1) * second + tail
+    return (M - 1) * tmax + second + tail  # (second: every layer at its fastest, embedding and head)
+
+
+def _pipeline_shape(ctx: Context, table: Table, modes: list[str], forced: float) -> tuple[float, float, float]:
+    """(tmax, second, serial) of `_table_bound`: the least slowest rank's time per micro-batch (at
+    least `forced`) and the schedule's second term (1F1B: every layer's fastest time; interleaved:
+    a chunk of the slowest rank; zero-bubble: max u, with `serial`, sum u). They depend only on
+    the layer costs (`Table.memo`), the pipeline sends, pp, vpp and the schedule: memoized there,
+    so placements and configurations that share them (other dp, ZeRO stage or micro-batch count,
+    or group profiles that only the data-parallel tail sees) compute them once."""
+    cfg = table.cfg
+    key = ("pipeline", tuple(modes), cfg.pp, cfg.vpp, cfg.schedule, table.pp_p2p_s, forced)
+    got = table.memo.get(key)
+    if got is not None:
+        return got
+    s = _summary(ctx, table, modes)
+    L = sum(s.count.values())
+    fast = s.fast
+    p = cfg.pp
+    second = serial = 0.0
     if p == 1:
         tmax = max(fast, forced)
     else:
@@ -585,24 +634,21 @@ def _table_bound(ctx: Context, table: Table, modes: list[str], exact_windows: bo
         for k in (s.count if len(s.count) > 1 else ()):
             tmax = max(tmax, balanced_max(s.fastest[k], t_ex, s.count[k], min_per=0))
         tmax = max(tmax, fast / cfg.pp, forced)
-    tail = _tail_bound(ctx, table, modes, tmax, exact_windows)
-    if p == 1:
-        return M * tmax + tail
-    if cfg.schedule == "zero_bubble":
-        # One micro-batch's forward and input-gradient backward cross every stage in turn:
-        # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
-        u = s.unfilled
-        serial = sum(s.count[k] * u[k] for k in u) + sum(u_ex) - (V - 1) * table.pp_p2p_s
-        umax = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
-                   *(balanced_max(u[k], u_ex, s.count[k], min_per=0) for k in u if len(u) > 1))
-        # M max t + (P - 1) max u, and >= P max u >= sum u (max t >= max u).
-        return max(M * tmax + (cfg.pp - 1) * umax, serial) + tail
-    if cfg.schedule == "interleaved":
-        c_ex, _ = _stage_extras(table, V, per_rank=False)
-        # A rank's time is the sum of its vpp chunks' times: the slowest rank has a chunk of >= tmax / vpp.
-        chunk = max(balanced_max(tau, c_ex, L), tmax / cfg.vpp)
-        return M * tmax + (cfg.pp - 1) * chunk + tail
-    return (M - 1) * tmax + fast + tail
+        if cfg.schedule == "zero_bubble":
+            # One micro-batch's forward and input-gradient backward cross every stage in turn:
+            # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
+            u = s.unfilled
+            serial = sum(s.count[k] * u[k] for k in u) + sum(u_ex) - (V - 1) * table.pp_p2p_s
+            second = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
+                         *(balanced_max(u[k], u_ex, s.count[k], min_per=0) for k in u if len(u) > 1))
+        elif cfg.schedule == "interleaved":
+            c_ex, _ = _stage_extras(table, V, per_rank=False)
+            # A rank's time is the sum of its vpp chunks' times: the slowest rank has a chunk of >= tmax / vpp.
+            second = max(balanced_max(tau, c_ex, L), tmax / cfg.vpp)
+        else:
+            second = fast
+    got = table.memo[key] = (tmax, second, serial)
+    return got
 
 
 def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:

@@ -3,7 +3,6 @@ the distinct placements of their mesh axes."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from itertools import product
 from typing import Any
@@ -142,7 +141,13 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
 
 
 def _with_placement(cfg: Config, placement: str) -> Config:
-    return dataclasses.replace(cfg, placement=placement)
+    """cfg with another placement: `dataclasses.replace` without its __init__ (the solver's hot
+    path; Config is a plain frozen dataclass: the same fields, so an equal, equally hashed copy)."""
+    c = object.__new__(Config)
+    d = c.__dict__
+    d.update(cfg.__dict__)
+    d["placement"] = placement
+    return c
 
 
 def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None = None) -> list[Config]:
