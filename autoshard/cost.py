@@ -332,6 +332,14 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
         reasons.append(f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
     if fw.main_grads_reason(t.main_grads):
         reasons.append(fw.main_grads_reason(t.main_grads))
+    if t.fp8_params:
+        from .catalog import get_recipe  # noqa: PLC0415
+
+        if not fw.fp8_params:
+            reasons.append(f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
+        elif get_recipe(t.precision).gemm_dtype != "fp8" or t.finetune != "full":
+            reasons.append(f"training.fp8_params needs an FP8 recipe and full training (precision {t.precision}, "
+                           f"finetune {t.finetune}): NVFP4 and 16-bit weights have no FP8 param gather")
     if t.moe_capacity_factor is not None and m.is_moe:
         if not fw.moe_token_drop:
             reasons.append(f"{problem.framework} routes dropless: it has no expert capacity to drop tokens at "
@@ -549,12 +557,23 @@ def lora_fraction(m, rank: int) -> float:
 QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 + double-quantized scales (Dettmers et al. 2023, sec. 3)
 
 
+def gathered_weight_bytes(ctx: "Context") -> float:
+    """Bytes per parameter a ZeRO / FSDP parameter all-gather moves: bf16, or with FP8 primary weights
+    (`training.fp8_params`) one FP8 copy with its scales."""
+    if not ctx.training.fp8_params:
+        return float(BF16)
+    from .catalog import get_recipe  # noqa: PLC0415
+
+    r = get_recipe(ctx.training.precision)
+    return r.per_arch(r.saved_input_bytes_per_element, ctx.gpu)
+
+
 def zero3_bytes_per_param(ctx: "Context") -> tuple[float, float]:
     """(bytes gathered, bytes reduce-scattered) per parameter by ZeRO-3 / FSDP each layer: bf16 weights
     (QLoRA: the 4-bit base) and the framework's reduction dtype (LoRA: the adapters' gradients)."""
     tr = ctx.training
     if tr.finetune == "full":
-        return BF16, ctx.framework.grad_reduce_bytes
+        return gathered_weight_bytes(ctx), ctx.framework.grad_reduce_bytes
     frac = lora_fraction(ctx.model, tr.lora_rank)
     base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
     return base + frac * BF16, frac * ctx.framework.grad_reduce_bytes
@@ -1218,7 +1237,7 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
             return nbytes_per_param * params
         return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
 
-    weights = shard(w_b, cfg.zero >= 3)
+    weights = 0.0 if ctx.training.fp8_params else shard(w_b, cfg.zero >= 3)  # FP8 primary weights: no bf16 copy
     from .catalog import weight_copy_bytes_per_param  # noqa: PLC0415
 
     weights += shard(weight_copy_bytes_per_param(ctx.training.precision, ctx.gpu), cfg.zero >= 3)  # fp8/fp4 copies
@@ -1261,7 +1280,7 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
     opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
     tm = _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
                      table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
-                     ctx.framework.grad_reduce_bytes)
+                     ctx.framework.grad_reduce_bytes, gathered_weight_bytes(ctx))
     if ctx.training.finetune != "full":  # only the adapters are reduced, gathered and stepped
         f = lora_fraction(ctx.model, ctx.training.lora_rank)
         tm = dataclasses.replace(tm, reduce=(tm.reduce[0] * f, tm.reduce[1] * f, tm.reduce[2]),
@@ -1282,7 +1301,7 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
 
 @functools.lru_cache(maxsize=4096)
 def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_experts: bool, repeats: int,
-                opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16) -> TailModel:
+                opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16, gather_b: float = BF16) -> TailModel:
     none = (0.0, 0.0, 0.0)
     reduce = gather = none
     if (dpc > 1 or edp.size > 1) and zero < 3:
@@ -1291,7 +1310,7 @@ def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_expe
         reduce = (grad_b * sd, grad_b * se, cd + (ce if has_experts else 0.0))
         if zero in (1, 2):
             (sd, cd), (se, ce) = affine(all_gather_s, lv, dp_cp), affine(all_gather_s, lv, edp)
-            gather = (BF16 * sd, BF16 * se, cd + (ce if has_experts else 0.0))
+            gather = (gather_b * sd, gather_b * se, cd + (ce if has_experts else 0.0))
     shard = 1.0 / dpc if zero >= 1 else 1.0
     return TailModel(reduce, gather, opt_b * shard / hbm_bytes_per_s, repeats)
 

@@ -195,6 +195,9 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
         ctx.warn(f"token dropping is set in code: deepspeed.moe.layer.MoE(capacity_factor="
                  f"{problem.training.moe_capacity_factor}, drop_tokens=True) or Megatron-DeepSpeed "
                  f"--moe-train-capacity-factor {problem.training.moe_capacity_factor}")
+    if problem.training.fp8_params and fmt != "megatron":
+        ctx.warn(f"FP8 primary weights (fp8_params) are not exported: {TARGETS_SHORT[fmt]} keeps bf16/fp32 weights "
+                 "next to its FP8 copies (more memory than planned)")
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
@@ -591,6 +594,8 @@ def _megatron(ctx: _Ctx) -> str:
 
     if t.main_grads == "bf16":  # main_grad buffers and the gradient reduction in bf16
         add("--grad-reduce-in-bf16")
+    if t.fp8_params:  # FP8 primary weights, all-gathered in FP8
+        add("--fp8-param-gather")
 
     # --- recompute -------------------------------------------------------------------------
     _megatron_recompute(ctx, add)

@@ -33,6 +33,7 @@ class FrameworkProfile:
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
+    fp8_params: bool = False  # can keep the weights themselves in FP8 (training.fp8_params)
     # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
     main_grads: tuple[tuple[str, float, float], ...] = ()
 
@@ -89,6 +90,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
+            fp8_params=bool(row.get("fp8_params", False)),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 

@@ -226,6 +226,11 @@ class TrainingSpec(Strict):
     # (Megatron-LM: fp32 main grads for bf16 training; --grad-reduce-in-bf16 and Megatron-Bridge's
     # performance recipes: bf16, half the bytes held and reduced; torchtitan: its reduce dtype).
     main_grads: Literal["fp32", "bf16"] | None = None
+    # FP8 primary weights (Megatron --fp8-param-gather, TE fp8_model_init; every FP8 recipe of
+    # Megatron-Bridge's performance summary): the recipe's low-precision copies are the model's weights
+    # (no bf16 copy), the ZeRO / FSDP parameter all-gathers move them, the optimizer keeps fp32 main
+    # weights. Needs an FP8 recipe (NVFP4 has no param gather) and a framework that runs it.
+    fp8_params: bool = False
     # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the GPU, so each layer's kernel launches
     # are paid on the critical path once per micro-batch (a workaround for NCCL hangs; BigScience
     # trained BLOOM's benchmarks so). Costs cost.BLOCKING_LAYER_HOST_S per layer and micro-batch.

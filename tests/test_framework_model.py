@@ -590,3 +590,29 @@ def test_te_keeps_fp8_linear_inputs_for_the_backward():
     assert bf16 - acts("nvfp4")[0] == pytest.approx((2 - (0.84 * 0.5625 + 0.16 * 2)) * linear_inputs)
     assert acts("mxfp8")[0] == pytest.approx(bf16 - (2 - 1.03125) * linear_inputs)
     assert acts("fp8-current", "torchtitan", "h100")[0] == pytest.approx(acts("bf16", "torchtitan", "h100")[0])
+
+
+def test_fp8_primary_weights_replace_the_bf16_copy_and_halve_the_gathers():
+    # Megatron --fp8-param-gather (Megatron-Bridge's FP8 mixed-precision configs): the FP8 copy is the
+    # weight (no bf16 weights beside it) and the distributed optimizer all-gathers it in FP8.
+    from autoshard.cost import gathered_weight_bytes
+    from autoshard.export import export_plan
+
+    def problem(framework="megatron", **training):
+        return load_problem({"model": "llama3-70b", "framework": framework,
+                             "training": {"seq_len": 8192, "global_batch_size": 128, "precision": "fp8-current",
+                                          **training},
+                             "cluster": {"gpu": "b200", "num_gpus": 64}})
+
+    plan = Plan(tp=2, pp=4, zero_stage=1, overlap_param_gather=False)
+    base, fp8 = evaluate(problem(), plan), evaluate(problem(fp8_params=True), plan)
+    w = base.stages[1].memory_gib["weights"]
+    assert fp8.stages[1].memory_gib["weights"] == pytest.approx(w / 3)  # bf16 2 B + FP8 copy 1 B -> 1 B (B200)
+    assert gathered_weight_bytes(context(problem(fp8_params=True))) == 1.0 == gathered_weight_bytes(context(problem())) / 2
+    assert fp8.time_breakdown_s["dp_comm"] < base.time_breakdown_s["dp_comm"]
+    assert "--fp8-param-gather" in export_plan(problem(fp8_params=True), plan, "megatron").text
+    assert any("cannot keep its weights in FP8" in r
+               for r in evaluate(problem("torchtitan", fp8_params=True), Plan(tp=2, zero_stage=3)).reasons)
+    nv = load_problem({**problem(fp8_params=True).model_dump(exclude={"search"}),
+                       "training": {**problem().training.model_dump(), "precision": "nvfp4", "fp8_params": True}})
+    assert any("needs an FP8 recipe" in r for r in evaluate(nv, plan).reasons)

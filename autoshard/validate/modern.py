@@ -329,6 +329,8 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(re.search(r"full[-_ ]iter", _notes_text(row)))
 
 
+MBRIDGE_FP8_PARAMS = {"fp8": True, "fp8-delayed": True, "fp8-current": True, "mxfp8": True}
+
 RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
                 "offload_layers", "layout")
 LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
@@ -582,8 +584,12 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True)),
                          "launch_blocking": bool(row.get("launch_blocking", False)),
                          "moe_capacity_factor": capacity,
-                         # every Megatron-Bridge performance recipe: grad_reduce_in_fp32 false
-                         "main_grads": "bf16" if group == "Megatron-Bridge" else None},
+                         # every Megatron-Bridge performance recipe: grad_reduce_in_fp32 false, and its
+                         # FP8 mixed-precision configs keep FP8 primary weights (mixed_precision.py
+                         # bf16_with_fp8_{delayed,current}_scaling_mixed / bf16_with_mxfp8_mixed:
+                         # fp8_param_gather True; subchannel and NVFP4: False)
+                         "main_grads": "bf16" if group == "Megatron-Bridge" else None,
+                         "fp8_params": group == "Megatron-Bridge" and MBRIDGE_FP8_PARAMS.get(precision, False)},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")

@@ -55,6 +55,8 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
                                      Plan(tp=2, cp=16, pp=4, recompute="full", cp_comm_type="a2a+p2p")),
     "deepseek-v3-deepep": (_problem("deepseek-v3", 640, 1280), Plan(pp=8, ep=16, moe_dispatcher="deepep")),
     "llama3-8b-bf16-main-grads": (_problem("llama3-8b", 64, 256, main_grads="bf16"), Plan(tp=2, pp=2, zero_stage=1)),
+    "llama3-70b-fp8-params": (_problem("llama3-70b", 64, 128, precision="fp8-current", fp8_params=True, main_grads="bf16"),
+                              Plan(tp=4, pp=8, vpp=5, schedule="interleaved")),
     "llama3-8b-fp32-main-grads": (_problem("llama3-8b", 64, 256, main_grads="fp32"), Plan(tp=2, pp=2, zero_stage=1)),
     "qwen3-30b-token-drop": (_problem("qwen3-30b-a3b", 16, 512, moe_capacity_factor=1.25),
                              Plan(tp=1, pp=2, ep=8, etp=1)),
