@@ -269,6 +269,24 @@ def headroom_text(peak_gib: float, capacity_gib: float) -> str:
     return f"{capacity_gib - peak_gib:.1f} GiB free, {fmt_pct(share)} headroom"
 
 
+def training_settings(t: Any) -> list[str]:
+    """The run settings of `training` beyond the defaults that change the price (for the reports)."""
+    out = []
+    if getattr(t, "fp8_params", False):
+        out.append("FP8 weights")
+    if getattr(t, "main_grads", None):
+        out.append(f"{t.main_grads} main grads")
+    if getattr(t, "moe_capacity_factor", None) is not None:
+        out.append(f"token drop at capacity {t.moe_capacity_factor:g}")
+    if getattr(t, "moe_load_imbalance", 1.0) > 1.0:
+        out.append(f"MoE load imbalance {t.moe_load_imbalance:g}")
+    if getattr(t, "launch_blocking", False):
+        out.append("blocking launches")
+    if getattr(t, "finetune", "full") != "full":
+        out.append(f"{t.finetune} rank {t.lora_rank}")
+    return out
+
+
 def _title(problem: Any) -> str:
     name = problem.name or problem.model.name
     return f"{name}: {problem.model.name} on {problem.cluster.num_gpus}x {_gpu_id(problem)}"
@@ -377,8 +395,9 @@ def solution_markdown(problem: Any, solution: Any) -> str:
             f"MFU {fmt_pct(est.mfu)}, peak {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB "
             f"({st.status.lower()}).", ""]
     t = problem.training
+    extra = "".join(f", {s}" for s in training_settings(t))
     out += [f"Training: sequence length {t.seq_len}, global batch {t.global_batch_size} sequences "
-            f"({t.tokens_per_step:,} tokens), {t.precision}, {t.optimizer}.", ""]
+            f"({t.tokens_per_step:,} tokens), {t.precision}, {t.optimizer}{extra}.", ""]
     out += ["## Plan", ""]
     out += _table(["knob", "value"], [[k, _plan_value(plan, k)] for k in PLAN_KNOBS], "ll")
     out += [""] + _estimate_markdown(est)
@@ -433,6 +452,9 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
     that does not fit says how many reasons there are, the caller prints them (on stderr)."""
     est = estimate
     out = [f"{_title(problem)}", f"plan: {plan_short(est.plan)}"]
+    settings = training_settings(problem.training)
+    if settings:
+        out.insert(1, "training: " + ", ".join(settings))
     if not est.fits:
         head = "DOES NOT FIT" if est.stages else "INVALID PLAN"
         if reasons:

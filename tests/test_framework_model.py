@@ -616,3 +616,16 @@ def test_fp8_primary_weights_replace_the_bf16_copy_and_halve_the_gathers():
     nv = load_problem({**problem(fp8_params=True).model_dump(exclude={"search"}),
                        "training": {**problem().training.model_dump(), "precision": "nvfp4", "fp8_params": True}})
     assert any("needs an FP8 recipe" in r for r in evaluate(nv, plan).reasons)
+
+
+def test_reports_name_the_run_settings_that_change_the_price():
+    from autoshard.render import estimate_text
+
+    p = load_problem({"model": "qwen3-30b-a3b", "training": {"seq_len": 4096, "global_batch_size": 64,
+                      "precision": "fp8-current", "fp8_params": True, "main_grads": "bf16",
+                      "moe_capacity_factor": 1.25}, "cluster": {"gpu": "h100", "num_gpus": 8}})
+    text = estimate_text(p, evaluate(p, Plan(tp=1, ep=8)))
+    assert text.splitlines()[1] == "training: FP8 weights, bf16 main grads, token drop at capacity 1.25"
+    plain = load_problem({"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64},
+                          "cluster": {"gpu": "h100", "num_gpus": 8}})
+    assert not estimate_text(plain, evaluate(plain, Plan(tp=1))).splitlines()[1].startswith("training:")
