@@ -481,3 +481,34 @@ def test_counts_under_equals_broadcast_comparison():
             continue
         ref = (t[:, None, :] <= levels[None, :, None]).sum(axis=2)
         assert (_counts_under(t, levels) == ref).all()
+
+
+def test_memoized_table_bounds_equal_fresh_ones():
+    """`_table_bound` memoizes its pipeline part and tail model in `Table.memo`, shared by every
+    table with the same layer costs: over every configuration and placement of a small space (both
+    schedules families, several dp, ZeRO stages and micro-batch counts sharing layer costs), the
+    bound read through the shared memo equals the one computed on a fresh memo, bit for bit."""
+    import dataclasses
+
+    from autoshard.solver import _placements, candidates
+    from autoshard.solver.bounds import _optimistic_table, _table_bound
+
+    p = load_problem({"model": {"preset": "llama3-8b", "num_hidden_layers": 8},
+                      "training": {"seq_len": 4096, "global_batch_size": 64},
+                      "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
+                      "search": {"tp": [1, 2, 4], "pp": [1, 2, 4], "cp": [1, 2], "micro_batch_size": [1, 2]}})
+    ctx = context(p)
+    modes = ["none", "selective", "full"]
+    cache, opt_cache, n = {}, {}, 0
+    for cfg0 in candidates(p, ctx):
+        opt = _optimistic_table(ctx, cfg0, opt_cache)
+        fresh = dataclasses.replace(opt, memo={})
+        for kw in ({"exact_windows": False}, {"exact_windows": False, "memory": True}):
+            assert _table_bound(ctx, opt, modes, **kw) == _table_bound(ctx, fresh, modes, **kw)
+        for cfg in _placements(p, ctx, cfg0):
+            table = layer_table(ctx, cfg, cache)
+            for kw in ({}, {"memory": True}):
+                got = _table_bound(ctx, table, modes, **kw)
+                assert got == _table_bound(ctx, dataclasses.replace(table, memo={}), modes, **kw), cfg
+            n += 1
+    assert n > 200
