@@ -584,8 +584,8 @@ def param_bytes(ctx: "Context") -> tuple[float, float, float]:
     framework's (full training), or a frozen base plus trained adapters (LoRA / QLoRA)."""
     fw, tr = ctx.framework, ctx.training
     opt_b = fw.optimizer_state_bytes(tr.optimizer)
-    if tr.finetune == "full":
-        return fw.weight_bytes, fw.grad_bytes, opt_b
+    if tr.finetune == "full":  # FP8 primary weights: no 16-bit copy (the FP8 copies are counted apart)
+        return (0.0 if tr.fp8_params else fw.weight_bytes), fw.grad_bytes, opt_b
     frac = lora_fraction(ctx.model, tr.lora_rank)
     base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
     return base + frac * BF16, frac * fw.grad_bytes, frac * opt_b
@@ -1237,7 +1237,7 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
             return nbytes_per_param * params
         return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
 
-    weights = 0.0 if ctx.training.fp8_params else shard(w_b, cfg.zero >= 3)  # FP8 primary weights: no bf16 copy
+    weights = shard(w_b, cfg.zero >= 3)
     from .catalog import weight_copy_bytes_per_param  # noqa: PLC0415
 
     weights += shard(weight_copy_bytes_per_param(ctx.training.precision, ctx.gpu), cfg.zero >= 3)  # fp8/fp4 copies

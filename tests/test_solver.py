@@ -227,12 +227,30 @@ def test_bounds_never_exceed_evaluate(seed):
     `evaluate` gives any plan of that configuration, and the memory bound at most its peak."""
     import random
 
+    rng = random.Random(seed)
+    _check_bounds_never_exceed_evaluate(_random_problem(rng), rng)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bounds_never_exceed_evaluate_in_fp8(seed):
+    """The same on Blackwell FP8 runs as Megatron-Bridge trains them: FP8 primary weights (1 B per
+    parameter, no bf16 copy), bf16 main grads, TE's quantized saved inputs, token drop for MoE."""
+    import random
+
+    rng = random.Random(100 + seed)
+    p = _random_problem(rng)
+    training = {**p.training.model_dump(), "precision": "fp8-current", "fp8_params": True, "main_grads": "bf16",
+                "moe_capacity_factor": 1.25 if p.model.is_moe else None, "finetune": "full"}
+    p = load_problem({**p.model_dump(exclude={"training", "cluster", "framework"}), "training": training,
+                      "cluster": {"gpu": "b200", "num_gpus": p.cluster.num_gpus}, "framework": "megatron"})
+    _check_bounds_never_exceed_evaluate(p, rng)
+
+
+def _check_bounds_never_exceed_evaluate(p, rng):
     from autoshard.cost import even_split
     from autoshard.solver import StageModel, _optimistic_table, _placements, _table_bound, candidates
     from autoshard.solver.bounds import _bounds
 
-    rng = random.Random(seed)
-    p = _random_problem(rng)
     ctx = context(p)
     cands = candidates(p, ctx)
     t_lb, m_lb, could_fit = _bounds(ctx, cands)
@@ -512,3 +530,27 @@ def test_memoized_table_bounds_equal_fresh_ones():
                 assert got == _table_bound(ctx, dataclasses.replace(table, memo={}), modes, **kw), cfg
             n += 1
     assert n > 200
+
+
+@st.composite
+def small_fp8_problems(draw):
+    """Small problems trained in FP8 as Megatron-Bridge runs it: TE's quantized saved inputs, FP8
+    primary weights, bf16 main grads, token drop for MoE (the memory and tail terms they change)."""
+    p = draw(small_problems())
+    training = {**p.training.model_dump(), "precision": "fp8-current", "fp8_params": draw(st.booleans()),
+                "main_grads": draw(st.sampled_from([None, "bf16"]))}
+    if p.model.is_moe:
+        training["moe_capacity_factor"] = draw(st.sampled_from([None, 1.25]))
+    # 24 GB RTX 4090s (Ada has FP8 tensor cores) and long sequences: HBM decides between plans.
+    training["seq_len"] = draw(st.sampled_from([8192, 16384]))
+    return load_problem({**p.model_dump(exclude={"training", "cluster"}), "training": training,
+                         "cluster": {"gpu": "rtx-4090", "num_gpus": p.cluster.num_gpus}})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(small_fp8_problems())
+def test_solver_matches_brute_force_in_fp8(problem):
+    bf, sol = _exact_optimum_or_infeasible(problem)
+    if bf is not None:
+        fast = solve(problem, time_limit_s=60, top_k=0)
+        assert fast.solver.objective_bound_s <= bf[0] + fast.solver.rounding_tolerance_s
