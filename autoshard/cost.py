@@ -337,9 +337,9 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
 
         if not fw.fp8_params:
             reasons.append(f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
-        elif get_recipe(t.precision).gemm_dtype != "fp8" or t.finetune != "full":
-            reasons.append(f"training.fp8_params needs an FP8 recipe and full training (precision {t.precision}, "
-                           f"finetune {t.finetune}): NVFP4 and 16-bit weights have no FP8 param gather")
+        elif get_recipe(t.precision).gemm_dtype not in ("fp8", "fp4") or t.finetune != "full":
+            reasons.append(f"training.fp8_params needs an FP8 or FP4 recipe and full training (precision "
+                           f"{t.precision}, finetune {t.finetune}): 16-bit weights have no low-precision param gather")
     if t.moe_capacity_factor is not None and m.is_moe:
         if not fw.moe_token_drop:
             reasons.append(f"{problem.framework} routes dropless: it has no expert capacity to drop tokens at "
@@ -559,13 +559,14 @@ QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 + double-quantized scales (Dettmers et 
 
 def gathered_weight_bytes(ctx: "Context") -> float:
     """Bytes per parameter a ZeRO / FSDP parameter all-gather moves: bf16, or with FP8 primary weights
-    (`training.fp8_params`) one FP8 copy with its scales."""
+    (`training.fp8_params`) one FP8 / FP4 copy with its scales (the recipe's bf16 layers: bf16)."""
     if not ctx.training.fp8_params:
         return float(BF16)
     from .catalog import get_recipe  # noqa: PLC0415
 
     r = get_recipe(ctx.training.precision)
-    return r.per_arch(r.saved_input_bytes_per_element, ctx.gpu)
+    f = r.bf16_layer_fraction
+    return (1 - f) * r.per_arch(r.saved_input_bytes_per_element, ctx.gpu) + f * BF16
 
 
 def zero3_bytes_per_param(ctx: "Context") -> tuple[float, float]:
@@ -584,8 +585,12 @@ def param_bytes(ctx: "Context") -> tuple[float, float, float]:
     framework's (full training), or a frozen base plus trained adapters (LoRA / QLoRA)."""
     fw, tr = ctx.framework, ctx.training
     opt_b = fw.optimizer_state_bytes(tr.optimizer)
-    if tr.finetune == "full":  # FP8 primary weights: no 16-bit copy (the FP8 copies are counted apart)
-        return (0.0 if tr.fp8_params else fw.weight_bytes), fw.grad_bytes, opt_b
+    if tr.finetune == "full":  # FP8/FP4 primary weights: no 16-bit copy but in the recipe's bf16 layers
+        if tr.fp8_params:  # (the low-precision copies are counted apart: weight_copy_bytes_per_param)
+            from .catalog import get_recipe  # noqa: PLC0415
+
+            return BF16 * get_recipe(tr.precision).bf16_layer_fraction, fw.grad_bytes, opt_b
+        return fw.weight_bytes, fw.grad_bytes, opt_b
     frac = lora_fraction(ctx.model, tr.lora_rank)
     base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
     return base + frac * BF16, frac * fw.grad_bytes, frac * opt_b

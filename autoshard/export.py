@@ -594,8 +594,15 @@ def _megatron(ctx: _Ctx) -> str:
 
     if t.main_grads == "bf16":  # main_grad buffers and the gradient reduction in bf16
         add("--grad-reduce-in-bf16")
-    if t.fp8_params:  # FP8 primary weights, all-gathered in FP8
-        add("--fp8-param-gather")
+    if t.fp8_params:  # FP8 / FP4 primary weights, all-gathered in that precision
+        from .catalog import get_recipe  # noqa: PLC0415
+
+        if get_recipe(t.precision).gemm_dtype == "fp4":
+            add("--fp4-param-gather")
+            ctx.warn("--fp4-param-gather needs Megatron-LM with DistributedDataParallelConfig.fp4_param_gather "
+                     "(d98e8a64dd; megatron-core 0.16.1 has only fp8_param_gather)")
+        else:
+            add("--fp8-param-gather")
 
     # --- recompute -------------------------------------------------------------------------
     _megatron_recompute(ctx, add)

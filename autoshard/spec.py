@@ -229,7 +229,8 @@ class TrainingSpec(Strict):
     # FP8 primary weights (Megatron --fp8-param-gather, TE fp8_model_init; every FP8 recipe of
     # Megatron-Bridge's performance summary): the recipe's low-precision copies are the model's weights
     # (no bf16 copy), the ZeRO / FSDP parameter all-gathers move them, the optimizer keeps fp32 main
-    # weights. Needs an FP8 recipe (NVFP4 has no param gather) and a framework that runs it.
+    # weights. NVFP4 likewise (--fp4-param-gather, bf16_with_nvfp4_mixed). Needs a low-precision recipe
+    # and a framework that runs it.
     fp8_params: bool = False
     # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the GPU, so each layer's kernel launches
     # are paid on the critical path once per micro-batch (a workaround for NCCL hangs; BigScience

@@ -613,9 +613,16 @@ def test_fp8_primary_weights_replace_the_bf16_copy_and_halve_the_gathers():
     assert "--fp8-param-gather" in export_plan(problem(fp8_params=True), plan, "megatron").text
     assert any("cannot keep its weights in FP8" in r
                for r in evaluate(problem("torchtitan", fp8_params=True), Plan(tp=2, zero_stage=3)).reasons)
+    # NVFP4 (--fp4-param-gather): the FP4 copies (1.125 B) replace the bf16 weights of the 84% of layers
+    # the recipe runs in FP4; the bf16 layers keep theirs. 16-bit training cannot.
     nv = load_problem({**problem(fp8_params=True).model_dump(exclude={"search"}),
                        "training": {**problem().training.model_dump(), "precision": "nvfp4", "fp8_params": True}})
-    assert any("needs an FP8 recipe" in r for r in evaluate(nv, plan).reasons)
+    nv_base = load_problem({**nv.model_dump(exclude={"search"}), "training": {**nv.training.model_dump(), "fp8_params": False}})
+    w_nv, w_base = (evaluate(x, plan).stages[1].memory_gib["weights"] for x in (nv, nv_base))
+    assert w_nv == pytest.approx(w_base * (0.84 * 1.125 + 0.16 * 2) / (2 + 0.84 * 1.125))
+    assert "--fp4-param-gather" in export_plan(nv, plan, "megatron").text
+    bf = load_problem({**nv.model_dump(exclude={"search"}), "training": {**nv.training.model_dump(), "precision": "bf16"}})
+    assert any("needs an FP8 or FP4 recipe" in r for r in evaluate(bf, plan).reasons)
 
 
 def test_reports_name_the_run_settings_that_change_the_price():

@@ -329,7 +329,7 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(re.search(r"full[-_ ]iter", _notes_text(row)))
 
 
-MBRIDGE_FP8_PARAMS = {"fp8": True, "fp8-delayed": True, "fp8-current": True, "mxfp8": True}
+MBRIDGE_FP8_PARAMS = {"fp8": True, "fp8-delayed": True, "fp8-current": True, "mxfp8": True, "nvfp4": True}
 
 RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
                 "offload_layers", "layout")
@@ -587,7 +587,8 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          # every Megatron-Bridge performance recipe: grad_reduce_in_fp32 false, and its
                          # FP8 mixed-precision configs keep FP8 primary weights (mixed_precision.py
                          # bf16_with_fp8_{delayed,current}_scaling_mixed / bf16_with_mxfp8_mixed:
-                         # fp8_param_gather True; subchannel and NVFP4: False)
+                         # fp8_param_gather True; bf16_with_nvfp4_mixed: fp4_param_gather True;
+                         # subchannel: False)
                          "main_grads": "bf16" if group == "Megatron-Bridge" else None,
                          "fp8_params": group == "Megatron-Bridge" and MBRIDGE_FP8_PARAMS.get(precision, False)},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},

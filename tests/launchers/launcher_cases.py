@@ -57,6 +57,8 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
     "llama3-8b-bf16-main-grads": (_problem("llama3-8b", 64, 256, main_grads="bf16"), Plan(tp=2, pp=2, zero_stage=1)),
     "llama3-70b-fp8-params": (_problem("llama3-70b", 64, 128, precision="fp8-current", fp8_params=True, main_grads="bf16"),
                               Plan(tp=4, pp=8, vpp=5, schedule="interleaved")),
+    "llama3-70b-nvfp4-params": (_problem("llama3-70b", 64, 128, gpu="b200", precision="nvfp4", fp8_params=True),
+                                Plan(tp=2, pp=4)),
     "llama3-8b-fp32-main-grads": (_problem("llama3-8b", 64, 256, main_grads="fp32"), Plan(tp=2, pp=2, zero_stage=1)),
     "qwen3-30b-token-drop": (_problem("qwen3-30b-a3b", 16, 512, moe_capacity_factor=1.25),
                              Plan(tp=1, pp=2, ep=8, etp=1)),

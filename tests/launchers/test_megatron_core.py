@@ -52,6 +52,7 @@ TRAINING_FLAGS = {
     "--position-embedding-type", "--use-tp-pp-dp-mapping", "--swiglu", "--disable-bias-linear",
     "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention", "--no-check-for-nan-in-loss-and-grad",
     "--grad-reduce-in-bf16",  # arguments.py: accumulate_allreduce_grads_in_fp32 False -> DDP grad_reduce_in_fp32 False
+    "--fp4-param-gather",  # DistributedDataParallelConfig.fp4_param_gather at d98e8a64dd; newer than megatron-core 0.16.1
 }
 PRECISIONS = yaml.safe_load((Path(__file__).resolve().parents[2] / "autoshard" / "data" / "precisions.yaml")
                             .read_text()) or {}
