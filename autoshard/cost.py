@@ -627,14 +627,17 @@ def model_flops_per_step(problem: Problem) -> float:
         d_qk = d_v = m.head_size
     # Frozen weights (LoRA) need no weight gradients: forward + input gradients, 4 N per token.
     per_n = 6 if t.finetune == "full" else 4
-    per_token = per_n * active_matmul_params(m) + 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v)
+    attn = 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v) * m.attention_key_share(s)
+    per_token = per_n * active_matmul_params(m) + attn  # (a sliding window: the keys it attends)
     return per_token * t.tokens_per_step
 
 
 def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
     """(time, materialized-score traffic time, FLOPs) of the core attention of one layer's
-    forward: each GPU's queries attend causally over the full sequence (CP splits queries)."""
-    flops = 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+    forward: each GPU's queries attend causally over the full sequence (CP splits queries), or over
+    their sliding window (`ModelSpec.attention_key_share`, FlashAttention / cuDNN skip the masked
+    tiles; averaged over the layers)."""
+    flops = 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
     scores = 0.0
     if not ctx.training.flash_attention:  # materialized s x s scores per head
         per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
@@ -935,7 +938,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.hfu_flops += flops
         elif recompute == "selective":
             c.bwd["recompute"] = core
-            c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+            c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
         elif recompute == "offload":
             # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
             # stream to host memory during the forward and back before its backward, over the host
@@ -1019,7 +1022,7 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     etp = cfg.expert_tp
     routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
-        flops = 2 * T * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5
+        flops = 2 * T * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * m.attention_key_share(sh.seq)
         return core_s, acts["none"] - acts["selective"], flops
     if module == "layernorm":
         return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * q * T * h / div, 0.0

@@ -198,6 +198,9 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     if problem.training.fp8_params and fmt != "megatron":
         ctx.warn(f"FP8 primary weights (fp8_params) are not exported: {TARGETS_SHORT[fmt]} keeps bf16/fp32 weights "
                  "next to its FP8 copies (more memory than planned)")
+    if problem.model.sliding_window and fmt != "megatron":
+        ctx.warn(f"sliding-window attention ({problem.model.sliding_window} keys) is not exported: set it in "
+                 f"the {TARGETS_SHORT[fmt]} model definition (full attention there is slower than planned)")
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
@@ -629,6 +632,14 @@ def _megatron(ctx: _Ctx) -> str:
             add("--num-query-groups", m.kv_heads)
         if m.head_dim:
             add("--kv-channels", m.head_dim)
+    if m.sliding_window:  # TE window (left, right): the last W keys including the query's own
+        add("--window-size", f"{m.sliding_window - 1},0")
+        if m.sliding_window_layers < 1:  # one full-attention layer after every N - 1 windowed ones
+            freq = round(1 / (1 - m.sliding_window_layers))
+            if abs(1 / freq - (1 - m.sliding_window_layers)) > 1e-6:
+                ctx.warn(f"{m.sliding_window_layers:.3f} of the layers windowed is no 1-in-N pattern: "
+                         f"--window-attn-skip-freq {freq} is the nearest")
+            add("--window-attn-skip-freq", freq)
     add("--vocab-size", m.vocab_size)
     if not m.tie_word_embeddings:
         add("--untie-embeddings-and-output-weights")

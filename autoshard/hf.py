@@ -224,6 +224,28 @@ def _attention(r: _Reader, hidden: int, heads: int) -> dict[str, Any]:
     return out
 
 
+def _sliding_window(r: _Reader, layers: int, model_type: str) -> dict[str, Any]:
+    """sliding_window and the share of layers using it: `layer_types` (transformers >= 4.53: gpt-oss,
+    Gemma 3, Qwen3-Next), else `sliding_window_pattern` (Gemma 3: one global layer in N), Gemma 2's
+    alternation, else every layer (Mistral); none where `use_sliding_window` is false (Qwen2/3)."""
+    cfg = r.cfg
+    window = cfg.get("sliding_window")
+    if window is None or cfg.get("use_sliding_window") is False:
+        return {}
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise r.error(f"must be a positive integer or null, got {window!r}", "sliding_window")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        n = sum(1 for t in types if str(t) == "sliding_attention")
+        return {"sliding_window": window, "sliding_window_layers": n / len(types)} if n else {}
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 1:
+        return {"sliding_window": window, "sliding_window_layers": (pattern - 1) / pattern}
+    if model_type == "gemma2":  # local and global layers alternate (modeling_gemma2: layer_idx % 2 == 0)
+        return {"sliding_window": window, "sliding_window_layers": 0.5}
+    return {"sliding_window": window}
+
+
 def _int_list(r: _Reader, key: str, layers: int) -> list[int]:
     value = r.cfg.get(key) or []
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
@@ -354,6 +376,7 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
     ffn = r.integer("intermediate_size", required=mtype not in FFN_4X_BY_DEFAULT)
     spec["intermediate_size"] = ffn or 4 * hidden
     spec.update(_attention(r, hidden, spec["num_attention_heads"]))
+    spec.update(_sliding_window(r, layers, mtype))
     spec["hidden_act"], notes = _activation(r, mtype)
     moe, moe_notes = _moe(r, layers, spec["intermediate_size"])
     spec.update(moe)

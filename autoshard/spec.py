@@ -124,6 +124,11 @@ class ModelSpec(Strict):
     v_head_dim: Annotated[int, Field(ge=1)] | None = None
     # GPT-2/3 style hidden and attention dropout (stores masks; Llama-family models have none).
     dropout: bool = False
+    # Sliding-window attention (Mistral, Gemma 2/3, gpt-oss): each query attends its last
+    # `sliding_window` keys on the share `sliding_window_layers` of the layers (HF layer_types: gpt-oss
+    # alternates, 0.5; Gemma 3 five in six); None = full causal attention everywhere.
+    sliding_window: Annotated[int, Field(ge=1)] | None = None
+    sliding_window_layers: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     source: str | None = None
 
     @model_validator(mode="after")
@@ -169,6 +174,16 @@ class ModelSpec(Strict):
     @property
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
+
+    def attention_key_share(self, seq: int) -> float:
+        """Keys a query attends on average, relative to full causal attention over `seq` tokens (1
+        without a sliding window): a window of W keys sums W(W+1)/2 + (seq - W) W over the queries
+        against seq(seq+1)/2, on the share of layers that use it (a mean over the layers)."""
+        w = self.sliding_window
+        if not w or w >= seq:
+            return 1.0
+        windowed = (w * (w + 1) / 2 + (seq - w) * w) / (seq * (seq + 1) / 2)
+        return self.sliding_window_layers * windowed + (1.0 - self.sliding_window_layers)
 
     @property
     def head_size(self) -> int:

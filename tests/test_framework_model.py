@@ -636,3 +636,25 @@ def test_reports_name_the_run_settings_that_change_the_price():
     plain = load_problem({"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 64},
                           "cluster": {"gpu": "h100", "num_gpus": 8}})
     assert not estimate_text(plain, evaluate(plain, Plan(tp=1))).splitlines()[1].startswith("training:")
+
+
+def test_sliding_window_attention_attends_the_window():
+    # A window of W keys: query i attends min(i, W) keys; counted one by one against the formula.
+    spec = load_problem({"model": {"name": "swa", "num_hidden_layers": 4, "hidden_size": 2880, "intermediate_size": 11520,
+                                   "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                                   "vocab_size": 201088, "sliding_window": 128, "sliding_window_layers": 0.5},
+                         "training": {"seq_len": 4096, "global_batch_size": 64},
+                         "cluster": {"gpu": "h100", "num_gpus": 16}})
+    S, W = 4096, 128
+    counted = sum(min(i, W) for i in range(1, S + 1)) / sum(range(1, S + 1))
+    assert spec.model.attention_key_share(S) == pytest.approx(0.5 * counted + 0.5)
+    assert spec.model.attention_key_share(64) == 1.0  # a window longer than the sequence: full attention
+    full = load_problem({**spec.model_dump(exclude={"model", "search"}),
+                         "model": {**spec.model.model_dump(), "sliding_window": None}})
+    ctx_w, ctx_f = context(spec), context(full)
+    cfg = Config.of(Plan(tp=2, pp=2), 1)
+    from autoshard.cost import core_attention_s
+    t_w, _, f_w = core_attention_s(ctx_w, Shapes(ctx_w, cfg))
+    t_f, _, f_f = core_attention_s(ctx_f, Shapes(ctx_f, cfg))
+    assert f_w == pytest.approx(f_f * spec.model.attention_key_share(S)) and t_w < t_f
+    assert evaluate(spec, Plan(tp=2, pp=2)).step_time_s < evaluate(full, Plan(tp=2, pp=2)).step_time_s

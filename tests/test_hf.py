@@ -397,3 +397,23 @@ def test_moe_errors():
     dsv3 = read_hf_config(DATA / "DeepSeek-V3.json")
     del dsv3["v_head_dim"]
     assert "v_head_dim: required for multi-head latent attention" in one_line_error(dsv3)
+
+
+def test_sliding_window_layers_from_the_config():
+    # gpt-oss: layer_types alternate; Gemma 3: one global layer in 6; Gemma 2: alternating; Mistral:
+    # every layer; Qwen2/3 write a window but use_sliding_window false.
+    from autoshard.hf import model_from_hf_config
+
+    base = {"num_hidden_layers": 12, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 32000,
+            "intermediate_size": 8192, "sliding_window": 1024}
+    assert model_from_hf_config({**base, "model_type": "gpt_oss",
+                                 "layer_types": ["sliding_attention", "full_attention"] * 6}).sliding_window_layers == 0.5
+    assert model_from_hf_config({**base, "model_type": "gemma3_text", "sliding_window_pattern": 6}).sliding_window_layers \
+        == pytest.approx(5 / 6)
+    assert model_from_hf_config({**base, "model_type": "gemma2"}).sliding_window_layers == 0.5
+    mistral = model_from_hf_config({**base, "model_type": "mistral"})
+    assert (mistral.sliding_window, mistral.sliding_window_layers) == (1024, 1.0)
+    assert model_from_hf_config({**base, "model_type": "qwen2", "use_sliding_window": False}).sliding_window is None
+    assert model_from_hf_config({**base, "model_type": "llama", "sliding_window": None}).sliding_window is None
+    with pytest.raises(Exception, match="sliding_window"):
+        model_from_hf_config({**base, "model_type": "mistral", "sliding_window": "wide"})

@@ -59,6 +59,12 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
                               Plan(tp=4, pp=8, vpp=5, schedule="interleaved")),
     "llama3-70b-nvfp4-params": (_problem("llama3-70b", 64, 128, gpu="b200", precision="nvfp4", fp8_params=True),
                                 Plan(tp=2, pp=4)),
+    "gpt-oss-style-sliding-window": (
+        Problem(model={"name": "gpt-oss-style", "num_hidden_layers": 8, "hidden_size": 2880, "intermediate_size": 11520,
+                       "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
+                       "sliding_window": 128, "sliding_window_layers": 0.5},
+                cluster={"gpu": "h100-sxm", "num_gpus": 16}, training={"seq_len": 4096, "global_batch_size": 64}),
+        Plan(tp=2, pp=2)),
     "llama3-8b-fp32-main-grads": (_problem("llama3-8b", 64, 256, main_grads="fp32"), Plan(tp=2, pp=2, zero_stage=1)),
     "qwen3-30b-token-drop": (_problem("qwen3-30b-a3b", 16, 512, moe_capacity_factor=1.25),
                              Plan(tp=1, pp=2, ep=8, etp=1)),

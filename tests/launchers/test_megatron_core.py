@@ -113,6 +113,8 @@ def megatron_config(f: dict):
             continue
         assert name in TC_FIELDS, f"{flag} is no Megatron config field"
         kw[name] = _value(value)
+    if "window_size" in kw:  # arguments.py tuple_type: "left,right" -> (left, right)
+        kw["window_size"] = tuple(int(x) for x in str(kw["window_size"]).split(","))
     if "moe_layer_freq" in kw:  # arguments.py moe_freq_type: eval of a Python list expression
         kw["moe_layer_freq"] = eval(str(kw["moe_layer_freq"]), {"__builtins__": {}})  # noqa: S307
     if "--swiglu" in f:
@@ -193,6 +195,11 @@ def test_transformer_config_is_the_planned_model(case: str) -> None:
     if fam.get("rotary_base"):  # a GPTModel argument (gpt_builders: rotary_base=args.rotary_base)
         assert float(f["--rotary-base"]) == fam["rotary_base"]
     assert cfg.qk_layernorm == (fam.get("family") in ("qwen3", "deepseek-v3"))
+    if m.sliding_window:  # TE's (left, right) window; one full-attention layer in 1 / (1 - share)
+        assert tuple(cfg.window_size) == (m.sliding_window - 1, 0)
+        assert cfg.window_attn_skip_freq == round(1 / (1 - m.sliding_window_layers))
+    else:
+        assert cfg.window_size is None
     if m.is_moe:
         assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size) == (
             m.num_experts, m.num_experts_per_tok, m.expert_ffn)
