@@ -658,3 +658,15 @@ def test_sliding_window_attention_attends_the_window():
     t_f, _, f_f = core_attention_s(ctx_f, Shapes(ctx_f, cfg))
     assert f_w == pytest.approx(f_f * spec.model.attention_key_share(S)) and t_w < t_f
     assert evaluate(spec, Plan(tp=2, pp=2)).step_time_s < evaluate(full, Plan(tp=2, pp=2)).step_time_s
+
+
+def test_gpt_oss_presets_match_the_model_card():
+    # OpenAI's gpt-oss model card: 116.83B and 20.91B total parameters (the presets leave out the
+    # attention sinks and the expert / router biases, ~0.04%).
+    from autoshard.cost import total_params
+
+    for name, card in (("gpt-oss-120b", 116.83e9), ("gpt-oss-20b", 20.91e9)):
+        p = load_problem({"model": name, "training": {"seq_len": 4096, "global_batch_size": 64},
+                          "cluster": {"gpu": "h100", "num_gpus": 64}})
+        assert total_params(p.model) == pytest.approx(card, rel=1e-3)
+        assert (p.model.sliding_window, p.model.sliding_window_layers) == (128, 0.5)
