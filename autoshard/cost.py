@@ -562,11 +562,9 @@ def gathered_weight_bytes(ctx: "Context") -> float:
     (`training.fp8_params`) one FP8 / FP4 copy with its scales (the recipe's bf16 layers: bf16)."""
     if not ctx.training.fp8_params:
         return float(BF16)
-    from .catalog import get_recipe  # noqa: PLC0415
+    from .catalog import saved_input_bytes_per_element  # noqa: PLC0415  (one quantized copy, as saved)
 
-    r = get_recipe(ctx.training.precision)
-    f = r.bf16_layer_fraction
-    return (1 - f) * r.per_arch(r.saved_input_bytes_per_element, ctx.gpu) + f * BF16
+    return saved_input_bytes_per_element(ctx.training.precision, ctx.gpu)
 
 
 def zero3_bytes_per_param(ctx: "Context") -> tuple[float, float]:
@@ -632,12 +630,18 @@ def model_flops_per_step(problem: Problem) -> float:
     return per_token * t.tokens_per_step
 
 
+def core_attention_flops(sh: Shapes) -> float:
+    """FLOPs of one layer's core attention forward (QK^T and PV) on this GPU's queries: causal, or
+    over the sliding window (`ModelSpec.attention_key_share`)."""
+    return 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
+
+
 def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
     """(time, materialized-score traffic time, FLOPs) of the core attention of one layer's
     forward: each GPU's queries attend causally over the full sequence (CP splits queries), or over
     their sliding window (`ModelSpec.attention_key_share`, FlashAttention / cuDNN skip the masked
     tiles; averaged over the layers)."""
-    flops = 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
+    flops = core_attention_flops(sh)
     scores = 0.0
     if not ctx.training.flash_attention:  # materialized s x s scores per head
         per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
@@ -857,6 +861,12 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     return fwd, bwd, t_w, flops
 
 
+def _mlp_saved_bytes_per_ffn(m, q: float) -> float:
+    """Bytes an MLP keeps per token and ffn element: the fc1 output(s) in bf16 (two for a gated
+    MLP, for its activation's backward) and the fc2 input at `q` (as the framework keeps it)."""
+    return (2 if m.gated else 1) * BF16 + q
+
+
 def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
     """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022). The
     inputs of the linear layers (QKV, MLA up-projections, attention output projection, fc1, fc2 and
@@ -872,7 +882,7 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
         attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
     else:  # q, k, v, proj input
         attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
-    mats = (6 if m.gated else 4) - BF16 + q  # fc1 output(s) in bf16, the fc2 input as saved
+    mats = _mlp_saved_bytes_per_ffn(m, q)
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
@@ -938,7 +948,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.hfu_flops += flops
         elif recompute == "selective":
             c.bwd["recompute"] = core
-            c.hfu_flops += 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
+            c.hfu_flops += core_attention_flops(sh)
         elif recompute == "offload":
             # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
             # stream to host memory during the forward and back before its backward, over the host
@@ -1018,12 +1028,11 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
     q = ctx.saved_input_bytes  # linear-layer inputs as kept (see _activation_bytes)
-    mats = (6 if m.gated else 4) - BF16 + q
+    mats = _mlp_saved_bytes_per_ffn(m, q)
     etp = cfg.expert_tp
     routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
-        flops = 2 * T * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * m.attention_key_share(sh.seq)
-        return core_s, acts["none"] - acts["selective"], flops
+        return core_s, acts["none"] - acts["selective"], core_attention_flops(sh)
     if module == "layernorm":
         return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * q * T * h / div, 0.0
     if module == "mlp" and kind == "dense":
