@@ -722,6 +722,36 @@ def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
     assert est[0].step_time_s > est[1].step_time_s  # as measured (148.2 vs 103.5 s)
 
 
+def test_bloom_logbook_configurations_recompute_every_layer():
+    # tr11's launchers pass --checkpoint-activations; the logbook's memory column (02-20, 187B on 320
+    # A100s, tp8 pp10 dp4) confirms it: 33 GB at micro-batch 1 and 73 GB at 8, where keeping the
+    # activations would not fit micro-batch 2 in 80 GB. Both the level and the growth must agree.
+    from autoshard.cost import RESERVE_GIB
+    from autoshard.validate.ablations import config_row
+    from autoshard.validate.modern import modern_row_to_case
+
+    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
+             "model": {"name": "BLOOM-candidate 187B (NHIDDEN=13824, NLAYERS=None)", "hidden": 13824},
+             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 320, "seq_len": 2048,
+             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)"}
+    peak_gb = {}
+    for mbs in (1, 8):
+        row, notes = config_row(group, {"tp": 8, "pp": 10, "dp": 4, "zero_stage": 1, "micro_batch": mbs}, mbs)
+        assert row["activation_recompute"] == "full" and any("--checkpoint-activations" in n for n in notes)
+        row["step_time_s"] = 100.0
+        case = modern_row_to_case(row)
+        assert case.plan.recompute == "full" and case.recompute_published
+        est = cost.evaluate(case.problem, case.plan)
+        assert est.fits
+        peak_gb[mbs] = (est.peak_memory_gib + RESERVE_GIB) * 2**30 / 1e9
+    # measured 33 and 73 GB (DeepSpeed's buckets and the allocator's slack are not priced: within 12 GB)
+    assert 33 - 12 < peak_gb[1] < 33 and 73 - 12 < peak_gb[8] < 73
+    assert peak_gb[8] - peak_gb[1] == pytest.approx(73 - 33, rel=0.15)
+    # a run that stored every activation would not have fit micro-batch 8 at all
+    held = case.plan.model_copy(update={"recompute": "none"})
+    assert not cost.evaluate(case.problem, held).fits
+
+
 def test_completed_plans_keep_the_runs_dispatcher():
     # Where a row does not publish its recompute, the solver picks it under the row's degrees; it must
     # not also swap the row's expert dispatcher for the one it would plan with (DeepEP / HybridEP).

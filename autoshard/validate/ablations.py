@@ -198,6 +198,13 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
         # hanging on the large model": asynchronous launches always hung at 320 GPUs).
         row["launch_blocking"] = True
         notes.append("CUDA_LAUNCH_BLOCKING=1 (the logbook's workaround for NCCL hangs at 320+ GPUs)")
+        if row["activation_recompute"] is None:
+            # Every tr11 launcher passes --checkpoint-activations (tr11-176B-ml.slurm:122,
+            # setup-test-n2.slurm:123): Megatron-DeepSpeed's full recompute of every layer. The
+            # logbook's memory column agrees: 30-39 GB at micro-batch 1, growing ~6 GB per extra
+            # sequence, where storing the activations would need the 80 GB.
+            row["activation_recompute"] = "full"
+            notes.append("recompute full: BLOOM's tr11 launchers pass --checkpoint-activations")
     if "torchtitan" in src.lower():
         row["other_metrics"] = {"local_batch_size": mbs * pp}
     row["_tp_overlap"] = tp_ov if tp_ov is not None else group_tp_ov
