@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -576,6 +577,25 @@ def zero3_bytes_per_param(ctx: "Context") -> tuple[float, float]:
     frac = lora_fraction(ctx.model, tr.lora_rank)
     base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
     return base + frac * BF16, frac * ctx.framework.grad_reduce_bytes
+
+
+ZERO3_GATHERED_LAYERS = 2  # the layer being computed and the next one, prefetched
+
+
+def zero3_gathered_bytes(ctx: "Context", biggest_layer_params: Any) -> Any:
+    """Unsharded weights a ZeRO-3 / FSDP rank holds beside its shards: the layer it computes and the
+    next one, prefetched (FSDP2's and DeepSpeed's default prefetch of one layer ahead; Megatron-FSDP's
+    double buffer), each gathered at `zero3_bytes_per_param` (bf16, FP8/FP4 with `training.fp8_params`,
+    the 4-bit base under QLoRA). Linear in the layer's parameters (numpy arrays welcome)."""
+    return ZERO3_GATHERED_LAYERS * zero3_bytes_per_param(ctx)[0] * biggest_layer_params
+
+
+def zero3_gathered_for(ctx: "Context", cfg: "Config", layers: Iterable["Cost"]) -> float:
+    """`zero3_gathered_bytes` of a plan's biggest layer where it shards weights (ZeRO-3 over a data-
+    parallel group); 0 otherwise."""
+    if not (cfg.zero == 3 and cfg.data_parallel):
+        return 0.0
+    return zero3_gathered_bytes(ctx, max(c.params for c in layers))
 
 
 def param_bytes(ctx: "Context") -> tuple[float, float, float]:
@@ -1501,8 +1521,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         mem["activations"] = x.act_bytes * infl
         mem["working"] = working_bytes(table, r == head_rank)
         if cfg.zero == 3 and cfg.data_parallel:
-            biggest = max(c.params for c in table.layers.values())
-            mem["zero3_gathered"] = 2 * BF16 * biggest
+            mem["zero3_gathered"] = zero3_gathered_for(ctx, cfg, table.layers.values())
         peak = sum(mem.values())
         gib = {k: v / GIB for k, v in mem.items()}
         stages.append(StageEstimate(

@@ -611,6 +611,15 @@ def test_fp8_primary_weights_replace_the_bf16_copy_and_halve_the_gathers():
     assert gathered_weight_bytes(context(problem(fp8_params=True))) == 1.0 == gathered_weight_bytes(context(problem())) / 2
     assert fp8.time_breakdown_s["dp_comm"] < base.time_breakdown_s["dp_comm"]
     assert "--fp8-param-gather" in export_plan(problem(fp8_params=True), plan, "megatron").text
+    # Megatron-FSDP (ZeRO-3) gathers the FP8 copies too: the two layers it holds unsharded (the one
+    # computing, the one prefetched) take half the bytes; the shards' own memory is the same.
+    z3 = Plan(tp=2, pp=4, zero_stage=3, overlap_param_gather=False)
+    z_base, z_fp8 = evaluate(problem(), z3), evaluate(problem(fp8_params=True), z3)
+    gathered = z_base.stages[1].memory_gib["zero3_gathered"]
+    assert gathered > 0 and z_fp8.stages[1].memory_gib["zero3_gathered"] == pytest.approx(gathered / 2)
+    # Llama 3 70B layer on tp2: q and o 8192^2, k and v 8192 x 1024, three 8192 x 28672 MLP matrices
+    layer = (8192 * (2 * 8192 + 2 * 1024) + 3 * 8192 * 28672) / 2
+    assert gathered * 2**30 == pytest.approx(2 * 2 * layer, rel=1e-3)  # two layers' bf16 weights
     assert any("cannot keep its weights in FP8" in r
                for r in evaluate(problem("torchtitan", fp8_params=True), Plan(tp=2, zero_stage=3)).reasons)
     # NVFP4 (--fp4-param-gather): the FP4 copies (1.125 B) replace the bf16 weights of the 84% of layers

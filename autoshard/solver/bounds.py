@@ -23,6 +23,8 @@ from ..cost import (
     layer_params,
     static_bytes,
     working_bytes,
+    zero3_gathered_bytes,
+    zero3_gathered_for,
 )
 
 
@@ -194,7 +196,7 @@ def _could_fit(ctx: Context, cands: list[Config], tables: list[Table], inv: np.n
         return per_d[sel] * params + per_e[sel] * eparams
 
     data_parallel = np.array([cands[j].data_parallel for j in fs])[gi]
-    z3 = np.where((zero == 3) & data_parallel, 2 * BF16 * big, 0.0)
+    z3 = np.where((zero == 3) & data_parallel, zero3_gathered_bytes(ctx, big), 0.0)
     cap = ctx.capacity_bytes * (1 + 1e-9)
     ok = np.ones(n_c, dtype=bool)
     fi, ii = _groups([pp, vpp, sched, M])
@@ -402,7 +404,7 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     def static(c) -> float:
         return per_dense * c.params + per_exp * c.expert_params
 
-    z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.data_parallel) else 0.0
+    z3 = zero3_gathered_for(ctx, cfg, lay.values())
     t_ex = (_stage_extras(table, P * cfg.vpp, per_rank=True)[0] if P > 1
             else [table.embed.total_s + table.head.total_s])
     infl = np.array([inflight_microbatches(cfg, p, table.microbatches) for p in range(P)])

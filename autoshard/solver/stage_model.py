@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from ..cost import (
-    BF16,
     COMM_INTERFERENCE,
     INTERFERENCE_DENOM,
     Context,
@@ -18,6 +17,7 @@ from ..cost import (
     static_bytes,
     tail_model,
     working_bytes,
+    zero3_gathered_for,
 )
 from ..spec import RECOMPUTES
 from .bounds import _memory_tmax, _rank_times, _stage_extras, balanced_max
@@ -172,7 +172,7 @@ class StageModel:
         def static(c) -> float:
             return per_dense * c.params + per_exp * c.expert_params
 
-        z3 = 2 * BF16 * max(c.params for c in tb.layers.values()) if (cfg.zero == 3 and cfg.data_parallel) else 0.0
+        z3 = zero3_gathered_for(ctx, cfg, tb.layers.values())
         cap = ctx.capacity_bytes
         scale = cfg.vpp if cfg.schedule == "interleaved" else 1  # in-flight counts are k / vpp
         for p in range(cfg.pp):

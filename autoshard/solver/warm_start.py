@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..cost import BF16, Config, Context, Estimate, Table, inflight_microbatches, layer_table, static_bytes, working_bytes
+from ..cost import Config, Context, Estimate, Table, inflight_microbatches, layer_table, static_bytes, working_bytes, zero3_gathered_for
 from ..spec import Problem
 from .bounds import _optimistic_table, _table_bound
 from .candidates import _placements
@@ -99,7 +99,7 @@ class _Greedy:
                     front.append(r)
             self.ladder[k] = front
         cfg = self.cfg
-        self.z3 = 2 * BF16 * max(c.params for c in lay.values()) if (cfg.zero == 3 and cfg.data_parallel) else 0.0
+        self.z3 = zero3_gathered_for(ctx, cfg, lay.values())
         self.memo: dict[tuple[int, int, int], tuple[list[str], float] | None] = {}
 
     def rank(self, p: int, layers: list[int]) -> tuple[list[str], float] | None:
