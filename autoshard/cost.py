@@ -294,6 +294,11 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
     if plan.cp > 1 and t.seq_len % (2 * plan.cp):
         reasons.append(f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
     fw = get_framework(problem.framework)
+    if plan.cp > 1 and m.sliding_window and fw.window_cp_comm_types \
+            and plan.cp_comm_type not in fw.window_cp_comm_types:
+        reasons.append(f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "
+                       f"attention runs it only with cp_comm_type {' or '.join(fw.window_cp_comm_types)}, "
+                       f"not {plan.cp_comm_type}")
     etp = plan.expert_tp
     if plan.ep > 1 or etp != plan.tp:
         if not m.is_moe:

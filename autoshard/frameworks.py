@@ -34,6 +34,8 @@ class FrameworkProfile:
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
     fp8_params: bool = False  # can keep the weights themselves in FP8 (training.fp8_params)
+    # cp_comm_type a model with sliding-window attention may use at cp > 1; None = any
+    window_cp_comm_types: tuple[str, ...] | None = None
     # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
     main_grads: tuple[tuple[str, float, float], ...] = ()
 
@@ -91,6 +93,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
             fp8_params=bool(row.get("fp8_params", False)),
+            window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 

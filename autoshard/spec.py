@@ -439,7 +439,8 @@ class Plan(Strict):
 
     def short(self) -> str:
         """A compact one-line description, e.g. `tp8 sp pp4 dp20 zero1 mbs1 1f1b`."""
-        parts = [f"tp{self.tp}" + (" sp" if self.sp else ""), f"cp{self.cp}", f"ep{self.ep}",
+        cp = f"cp{self.cp}" + (f"({self.cp_comm_type})" if self.cp > 1 and self.cp_comm_type != "p2p" else "")
+        parts = [f"tp{self.tp}" + (" sp" if self.sp else ""), cp, f"ep{self.ep}",
                  f"etp{self.etp}" if self.etp is not None and self.etp != self.tp else "",
                  self.moe_dispatcher if self.moe_dispatcher and self.moe_dispatcher != "alltoall" else "",
                  f"pp{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""), f"dp{self.dp}",

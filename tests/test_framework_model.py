@@ -669,6 +669,32 @@ def test_sliding_window_attention_attends_the_window():
     assert evaluate(spec, Plan(tp=2, pp=2)).step_time_s < evaluate(full, Plan(tp=2, pp=2)).step_time_s
 
 
+def test_windowed_attention_splits_its_context_with_all_to_all_on_transformer_engine():
+    # Transformer Engine's attn_forward_func_with_cp asserts a sliding window runs with cp_comm_type a2a
+    # (or all-gather without fused attention): Megatron's default ring would not start. The solver plans
+    # the all-to-all, the export writes it, and a ring plan is refused with the fix.
+    from autoshard import solve
+    from autoshard.export import export_plan
+
+    def problem(framework="megatron", window=128):
+        return load_problem({"model": {**load_problem({"model": "gpt-oss-120b", "training": {"seq_len": 4096,
+                             "global_batch_size": 64}, "cluster": {"gpu": "h100", "num_gpus": 64}}).model.model_dump(),
+                             "sliding_window": window},
+                             "framework": framework, "training": {"seq_len": 65536, "global_batch_size": 64},
+                             "cluster": {"gpu": "h100", "num_gpus": 64}})
+
+    ring = Plan(tp=1, cp=8, ep=64, zero_stage=3)
+    assert any("only with cp_comm_type a2a, not p2p" in r for r in evaluate(problem(), ring).reasons)
+    ulysses = ring.model_copy(update={"cp_comm_type": "a2a"})
+    assert not evaluate(problem(), ulysses).reasons
+    assert not evaluate(problem(window=None), ring).reasons  # full attention: the ring is fine
+    best = solve(problem(), top_k=0).plan
+    assert best.cp > 1 and best.cp_comm_type == "a2a" and "cp8(a2a)" in best.short()
+    assert "--cp-comm-type a2a" in export_plan(problem(), best, "megatron").text
+    full = solve(problem(window=None), top_k=0).plan
+    assert full.cp > 1 and full.cp_comm_type == "p2p"  # the same degrees, on the ring
+
+
 def test_gpt_oss_presets_match_the_model_card():
     # OpenAI's gpt-oss model card: 116.83B and 20.91B total parameters (the presets leave out the
     # attention sinks and the expert / router biases, ~0.04%).

@@ -61,6 +61,16 @@ def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> st
     return None if choice == "alltoall" == ctx.framework.moe_dispatchers[0] else choice
 
 
+def planned_cp_comm(problem: Problem, ctx: Context) -> str:
+    """The context-parallel exchange the solver plans with: Megatron's ring ("p2p"), unless the model
+    has sliding-window attention and the framework runs that only otherwise (Transformer Engine:
+    all-to-all; `FrameworkProfile.window_cp_comm_types`)."""
+    allowed = ctx.framework.window_cp_comm_types
+    if problem.model.sliding_window and allowed and "p2p" not in allowed:
+        return allowed[0]
+    return "p2p"
+
+
 class Candidates(Sequence):
     """The configurations `candidates` enumerates, held as rows of their fields (`ROW`) and built
     as `Config` when read: a large cluster's space holds hundreds of thousands, and building as
@@ -69,8 +79,8 @@ class Candidates(Sequence):
 
     ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp")
 
-    def __init__(self, rows: list[tuple], dispatcher: str | None):
-        self.rows, self.dispatcher = rows, dispatcher
+    def __init__(self, rows: list[tuple], dispatcher: str | None, cp_comm: str = "p2p"):
+        self.rows, self.dispatcher, self.cp_comm = rows, dispatcher, cp_comm
         self._built: dict[int, Config] = {}
 
     def __len__(self) -> int:
@@ -82,7 +92,8 @@ class Candidates(Sequence):
         i = range(len(self.rows))[i]  # (negative indices; IndexError past the end)
         cfg = self._built.get(i)
         if cfg is None:
-            cfg = self._built[i] = Config(*self.rows[i], dispatcher=self.dispatcher)
+            row = self.rows[i]
+            cfg = self._built[i] = Config(*row, dispatcher=self.dispatcher, cp_comm=self.cp_comm if row[1] > 1 else "p2p")
         return cfg
 
 
@@ -94,6 +105,7 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
     gbs = problem.training.global_batch_size
     rows: list[tuple] = []
     dispatcher = planned_dispatcher(problem, ctx, sp_["moe_dispatcher"])
+    cp_comm = planned_cp_comm(problem, ctx)
     # The validity rules depend on the micro-batch only through the batch divisibility checked
     # here (dp x mbs divides the batch; interleaving: pp divides the micro-batches): checked once
     # per set of the other degrees and schedule.
@@ -126,7 +138,7 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                 key = (tp, cp, pp, ep, etp, sched, vpp)
                 if key not in probed:  # (the rules do not depend on the ZeRO stage or SP either)
                     probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched,
-                                 etp=etp, zero_stage=sp_["zero_stage"][0])
+                                 etp=etp, zero_stage=sp_["zero_stage"][0], cp_comm_type=cp_comm if cp > 1 else "p2p")
                     probed[key] = None if config_reasons(problem, probe)[1] else probe.placement
                 placement = probed[key]
                 if placement is None:
@@ -137,7 +149,7 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                     if single and zero > 0:
                         continue
                     rows.append((tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp))
-    return Candidates(rows, dispatcher)
+    return Candidates(rows, dispatcher, cp_comm)
 
 
 def _with_placement(cfg: Config, placement: str) -> Config:
