@@ -776,8 +776,10 @@ def _megatron_recompute(ctx: _Ctx, add) -> None:
         ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in Megatron-LM: selective recompute "
                  "is applied to every layer")
         return
-    # Full recompute on a prefix of every virtual stage = `--recompute-method block`.
-    exact = "selective" not in kinds
+    # Full recompute on a prefix of every virtual stage = `--recompute-method block` (a stage shorter
+    # than K recomputes all its layers: solver/layouts.py block_layers).
+    from .solver.layouts import block_layers  # noqa: PLC0415
+
     per_stage, cover = [], 0
     for rng in ctx.stage_ranges():
         stage = [modes[i] for i in rng]
@@ -785,10 +787,7 @@ def _megatron_recompute(ctx: _Ctx, add) -> None:
         per_stage.append(len(fulls))
         if fulls:
             cover = max(cover, fulls[-1] + 1)
-            if fulls != list(range(len(fulls))):
-                exact = False
-    if len(set(per_stage)) > 1:
-        exact = False
+    exact = block_layers([len(r) for r in ctx.stage_ranges()], modes) is not None
     add("--recompute-granularity", "full")
     add("--recompute-method", "block")
     add("--recompute-num-layers", cover)

@@ -36,6 +36,8 @@ class FrameworkProfile:
     fp8_params: bool = False  # can keep the weights themselves in FP8 (training.fp8_params)
     # cp_comm_type a model with sliding-window attention may use at cp > 1; None = any
     window_cp_comm_types: tuple[str, ...] | None = None
+    # recompute lists its launcher runs (solver/layouts.py): per_layer | uniform | block
+    recompute_layout: str = "per_layer"
     # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
     main_grads: tuple[tuple[str, float, float], ...] = ()
 
@@ -72,6 +74,12 @@ def _dispatchers(name: str, values: list[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
+def _layout(name: str, value: str) -> str:
+    if value not in ("per_layer", "uniform", "block"):
+        raise ValueError(f"frameworks.yaml: {name}.recompute_layout: {value!r} (valid: per_layer, uniform, block)")
+    return value
+
+
 @functools.cache
 def profiles() -> dict[str, FrameworkProfile]:
     data = yaml.safe_load(resources.files("autoshard.data").joinpath("frameworks.yaml").read_text())
@@ -94,6 +102,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
             fp8_params=bool(row.get("fp8_params", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
+            recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 

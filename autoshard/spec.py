@@ -308,6 +308,10 @@ class SearchSpec(Strict):
     # DeepEP / HybridEP are not installed.
     moe_dispatcher: Dispatcher | list[Dispatcher] | None = None
     uniform_stages: bool = False  # force an even layer split (e.g. for launchers without uneven PP)
+    # Recompute lists the solver may plan: what the framework's launcher runs ("framework": Megatron
+    # one mode everywhere or full on the first K layers of every virtual stage; the others one mode
+    # everywhere), or any mode per layer ("per_layer": for a stack that takes a list).
+    recompute_layout: Literal["framework", "per_layer"] = "framework"
     max_candidates: Annotated[int, Field(ge=1)] | None = None
     # HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (`--headroom`):
     # a margin for fragmentation, a larger batch later, or a model the estimate underprices.

@@ -11,6 +11,7 @@ from autoshard import Plan, load_problem
 from autoshard.cost import Config, assemble, context, evaluate, layer_table
 from autoshard.errors import InfeasibleError
 from autoshard.solver import solve
+from autoshard.solver.layouts import block_layers, expressible, recompute_layout
 from autoshard.spec import MESH_AXES
 
 
@@ -28,6 +29,7 @@ def brute_force(problem):
     n = problem.cluster.num_gpus
     L = problem.model.num_hidden_layers
     ctx = context(problem)
+    layout = recompute_layout(ctx)
     best = None
     modes = s.allowed("recompute", ["none", "selective", "full"])
     for tp, pp, cp, ep, mbs, zero, sched, vpp, sp, etp in itertools.product(
@@ -56,6 +58,8 @@ def brute_force(problem):
             table = layer_table(ctx, cfg)
             for split in compositions(L, pp * vpp):
                 for rc in itertools.product(modes, repeat=L):
+                    if not expressible(layout, split, list(rc)):
+                        continue  # a list the framework's launcher cannot run (solver/layouts.py)
                     e = assemble(ctx, table, split, list(rc), cfg.plan(list(rc), split), [])
                     if e.fits and (best is None or e.step_time_s < best[0] - 1e-12):
                         best = (e.step_time_s, cfg.plan(list(rc), split))
@@ -81,6 +85,7 @@ def small_problems(draw):
         model.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden,
                      first_k_dense_replace=draw(st.integers(0, layers - 1)))
         space["ep"] = [1, 2]
+    space["recompute_layout"] = draw(st.sampled_from(["framework", "per_layer"]))
     gpus = draw(st.sampled_from([4, 8]))
     gpu = draw(st.sampled_from(["rtx-4090", "a100-sxm-40gb", "h100-sxm"]))
     seq = draw(st.sampled_from([1024, 4096, 8192]))
@@ -168,6 +173,46 @@ def test_memory_pressure_forces_per_layer_recompute_and_uneven_stages():
     full = [s.recompute.get("full", 0) for s in sol.estimate.stages]
     # Earlier stages hold more in-flight micro-batches, so they recompute at least as many layers.
     assert full == sorted(full, reverse=True) and full[0] > 0
+
+
+def test_block_layout_is_megatrons_recompute_num_layers():
+    # --recompute-method block --recompute-num-layers K: the first K layers of every virtual stage,
+    # all of a shorter one (Megatron transformer_block.py _checkpointed_forward); none elsewhere.
+    from autoshard.solver.layouts import project
+
+    f, n = "full", "none"
+    assert block_layers([3, 3, 2], [f, f, n, f, f, n, f, f]) == 2
+    assert block_layers([3, 3, 2], [f, f, f, f, f, f, f, f]) == 3
+    assert block_layers([3, 3, 2], [f, n, f, f, f, n, f, f]) is None  # not a prefix
+    assert block_layers([3, 3, 2], [f, f, n, f, n, n, f, f]) is None  # unequal counts
+    assert block_layers([2, 2], [f, n, "selective", n]) is None  # granularity is global
+    assert expressible("block", [2, 2], ["selective"] * 4) and not expressible("uniform", [2, 2], [f, n, f, n])
+    assert expressible("per_layer", [2, 2], [f, n, "selective", n])
+    # A greedy mix becomes what Megatron runs: one mode everywhere, or K = the most a stage recomputes.
+    got = project("block", [3, 3], [f, n, n, "selective", f, n], lambda i, m: {"full": 1, "selective": 2, "none": 3}[m])
+    assert got == [[f] * 6, [f, f, n, f, f, n]]
+
+
+def test_solved_recompute_is_what_the_launcher_runs():
+    # 70B on 64 x 40 GB at 16k tokens needs recompute on the stages holding more micro-batches. Planned
+    # per layer (a stack that takes a list) the early stages recompute more; for Megatron the plan is
+    # --recompute-num-layers K on every virtual stage, exported exactly, never faster than per layer.
+    from autoshard.export import export_plan
+
+    doc = {"model": "llama3-70b", "training": {"seq_len": 16384, "global_batch_size": 64},
+           "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 64},
+           "search": {"tp": [8], "pp": [4], "zero_stage": [1], "micro_batch_size": [1], "schedule": ["1f1b"]}}
+    mega = solve(load_problem(doc), top_k=0)
+    free = solve(load_problem({**doc, "search": {**doc["search"], "recompute_layout": "per_layer"}}), top_k=0)
+    rc = mega.plan.recompute_per_layer(80)
+    k = block_layers(mega.plan.stage_layers or [20] * 4, rc) if len(set(rc)) > 1 else None
+    assert k is not None and rc.count("full") == sum(min(k, n) for n in mega.plan.stage_layers)
+    free_full = [s.recompute.get("full", 0) for s in free.estimate.stages]
+    assert len(set(free_full)) > 1  # per layer: each stage recomputes what it must (11 layers in all)
+    assert free.estimate.step_time_s < mega.estimate.step_time_s  # 46.2 vs 49.7 s: Megatron's restriction costs
+    out = export_plan(load_problem(doc), mega.plan, "megatron")
+    assert not any("not exactly expressible" in w or "not expressible" in w for w in out.warnings)
+    assert f"--recompute-num-layers {k}" in out.text and "--recompute-method block" in out.text
 
 
 def test_infeasible_names_binding_constraint_and_fix():

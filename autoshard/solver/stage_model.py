@@ -21,6 +21,7 @@ from ..cost import (
 )
 from ..spec import RECOMPUTES
 from .bounds import _memory_tmax, _rank_times, _stage_extras, balanced_max
+from .layouts import recompute_layout
 
 TIME_UNIT_S = 1e-7
 MEM_UNIT_BYTES = 1024
@@ -58,8 +59,10 @@ class StageModel:
         self.uniform = uniform
         self.cutoff = cutoff_units
         self.rank_cuts = rank_cuts
+        self.layout = recompute_layout(ctx)
         self._variables()
         self._layer_constraints()
+        self._pattern_constraints()
         self._rank_expressions()
         self._memory_constraints()
         self._objective()
@@ -115,6 +118,49 @@ class StageModel:
                 md.add(sum(self.n[c][moe][r] for r in self.modes) <= self.count[moe] * sum(last[:c + 1]))
                 md.add(n_dense <= self.count[dense] * sum(last[c:]))
                 md.add(n_dense >= 1).only_enforce_if(last[c])
+
+    def _pattern_constraints(self) -> None:
+        """Only recompute lists the framework runs (`layouts`): one mode for every layer, or, for
+        Megatron's block layout, full recompute of the first K layers of every virtual stage
+        (min(K, size) of a shorter one; dense layers come first in a stage) and none elsewhere.
+        Offloaded layers are left free."""
+        modes = [r for r in self.modes if r != "offload"]
+        if self.layout == "per_layer" or len(modes) <= 1:
+            return
+        md, V = self.model, self.V
+        every = [(c, k) for c in range(V) for k in self.kinds]
+        pick = {r: md.new_bool_var(f"all_{r}") for r in modes}
+        choices = list(pick.values())
+        block = None
+        if self.layout == "block" and "full" in modes and "none" in modes:
+            block = md.new_bool_var("block_full")
+            choices.append(block)
+        md.add_exactly_one(choices)
+        for r, b in pick.items():
+            for c, k in every:
+                for o in modes:
+                    if o != r:
+                        md.add(self.n[c][k][o] == 0).only_enforce_if(b)
+        if block is None:
+            return
+        L = self.ctx.model.num_hidden_layers
+        K = md.new_int_var(1, L, "block_layers")
+        for c, k in every:
+            for o in modes:
+                if o not in ("full", "none"):
+                    md.add(self.n[c][k][o] == 0).only_enforce_if(block)
+        for c in range(V):
+            first = md.new_int_var(0, L, f"block_full_c{c}")
+            md.add_min_equality(first, [K, self.size[c]])
+            if len(self.kinds) == 2:
+                dense, moe = self.kinds
+                d_c = sum(self.n[c][dense][r] for r in self.modes)
+                fd = md.new_int_var(0, L, f"block_dense_c{c}")
+                md.add_min_equality(fd, [K, d_c])
+                md.add(self.n[c][dense]["full"] == fd).only_enforce_if(block)
+                md.add(self.n[c][moe]["full"] == first - fd).only_enforce_if(block)
+            else:
+                md.add(self.n[c][self.kinds[0]]["full"] == first).only_enforce_if(block)
 
     def _rank_chunks(self, p: int) -> list[int]:
         return [c for c in range(self.V) if c % self.cfg.pp == p]

@@ -11,6 +11,7 @@ from ..cost import Config, Context, Estimate, Table, inflight_microbatches, laye
 from ..spec import Problem
 from .bounds import _optimistic_table, _table_bound
 from .candidates import _placements
+from .layouts import project, recompute_layout
 
 WARM_START_CONFIGS = 800  # configurations the greedy pass tries, in numpy-bound order (a count: deterministic)
 
@@ -39,16 +40,21 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
     def beaten(bound: float) -> bool:
         return best is not None and bound >= best.step_time_s
 
+    layout = recompute_layout(ctx)
+    kinds = ctx.model.layer_kinds()
+
     def consider(table: Table, split: list[int] | None, recompute: list[str] | None) -> None:
         nonlocal best
         if split is None or recompute is None:
             return
-        rc: Any = recompute[0] if len(set(recompute)) == 1 else recompute
-        est = assemble(ctx, table, split, recompute, table.cfg.plan(rc, split), [])
-        if est.fits and sink is not None:
-            sink(est)
-        if est.fits and (best is None or est.step_time_s < best.step_time_s):
-            best = est
+        # The greedy mix, or what the framework runs in its place (`layouts.project`).
+        for rc_list in project(layout, split, recompute, lambda i, m: table.layers[(kinds[i], m)].act_bytes):
+            rc: Any = rc_list[0] if len(set(rc_list)) == 1 else rc_list
+            est = assemble(ctx, table, split, rc_list, table.cfg.plan(rc, split), [])
+            if est.fits and sink is not None:
+                sink(est)
+            if est.fits and (best is None or est.step_time_s < best.step_time_s):
+                best = est
 
     for j, cfg in enumerate(cfgs):
         if time.perf_counter() > deadline and (best is not None or j >= WARM_MIN_CONFIGS):
