@@ -38,6 +38,9 @@ class FrameworkProfile:
     window_cp_comm_types: tuple[str, ...] | None = None
     # recompute lists its launcher runs (solver/layouts.py): per_layer | uniform | block
     recompute_layout: str = "per_layer"
+    # schedules it prices (evaluate, a search that names them) but the solver does not plan by default:
+    # its launcher has no flag for them
+    unplanned_schedules: tuple[str, ...] = ()
     # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
     main_grads: tuple[tuple[str, float, float], ...] = ()
 
@@ -103,6 +106,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             fp8_params=bool(row.get("fp8_params", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
+            unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 

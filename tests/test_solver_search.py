@@ -305,3 +305,18 @@ def test_candidates_are_every_valid_configuration_in_order(doc):
                      sp_["micro_batch_size"].index(c.mbs))  # noqa: E731
     assert [key(c) for c in got] == sorted(key(c) for c in got)
     assert got[-1] == got[len(got) - 1] and got[1:3] == [got[1], got[2]] and list(got)[5] is got[5]
+
+
+def test_megatron_plans_only_the_schedules_its_launcher_has():
+    # Megatron-LM mainline has no zero-bubble schedule (the export would write 1F1B): the solver does
+    # not plan it unless the search names it; torchtitan (ScheduleInterleavedZeroBubble / ZBV) does.
+    doc = {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 32},
+           "cluster": {"gpu": "h100", "num_gpus": 16},
+           "search": {"tp": [1], "cp": [1], "pp": [4], "zero_stage": [1], "micro_batch_size": [1], "vpp": [1]}}
+    named = solve(load_problem({**doc, "search": {**doc["search"], "schedule": ["1f1b", "zero_bubble"]}}), top_k=0)
+    assert named.plan.schedule == "zero_bubble"  # priced, and faster: the bubble is gone
+    default = solve(load_problem(doc), top_k=0)
+    assert default.plan.schedule == "1f1b" and default.estimate.step_time_s > named.estimate.step_time_s
+    titan = solve(load_problem({**doc, "framework": "torchtitan",
+                                "search": {**doc["search"], "zero_stage": [3]}}), top_k=0)
+    assert titan.plan.schedule == "zero_bubble"
