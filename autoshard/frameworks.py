@@ -41,6 +41,15 @@ class FrameworkProfile:
     # schedules it prices (evaluate, a search that names them) but the solver does not plan by default:
     # its launcher has no flag for them
     unplanned_schedules: tuple[str, ...] = ()
+    # rank orders (placements, innermost axis first) its launcher can set; empty = any
+    placements: tuple[str, ...] = ()
+
+    def rank_orders(self, cfg) -> tuple[str, ...]:
+        """The placements the solver may plan for `cfg` (empty: any). A pipeline axis inside the
+        data-parallel one (Megatron --use-tp-pp-dp-mapping) needs the attention and expert data-parallel
+        sizes equal (megatron/core/parallel_state.py initialize_model_parallel, core_v0.16.1)."""
+        return tuple(o for o in self.placements
+                     if o.index("pp") > o.index("dp") or cfg.pp == 1 or cfg.expert_dp == cfg.dp)
     # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
     main_grads: tuple[tuple[str, float, float], ...] = ()
 
@@ -107,6 +116,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
+            placements=tuple(row.get("placements") or ()),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 

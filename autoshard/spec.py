@@ -312,6 +312,11 @@ class SearchSpec(Strict):
     # one mode everywhere or full on the first K layers of every virtual stage; the others one mode
     # everywhere), or any mode per layer ("per_layer": for a stack that takes a list).
     recompute_layout: Literal["framework", "per_layer"] = "framework"
+    # Rank orders (placements) the solver may plan where `placement` is not given: the ones the
+    # framework's launcher sets ("framework": Megatron tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with
+    # --use-tp-pp-dp-mapping; torchtitan, AutoModel and DeepSpeed their fixed mesh), or every order of
+    # the mesh axes ("any": ranks mapped by hand, e.g. a host file ordered to match).
+    placement_layout: Literal["framework", "any"] = "framework"
     max_candidates: Annotated[int, Field(ge=1)] | None = None
     # HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (`--headroom`):
     # a margin for fragmentation, a larger batch later, or a model the estimate underprices.

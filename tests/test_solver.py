@@ -52,7 +52,10 @@ def brute_force(problem):
         folded = Config.of(plan, dp).folded  # MoE parallel folding: no ep axis of its own
         sizes = (tp, cp, 1, dp, pp) if folded else (tp, cp, ep, dp // ep, pp)
         live = [a for a, v in zip(MESH_AXES, sizes) if v > 1]
+        orders = [] if s.placement_layout == "any" else ctx.framework.rank_orders(Config.of(plan, dp))
         for perm in itertools.permutations(live):
+            if orders and not any([a for a in o.split("-") if a in live] == list(perm) for o in orders):
+                continue  # a rank order the framework's launcher cannot set
             placement = "-".join([*perm, *[a for a in MESH_AXES if a not in perm]])
             cfg = Config.of(plan.model_copy(update={"placement": placement}), dp)
             table = layer_table(ctx, cfg)
@@ -86,6 +89,7 @@ def small_problems(draw):
                      first_k_dense_replace=draw(st.integers(0, layers - 1)))
         space["ep"] = [1, 2]
     space["recompute_layout"] = draw(st.sampled_from(["framework", "per_layer"]))
+    space["placement_layout"] = draw(st.sampled_from(["framework", "any"]))
     gpus = draw(st.sampled_from([4, 8]))
     gpu = draw(st.sampled_from(["rtx-4090", "a100-sxm-40gb", "h100-sxm"]))
     seq = draw(st.sampled_from([1024, 4096, 8192]))

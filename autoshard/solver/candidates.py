@@ -168,12 +168,14 @@ def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None 
     """Placements of cfg's mesh axes, one per distinct set of group profiles, in a fixed
     order that starts from the canonical tp-cp-ep-dp-pp. `cache` (one per solve) keeps the
     orders per set of degrees, which is all they depend on."""
-    degrees = (cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
+    degrees = (cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)  # (all the orders depend on)
     if cache is not None and degrees in cache:
         return [_with_placement(cfg, order) for order in cache[degrees]]
     from itertools import permutations  # noqa: PLC0415
 
     allowed = problem.search.allowed("placement", [])
+    if not allowed and problem.search.placement_layout != "any":
+        allowed = list(ctx.framework.rank_orders(cfg))  # what its launcher can set
     if allowed:
         orders = ["-".join(Plan(placement=p).axes) for p in allowed]
     else:
