@@ -84,6 +84,9 @@ class GPU(Strict):
     sm_count: int = Field(default=132, ge=1)
     gemm_tile: tuple[int, int] = (128, 256)
     gemm_tile_sms: int = Field(default=1, ge=1)
+    # Exponentials per second of the special-function units (MUFU.EX2), in T/s: one per attention score,
+    # what bounds attention's softmax at small head dims (cost.attention_head_dim_factor). None: unknown.
+    exp_tera_per_s: float | None = Field(default=None, gt=0)
     sources: dict[str, str]
 
     @staticmethod

@@ -671,18 +671,26 @@ def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
     if not ctx.training.flash_attention:  # materialized s x s scores per head
         per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
         scores = _mem_s(ctx, per * sh.tokens * sh.seq * sh.a_local)
-    rate = ctx.attn_flops_per_s * attention_head_dim_factor(sh.d_qk) if ctx.training.flash_attention \
+    rate = ctx.attn_flops_per_s * attention_head_dim_factor(sh.d_qk, ctx.gpu) if ctx.training.flash_attention \
         else ctx.attn_flops_per_s
     return flops / rate, scores, flops
 
 
-def attention_head_dim_factor(head_dim: float) -> float:
+def attention_head_dim_factor(head_dim: float, gpu: GPU | None = None) -> float:
     """FlashAttention's rate by head dimension relative to head dim 128 (where the catalog's
-    efficiencies were fitted): a tile of queries does head_dim MACs per loaded score, so small heads
-    are bound by the softmax and memory traffic. FlashAttention-3 (Shah et al. 2024, Fig. 5, H100
-    bf16 forward, causal, 16k): ~500 TFLOP/s at head dim 64, ~650 at 128, ~750 at 256, i.e.
-    d / (d + 32) normalized at 128 (0.83 at 64, 1.11 at 256)."""
-    return (head_dim / (head_dim + ATTN_HEAD_DIM_HALF)) / (128.0 / (128.0 + ATTN_HEAD_DIM_HALF))
+    efficiencies were fitted). Each attention score costs 4 x head_dim FLOPs on the tensor cores (QK^T
+    and PV) and one exponential on the special-function units (MUFU.EX2): with the two in sequence a
+    score takes 4d / T + 1 / X, so the rate is 1 / (1/T + 1/(4 d X)), normalized at 128:
+    (1 + R) / (1 + R 128 / d) with R = T / (512 X), T the bf16 tensor peak and X the GPU's exponentials
+    per second (`GPU.exp_tera_per_s`). H100 (R = 0.50): 0.75 at head dim 64, 1.20 at 256, against
+    FlashAttention-3's ~500 / 650 / 750 TFLOP/s at 64 / 128 / 256 (Shah et al. 2024, Fig. 5); GB200
+    (R = 1.05, four times Hopper's tensor rate per exponential): 0.66 at 64 (cudnn-frontend's GB200
+    benchmark: 574 / 1,408 TFLOP/s forward at 64 / 128); Blackwell Ultra's doubled exponential rate
+    (R = 0.48) brings it back to 0.76. Without the figure: FlashAttention-3's d / (d + 32)."""
+    if gpu is None or gpu.exp_tera_per_s is None:
+        return (head_dim / (head_dim + ATTN_HEAD_DIM_HALF)) / (128.0 / (128.0 + ATTN_HEAD_DIM_HALF))
+    r = gpu.peak_flops("bf16") / (512.0 * gpu.exp_tera_per_s * 1e12)
+    return (1.0 + r) / (1.0 + r * 128.0 / head_dim)
 
 
 def moe_imbalance(ctx: Context, cfg: Config) -> float:

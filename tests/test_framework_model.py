@@ -705,3 +705,24 @@ def test_gpt_oss_presets_match_the_model_card():
                           "cluster": {"gpu": "h100", "num_gpus": 64}})
         assert total_params(p.model) == pytest.approx(card, rel=1e-3)
         assert (p.model.sliding_window, p.model.sliding_window_layers) == (128, 0.5)
+
+
+def test_attention_rate_by_head_dim_follows_the_exponential_units():
+    # A score costs 4 x head_dim tensor FLOPs and one MUFU.EX2 exponential. Hopper (989 TFLOP/s, 3.9 T
+    # exponentials/s, FlashAttention-3 sec. 3) against FlashAttention-3's measured forward (Fig. 5, causal,
+    # bf16): ~500 / 650 / 750 TFLOP/s at head dims 64 / 128 / 256.
+    from autoshard.catalog import get_gpu
+    from autoshard.cost import attention_head_dim_factor
+
+    h100, gb200, gb300 = get_gpu("h100-sxm"), get_gpu("gb200"), get_gpu("gb300")
+    assert attention_head_dim_factor(64, h100) == pytest.approx(500 / 650, rel=0.05)
+    assert attention_head_dim_factor(256, h100) == pytest.approx(750 / 650, rel=0.05)
+    assert attention_head_dim_factor(128, gb200) == 1.0
+    # Blackwell quadrupled the tensor rate per exponential: small heads lose more (cudnn-frontend's GB200
+    # benchmark: 574 vs 1,408 TFLOP/s forward at 64 vs 128), MLA's 192-wide keys gain; Blackwell Ultra's
+    # doubled exponential rate brings 64 back near Hopper's ratio.
+    assert attention_head_dim_factor(64, gb200) < attention_head_dim_factor(64, h100) - 0.08
+    assert attention_head_dim_factor(192, gb200) > attention_head_dim_factor(192, h100)
+    assert attention_head_dim_factor(64, gb300) == pytest.approx(attention_head_dim_factor(64, h100), abs=0.02)
+    # a GPU without the figure keeps FlashAttention-3's d / (d + 32)
+    assert attention_head_dim_factor(64, get_gpu("mi300x")) == pytest.approx((64 / 96) / (128 / 160))
