@@ -340,3 +340,17 @@ def test_placements_are_rank_orders_the_launcher_sets():
     assert anywhere.estimate.step_time_s < mega.estimate.step_time_s
     assert not [w for w in export_plan(load_problem(doc), mega.plan, "megatron").warnings if "placement" in w]
     assert [w for w in export_plan(load_problem(doc), anywhere.plan, "megatron").warnings if "placement" in w]
+
+
+def test_maxtext_pipelines_gpipe_style():
+    # MaxText's SPMD pipeline runs all forwards before the backwards: the solver plans GPipe for it
+    # (the 1F1B it used to plan was exported with a warning), holding every micro-batch's activations.
+    from autoshard import Plan
+    from autoshard.export import export_plan
+
+    doc = {"model": "llama3-70b", "framework": "maxtext", "training": {"seq_len": 8192, "global_batch_size": 256},
+           "cluster": {"gpu": "h100", "num_gpus": 64}, "search": {"pp": [4]}}
+    sol = solve(load_problem(doc), top_k=0)
+    assert sol.plan.pp == 4 and sol.plan.schedule == "gpipe"
+    assert not [w for w in export_plan(load_problem(doc), sol.plan, "maxtext").warnings if "schedule" in w]
+    assert any("pipeline schedule" in r for r in evaluate(load_problem(doc), Plan(pp=4, schedule="1f1b")).reasons)

@@ -32,7 +32,7 @@ def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
         "micro_batch_size": s.allowed("micro_batch_size", DEFAULT_MBS),
         "vpp": s.allowed("vpp", list(range(1, DEFAULT_MAX_VPP + 1))),
         # (a schedule the launcher lacks is priced when named, not planned by default)
-        "schedule": s.allowed("schedule", [x for x in ("1f1b", "interleaved", "zero_bubble")
+        "schedule": s.allowed("schedule", [x for x in ("1f1b", "interleaved", "zero_bubble", "gpipe")
                                            if x in fw.schedules and x not in fw.unplanned_schedules]),
         "zero_stage": s.allowed("zero_stage", list(fw.zero_stages)),
         # MoE parallel folding: experts tensor-parallel like attention (etp = tp) or not at all.
