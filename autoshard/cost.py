@@ -294,6 +294,12 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
     if plan.cp > 1 and t.seq_len % (2 * plan.cp):
         reasons.append(f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
     fw = get_framework(problem.framework)
+    if plan.cp > 1 and fw.cp_excludes_sp and plan.sp and plan.tp > 1:
+        reasons.append(f"{problem.framework}'s context parallelism (cp={plan.cp}) cannot run beside TP sequence "
+                       "parallelism: set sequence_parallel false")
+    if plan.cp > 1 and fw.cp_comm_types and plan.cp_comm_type not in fw.cp_comm_types:
+        reasons.append(f"{problem.framework} splits the context with cp_comm_type {' or '.join(fw.cp_comm_types)} "
+                       f"only, not {plan.cp_comm_type}")
     if plan.cp > 1 and m.sliding_window and fw.window_cp_comm_types \
             and plan.cp_comm_type not in fw.window_cp_comm_types:
         reasons.append(f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "

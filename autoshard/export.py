@@ -182,7 +182,8 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     if plan.moe_dispatcher not in (None, "alltoall") and problem.model.is_moe and fmt != "megatron":
         ctx.warn(f"expert dispatcher {plan.moe_dispatcher} is not exported: {TARGETS_SHORT[fmt]} dispatches "
                  "with a flat all-to-all, which sends every copy of a token across nodes (slower than planned)")
-    if plan.cp > 1 and plan.cp_comm_type != "p2p" and fmt != "megatron":
+    if plan.cp > 1 and plan.cp_comm_type != "p2p" and fmt != "megatron" \
+            and not (fmt == "deepspeed" and plan.cp_comm_type == "a2a"):  # (Ulysses: written below)
         ctx.warn(f"cp_comm_type {plan.cp_comm_type} is not exported: {TARGETS_SHORT[fmt]} runs its own context "
                  "parallelism exchange (the step time differs from the estimate)")
     from .frameworks import get_framework  # noqa: PLC0415
@@ -1062,6 +1063,8 @@ def megatron_deepspeed_args(ctx: _Ctx) -> list[str]:
         args += ["--num-experts", str(m.num_experts), "--moe-expert-parallel-size", str(p.ep)]
     if p.sp and p.tp > 1:
         args.append("--sequence-parallel")
+    if p.cp > 1:  # DeepSpeed-Ulysses: heads scattered over the sequence-parallel group by all-to-all
+        args += ["--ds-sequence-parallel-size", str(p.cp)]
     args += ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(t.global_batch_size),
              "--seq-length", str(t.seq_len), "--max-position-embeddings", str(t.seq_len),
              "--num-layers", str(m.num_hidden_layers), "--hidden-size", str(m.hidden_size),
@@ -1078,9 +1081,9 @@ def _deepspeed(ctx: _Ctx) -> str:
     p, m, t = ctx.plan, ctx.model, ctx.training
     gas = ctx.microbatches
     cfg: dict[str, Any] = {}
-    if p.cp > 1:
-        ctx.warn(f"cp={p.cp} (ring context parallelism) is not a DeepSpeed config option: set it up in the "
-                 "model code (DeepSpeed's Ulysses sequence parallelism is a different scheme)")
+    if p.cp > 1 and p.cp_comm_type != "a2a":
+        ctx.warn(f"cp={p.cp} with cp_comm_type {p.cp_comm_type}: DeepSpeed splits the context with Ulysses "
+                 "all-to-all only (--ds-sequence-parallel-size); the ring was not priced for it")
     if p.pp > 1 and p.vpp > 1:
         ctx.warn(f"interleaved pipeline (vpp={p.vpp}) is not expressible: DeepSpeed's PipelineModule holds "
                  f"one stage per rank (bubble {p.vpp}x the planned one)")

@@ -34,7 +34,9 @@ class FrameworkProfile:
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
     fp8_params: bool = False  # can keep the weights themselves in FP8 (training.fp8_params)
-    # cp_comm_type a model with sliding-window attention may use at cp > 1; None = any
+    # cp_comm_type it runs at cp > 1 (None = any), and those a model with sliding-window attention may use
+    cp_comm_types: tuple[str, ...] | None = None
+    cp_excludes_sp: bool = False  # its context parallelism cannot run beside TP's sequence parallelism
     window_cp_comm_types: tuple[str, ...] | None = None
     # recompute lists its launcher runs (solver/layouts.py): per_layer | uniform | block
     recompute_layout: str = "per_layer"
@@ -113,6 +115,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
             fp8_params=bool(row.get("fp8_params", False)),
+            cp_comm_types=(tuple(row["cp_comm_types"]) if row.get("cp_comm_types") else None),
+            cp_excludes_sp=bool(row.get("cp_excludes_sp", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),

@@ -271,7 +271,7 @@ def test_candidates_are_every_valid_configuration_in_order(doc):
     order; reading it behaves as a list."""
     from autoshard.cost import config_reasons
     from autoshard.solver import candidates
-    from autoshard.solver.candidates import _space, planned_dispatcher
+    from autoshard.solver.candidates import _space, planned_cp_comm, planned_dispatcher
     from autoshard.spec import Plan
 
     p = load_problem(doc)
@@ -292,12 +292,13 @@ def test_candidates_are_every_valid_configuration_in_order(doc):
             continue
         if dp * cp == 1 and zero > 0 and tp * cp * dp // ((etp or tp) * ep) == 1:
             continue
+        cp_comm = planned_cp_comm(p, ctx) if cp > 1 else "p2p"  # (DeepSpeed: Ulysses all-to-all only)
         plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched, etp=etp,
-                    zero_stage=zero)
+                    zero_stage=zero, cp_comm_type=cp_comm, sequence_parallel=sp)
         if config_reasons(p, plan)[1]:
             continue
         want.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, plan.placement, etp,
-                           dispatcher=dispatcher))
+                           dispatcher=dispatcher, cp_comm=cp_comm))
     got = candidates(p, ctx)
     assert len(got) == len(want) > 100
     # The same configurations; the order is the enumeration's (tp, cp, pp, then ep, mbs, etp, ...).
@@ -354,3 +355,23 @@ def test_maxtext_pipelines_gpipe_style():
     assert sol.plan.pp == 4 and sol.plan.schedule == "gpipe"
     assert not [w for w in export_plan(load_problem(doc), sol.plan, "maxtext").warnings if "schedule" in w]
     assert any("pipeline schedule" in r for r in evaluate(load_problem(doc), Plan(pp=4, schedule="1f1b")).reasons)
+
+
+def test_deepspeed_splits_the_context_with_ulysses():
+    # DeepSpeed has no ring attention: its context parallelism is Ulysses' all-to-all
+    # (Megatron-DeepSpeed --ds-sequence-parallel-size). The solver plans it so, the export writes it, and
+    # a ring plan is refused.
+    from autoshard import Plan
+    from autoshard.export import export_plan
+
+    doc = {"model": "llama3-8b", "framework": "deepspeed", "training": {"seq_len": 65536, "global_batch_size": 32},
+           "cluster": {"gpu": "h100", "num_gpus": 32}}
+    sol = solve(load_problem(doc), top_k=0)
+    assert sol.plan.cp > 1 and sol.plan.cp_comm_type == "a2a"
+    out = export_plan(load_problem(doc), sol.plan, "deepspeed")
+    assert '"--ds-sequence-parallel-size",\n      "%d"' % sol.plan.cp in out.text and not out.warnings
+    assert any("cp_comm_type a2a only, not p2p" in r for r in evaluate(load_problem(doc), Plan(cp=8)).reasons)
+    # --ds-sequence-parallel-size "cannot be combined with --sequence-parallel" (Megatron-DeepSpeed arguments.py)
+    both = Plan(tp=2, cp=4, sequence_parallel=True, cp_comm_type="a2a")
+    assert any("set sequence_parallel false" in r for r in evaluate(load_problem(doc), both).reasons)
+    assert not evaluate(load_problem(doc), both.model_copy(update={"sequence_parallel": False})).reasons

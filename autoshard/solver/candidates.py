@@ -64,10 +64,14 @@ def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> st
 
 
 def planned_cp_comm(problem: Problem, ctx: Context) -> str:
-    """The context-parallel exchange the solver plans with: Megatron's ring ("p2p"), unless the model
+    """The context-parallel exchange the solver plans with: Megatron's ring ("p2p"), unless the
+    framework has no ring (DeepSpeed-Ulysses: all-to-all; `FrameworkProfile.cp_comm_types`) or the model
     has sliding-window attention and the framework runs that only otherwise (Transformer Engine:
     all-to-all; `FrameworkProfile.window_cp_comm_types`)."""
-    allowed = ctx.framework.window_cp_comm_types
+    fw = ctx.framework
+    if fw.cp_comm_types and "p2p" not in fw.cp_comm_types:
+        return fw.cp_comm_types[0]
+    allowed = fw.window_cp_comm_types
     if problem.model.sliding_window and allowed and "p2p" not in allowed:
         return allowed[0]
     return "p2p"
@@ -138,9 +142,10 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                 if pp == 1 and sched != "1f1b" or sched == "interleaved" and mb % pp:
                     continue
                 key = (tp, cp, pp, ep, etp, sched, vpp)
-                if key not in probed:  # (the rules do not depend on the ZeRO stage or SP either)
+                if key not in probed:  # (the rules do not depend on the ZeRO stage, nor on SP but below)
                     probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched,
-                                 etp=etp, zero_stage=sp_["zero_stage"][0], cp_comm_type=cp_comm if cp > 1 else "p2p")
+                                 etp=etp, zero_stage=sp_["zero_stage"][0], cp_comm_type=cp_comm if cp > 1 else "p2p",
+                                 sequence_parallel=False)
                     probed[key] = None if config_reasons(problem, probe)[1] else probe.placement
                 placement = probed[key]
                 if placement is None:
@@ -150,6 +155,8 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                         continue  # sp is meaningless at tp=1: keep one of the two
                     if single and zero > 0:
                         continue
+                    if sp and tp > 1 and cp > 1 and ctx.framework.cp_excludes_sp:
+                        continue  # (DeepSpeed-Ulysses beside Megatron's SP: config_reasons)
                     rows.append((tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp))
     return Candidates(rows, dispatcher, cp_comm)
 
