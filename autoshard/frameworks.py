@@ -38,7 +38,7 @@ class FrameworkProfile:
     cp_comm_types: tuple[str, ...] | None = None
     cp_excludes_sp: bool = False  # its context parallelism cannot run beside TP's sequence parallelism
     window_cp_comm_types: tuple[str, ...] | None = None
-    # recompute lists its launcher runs (solver/layouts.py): per_layer | uniform | block
+    # recompute lists its launcher runs (solver/layouts.py): per_layer | uniform | block | every_nth
     recompute_layout: str = "per_layer"
     # schedules it prices (evaluate, a search that names them) but the solver does not plan by default:
     # its launcher has no flag for them
@@ -89,8 +89,9 @@ def _dispatchers(name: str, values: list[str]) -> tuple[str, ...]:
 
 
 def _layout(name: str, value: str) -> str:
-    if value not in ("per_layer", "uniform", "block"):
-        raise ValueError(f"frameworks.yaml: {name}.recompute_layout: {value!r} (valid: per_layer, uniform, block)")
+    if value not in ("per_layer", "uniform", "block", "every_nth"):
+        raise ValueError(f"frameworks.yaml: {name}.recompute_layout: {value!r} "
+                         "(valid: per_layer, uniform, block, every_nth)")
     return value
 
 

@@ -61,7 +61,7 @@ def brute_force(problem):
             table = layer_table(ctx, cfg)
             for split in compositions(L, pp * vpp):
                 for rc in itertools.product(modes, repeat=L):
-                    if not expressible(layout, split, list(rc)):
+                    if not expressible(layout, split, list(rc), pp):
                         continue  # a list the framework's launcher cannot run (solver/layouts.py)
                     e = assemble(ctx, table, split, list(rc), cfg.plan(list(rc), split), [])
                     if e.fits and (best is None or e.step_time_s < best[0] - 1e-12):
@@ -603,3 +603,51 @@ def test_solver_matches_brute_force_in_fp8(problem):
     if bf is not None:
         fast = solve(problem, time_limit_s=60, top_k=0)
         assert fast.solver.objective_bound_s <= bf[0] + fast.solver.rounding_tolerance_s
+
+
+def test_every_nth_layout_is_torchtitans_selective_ac_option():
+    # torchtitan `selective_ac_option = N`: a counter over the blocks a rank wraps (its virtual stages in
+    # order), block j fully checkpointed iff (j + 1) % N == 0 (distributed/activation_checkpoint.py).
+    from autoshard.solver.layouts import every_nth_layers, every_nth_list
+
+    f, n = "full", "none"
+    assert every_nth_list([3, 3], 1, 2) == [n, f, n, f, n, f]
+    assert every_nth_list([2, 2, 2, 2], 2, 2) == [n, f, n, f, n, f, n, f]  # stages 0, 2 on rank 0
+    assert every_nth_list([1, 1, 1, 1], 2, 2) == [n, n, f, f]  # rank 0 counts stages 0 then 2
+    assert every_nth_layers([3, 3], [n, f, n, f, n, f], 1) == 2
+    assert every_nth_layers([2, 2], [n, f, n, f], 2) == 2  # each rank counts its own blocks
+    assert every_nth_layers([3, 3], [f, n, n, f, n, n], 1) is None  # the first block is never one
+    assert every_nth_layers([3, 3], [n, f, n, n, f, n], 1) is None
+
+
+def test_torchtitan_plans_every_nth_block_and_matches_enumeration():
+    # Llama 3 70B on 64 x A100-40GB at 16k (tp8 pp4, FSDP): torchtitan has no per-layer list, but every
+    # 2nd block (39 of 80) beats full checkpointing; exported exactly as selective_ac_option "2".
+    from autoshard.export import export_plan
+
+    doc = {"model": "llama3-70b", "framework": "torchtitan",
+           "training": {"seq_len": 16384, "global_batch_size": 64},
+           "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 64},
+           "search": {"cp": [1], "tp": [8], "pp": [4], "zero_stage": [3], "micro_batch_size": [1], "schedule": ["1f1b"]}}
+    sol = solve(load_problem(doc), top_k=0)
+    rc = sol.plan.recompute_per_layer(80)
+    assert every_nth_layers_of(sol) == 2 and rc.count("full") == 39
+    full = evaluate(load_problem(doc), sol.plan.model_copy(update={"recompute": "full", "stage_layers": None}))
+    assert sol.estimate.step_time_s < full.step_time_s
+    out = export_plan(load_problem(doc), sol.plan, "torchtitan")
+    assert 'selective_ac_option = "2"' in out.text and not [w for w in out.warnings if "recompute" in w]
+    # and on a small problem the solver's every-Nth optimum is the enumerated one
+    small = {"model": {"name": "s", "num_hidden_layers": 8, "hidden_size": 4096, "intermediate_size": 16384,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000},
+             "framework": "torchtitan", "training": {"seq_len": 32768, "global_batch_size": 16},
+             "cluster": {"gpu": "rtx-4090", "num_gpus": 8},
+             "search": {"tp": [2], "pp": [2, 4], "cp": [1], "zero_stage": [3], "micro_batch_size": [1],
+                        "schedule": ["1f1b"], "recompute": ["none", "full"], "placement": ["tp-cp-ep-dp-pp"]}}
+    bf, got = _exact_optimum_or_infeasible(load_problem(small))
+    assert every_nth_layers_of(got) == 4  # pp2 [4, 4]: the 4th block of each rank
+
+
+def every_nth_layers_of(sol):
+    from autoshard.solver.layouts import every_nth_layers
+
+    return every_nth_layers(sol.plan.stage_layers, sol.plan.recompute_per_layer(sum(sol.plan.stage_layers)), sol.plan.pp)

@@ -5,6 +5,9 @@ The cost model prices any recompute mode per layer, but launchers say less:
 - `per_layer`: any list (a custom stack; `search: {recompute_layout: per_layer}`).
 - `uniform`: one mode for every layer (torchtitan's full / per-op selective, DeepSpeed's
   --checkpoint-activations, MaxText's remat_policy, AutoModel's activation_checkpointing).
+- `every_nth`: torchtitan. One mode for every layer, or `mode = "selective"` with
+  `selective_ac_option = N`: full recompute of every Nth block a rank wraps (a counter over its
+  blocks in order, its virtual stages in order), none on the rest.
 - `block`: Megatron-LM. One mode for every layer (none, selective, recompute modules, full), or
   `--recompute-granularity full --recompute-method block --recompute-num-layers K`: full recompute
   of the first K layers of every virtual stage, none on the rest (granularity is global: no
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from ..cost import Context
 
-LAYOUTS = ("per_layer", "uniform", "block")
+LAYOUTS = ("per_layer", "uniform", "block", "every_nth")
 
 
 def recompute_layout(ctx: Context) -> str:
@@ -51,22 +54,55 @@ def block_layers(split: list[int], recompute: list[str]) -> int | None:
     return k
 
 
-def expressible(layout: str, split: list[int], recompute: list[str]) -> bool:
-    """Whether a launcher with `layout` runs this per-layer recompute over the stages `split`."""
+def rank_modes(split: list[int], recompute: list[str], pp: int) -> list[list[str]]:
+    """Per pipeline rank, the modes of its layers in the order it wraps them (its virtual stages in
+    order: virtual stage c runs on rank c mod pp)."""
+    out: list[list[str]] = [[] for _ in range(pp)]
+    for c, chunk in enumerate(_chunks(split, recompute)):
+        out[c % pp] += chunk
+    return out
+
+
+def every_nth_layers(split: list[int], recompute: list[str], pp: int) -> int | None:
+    """N where `recompute` is torchtitan's every-Nth pattern (on each rank, block j of the blocks it
+    wraps is full iff (j + 1) % N == 0, the rest none; N >= 2), else None."""
+    ranks = rank_modes(split, recompute, pp)
+    if not set(recompute) <= {"full", "none"} or "full" not in recompute:
+        return None
+    n = min(r.index("full") + 1 for r in ranks if "full" in r)
+    ok = n >= 2 and all((m == "full") == ((j + 1) % n == 0) for r in ranks for j, m in enumerate(r))
+    return n if ok else None
+
+
+def expressible(layout: str, split: list[int], recompute: list[str], pp: int = 1) -> bool:
+    """Whether a launcher with `layout` runs this per-layer recompute over the stages `split` (of a
+    pipeline of `pp` ranks)."""
     modes = {m for m in recompute if m != "offload"}
     if layout == "per_layer" or len(modes) <= 1:
         return True
+    core = ["none" if m == "offload" else m for m in recompute]
     if layout == "block":
-        core = ["none" if m == "offload" else m for m in recompute]
         return block_layers(split, core) is not None
+    if layout == "every_nth":
+        return every_nth_layers(split, core, pp) is not None
     return False
 
 
-def project(layout: str, split: list[int], recompute: list[str], act_bytes) -> list[list[str]]:
+def every_nth_list(split: list[int], pp: int, n: int) -> list[str]:
+    """The per-layer list of torchtitan's every-Nth-block checkpointing over `split`."""
+    counters, out = [0] * pp, []
+    for c, size in enumerate(split):
+        for _ in range(size):
+            counters[c % pp] += 1
+            out.append("full" if counters[c % pp] % n == 0 else "none")
+    return out
+
+
+def project(layout: str, split: list[int], recompute: list[str], act_bytes, pp: int = 1) -> list[list[str]]:
     """Expressible recompute lists that keep at least the memory `recompute` frees: candidates for
     the caller to price (the cheapest that fits wins). `act_bytes(i, mode)` is the activation
     memory layer i keeps under `mode`. The list itself where it is expressible."""
-    if expressible(layout, split, recompute):
+    if expressible(layout, split, recompute, pp):
         return [list(recompute)]
     n = len(recompute)
     used = sorted({m for m in recompute if m != "offload"}, key=lambda m: sum(act_bytes(i, m) for i in range(n)))
@@ -84,4 +120,11 @@ def project(layout: str, split: list[int], recompute: list[str], act_bytes) -> l
             for c in chunks:
                 block += ["full"] * min(k, len(c)) + ["none"] * (len(c) - min(k, len(c)))
             out.append([kk or b for kk, b in zip(keep, block)])
+    if layout == "every_nth" and "offload" not in recompute:
+        # Every Nth block of each rank, N the largest that recomputes as many blocks as the rank did.
+        ranks = rank_modes(split, recompute, pp)
+        need = [(len(r), sum(m != "none" for m in r)) for r in ranks]
+        n = min((size // k for size, k in need if k), default=0)
+        if n >= 2:
+            out.append(every_nth_list(split, pp, n))
     return out

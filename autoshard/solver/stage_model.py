@@ -132,8 +132,8 @@ class StageModel:
         pick = {r: md.new_bool_var(f"all_{r}") for r in modes}
         choices = list(pick.values())
         block = None
-        if self.layout == "block" and "full" in modes and "none" in modes:
-            block = md.new_bool_var("block_full")
+        if self.layout in ("block", "every_nth") and "full" in modes and "none" in modes:
+            block = md.new_bool_var(f"{self.layout}_full")
             choices.append(block)
         md.add_exactly_one(choices)
         for r, b in pick.items():
@@ -142,6 +142,9 @@ class StageModel:
                     if o != r:
                         md.add(self.n[c][k][o] == 0).only_enforce_if(b)
         if block is None:
+            return
+        if self.layout == "every_nth":
+            self._every_nth(block, modes)
             return
         L = self.ctx.model.num_hidden_layers
         K = md.new_int_var(1, L, "block_layers")
@@ -161,6 +164,40 @@ class StageModel:
                 md.add(self.n[c][moe]["full"] == first - fd).only_enforce_if(block)
             else:
                 md.add(self.n[c][self.kinds[0]]["full"] == first).only_enforce_if(block)
+
+    def _every_nth(self, on: Any, modes: list[str]) -> None:
+        """torchtitan's every-Nth checkpointing where `on`: on each rank, counting the blocks it wraps in
+        order (its virtual stages in order, dense layers first in each), block j is full iff
+        (j + 1) % N == 0 and none otherwise, so a stage starting at the rank's position a and ending at b
+        holds floor(b / N) - floor(a / N) full blocks."""
+        md, L = self.model, self.ctx.model.num_hidden_layers
+        self.nth = md.new_int_var(2, max(2, L), "every_nth")
+        for c in range(self.V):
+            for k in self.kinds:
+                for o in modes:
+                    if o not in ("full", "none"):
+                        md.add(self.n[c][k][o] == 0).only_enforce_if(on)
+
+        def floor_div(expr: Any, name: str) -> Any:
+            x = md.new_int_var(0, L, f"pos_{name}")
+            md.add(x == expr)
+            q = md.new_int_var(0, L, f"fulls_before_{name}")
+            md.add_division_equality(q, x, self.nth)
+            return q
+
+        for p in range(self.cfg.pp):
+            start, q_start = 0, 0
+            for c in self._rank_chunks(p):
+                end = start + self.size[c]
+                q_end = floor_div(end, f"c{c}_end")
+                if len(self.kinds) == 2:
+                    dense, moe = self.kinds
+                    q_mid = floor_div(start + sum(self.n[c][dense][r] for r in self.modes), f"c{c}_dense")
+                    md.add(self.n[c][dense]["full"] == q_mid - q_start).only_enforce_if(on)
+                    md.add(self.n[c][moe]["full"] == q_end - q_mid).only_enforce_if(on)
+                else:
+                    md.add(self.n[c][self.kinds[0]]["full"] == q_end - q_start).only_enforce_if(on)
+                start, q_start = end, q_end
 
     def _rank_chunks(self, p: int) -> list[int]:
         return [c for c in range(self.V) if c % self.cfg.pp == p]
@@ -428,9 +465,12 @@ class StageModel:
         if live is not None:
             live.stop_search()
 
-    def read_counts(self) -> dict[tuple[int, str, str], int]:
-        return {(c, k, r): self.solver.value(self.n[c][k][r])
-                for c in range(self.V) for k in self.kinds for r in self.modes}
+    def read_counts(self) -> dict[tuple[Any, str, str], int]:
+        counts = {(c, k, r): self.solver.value(self.n[c][k][r])
+                  for c in range(self.V) for k in self.kinds for r in self.modes}
+        if getattr(self, "nth", None) is not None:
+            counts[("every_nth", "", "")] = self.solver.value(self.nth)
+        return counts
 
     def read_plan(self, counts: dict[tuple[int, str, str], int]) -> tuple[list[int], list[str]]:
         """stage_layers and per-layer recompute from solved counts (full, selective, none
@@ -444,6 +484,13 @@ class StageModel:
                     recompute += [r] * cnt
                     size += cnt
             stage_layers.append(size)
+        if set(recompute) == {"full", "none"} and ("every_nth", "", "") in counts:
+            from .layouts import every_nth_list  # noqa: PLC0415  (the blocks' positions, not just counts)
+
+            n = counts[("every_nth", "", "")]
+            laid = every_nth_list(stage_layers, self.cfg.pp, n)
+            if sorted(laid) == sorted(recompute):
+                recompute = laid
         return stage_layers, recompute
 
 

@@ -48,7 +48,8 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
         if split is None or recompute is None:
             return
         # The greedy mix, or what the framework runs in its place (`layouts.project`).
-        for rc_list in project(layout, split, recompute, lambda i, m: table.layers[(kinds[i], m)].act_bytes):
+        for rc_list in project(layout, split, recompute, lambda i, m: table.layers[(kinds[i], m)].act_bytes,
+                               table.cfg.pp):
             rc: Any = rc_list[0] if len(set(rc_list)) == 1 else rc_list
             est = assemble(ctx, table, split, rc_list, table.cfg.plan(rc, split), [])
             if est.fits and sink is not None:
