@@ -40,6 +40,8 @@ class FrameworkProfile:
     window_cp_comm_types: tuple[str, ...] | None = None
     # recompute lists its launcher runs (solver/layouts.py): per_layer | uniform | block | every_nth
     recompute_layout: str = "per_layer"
+    # Megatron recompute-module sets the solver plans by default (beside none / selective / full)
+    planned_recompute_modules: tuple[str, ...] = ()
     # schedules it prices (evaluate, a search that names them) but the solver does not plan by default:
     # its launcher has no flag for them
     unplanned_schedules: tuple[str, ...] = ()
@@ -120,6 +122,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             cp_excludes_sp=bool(row.get("cp_excludes_sp", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
+            planned_recompute_modules=tuple(row.get("planned_recompute_modules") or ()),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))

@@ -441,11 +441,27 @@ def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> 
         save = fast.act_bytes - lean.act_bytes
         k = np.maximum(0.0, np.ceil(over / save - 1e-9)) if save > 0 else np.where(over > 0, np.inf, 0.0)
         return np.where(k <= n, n * fast.total_s + np.minimum(k, n) * (lean.total_s - fast.total_s), np.inf)
-    out = np.full(room.shape, np.inf)
-    for j, (b, t) in enumerate(_mix_fronts(table, kind, useful, room.shape[1] - 1)):
-        i = np.searchsorted(b, room[:, j], side="right") - 1  # the front's leanest point that fits
-        out[:, j] = np.where(i >= 0, t[np.maximum(i, 0)], np.inf)
-    return out
+    B, T = _padded_fronts(table, kind, useful, room.shape[1] - 1)
+    # per rank and count: how many front points (bytes ascending) fit, i.e. the leanest that fits
+    i = (B[None, :, :] <= room[:, :, None]).sum(axis=2) - 1
+    return np.where(i >= 0, np.take_along_axis(T[None, :, :], np.maximum(i, 0)[:, :, None], axis=2)[:, :, 0],
+                    np.inf)
+
+
+def _padded_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_mix_fronts` as two [count, point] arrays padded with +inf bytes (memoized): one vectorized
+    lookup for every count at once."""
+    key = ("padded", kind, tuple(modes), n_max)
+    got = table.memo.get(key)
+    if got is None:
+        fronts = _mix_fronts(table, kind, modes, n_max)
+        width = max(len(b) for b, _ in fronts)
+        B = np.full((len(fronts), width), np.inf)
+        T = np.full((len(fronts), width), np.inf)
+        for j, (b, t) in enumerate(fronts):
+            B[j, :len(b)], T[j, :len(t)] = b, t
+        got = table.memo[key] = (B, T)
+    return got
 
 
 def _spread(mask: int, lo: int, hi: int) -> int:

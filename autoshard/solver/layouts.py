@@ -128,3 +128,16 @@ def project(layout: str, split: list[int], recompute: list[str], act_bytes, pp: 
         if n >= 2:
             out.append(every_nth_list(split, pp, n))
     return out
+
+
+def planned_modes(ctx: Context) -> list[str]:
+    """The recompute modes the solver plans where `search: recompute` is not given: none, selective,
+    full, and the framework's recompute-module sets (Megatron) whose modules the model has: moe_act and
+    moe need experts, mla_up_proj MLA, mlp a dense layer, shared_experts shared experts."""
+    from ..spec import RECOMPUTES  # noqa: PLC0415
+
+    m = ctx.model
+    has = {"core_attn": True, "layernorm": True, "mlp": m.num_dense_layers > 0, "moe": m.is_moe,
+           "moe_act": m.is_moe, "mla_up_proj": m.is_mla, "shared_experts": m.is_moe and m.num_shared_experts > 0}
+    sets = [s for s in ctx.framework.planned_recompute_modules if all(has.get(x, False) for x in s.split("+"))]
+    return list(RECOMPUTES) + sets

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cost import Config, Context, Table, context, layer_table
+from ..cost import Config, Context, Table, context, layer_table, with_modes
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
@@ -38,6 +38,7 @@ from .bounds import _bounds, _optimistic_table, _table_bound
 from .candidates import _placements, candidates
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
 from .families import Family, Named, family_key, family_name, named
+from .layouts import planned_modes
 from .records import Alternative, Solution, SolverStats
 from .stage_model import TIME_UNIT_S, StageModel, _rounding_tolerance, _t
 from .warm_start import WARM_START_CONFIGS, _warm_start
@@ -493,6 +494,10 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     t0 = time.perf_counter()
     problem = load_problem(problem)
     ctx = context(problem)
+    # The default modes (with the framework's recompute-module sets), or those `search: recompute` names.
+    modes = list(dict.fromkeys(problem.search.allowed("recompute", planned_modes(ctx))))
+    modes = [r for r in RECOMPUTES if r in modes] + [r for r in modes if r not in RECOMPUTES]
+    ctx = with_modes(ctx, modes)  # the layer tables price every planned mode
     requests = [named(n, ctx) for n in dict.fromkeys(alternatives)]  # bad names fail before any work
     work_limit = DEFAULT_WORK_LIMIT if work_limit is None else work_limit
     if not (math.isfinite(work_limit) and work_limit > 0):
@@ -506,9 +511,6 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     fits = (m_lb <= ctx.capacity_bytes) & could_fit
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
-    # The default modes, and Megatron recompute modules where `search: recompute` names them.
-    modes = list(dict.fromkeys(problem.search.allowed("recompute", list(RECOMPUTES))))
-    modes = [r for r in RECOMPUTES if r in modes] + [r for r in modes if r not in RECOMPUTES]
     search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
     jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
     if jobs > 1:
