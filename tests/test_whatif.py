@@ -772,7 +772,7 @@ def test_recommendation_under_both_power_figures(tmp_path, capsys):
     assert "with the power figure 'catalog' instead of 'seeds': gb200/144/gb200-nvl72/cloud" in text
     md = (tmp_path / "report.md").read_text()
     assert ("Power figure: this study uses `seeds`; under `catalog` the answer would be **gb200/144/gb200-nvl72/cloud**"
-            in md) and "by `seeds` that option breaks: power 0.34 MW > cap 0.3 MW." in md
+            in md) and "by `seeds` that option breaks: power 343 kW > cap 300 kW." in md
 
 
 def test_the_documented_study_file_loads():

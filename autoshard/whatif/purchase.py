@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-from .report import money
+from .report import money, money_vs, power, power_cap, power_vs
 from .schema import ConstraintSpec
 
 # =============================================================================================
@@ -75,11 +75,11 @@ def violations(c: Candidate, cons: ConstraintSpec) -> list[str]:
     v, lim = _scaled(c), _scaled_limits(cons)
     out = []
     if lim["cost"] is not None and v["cost"] > lim["cost"]:
-        out.append(f"cost {money(c.cost_usd)} > budget {money(cons.budget_usd)}")
+        out.append("cost {} > budget {}".format(*money_vs(c.cost_usd, cons.budget_usd)))
     if lim["capex"] is not None and v["capex"] > lim["capex"]:
-        out.append(f"capex {money(c.capex_usd)} > capex budget {money(cons.capex_budget_usd)}")
+        out.append("capex {} > capex budget {}".format(*money_vs(c.capex_usd, cons.capex_budget_usd)))
     if lim["power"] is not None and v["power"] > lim["power"]:
-        out.append(f"power {c.power_mw:.2f} MW > cap {cons.power_cap_mw:g} MW")
+        out.append("power {} > cap {}".format(*power_vs(c.power_mw, cons.power_cap_mw)))
     if lim["time"] is not None and v["time"] > lim["time"]:
         out.append(f"{c.time_s / 86400:.1f} days > deadline {cons.deadline_days:g} days")
     return out
@@ -140,7 +140,7 @@ def _constraint_text(cons: ConstraintSpec) -> str:
     if cons.capex_budget_usd is not None:
         parts.append(f"capex budget {money(cons.capex_budget_usd)}")
     if cons.power_cap_mw is not None:
-        parts.append(f"power cap {cons.power_cap_mw:g} MW")
+        parts.append(f"power cap {power_cap(cons.power_cap_mw)}")
     if cons.deadline_days is not None:
         parts.append(f"deadline {cons.deadline_days:g} days")
     return ", ".join(parts)
@@ -163,7 +163,7 @@ def explain_decision(cands: Sequence[Candidate], dec: Decision, cons: Constraint
     c = cands[dec.index]
     n_ok = sum(dec.meets)
     text = (f"{c.id}: {c.time_s / 86400:.1f} days, {money(c.cost_usd)}"
-            + (f" (capex {money(c.capex_usd)})" if c.capex_usd else "") + f", {c.power_mw:.2f} MW; the {word} "
+            + (f" (capex {money(c.capex_usd)})" if c.capex_usd else "") + f", {power(c.power_mw)}; the {word} "
             + (f"of the {n_ok} options (of {len(cands)} with a feasible plan) that meet {ctext}" if ctext and n_ok > 1
                else f"and only option (of {len(cands)} with a feasible plan) that meets {ctext}" if ctext
                else f"of the {len(cands)} options with a feasible plan (no constraints given)"))

@@ -27,6 +27,11 @@ TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
 TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
                "ep_comm": "EP comm", "pp_comm": "PP comm", "zero3_comm": "ZeRO-3 gathers",
                "host": "host time", "offload": "host offload", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
+# One distinct colour per step-time part (12 parts: tab10's ten and two more, never a repeat; `cmap(i % 10)`
+# painted compute and the exposed DP communication the same blue).
+TIME_COLORS = {"compute": "#1f77b4", "recompute": "#ff7f0e", "tp_comm": "#2ca02c", "cp_comm": "#d62728",
+               "ep_comm": "#9467bd", "pp_comm": "#8c564b", "zero3_comm": "#e377c2", "host": "#7f7f7f",
+               "offload": "#bcbd22", "pipeline_bubble": "#17becf", "dp_comm": "#e7ba52", "optimizer": "#393b79"}
 GAINS = (("gain_internode_2x_pct", "2x inter-node"), ("gain_nvlink_2x_pct", "2x NVLink"),
          ("gain_hbm_plus_pct", "+HBM"), ("gain_fp8_pct", "fp8"))
 MAX_BARS = 28  # options shown in bar charts (Pareto, recommended and best by time first)
@@ -35,14 +40,52 @@ MAX_BARS = 28  # options shown in bar charts (Pareto, recommended and best by ti
 # ---- formatting ---------------------------------------------------------------------------------
 
 
-def money(x: float | None) -> str:
+def money(x: float | None, digits: int = 3) -> str:
+    """`$12.3M`, `$866k`, `$600` (`digits` significant digits)."""
     if x is None:
         return "-"
     a = abs(x)
     for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if a >= div:
-            return f"${x / div:.3g}{unit}"
-    return f"${x:.0f}"
+            return f"${x / div:.{digits}g}{unit}"
+    return f"${x:.0f}" if digits <= 3 else f"${x:,.{max(0, digits - 3)}f}"
+
+
+def _distinct(fmt: Any, x: float, limit: float, last: tuple[str, str]) -> tuple[str, str]:
+    """`fmt(x, d)` and `fmt(limit, d)` with the fewest digits d >= 3 that tell them apart (a value just
+    over its limit must not print as equal to it: `$12.04M > budget $12M`, not `$12M > budget $12M`)."""
+    for d in range(3, 10):
+        a, b = fmt(x, d), fmt(limit, d)
+        if a != b or x == limit:
+            return a, b
+    return last
+
+
+def money_vs(x: float, limit: float) -> tuple[str, str]:
+    """`money` of a value and of the limit it is compared with, distinct whenever they differ."""
+    return _distinct(money, x, limit, (f"${x:,.2f}", f"${limit:,.2f}"))
+
+
+def power(mw: float | None, digits: int | None = None) -> str:
+    """Facility power: `4.85 MW`, or in kW below 1 MW (`9.46 kW` for an 8-GPU box, not `0.01 MW`)."""
+    if mw is None or (isinstance(mw, float) and math.isnan(mw)):
+        return "-"
+    if abs(mw) < 1:
+        return f"{mw * 1e3:.{digits or 3}g} kW"
+    return f"{mw:.2f} MW" if digits is None else f"{mw:.{digits}g} MW"
+
+
+def power_cap(mw: float) -> str:
+    """A power cap as given: `5 MW`, `300 kW`."""
+    return f"{mw * 1e3:g} kW" if abs(mw) < 1 else f"{mw:g} MW"
+
+
+def power_vs(mw: float, cap: float) -> tuple[str, str]:
+    """`power` of a value and `power_cap` of its cap, with more digits when they would print alike."""
+    a, b = power(mw), power_cap(cap)
+    if a.split()[1] != b.split()[1] or float(a.split()[0]) != float(b.split()[0]) or mw == cap:
+        return a, b
+    return _distinct(power, mw, cap, (f"{mw * 1e6:,.0f} W", f"{cap * 1e6:,.0f} W"))
 
 
 def num(x: float | None, digits: int = 3) -> str:
@@ -193,7 +236,7 @@ def plot_time_cost(rows: list[dict], gpus: list[str], constraints: dict, title: 
         ax.annotate(f"budget {money(bu)}", (0, bu), xycoords=("axes fraction", "data"), xytext=(6, 4),
                     textcoords="offset points", ha="left", va="bottom", color="tab:purple", fontsize=8)
     if constraints.get("power_cap_mw"):
-        off.append(f"power cap {constraints['power_cap_mw']:g} MW")
+        off.append(f"power cap {power_cap(constraints['power_cap_mw'])}")
     if constraints.get("capex_budget_usd"):
         off.append(f"capex budget {money(constraints['capex_budget_usd'])}")
     if off:
@@ -354,16 +397,15 @@ def plot_step_breakdown(rows: list[dict], title: str, with_topology: bool, gpu_o
     hw = _bar_rows(rows, gpu_order)
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(hw) + 1.9))
     y = list(range(len(hw)))
-    cmap = plt.get_cmap("tab10")
     left = [0.0] * len(hw)
-    for i, key in enumerate(TIME_KEYS):
+    for key in TIME_KEYS:
         vals = []
         for r in hw:
             bd = r.get("time_breakdown_s") or {}
             tot = sum(max(0.0, v) for v in bd.values()) or 1.0
             vals.append(100.0 * max(0.0, bd.get(key, 0.0)) / tot)
         if any(v > 0.05 for v in vals):
-            ax.barh(y, vals, left=left, color=cmap(i % 10), label=TIME_LABELS[key], height=0.7)
+            ax.barh(y, vals, left=left, color=TIME_COLORS[key], label=TIME_LABELS[key], height=0.7)
             left = [a + b for a, b in zip(left, vals)]
     for yi, r in zip(y, hw):
         ax.annotate(f"{r['step_time_s']:.3g} s, MFU {100 * r['mfu']:.0f}%", (100, yi), xytext=(4, 0),
@@ -594,7 +636,7 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
         for f, alt in (rec.get("under_other_power_figures") or {}).items():
             used = rec.get("power_figure", "catalog")
             what = (f"**{alt['option']}** ({alt['time_to_train_days']:.1f} days, {money(alt['cost_usd'])}, "
-                    f"{alt['power_mw']:.2f} MW by that figure)" if alt.get("option") else "**none**")
+                    f"{power(alt['power_mw'])} by that figure)" if alt.get("option") else "**none**")
             if alt.get("option") == rec.get("option"):
                 why = " (the same)."
             else:
@@ -645,12 +687,12 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
             d.p("`*` marks the recommended option. Pareto: on the front of time vs cost among the options that "
                 "meet every constraint (budget, capex, power cap, deadline); meets: yes, or what the option breaks.")
             d.table(["option", "plan", "step s", "tokens/s", "MFU", "goodput", "days", "cost", "capex", "MWh",
-                     "MW", "tokens/$", "Pareto", "meets"],
+                     "power", "tokens/$", "Pareto", "meets"],
                     [[("* " if r.get("recommended") else "") + r["option"], r.get("plan_short", ""),
                       f"{r['step_time_s']:.3g}", num(r["tokens_per_s"]), pct(r["mfu"]), pct(r["goodput"]),
                       f"{r['time_to_train_days']:.1f}", money(r["cost_usd"]), money(r["capex_usd"]) if r["capex_usd"]
                       else "-", f"{r['energy_mwh']:,.0f}" if r["energy_mwh"] >= 10 else f"{r['energy_mwh']:.2g}",
-                      f"{r['power_mw']:.2f}", num(r.get("tokens_per_usd")), "yes" if r.get("pareto") else "",
+                      power(r["power_mw"]), num(r.get("tokens_per_usd")), "yes" if r.get("pareto") else "",
                       "yes" if r.get("meets_constraints") else "; ".join(r.get("violations", []))]
                      for r in _summary_rows(rows)])
             name = f"cost_energy_{slug}.png"

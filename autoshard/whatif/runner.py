@@ -26,7 +26,7 @@ from ..errors import AutoshardError, InfeasibleError, InputError
 from ..loader import atomic_write, dumps_json
 from ..progress import TerminalLine
 from ..render import json_safe
-from .report import money
+from .report import money, power
 from ..spec import Problem
 from .goodput import goodput, reliability_defaults
 from .pricing import price_option
@@ -176,7 +176,7 @@ class StudyResult:
             for f, alt in rec.get("under_other_power_figures", {}).items():
                 lines.append(f"  with the power figure '{f}' instead of '{rec['power_figure']}': "
                              + (f"{alt['option']} ({alt['time_to_train_days']:.1f} days, {money(alt['cost_usd'])}, "
-                                f"{alt['power_mw']:.2f} MW)" if alt["option"] else "no recommendation")
+                                f"{power(alt['power_mw'])})" if alt["option"] else "no recommendation")
                              + (" (the same)" if alt["option"] == rec["option"] else ""))
         if warnings:
             lines += [f"warning: {w}" for w in self.document.get("warnings", [])]
