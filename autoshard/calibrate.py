@@ -43,7 +43,7 @@ import tempfile
 import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
@@ -62,6 +62,10 @@ MIN_RESIDUAL_SHARE = 0.25
 RUNS_PER_FACTOR = 2  # at most one fitted factor per two runs (at least one)
 DECIMALS = 4
 FACTOR_ORDER = ("matmul.bf16", "matmul.fp8", "hbm", "scaleup", "scaleout")
+# The README's range for achievable network bandwidth (NCCL-like: 0.75-0.85 of the link rate); a fitted
+# scale-up / scale-out factor outside it is reported as a warning (`network_warnings`).
+NETWORK_RANGE = (0.75, 0.85)
+NETWORK_FACTORS = ("scaleup", "scaleout")
 
 
 @dataclass
@@ -268,16 +272,41 @@ def _errors(cases: list[Case], catalog: str | None) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------
 
 
+def network_warnings(result: CalibrationResult) -> list[str]:
+    """One line when fitted network efficiencies (scaleup / scaleout) fall outside NETWORK_RANGE, the
+    NCCL-like range the README states; [] otherwise (factors kept at their base values are not checked)."""
+    lo, hi = NETWORK_RANGE
+    off = []
+    for fit in result.fits:
+        vals = [f"{n} {_get(fit.after, n):.3g}" for n in NETWORK_FACTORS
+                if n in fit.fitted and not lo <= _get(fit.after, n) <= hi]
+        if vals:
+            off.append(f"{fit.gpu} {', '.join(vals)}")
+    if not off:
+        return []
+    return [f"fitted network efficiencies outside the NCCL-like range {lo:g}-{hi:g} of the link rate (README): "
+            f"{'; '.join(off)}; the fit is likely absorbing a term the cost model misprices (overlap, stragglers, "
+            "the topology) rather than measuring the network: check those runs before using the overlay"]
+
+
 def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
-              base_catalog: str | os.PathLike[str] | None = None, verbose: bool = False) -> CalibrationResult:
-    """Fit per-GPU efficiency factors to measured step times and write a catalog overlay."""
+              base_catalog: str | os.PathLike[str] | None = None, verbose: bool = False,
+              progress: Callable[[str], None] | None = None) -> CalibrationResult:
+    """Fit per-GPU efficiency factors to measured step times and write a catalog overlay.
+    `progress(text)`: called at each stage of the fit (pricing the runs, each factor of each sweep per
+    GPU, measuring the result), for a live line on a terminal."""
     from .cost import evaluate  # noqa: PLC0415
+
+    def say(text: str) -> None:
+        if progress is not None:
+            progress(text)
 
     base_path = str(base_catalog) if base_catalog is not None else None
     base = _base_efficiencies(base_path)
     rows = load_runs(measurements_path)
     check_output_file(out_path)  # a read-only or impossible -o fails before the fit, not after
     cases, skipped = convert(rows)
+    say(f"pricing {len(cases)} runs under the base catalog")
     # Runs that do not publish their recompute get it chosen once, under the base catalog;
     # the fit then prices those fixed plans.
     cases = [dataclasses.replace(c, plan=completed_plan(with_catalog(c, base_path)), recompute_published=True)
@@ -305,8 +334,10 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     fits: list[GpuFit] = []
     entries: dict[str, dict[str, Any]] = {g: _copy(e) for g, e in base.items()}
     with tempfile.TemporaryDirectory(prefix="autoshard-calibrate-") as tmp:
-        for gpu in sorted(by_gpu):
+        for g_i, gpu in enumerate(sorted(by_gpu)):
             gcases = by_gpu[gpu]
+            where = f"GPU {g_i + 1}/{len(by_gpu)} {gpu}"
+            say(f"{where}: which factors its {len(gcases)} runs determine")
             trials = _Trials(tmp, gcases)
             measured = np.array([c.measured_step_s for c in gcases])
             eff0 = _efficiency_of(gpu, base)
@@ -325,8 +356,9 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
                     kept[name] = "no runs of this precision" if name.startswith("matmul.") else "not a candidate"
             eff = _copy(eff0)
             obj0 = trials.objective(gpu, eff, measured)
-            for _ in range(SWEEPS):
+            for sweep in range(SWEEPS):
                 for name in chosen:
+                    say(f"{where}: sweep {sweep + 1}/{SWEEPS}, fitting {name}")
                     current = eff
 
                     def f(x: float, name: str = name, current: dict = current) -> float:
@@ -347,6 +379,7 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
                                before=eff0, after=eff, objective_before=obj0, objective_after=obj1,
                                warnings=warnings))
 
+    say(f"measuring the fitted overlay on the {len(usable)} runs")
     errs_before = _errors(usable, base_path)
     result = CalibrationResult(
         out_path=str(out_path), measurements_path=str(measurements_path), runs_used=[c.id for c in usable],
