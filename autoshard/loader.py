@@ -41,6 +41,10 @@ M = TypeVar("M", bound=BaseModel)
 MAX_FILE_BYTES = 8 * 2**20   # JSON (problems, plans, solution records)
 MAX_YAML_BYTES = 1 * 2**20   # YAML (problems, plans, studies, calibrated catalogs): parses in < 3 s
 MAX_DEPTH = 100              # nesting levels of a document (no input of autoshard needs more than 6)
+# Tokens per training step (global_batch_size sequences x seq_len) above which a batch is taken for a
+# unit mistake (tokens given as sequences): 1e9 is 60x the largest published batch (Llama 3 405B: 16M
+# tokens), and far past it the solver's integer model would overflow.
+MAX_TOKENS_PER_STEP = 1e9
 
 
 def read_limited(path: str | os.PathLike[str], limit: int, *, what: str = "file") -> bytes:
@@ -405,12 +409,34 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
 
     try:
         check_cluster(problem)
+        check_batch(problem)
         check_catalog(problem)
         check_search(problem)
         _check_headroom(problem)
     except InputError as exc:  # one with a file of its own is in the calibrated catalog the problem names
         raise named_file_error(exc, src, "cluster.catalog") from None
     return problem
+
+
+def _count(x: float) -> str:
+    """`16.4B`, `1.2M`, `977`: a token count in a message."""
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if x >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:,.0f}"
+
+
+def check_batch(problem: Problem) -> None:
+    """A step of more than MAX_TOKENS_PER_STEP tokens is a batch given in tokens rather than in
+    sequences: bad input naming the sequences it probably meant."""
+    t = problem.training
+    tokens = t.global_batch_size * t.seq_len
+    if tokens > MAX_TOKENS_PER_STEP:
+        meant = max(1, round(t.global_batch_size / t.seq_len))
+        shown = _count(tokens) if _count(tokens) != _count(MAX_TOKENS_PER_STEP) else f"{tokens:,}"
+        raise InputError(f"{t.global_batch_size:,} sequences x {t.seq_len} tokens = {shown} tokens per step, "
+                         f"more than the {_count(MAX_TOKENS_PER_STEP)} allowed; global_batch_size counts sequences "
+                         f"(did you mean {meant}?)", field="training.global_batch_size")
 
 
 def check_catalog(problem: Problem) -> None:
