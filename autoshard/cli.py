@@ -112,6 +112,72 @@ def _check_out_dir(path: str) -> None:
         raise InputError(f"cannot create the output directory: {probe} is not writable", source=path)
 
 
+# ---- plans -------------------------------------------------------------------------------
+
+# The plan field each reason of `cost.config_reasons` is about (matched at the reason's start; the
+# `tp*cp*pp = N does not divide` reason is resolved to the first degree whose product stops dividing).
+_REASON_FIELDS: tuple[tuple[str, str], ...] = (
+    (r"tp\*cp\*pp\*dp = ", "dp"), (r"tp=", "tp"), (r"cp_comm_type ", "cp_comm_type"), (r"cp=", "cp"),
+    (r"ep\*etp = ", "ep"), (r"ep=", "ep"), (r"etp=", "expert_tp"), (r"sequence parallelism ", "sequence_parallel"),
+    (r".*'s context parallelism", "sequence_parallel"), (r".* splits the context with cp_comm_type", "cp_comm_type"),
+    (r".* cannot fold expert parallelism", "ep"), (r".* runs ZeRO stages", "zero_stage"),
+    (r".* pipeline schedule", "schedule"), (r".*tp_comm_overlap", "tp_comm_overlap"), (r".*ep_overlap", "ep_overlap"),
+    (r".* expert dispatcher", "moe_dispatcher"), (r".*\(cuda_graphs\)", "cuda_graphs"),
+    (r".*\(training\.(\w+)\)", "training.{0}"), (r"training\.(\w+) ", "training.{0}"),
+    (r"the DeepEP dispatcher", "moe_dispatcher"), (r"global_batch_size=", "dp"), (r"pp\*vpp = ", "vpp"),
+    (r"vpp=", "vpp"), (r"schedule '", "schedule"), (r"(dualpipev|interleaved schedule): \d+ micro-batches",
+                                                    "micro_batch_size"),
+    (r"stage_layers ", "stage_layers"), (r"recompute lists", "recompute"),
+)
+
+
+def _reason_field(reason: str, plan: Any, num_gpus: int) -> str | None:
+    """The field of a plan (or `training.X` of the problem) an invalid-plan reason is about."""
+    if reason.startswith("tp*cp*pp = "):
+        prod = 1
+        for knob in ("tp", "cp", "pp"):
+            prod *= getattr(plan, knob)
+            if num_gpus % prod:
+                return knob
+        return "pp"
+    for pattern, field in _REASON_FIELDS:
+        m = re.match(pattern, reason)
+        if m:
+            return field.format(*m.groups())
+    return None
+
+
+def check_plan(problem: Any, plan: Any, source: str | None, root: str = "", problem_source: str | None = None) -> None:
+    """An invalid plan (degrees that do not divide, a knob its framework lacks: `cost.config_reasons`)
+    is bad input: one InputError naming the file, the field of the first reason and every reason.
+    A plan that is valid but does not fit is not checked here (`evaluate` exits 1 for it)."""
+    from .cost import config_reasons  # noqa: PLC0415
+
+    _, reasons = config_reasons(problem, plan)
+    if not reasons:
+        return
+    field = _reason_field(reasons[0], plan, problem.cluster.num_gpus)
+    what = "invalid plan: "
+    if field and field.startswith("training."):  # about the problem (its framework, its training settings)
+        source, what = problem_source or source, ""
+    else:
+        field = ".".join(x for x in (root, field) if x) or None
+    raise InputError(what + "; ".join(reasons), source=source, field=field)
+
+
+def plan_from_argument(text: str) -> tuple[Any, str, str]:
+    """(plan, its source for messages, the field path of the plan in that source) of a --plan value:
+    a plan file, a problem or solution file with a `plan:` section, or inline `tp=8,pp=4,...`."""
+    from .compare import plan_argument  # noqa: PLC0415
+    from .loader import read_document  # noqa: PLC0415
+
+    plan = plan_argument(text)
+    if not Path(text).exists():
+        return plan, "--plan", ""
+    doc = read_document(text)
+    return plan, text, "plan" if isinstance(doc, dict) and isinstance(doc.get("plan"), dict) else ""
+
+
 # ---- commands ----------------------------------------------------------------------------
 
 
@@ -121,26 +187,47 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     from .render import estimate_text  # noqa: PLC0415
 
     problem = with_headroom(load_problem(a.problem), a.headroom)
-    if a.plan:
-        plan = load_plan(a.plan)
+    if a.plan:  # a plan file (or a problem / solution with `plan:`) or inline tp=8,pp=4 (as `compare`)
+        plan, plan_file, root = plan_from_argument(a.plan)
     else:
         doc = read_document(a.problem)
         if not isinstance(doc, dict) or "plan" not in doc:
             raise InputError("no --plan given and the problem file has no `plan:` section", source=a.problem)
-        plan = load_plan(a.problem)
+        plan, plan_file, root = load_plan(a.problem), a.problem, "plan"
+    check_plan(problem, plan, plan_file, root, a.problem)  # invalid: bad input (exit 2), as in `compare`
     est = evaluate(problem, plan)
     if a.json:
         _print_json(est.model_dump(mode="json"))
     else:
         sys.stdout.write(estimate_text(problem, est, reasons=False))
-    plan_file = a.plan or a.problem
-    for reason in est.reasons:  # why the plan is invalid or does not fit: stderr, naming the plan's file
+    for reason in est.reasons:  # why the plan does not fit: stderr, naming the plan's file
         print(f"autoshard: infeasible: {plan_file}: {reason}", file=sys.stderr)
     return EXIT_OK if est.fits else EXIT_INFEASIBLE
 
 
+RECORD_SUFFIXES = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}  # `solve -o`: else the Markdown report
+
+
+def solution_file_text(path: str, record: dict[str, Any], markdown: str) -> str:
+    """What `solve -o PATH` writes: the machine record as JSON (.json) or YAML (.yaml / .yml: the
+    same content, so `evaluate --plan` and `export` read either), else the Markdown report."""
+    from .loader import dumps_json  # noqa: PLC0415
+
+    kind = RECORD_SUFFIXES.get(Path(path).suffix.lower())
+    if kind == "JSON":
+        return dumps_json(record)
+    if kind == "YAML":
+        import json  # noqa: PLC0415
+
+        import yaml  # noqa: PLC0415
+
+        return ("# autoshard solution record (the same content as `autoshard solve --json`)\n"
+                + yaml.safe_dump(json.loads(dumps_json(record)), sort_keys=False, allow_unicode=True, width=120))
+    return markdown
+
+
 def cmd_solve(a: argparse.Namespace) -> int:
-    from .loader import dumps_json, load_problem, with_headroom  # noqa: PLC0415
+    from .loader import load_problem, with_headroom  # noqa: PLC0415
     from .render import estimate_text, solution_markdown, solution_record  # noqa: PLC0415
     from .solver import solve  # noqa: PLC0415
 
@@ -169,38 +256,45 @@ def cmd_solve(a: argparse.Namespace) -> int:
             sol = solve(problem, time_limit_s=a.time_limit, top_k=a.top, gap_limit=a.gap, work_limit=a.work_limit,
                         alternatives=[x.strip() for x in (a.alternatives or "").split(",") if x.strip()],
                         progress=progress)
+        point = None  # the point-estimate solution, under --robust (what solver.status / objective are about)
         if getattr(a, "robust", False):
             from .intervals import robust_choice  # noqa: PLC0415
 
-            sol = robust_choice(sol)
+            point, sol = sol, robust_choice(sol)
     except InfeasibleError as exc:
         if a.json:
             _print_json({"status": "INFEASIBLE", "reason": exc.reason, "suggestions": exc.suggestions})
         print(f"{a.problem}: infeasible: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
-    record = solution_record(a.problem, problem, sol)
+    record = solution_record(a.problem, problem, sol, point=point)
     from .batch import record_problem_paths  # noqa: PLC0415
 
     record_problem_paths(record, a.problem)
+    if a.hf_config:  # the model is not the problem file's: `export` rebuilds the problem from both
+        record["problem"]["hf_config"] = os.path.abspath(a.hf_config)
     comparison = None
     if a.compare:  # why the chosen plan beats the user's (`autoshard compare`)
-        from .compare import compare, plan_argument  # noqa: PLC0415
+        from .compare import compare  # noqa: PLC0415
 
-        comparison = compare(problem, plan_argument(a.compare), sol.plan)
+        mine, source, root = plan_from_argument(a.compare)
+        check_plan(problem, mine, source if source != "--plan" else "--compare", root, a.problem)
+        comparison = compare(problem, mine, sol.plan)
         record["compare"] = {"plan": comparison.a.plan.model_dump(mode="json"),
                              **comparison.model_dump(mode="json", exclude={"a", "b"})}
     if a.output:
-        text = dumps_json(record) if a.output.endswith(".json") else solution_markdown(problem, sol)
-        _write_or_print(text, a.output)
+        _write_or_print(solution_file_text(a.output, record, solution_markdown(problem, sol, point)), a.output)
     if a.json:
         _print_json(record)
     else:
         sys.stdout.write(estimate_text(problem, sol.estimate))
         st = sol.solver
-        print(f"solver: {st.status} in {st.solve_time_s:.2f} s (gap {100 * (st.gap or 0):.2f}%), "
+        from .render import alternative_line, robust_text, solver_status_text  # noqa: PLC0415
+
+        print(f"solver: {solver_status_text(sol, point)} in {st.solve_time_s:.2f} s (gap {100 * (st.gap or 0):.2f}%), "
               f"{st.candidates} candidate configurations, {st.pruned_by_memory} pruned by memory, "
               f"{st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
-        from .render import alternative_line  # noqa: PLC0415
+        if point is not None:
+            print(robust_text(point, sol))
 
         for alt in sol.alternatives:
             print(alternative_line(sol.estimate, alt))
@@ -225,7 +319,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
     problem = load_problem(a.problem)
     if len(a.plan or []) > 2:
         raise InputError(f"at most two plans, got {len(a.plan)}", field="--plan")
-    plans = [plan_argument(x) for x in a.plan or []]
+    plans = []
+    for x in a.plan or []:  # an invalid plan is bad input naming its file and field (as in `evaluate`)
+        plan, source, root = plan_from_argument(x)
+        check_plan(problem, plan, source, root, a.problem)
+        plans.append(plan)
     labels = [_plan_label(x, i) for i, x in enumerate(a.plan or [])]
     if len(labels) == 2 and labels[0] == labels[1]:
         labels = [f"{lab} (A)" if i == 0 else f"{lab} (B)" for i, lab in enumerate(labels)]
@@ -234,6 +332,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not isinstance(doc, dict) or "plan" not in doc:
             raise InputError("no --plan given and the problem file has no `plan:` section", source=a.problem)
         plans, labels = [plan_argument(a.problem)], ["the problem's plan"]
+        check_plan(problem, plans[0], a.problem, "plan", a.problem)
     if len(plans) == 1:  # against the solver's choice
         from .progress import solve_progress  # noqa: PLC0415
         from .solver import solve  # noqa: PLC0415
@@ -413,6 +512,22 @@ def cmd_serve_memory(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _hf_model_of_record(info: dict[str, Any], solution: str) -> Any:
+    """The model of a record solved with `--hf-config` (its absolute path, else found from the
+    record's folder), or one line telling the command that rebuilds it."""
+    from .catalog import not_a_fifo  # noqa: PLC0415
+    from .hf import model_from_hf_config  # noqa: PLC0415
+
+    path = Path(str(info["hf_config"]))
+    for cand in (path, Path(os.path.abspath(solution)).parent / path.name):
+        if cand.is_file():
+            not_a_fifo(str(cand))
+            return model_from_hf_config(str(cand))
+    raise InputError(f"the plan was solved with --hf-config {path}, which is not found: write a problem file with "
+                     f"`model: {{hf_config: CONFIG_JSON}}` and pass --problem PROBLEM", source=solution,
+                     field="problem.hf_config")
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from .export import export_plan  # noqa: PLC0415
     from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
@@ -431,6 +546,8 @@ def cmd_export(a: argparse.Namespace) -> int:
     if not problem_path:
         raise InputError("cannot tell which problem this plan is for: pass --problem PROBLEM", source=a.solution)
     problem = load_problem(problem_path)
+    if not a.problem and info.get("hf_config"):  # solved with --hf-config: the model came from that file
+        problem = problem.model_copy(update={"model": _hf_model_of_record(info, a.solution)})
     if not a.problem and info.get("model") not in (None, problem.model.name):
         raise InputError(f"the plan is for model {info['model']!r} but {problem_path} now describes "
                          f"{problem.model.name!r} (solved with --hf-config?): pass --problem PROBLEM",
@@ -500,11 +617,39 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from .calibrate import calibrate  # noqa: PLC0415
+    from .calibrate import calibrate, network_warnings  # noqa: PLC0415
+    from .progress import TerminalLine, wanted  # noqa: PLC0415
 
-    res = calibrate(a.measurements, a.output)
+    line = TerminalLine() if wanted(a.quiet) else None  # a live line on a terminal (as solve), else nothing
+
+    def progress(text: str) -> None:
+        import shutil  # noqa: PLC0415
+        import time  # noqa: PLC0415
+
+        cols = shutil.get_terminal_size((80, 24)).columns
+        msg = f"calibrate {time.monotonic() - line.t0:.0f}s: {text}"
+        try:
+            line.stream.write("\r" + msg[:max(10, cols - 1)] + "\x1b[K")
+            line.stream.flush()
+            line.pending = True
+        except (OSError, ValueError):
+            pass
+
+    try:
+        res = calibrate(a.measurements, a.output, progress=progress if line is not None else None)
+    finally:
+        if line is not None:
+            if line.pending:  # clear the live line: the summary and warnings follow
+                try:
+                    line.stream.write("\r\x1b[K")
+                    line.stream.flush()
+                except (OSError, ValueError):
+                    pass
+                line.pending = False
     summary = getattr(res, "summary", None)
     sys.stdout.write(summary() if callable(summary) else f"wrote {a.output}\n")
+    for w in network_warnings(res):
+        print(f"warning: {w}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -535,7 +680,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("solve", cmd_solve, "Find the minimum-step-time plan that fits (CP-SAT), with proof of optimality.")
     s.add_argument("problem", metavar="PROBLEM", help="problem file (YAML or JSON)")
     s.add_argument("--json", action="store_true", help="print the solution as one JSON object")
-    s.add_argument("-o", "--output", metavar="FILE", help="write the solution (.json: machine record, else markdown)")
+    s.add_argument("-o", "--output", metavar="FILE",
+                   help="write the solution: .json the machine record (as --json), .yaml / .yml the same record "
+                        "in YAML, any other name the Markdown report")
     s.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="wall-clock safety net in seconds (default 60); the budget is --work-limit, so the answer "
                         "does not depend on the machine unless this fires (reported as stopped_by)")
@@ -572,7 +719,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = add("evaluate", cmd_evaluate, "Step time, MFU and per-stage memory of a given plan.")
     e.add_argument("problem", metavar="PROBLEM")
-    e.add_argument("--plan", metavar="PLAN", help="plan file (YAML/JSON, or a solution JSON); default: the problem's `plan:`")
+    e.add_argument("--plan", metavar="PLAN", help="plan file (YAML/JSON, or a solution JSON / YAML) or inline "
+                   "tp=8,pp=4,...; default: the problem's `plan:`")
     e.add_argument("--json", action="store_true")
     e.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
 
@@ -675,7 +823,20 @@ def build_parser() -> argparse.ArgumentParser:
     cal = add("calibrate", cmd_calibrate, "Fit the catalog's efficiency factors to your own measured runs.")
     cal.add_argument("measurements", metavar="MEASUREMENTS", help="runs as JSON (dev_runs shape) or CSV")
     cal.add_argument("-o", "--output", required=True, metavar="CATALOG.yaml")
+    cal.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
     return p
+
+
+def runtime_error_line(exc: BaseException, source: str | None = None) -> str:
+    """A RuntimeError (the solver's CP-SAT refusing a model, a library failing) as one line naming the
+    problem file; an integer overflow is a size the model cannot hold, i.e. a unit mistake in the input."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = re.sub(r"[:\s]*(linear\s*)?\{?\s*$", "", first)
+    text = f"the solver failed: {first}" if "CP-SAT" in first else f"internal error: {type(exc).__name__}: {first}"
+    if "overflow" in first.lower():
+        text += " (a size too large for the solver's integers: check the problem's numbers for a unit mistake, " \
+                "e.g. training.global_batch_size counts sequences, not tokens)"
+    return ": ".join(x for x in (source, text) if x).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -697,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INFEASIBLE
     except AutoshardError as exc:  # e.g. every option of a what-if study failed
         print(f"autoshard: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_INPUT
+    except RuntimeError as exc:  # e.g. CP-SAT rejecting a model it cannot represent: one line, never a traceback
+        print(f"autoshard: error: {runtime_error_line(exc, getattr(a, 'problem', None))}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt as exc:  # Ctrl-C: 130; SIGTERM during whatif (exc.exit_code): 143
         print("autoshard: interrupted; finished outputs were kept", file=sys.stderr)

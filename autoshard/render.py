@@ -107,11 +107,14 @@ def status_of(solution: Any) -> str:
 
 def solution_record(problem_path: str | os.PathLike[str] | None, problem: Any, solution: Any, *,
                     input_sha256: str | None = None, settings: Mapping[str, Any] | None = None,
-                    name: str | None = None) -> dict[str, Any]:
+                    name: str | None = None, point: Any = None) -> dict[str, Any]:
     """The machine JSON of a solved problem.
 
     `input_sha256` defaults to `input_hash` of the file at `problem_path` with `settings`
     (None when there is no file). Only `solver.solve_time_s` depends on timing.
+    `point`: the solver's point-estimate solution when `solve --robust` re-pointed `solution`
+    (`intervals.robust_choice`): `solver.selection` is then `robust` (else `point`), and
+    `solver.point_estimate` names the point-estimate optimum that `solver.objective_s` prices.
     """
     if input_sha256 is None:
         input_sha256 = file_hash(problem_path, settings)
@@ -135,6 +138,13 @@ def solution_record(problem_path: str | os.PathLike[str] | None, problem: Any, s
             "indistinguishable": indistinguishable(est, alt.estimate),
         } for alt in solution.alternatives],
     }
+    rec["solver"]["selection"] = "point" if point is None else "robust"
+    if point is not None:
+        rec["solver"]["point_estimate"] = {
+            "plan": point.plan.model_dump(mode="json"), "plan_summary": point.plan.short(),
+            "step_time_s": point.estimate.step_time_s,
+            "step_time_interval_s": getattr(point.estimate, "step_time_interval_s", None),
+            "same_plan": point.plan == solution.plan}
     if settings is not None:
         rec["settings"] = dict(settings)
     return json_safe(rec)
@@ -252,12 +262,20 @@ def _plan_value(plan: Any, knob: str) -> str:
     return str(v)
 
 
-def plan_short(plan: Any) -> str:
-    """`Plan.short()`; an undetermined dp (the other degrees do not divide the GPUs) is left out
-    and said in words."""
+def plan_short(plan: Any, num_gpus: int | None = None) -> str:
+    """`Plan.short()`; a dp the plan leaves to the cluster is the GPUs over tp*cp*pp when `num_gpus`
+    is given and they divide, else it is left out and said in words (only when that is the case:
+    an invalid plan whose degrees divide is invalid for its other reasons)."""
     text = plan.short()
     if getattr(plan, "dp", 0) is None:
-        text = text.replace(" dpNone", "").replace("dpNone", "") + " (no dp: the other degrees do not divide the GPUs)"
+        mp = plan.tp * plan.cp * plan.pp
+        if num_gpus and num_gpus % mp == 0:
+            return text.replace("dpNone", f"dp{num_gpus // mp}")
+        text = text.replace(" dpNone", "").replace("dpNone", "")
+        if num_gpus:  # known not to divide
+            text += f" (no dp: tp*cp*pp = {mp} does not divide the {num_gpus} GPUs)"
+        else:
+            text += " (dp: the GPUs over tp*cp*pp)"
     return text
 
 
@@ -285,6 +303,21 @@ def training_settings(t: Any) -> list[str]:
     if getattr(t, "finetune", "full") != "full":
         out.append(f"{t.finetune} rank {t.lora_rank}")
     return out
+
+
+def mfu_denominator(problem: Any) -> str:
+    """` of the fp8 peak (1,979 TFLOP/s)` for a plan whose GEMMs run below 16 bits (MFU is against the
+    dense peak of the recipe's GEMM data type, `catalog.gemm_peak_flops_per_s`), else "" (16-bit peak)."""
+    try:
+        from .catalog import gemm_peak_flops_per_s, get_gpu, get_recipe  # noqa: PLC0415
+
+        dtype = get_recipe(problem.training.precision).gemm_dtype
+        if dtype in ("bf16", "fp16"):
+            return ""
+        peak = gemm_peak_flops_per_s(get_gpu(problem.cluster.gpu, problem.cluster.catalog), problem.training.precision)
+    except Exception:  # noqa: BLE001  (a label only)
+        return ""
+    return f" of the {dtype} peak ({peak / 1e12:,.0f} TFLOP/s)"
 
 
 def _title(problem: Any) -> str:
@@ -331,7 +364,7 @@ def binding_text(est: Any) -> str:
 # ---- Markdown ------------------------------------------------------------------------------------
 
 
-def _estimate_markdown(est: Any) -> list[str]:
+def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
     out: list[str] = []
     out += ["## Performance", ""]
     out += _table(["metric", "value"], [
@@ -339,7 +372,7 @@ def _estimate_markdown(est: Any) -> list[str]:
         *([["likely step time (80% interval)", f"{fmt_s(est.step_time_interval_s[0])} to "
             f"{fmt_s(est.step_time_interval_s[1])}"]] if getattr(est, "step_time_interval_s", None) else []),
         ["tokens / s", f"{est.tokens_per_s:,.0f}"],
-        ["MFU", fmt_pct(est.mfu)],
+        ["MFU", fmt_pct(est.mfu) + (mfu_denominator(problem) if problem is not None else "")],
         ["HFU", fmt_pct(est.hfu)],
         ["model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:.1f}"],
         ["micro-batches per step", str(est.num_microbatches)],
@@ -385,22 +418,48 @@ def _estimate_markdown(est: Any) -> list[str]:
     return out
 
 
-def solution_markdown(problem: Any, solution: Any) -> str:
-    """The human report of a solved problem (Markdown)."""
+def robust_text(point: Any, solution: Any) -> str:
+    """What `solve --robust` did, in one sentence: which plan it picked and why, against the
+    point-estimate optimum (`point`) that the solver's objective and status are about."""
+    from .intervals import upper  # noqa: PLC0415
+
+    if point.plan == solution.plan:
+        return (f"--robust: the point-estimate optimum also has the lowest upper end of the 80% interval "
+                f"({fmt_s(upper(solution.estimate))}): kept")
+    pe, re_ = point.estimate, solution.estimate
+    return (f"--robust picked the plan with the lowest upper end of the 80% interval: {fmt_s(upper(re_))} "
+            f"(point estimate {re_.step_time_s:.3f} s/step) against {fmt_s(upper(pe))} for the point-estimate "
+            f"optimum `{point.plan.short()}` ({pe.step_time_s:.3f} s/step, "
+            f"{100 * (re_.step_time_s - pe.step_time_s) / pe.step_time_s:.1f}% faster by point estimate)")
+
+
+def solver_status_text(solution: Any, point: Any = None) -> str:
+    """`OPTIMAL`, or under --robust with another plan picked `OPTIMAL (point estimate 1.225 s/step)`:
+    the status and the objective are the point-estimate optimum's, not the picked plan's."""
+    st = solution.solver
+    if point is None or point.plan == solution.plan:
+        return str(st.status)
+    return f"{st.status} (point estimate {point.estimate.step_time_s:.3f} s/step)"
+
+
+def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
+    """The human report of a solved problem (Markdown); `point` as in `solution_record`."""
     plan, est, st = solution.plan, solution.estimate, solution.solver
     out = [f"# {_title(problem)}", ""]
     if getattr(problem, "description", None):
         out += [problem.description.strip(), ""]
     out += [f"**Plan:** `{plan.short()}`: {fmt_s(est.step_time_s)} per step, {fmt_num(est.tokens_per_s)} tokens/s, "
             f"MFU {fmt_pct(est.mfu)}, peak {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB "
-            f"({st.status.lower()}).", ""]
+            f"({st.status.lower() if point is None or point.plan == plan else 'picked by --robust'}).", ""]
+    if point is not None:
+        out += [robust_text(point, solution) + ".", ""]
     t = problem.training
     extra = "".join(f", {s}" for s in training_settings(t))
     out += [f"Training: sequence length {t.seq_len}, global batch {t.global_batch_size} sequences "
             f"({t.tokens_per_step:,} tokens), {t.precision}, {t.optimizer}{extra}.", ""]
     out += ["## Plan", ""]
     out += _table(["knob", "value"], [[k, _plan_value(plan, k)] for k in PLAN_KNOBS], "ll")
-    out += [""] + _estimate_markdown(est)
+    out += [""] + _estimate_markdown(est, problem)
     out += ["", "## Alternatives", ""]
     if solution.alternatives:
         rows = [[i + 1, fmt_s(a.estimate.step_time_s), f"{a.slower_pct:+.2f}%",
@@ -415,7 +474,8 @@ def solution_markdown(problem: Any, solution: Any) -> str:
     out += ["", "## Solver", ""]
     gap = "-" if st.gap is None else f"{100 * st.gap:.3f}%"
     out += _table(["statistic", "value"], [
-        ["status", st.status],
+        ["status", solver_status_text(solution, point)],
+        *([["selection", "robust (--robust: lowest upper end of the 80% interval)"]] if point is not None else []),
         ["objective", fmt_s(st.objective_s)],
         ["lower bound", fmt_s(st.objective_bound_s)],
         ["gap", gap],
@@ -451,7 +511,7 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
     """Compact terminal summary of an estimate (ends with a newline). `reasons=False`: a plan
     that does not fit says how many reasons there are, the caller prints them (on stderr)."""
     est = estimate
-    out = [f"{_title(problem)}", f"plan: {plan_short(est.plan)}"]
+    out = [f"{_title(problem)}", f"plan: {plan_short(est.plan, problem.cluster.num_gpus)}"]
     settings = training_settings(problem.training)
     if settings:
         out.insert(1, "training: " + ", ".join(settings))
@@ -464,7 +524,8 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
             n = len(est.reasons)
             out.append(f"{head}: {n} reason{'s' if n != 1 else ''} (on stderr)")
     if est.stages:
-        out.append(f"step time {fmt_s(est.step_time_s)}  tokens/s {est.tokens_per_s:,.0f}  MFU {fmt_pct(est.mfu)}  "
+        out.append(f"step time {fmt_s(est.step_time_s)}  tokens/s {est.tokens_per_s:,.0f}  "
+                   f"MFU {fmt_pct(est.mfu)}{mfu_denominator(problem)}  "
                    f"HFU {fmt_pct(est.hfu)}  ({est.num_microbatches} micro-batches)")
         if getattr(est, "step_time_interval_s", None):
             lo, hi = est.step_time_interval_s
