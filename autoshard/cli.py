@@ -623,29 +623,15 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     line = TerminalLine() if wanted(a.quiet) else None  # a live line on a terminal (as solve), else nothing
 
     def progress(text: str) -> None:
-        import shutil  # noqa: PLC0415
         import time  # noqa: PLC0415
 
-        cols = shutil.get_terminal_size((80, 24)).columns
-        msg = f"calibrate {time.monotonic() - line.t0:.0f}s: {text}"
-        try:
-            line.stream.write("\r" + msg[:max(10, cols - 1)] + "\x1b[K")
-            line.stream.flush()
-            line.pending = True
-        except (OSError, ValueError):
-            pass
+        line.show(f"calibrate {time.monotonic() - line.t0:.0f}s: {text}")
 
     try:
         res = calibrate(a.measurements, a.output, progress=progress if line is not None else None)
     finally:
         if line is not None:
-            if line.pending:  # clear the live line: the summary and warnings follow
-                try:
-                    line.stream.write("\r\x1b[K")
-                    line.stream.flush()
-                except (OSError, ValueError):
-                    pass
-                line.pending = False
+            line.close(erase=True)  # the summary and warnings follow
     summary = getattr(res, "summary", None)
     sys.stdout.write(summary() if callable(summary) else f"wrote {a.output}\n")
     for w in network_warnings(res):

@@ -34,15 +34,28 @@ class TerminalLine:
         self.t0 = time.monotonic()
         self.pending = False  # a terminal line without its newline
 
-    def close(self) -> None:
-        """End a line left open (after an interrupt), so that the next message starts on its own."""
+    def close(self, erase: bool = False) -> None:
+        """End a line left open (after an interrupt), so that the next message starts on its own; or,
+        with `erase`, wipe it (a summary follows)."""
         if self.pending:
             try:
-                self.stream.write("\n")
+                self.stream.write("\r\x1b[K" if erase else "\n")
                 self.stream.flush()
             except (OSError, ValueError):
                 pass
             self.pending = False
+
+    def show(self, text: str) -> None:
+        """Redraw the open line with `text`, cut to the terminal's width."""
+        import shutil  # noqa: PLC0415
+
+        cols = shutil.get_terminal_size((80, 24)).columns
+        try:
+            self.stream.write("\r" + text[:max(10, cols - 1)] + "\x1b[K")
+            self.stream.flush()
+            self.pending = True
+        except (OSError, ValueError):
+            pass
 
 
 def status_text(event: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from autoshard import cli
+from cli_helpers import one_line, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 OK = "tests/data/bad/ok_problem.yaml"  # relative: the tests run at the repository root
@@ -19,20 +20,7 @@ PCIE = {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size":
         "cluster": {"gpu": "h100-pcie", "num_gpus": 256}}
 
 
-def main(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        rc = cli.main(list(args))
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 2
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
+main = run_cli
 
 
 def write(path: Path, doc: dict) -> str:

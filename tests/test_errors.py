@@ -26,6 +26,8 @@ import pytest
 import yaml
 
 from autoshard import cli
+from cli_helpers import one_line
+from cli_helpers import run_cli as run_in_process
 from autoshard import loader as loader_mod
 from autoshard.errors import AutoshardError, InfeasibleError
 from autoshard.loader import load_problem
@@ -58,21 +60,7 @@ def run_cli(*args: str, timeout: float = SUBPROCESS_TIMEOUT_S) -> subprocess.Com
                           text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def main(capsys, *args: str) -> tuple[int, str, str]:
-    """`autoshard ARGS` in this process: (exit code, stdout, stderr)."""
-    try:
-        rc = cli.main(list(args))
-    except SystemExit as exc:  # argparse usage errors
-        rc = exc.code if isinstance(exc.code, int) else 2
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].strip(), f"expected exactly one line on stderr, got {err!r}"
-    return lines[0]
+main = run_in_process
 
 
 def runs(name: str, case: dict[str, Any], out: Path) -> list[list[str]]:

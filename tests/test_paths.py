@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoshard import cli
+from cli_helpers import one_line, run_cli
 from autoshard.batch import input_key, run_batch
 from autoshard.catalog import get_gpu
 from autoshard.errors import InputError
@@ -66,17 +66,7 @@ def real(p: Path) -> str:
     return os.path.realpath(p)
 
 
-def main(capsys, *args: str) -> tuple[int, str, str]:
-    rc = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
+main = run_cli
 
 
 # ---- load_problem --------------------------------------------------------------------------------
