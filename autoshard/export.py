@@ -757,9 +757,7 @@ def _megatron_recompute(ctx: _Ctx, add) -> None:
 
         names = {x for k in kinds - {"none"} for x in (["core_attn"] if k == "selective" else k.split("+"))}
         add("--recompute-granularity", "selective")
-        add("--recompute-modules")
-        for name in sorted(names, key=RECOMPUTE_MODULES.index):
-            add(name)
+        add("--recompute-modules", sorted(names, key=RECOMPUTE_MODULES.index))  # nargs='*', one line
         if len(kinds) > 1:
             mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
             ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in Megatron-LM: the modules "

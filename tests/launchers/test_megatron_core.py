@@ -87,7 +87,7 @@ def flags_of(text: str) -> dict[str, str | bool]:
     for line in text.splitlines():
         if line.startswith("--"):
             tok = shlex.split(line.removesuffix(" \\"))
-            out[tok[0]] = tok[1] if len(tok) == 2 else [int(t) for t in tok[1:]] if len(tok) > 2 else True
+            out[tok[0]] = tok[1] if len(tok) == 2 else [_value(t) for t in tok[1:]] if len(tok) > 2 else True
     return out
 
 
@@ -113,6 +113,8 @@ def megatron_config(f: dict):
             continue
         assert name in TC_FIELDS, f"{flag} is no Megatron config field"
         kw[name] = _value(value)
+    if isinstance(kw.get("recompute_modules"), str):  # arguments.py nargs='*': a list even of one
+        kw["recompute_modules"] = [kw["recompute_modules"]]
     if "window_size" in kw:  # arguments.py tuple_type: "left,right" -> (left, right)
         kw["window_size"] = tuple(int(x) for x in str(kw["window_size"]).split(","))
     if "moe_layer_freq" in kw:  # arguments.py moe_freq_type: eval of a Python list expression
@@ -312,6 +314,8 @@ def test_layers_per_rank_and_recompute(case: str, fake_world) -> None:
                                  virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
                                  expert_model_parallel_size=plan.ep if prob.model.is_moe else 1,
                                  expert_tensor_parallel_size=plan.expert_tp if prob.model.is_moe else plan.tp)
+    from autoshard.spec import canonical_recompute  # noqa: PLC0415
+
     planned = plan.recompute_per_layer(L)
     recomputed: list[str] = ["none"] * L
     for r in range(plan.pp):
@@ -327,8 +331,8 @@ def test_layers_per_rank_and_recompute(case: str, fake_world) -> None:
                 if cfg.recompute_granularity == "full" and (
                         cfg.recompute_method == "uniform" or j < cfg.recompute_num_layers):
                     recomputed[off + j] = "full"
-                elif cfg.recompute_granularity == "selective":
-                    recomputed[off + j] = "selective"
+                elif cfg.recompute_granularity == "selective":  # the modules it names, in every layer
+                    recomputed[off + j] = canonical_recompute("+".join(cfg.recompute_modules or ["core_attn"]))
     exact = not any("recompute" in w and "not" in w for w in out.warnings)
     if exact:
         assert recomputed == planned

@@ -211,7 +211,7 @@ def test_pipeline_layers_and_recompute_per_rank(case: str, tmp_path, fake_pg) ->
     if not any("recompute" in w and "not" in w for w in out.warnings):
         assert got == planned
     else:  # closest setting: at least the planned recompute on every layer
-        rank = {"none": 0, "selective": 1, "full": 2}
-        assert all(rank[g] >= rank[p] for g, p in zip(got, planned))
+        rank = {"none": 0, "selective": 1, "full": 2}  # Megatron recompute modules: partial, as selective
+        assert all(rank[g] >= rank.get(p, 1) for g, p in zip(got, planned))
     if cfg.parallelism.pipeline_parallel_schedule == "ZBVZeroBubble":
         assert any("lands on rank 0" in w for w in out.warnings)
