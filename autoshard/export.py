@@ -852,12 +852,11 @@ def _titan_ac(ctx: _Ctx) -> dict[str, Any]:
         return {"mode": "selective", "selective_ac_option": "op"}
     # torchtitan's layer SAC (distributed/activation_checkpoint.py _apply_layer_sac): a counter over
     # the blocks each rank wraps, in order (its chunks in order); every Nth block is fully checkpointed.
-    ranks = [[modes[i] for i in layers] for layers in ctx.rank_layers()]
-    if "selective" not in kinds:
-        longest = max(len(r) for r in ranks)
-        for n in range(2, longest + 1):
-            if all(all((mode == "full") == ((j + 1) % n == 0) for j, mode in enumerate(r)) for r in ranks):
-                return {"mode": "selective", "selective_ac_option": str(n)}
+    from .solver.layouts import every_nth_layers  # noqa: PLC0415
+
+    n = every_nth_layers(ctx.stages, list(modes), ctx.plan.pp)
+    if n is not None:
+        return {"mode": "selective", "selective_ac_option": str(n)}
     fulls = modes.count("full")
     extra = len(modes) - fulls
     ctx.warn(f"per-layer recompute mix ({mix}) is not exactly expressible in torchtitan (it fully "
