@@ -308,14 +308,15 @@ def training_settings(t: Any) -> list[str]:
 def mfu_denominator(problem: Any) -> str:
     """` of the fp8 peak (1,979 TFLOP/s)` for a plan whose GEMMs run below 16 bits (MFU is against the
     dense peak of the recipe's GEMM data type, `catalog.gemm_peak_flops_per_s`), else "" (16-bit peak)."""
-    try:
-        from .catalog import gemm_peak_flops_per_s, get_gpu, get_recipe  # noqa: PLC0415
+    from .catalog import gemm_peak_flops_per_s, get_gpu, get_recipe  # noqa: PLC0415  (render loads lazily)
+    from .errors import AutoshardError  # noqa: PLC0415
 
+    try:
         dtype = get_recipe(problem.training.precision).gemm_dtype
         if dtype in ("bf16", "fp16"):
             return ""
         peak = gemm_peak_flops_per_s(get_gpu(problem.cluster.gpu, problem.cluster.catalog), problem.training.precision)
-    except Exception:  # noqa: BLE001  (a label only)
+    except (AutoshardError, KeyError, AttributeError):  # an unknown GPU or recipe: the label is left out
         return ""
     return f" of the {dtype} peak ({peak / 1e12:,.0f} TFLOP/s)"
 
