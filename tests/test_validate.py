@@ -796,6 +796,26 @@ def test_recipe_of_reads_the_release_recipe_and_its_siblings():
     assert recipe_of({**row, "id": "x", "model": "Unknown", "other_metrics": {}}) == {}
 
 
+def test_recipe_of_prefers_the_entry_of_the_rows_own_table_line(monkeypatch):
+    # Two lines of one release, model and system (BF16 and MXFP8) can run different recipes: a row
+    # takes the entry of its own line (precision as printed, GPU count); a line without an entry
+    # gets only what all the lines' entries share.
+    from autoshard.validate import modern
+
+    base = {"release": "26.04", "model": "M", "gpu": "DGX-GB200", "ep_overlap": True, "dispatcher": "hybridep",
+            "recompute": "none", "confidence": "high", "source": "test"}
+    table = {"a": {**base, "precision": "BF16", "num_gpus": 256, "cuda_graphs": "none"},
+             "b": {**base, "precision": "MXFP8", "num_gpus": 256, "cuda_graphs": "full_iteration"}}
+    monkeypatch.setattr(modern, "_mbridge_recipes", lambda: table)
+    row = {"id": "x", "gpu": "DGX-GB200", "gpu_count": 256, "precision": "MXFP8",
+           "other_metrics": {"release": "26.04", "source_model_label": "M"}}
+    assert modern.recipe_of(row)["cuda_graphs"] == "full_iteration"
+    assert modern.recipe_of({**row, "precision": "BF16"})["cuda_graphs"] == "none"
+    other = modern.recipe_of({**row, "precision": "NVFP4"})
+    assert "cuda_graphs" not in other and other["dispatcher"] == "hybridep" and other["ep_overlap"] is True
+    assert modern.recipe_of({**row, "gpu_count": 64})["dispatcher"] == "hybridep"
+
+
 def test_mbridge_recipe_table_is_well_formed():
     from typing import get_args
 
@@ -811,6 +831,7 @@ def test_mbridge_recipe_table_is_well_formed():
         assert e["confidence"] in ("high", "medium", "low") and e["source"], rid
         Plan(recompute=e["recompute"])  # a recompute the plans take
         assert rid.startswith("mbridge_") and isinstance(e.get("ep_overlap", False), bool)
+        assert e["precision"] and int(e["num_gpus"]) > 0, rid  # the table line it belongs to
 
 
 def test_recipe_layouts_and_activation_offloading():

@@ -344,9 +344,9 @@ def _mbridge_recipes() -> dict[str, dict[str, Any]]:
 
 def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """What Megatron-Bridge's performance recipe ran for a row (autoshard/data/mbridge_recipes.yaml,
-    read from the recipes at the row's release): the row's own entry, else the settings on which every
-    entry of the same release, model and GPU system agrees (another GPU count or precision of one
-    recipe). Empty where nothing is known. Low-confidence entries give no recompute, offloading or
+    read from the recipes at the row's release): the row's own entry, else the entry of the same table
+    line (release, model, GPU system, precision and GPU count), else the settings on which every entry
+    of the same release, model and GPU system agrees (another GPU count or precision of one recipe). Empty where nothing is known. Low-confidence entries give no recompute, offloading or
     pipeline layout (their table configuration matches no committed recipe)."""
     table = _mbridge_recipes()
     own = table.get(str(row.get("id") or ""))
@@ -355,6 +355,10 @@ def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
         key = (str(other.get("release") or ""), str(other.get("source_model_label") or row.get("model") or ""),
                str(row.get("gpu") or ""))
         same = [e for e in table.values() if (e["release"], e["model"], e["gpu"]) == key]
+        # the entry of the row's own table line (precision as printed and GPU count), where one is recorded
+        line = [e for e in same if str(e.get("precision", "")).lower() == str(row.get("precision") or "").lower()
+                and e.get("num_gpus") == _int(row.get("gpu_count"))]
+        same = line or same
         own = {k: same[0].get(k) for k in RECIPE_KNOBS
                if same and all(e.get(k) == same[0].get(k) for e in same)} | (
             {"confidence": min((e["confidence"] for e in same), key=("low", "medium", "high").index),

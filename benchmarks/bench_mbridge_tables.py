@@ -1,0 +1,173 @@
+"""Held-out check: every line of Megatron-Bridge's published performance tables, priced.
+
+    python benchmarks/bench_mbridge_tables.py TABLES.md [TABLES.md ...] [--all] [--json]
+
+The tables are `docs/performance-summary.md` and `docs/performance-summary-archive.md` of
+NVIDIA-NeMo/Megatron-Bridge (read them from a checkout; nothing is fetched). The dev file
+shared/validation/modern_runs_dev.json holds 48 of their lines, one per configuration (the newest
+release); this prints the others, the lines the cost model was never compared with while it was
+built. Each line is converted the way `autoshard validate` converts a dev row: the model's shape
+from the dev row of the same model (the tables print only degrees), the GPU system from a dev row
+of the same system, and the settings the release's recipe ran from autoshard/data/mbridge_recipes.yaml
+(looked up by release, model, system, precision and GPU count; Megatron's defaults where no entry
+exists, and the line is then marked `no recipe`). Lines of models the dev file lacks, or that the
+cost model cannot express (hybrid Mamba models), are counted and skipped.
+
+It prints the median, p90 and worst |error| over the held-out lines, by model, and (with --all)
+every line. About 3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autoshard.validate import Case, evaluate_case, load_runs, run_to_case  # noqa: E402
+from autoshard.validate.modern import recipe_of  # noqa: E402
+
+DEV = Path(__file__).resolve().parents[2] / "shared" / "validation" / "modern_runs_dev.json"
+
+
+def base_label(label: str) -> str:
+    """'Qwen3_235B_a22B (tokendrop)' -> 'Qwen3_235B_a22B': the model whose shape a line uses."""
+    return re.sub(r"\s*\(.*?\)\s*", "", label or "").strip()
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def parse_tables(text: str) -> list[dict[str, str]]:
+    """Every pre-training table line of a Megatron-Bridge performance summary, as a dict of its cells
+    plus `release`, `model` and `System` (sections are '## <release> NeMo Container', then either
+    '#### Model: X' with a System column or '#### System: X' with a Model column)."""
+    release = model = system = None
+    header: list[str] | None = None
+    pretrain = False
+    out = []
+    for line in text.splitlines():
+        if m := re.match(r"^## (\S+) NeMo Container", line):
+            release, header = m.group(1), None
+        elif line.startswith("### "):
+            pretrain, header = "Pre-Training" in line, None
+        elif m := re.match(r"^#### Model: (.+)", line):
+            model, system, header = m.group(1).strip(), None, None
+        elif m := re.match(r"^#### System: (.+)", line):
+            system, model, header = m.group(1).strip(), None, None
+        elif line.startswith("|") and release and pretrain:
+            cells = _cells(line)
+            if cells[0] in ("System", "Model"):
+                header = cells
+            elif header and not set(line) <= set("|-: "):
+                d = dict(zip(header, cells))
+                d.update(release=release, model=d.get("Model", model) or "", System=d.get("System", system) or "")
+                out.append(d)
+    return out
+
+
+def _num(cell: str | None) -> float | None:
+    m = re.match(r"([\d.]+)", re.sub(r"\[.*?\]", "", cell or "").strip())
+    return float(m.group(1)) if m else None
+
+
+def line_to_row(d: dict[str, str], shape: dict, system: dict) -> dict | None:
+    """A table line as a modern_runs row (the dev row `shape` of its model gives the shape, the dev
+    row `system` of its GPU system the node); None where a degree or the throughput is missing."""
+    try:
+        n, gbs, mbs, seq = (int(_num(d[k])) for k in ("#-GPUs", "GBS", "MBS", "Sequence Length"))
+        tp, pp, cp = (int(_num(d[k])) for k in ("TP", "PP", "CP"))
+        ep = int(_num(d.get("EP")) or 1)  # 'n/a' for dense models
+    except (KeyError, TypeError):
+        return None
+    tps = _num(d.get("Tokens / sec / GPU"))
+    if not tps:
+        return None
+    vp = d.get("VP")
+    vp = None if vp in (None, "", "n/a", "1") else int(_num(vp))
+    precision = re.sub(r"\s*\(.*\)", "", d.get("Precision") or "").strip() or "FP8"  # 25.09: no column
+    row = copy.deepcopy(shape)
+    for k in ("gpu", "gpus_per_node", "nvlink_domain_gpus", "interconnect"):
+        row[k] = system[k]
+    row.update(
+        id=f"table_{d['release']}_{base_label(d['model'])}_{d['System']}_{precision}_{n}gpu_tp{tp}pp{pp}cp{cp}vp{vp}ep{ep}mbs{mbs}",
+        source="NVIDIA NeMo Megatron-Bridge performance summary", source_ref="", notes="",
+        gpu_count=n, precision=precision, global_batch_seqs=gbs, global_batch_tokens=gbs * seq, micro_batch=mbs,
+        seq_len=seq, tp=tp, pp=pp, cp=cp, ep=ep, dp=n // (tp * pp * cp), vpp_chunks=vp, etp=None, sp=None, zero_stage=None,
+        fsdp=bool(_num(d.get("FSDP")) or 0), grad_accum=None, activation_recompute=None, layers_per_virtual_stage=None,
+        tokens_per_sec_per_gpu=tps, tokens_per_sec=tps * n, tflops_per_gpu=None, step_time_s=gbs * seq / (tps * n),
+        other_metrics={"release": d["release"], "source_model_label": d["model"]})
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="+", help="Megatron-Bridge docs/performance-summary*.md")
+    ap.add_argument("--dev", default=str(DEV), help="modern_runs_dev.json (shapes, systems; its lines are left out)")
+    ap.add_argument("--all", action="store_true", help="print every held-out line")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    dev = [r for r in load_runs(a.dev) if r["id"].startswith("mbridge_")]
+    shapes, systems = {}, {}
+    for r in load_runs(a.dev):
+        systems.setdefault(r["gpu"], r)
+    for r in dev:
+        shapes.setdefault(base_label(r["other_metrics"]["source_model_label"]), r)
+    in_dev = {(r["other_metrics"]["release"], base_label(r["other_metrics"]["source_model_label"]), r["gpu"],
+               r["gpu_count"], r["tp"], r["pp"], r["ep"], r["micro_batch"]) for r in dev}
+    lines = [d for t in a.tables for d in parse_tables(Path(t).read_text(encoding="utf-8"))]
+    results, skipped = [], defaultdict(int)
+    for d in lines:
+        label = base_label(d["model"])
+        if label not in shapes or d["System"] not in systems:
+            skipped[f"no dev row of {label if label not in shapes else d['System']}"] += 1
+            continue
+        row = line_to_row(d, shapes[label], systems[d["System"]])
+        if row is None:
+            skipped["degrees or throughput missing"] += 1
+            continue
+        if (d["release"], label, row["gpu"], row["gpu_count"], row["tp"], row["pp"], row["ep"], row["micro_batch"]) in in_dev:
+            continue
+        case = run_to_case(row)
+        if not isinstance(case, Case):
+            skipped[case.reason.split(":")[0][:60]] += 1
+            continue
+        res = evaluate_case(case)
+        if not hasattr(res, "error_pct"):
+            skipped["does not evaluate"] += 1
+            continue
+        results.append({"id": row["id"], "model": label, "error_pct": round(res.error_pct, 1), "plan": res.plan,
+                        "recipe": bool(recipe_of(row))})
+    if a.json:
+        print(json.dumps({"lines": results, "skipped": dict(skipped)}, indent=1))
+        return 0
+    errs = sorted(abs(r["error_pct"]) for r in results)
+    if not errs:
+        print("no held-out line converted")
+        return 1
+    p90 = errs[min(len(errs) - 1, int(0.9 * len(errs)))]
+    print(f"held-out table lines: {len(errs)}  median |error| {statistics.median(errs):.1f}%  p90 {p90:.1f}%  "
+          f"worst {errs[-1]:.1f}%  (with a recipe entry: {sum(r['recipe'] for r in results)})")
+    by = defaultdict(list)
+    for r in results:
+        by[r["model"]].append(r["error_pct"])
+    for model, es in sorted(by.items()):
+        print(f"  {model:<18} {len(es):>3} lines  median |error| {statistics.median(map(abs, es)):5.1f}%  "
+              f"median signed {statistics.median(es):+6.1f}%")
+    for why, k in sorted(skipped.items()):
+        print(f"  skipped {k:>3}: {why}")
+    if a.all:
+        for r in sorted(results, key=lambda r: r["error_pct"]):
+            print(f"  {r['error_pct']:+7.1f}%  {'' if r['recipe'] else '(no recipe) '}{r['id']}  {r['plan'][:70]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
