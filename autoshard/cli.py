@@ -114,49 +114,17 @@ def _check_out_dir(path: str) -> None:
 
 # ---- plans -------------------------------------------------------------------------------
 
-# The plan field each reason of `cost.config_reasons` is about (matched at the reason's start; the
-# `tp*cp*pp = N does not divide` reason is resolved to the first degree whose product stops dividing).
-_REASON_FIELDS: tuple[tuple[str, str], ...] = (
-    (r"tp\*cp\*pp\*dp = ", "dp"), (r"tp=", "tp"), (r"cp_comm_type ", "cp_comm_type"), (r"cp=", "cp"),
-    (r"ep\*etp = ", "ep"), (r"ep=", "ep"), (r"etp=", "expert_tp"), (r"sequence parallelism ", "sequence_parallel"),
-    (r".*'s context parallelism", "sequence_parallel"), (r".* splits the context with cp_comm_type", "cp_comm_type"),
-    (r".* cannot fold expert parallelism", "ep"), (r".* runs ZeRO stages", "zero_stage"),
-    (r".* pipeline schedule", "schedule"), (r".*tp_comm_overlap", "tp_comm_overlap"), (r".*ep_overlap", "ep_overlap"),
-    (r".* expert dispatcher", "moe_dispatcher"), (r".*\(cuda_graphs\)", "cuda_graphs"),
-    (r".*\(training\.(\w+)\)", "training.{0}"), (r"training\.(\w+) ", "training.{0}"),
-    (r"the DeepEP dispatcher", "moe_dispatcher"), (r"global_batch_size=", "dp"), (r"pp\*vpp = ", "vpp"),
-    (r"vpp=", "vpp"), (r"schedule '", "schedule"), (r"(dualpipev|interleaved schedule): \d+ micro-batches",
-                                                    "micro_batch_size"),
-    (r"stage_layers ", "stage_layers"), (r"recompute lists", "recompute"),
-)
-
-
-def _reason_field(reason: str, plan: Any, num_gpus: int) -> str | None:
-    """The field of a plan (or `training.X` of the problem) an invalid-plan reason is about."""
-    if reason.startswith("tp*cp*pp = "):
-        prod = 1
-        for knob in ("tp", "cp", "pp"):
-            prod *= getattr(plan, knob)
-            if num_gpus % prod:
-                return knob
-        return "pp"
-    for pattern, field in _REASON_FIELDS:
-        m = re.match(pattern, reason)
-        if m:
-            return field.format(*m.groups())
-    return None
-
-
 def check_plan(problem: Any, plan: Any, source: str | None, root: str = "", problem_source: str | None = None) -> None:
     """An invalid plan (degrees that do not divide, a knob its framework lacks: `cost.config_reasons`)
-    is bad input: one InputError naming the file, the field of the first reason and every reason.
+    is bad input: one InputError naming the file, the field of the first reason (`cost.Reason.field`)
+    and every reason.
     A plan that is valid but does not fit is not checked here (`evaluate` exits 1 for it)."""
     from .cost import config_reasons  # noqa: PLC0415
 
     _, reasons = config_reasons(problem, plan)
     if not reasons:
         return
-    field = _reason_field(reasons[0], plan, problem.cluster.num_gpus)
+    field = getattr(reasons[0], "field", None)  # a cost.Reason names its field; a plain str names none
     what = "invalid plan: "
     if field and field.startswith("training."):  # about the problem (its framework, its training settings)
         source, what = problem_source or source, ""

@@ -272,138 +272,175 @@ def num_microbatches(problem: Problem, cfg: Config) -> int:
     return problem.training.global_batch_size // (cfg.dp * cfg.mbs)
 
 
-def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[str]]:
-    """(dp, reasons the global degrees are invalid); reasons empty means valid."""
+class Reason(str):
+    """Why a plan is invalid (`config_reasons`): the message itself, a str (printed, joined, compared
+    and searched as any other), and `field`, what it is about: the plan field ("tp", "expert_tp",
+    "stage_layers", ...) or "training.X" for the problem's training settings; None where no one
+    field is to blame. The CLI names `field` in its error line (`file: plan.tp: invalid plan: ...`).
+    Pickles with its field (a worker process's reasons reach its parent whole); an `Estimate`'s
+    `reasons` are plain strs (pydantic's list[str])."""
+
+    field: str | None
+
+    def __new__(cls, text: str, field: str | None = None) -> Reason:
+        self = super().__new__(cls, text)
+        self.field = field
+        return self
+
+    def __reduce__(self) -> tuple[type[Reason], tuple[str, str | None]]:
+        return type(self), (str(self), self.field)
+
+
+def _first_not_dividing(plan: Plan, num_gpus: int) -> str:
+    """The first of tp, cp, pp whose running product tp, tp*cp, tp*cp*pp stops dividing the GPUs:
+    the field a `tp*cp*pp = N does not divide` reason is about."""
+    prod = 1
+    for knob in ("tp", "cp", "pp"):
+        prod *= getattr(plan, knob)
+        if num_gpus % prod:
+            return knob
+    return "pp"
+
+
+def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
+    """(dp, reasons the global degrees are invalid); reasons empty means valid. Each reason is a
+    `Reason`, a str that names the field it is about (`Reason.field`, never None here)."""
     m, t, n = problem.model, problem.training, problem.cluster.num_gpus
-    reasons: list[str] = []
+    reasons: list[Reason] = []
+
+    def bad(field: str, text: str) -> None:
+        reasons.append(Reason(text, field=field))
+
     mp = plan.tp * plan.cp * plan.pp
     dp = plan.dp if plan.dp is not None else (n // mp if n % mp == 0 else 0)
     if plan.dp is None and n % mp:
-        reasons.append(f"tp*cp*pp = {mp} does not divide the {n} GPUs")
+        bad(_first_not_dividing(plan, n), f"tp*cp*pp = {mp} does not divide the {n} GPUs")
     elif mp * dp != n:
-        reasons.append(f"tp*cp*pp*dp = {mp * dp} but the cluster has {n} GPUs")
+        bad("dp", f"tp*cp*pp*dp = {mp * dp} but the cluster has {n} GPUs")
     if m.num_attention_heads % plan.tp:
-        reasons.append(f"tp={plan.tp} does not divide num_attention_heads={m.num_attention_heads}")
+        bad("tp", f"tp={plan.tp} does not divide num_attention_heads={m.num_attention_heads}")
     kv = m.kv_heads
     if not m.is_mla and kv % plan.tp and plan.tp % kv:
-        reasons.append(f"tp={plan.tp} and num_key_value_heads={kv}: neither divides the other")
+        bad("tp", f"tp={plan.tp} and num_key_value_heads={kv}: neither divides the other")
     if m.intermediate_size % plan.tp:
-        reasons.append(f"tp={plan.tp} does not divide intermediate_size={m.intermediate_size}")
+        bad("tp", f"tp={plan.tp} does not divide intermediate_size={m.intermediate_size}")
     if m.is_moe and m.expert_ffn % plan.tp:
-        reasons.append(f"tp={plan.tp} does not divide moe_intermediate_size={m.expert_ffn}")
+        bad("tp", f"tp={plan.tp} does not divide moe_intermediate_size={m.expert_ffn}")
     if plan.cp > 1 and t.seq_len % (2 * plan.cp):
-        reasons.append(f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
+        bad("cp", f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
     fw = get_framework(problem.framework)
     if plan.cp > 1 and fw.cp_excludes_sp and plan.sp and plan.tp > 1:
-        reasons.append(f"{problem.framework}'s context parallelism (cp={plan.cp}) cannot run beside TP sequence "
-                       "parallelism: set sequence_parallel false")
+        bad("sequence_parallel", f"{problem.framework}'s context parallelism (cp={plan.cp}) cannot run beside TP "
+            "sequence parallelism: set sequence_parallel false")
     if plan.cp > 1 and fw.cp_comm_types and plan.cp_comm_type not in fw.cp_comm_types:
-        reasons.append(f"{problem.framework} splits the context with cp_comm_type {' or '.join(fw.cp_comm_types)} "
-                       f"only, not {plan.cp_comm_type}")
+        bad("cp_comm_type", f"{problem.framework} splits the context with cp_comm_type "
+            f"{' or '.join(fw.cp_comm_types)} only, not {plan.cp_comm_type}")
     if plan.cp > 1 and m.sliding_window and fw.window_cp_comm_types \
             and plan.cp_comm_type not in fw.window_cp_comm_types:
-        reasons.append(f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "
-                       f"attention runs it only with cp_comm_type {' or '.join(fw.window_cp_comm_types)}, "
-                       f"not {plan.cp_comm_type}")
+        bad("cp", f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "
+            f"attention runs it only with cp_comm_type {' or '.join(fw.window_cp_comm_types)}, "
+            f"not {plan.cp_comm_type}")
     etp = plan.expert_tp
     if plan.ep > 1 or etp != plan.tp:
         if not m.is_moe:
-            reasons.append(f"ep={plan.ep}, etp={etp} need a mixture-of-experts model")
+            bad("ep", f"ep={plan.ep}, etp={etp} need a mixture-of-experts model")
         elif m.num_experts % plan.ep:
-            reasons.append(f"ep={plan.ep} does not divide num_experts={m.num_experts}")
+            bad("ep", f"ep={plan.ep} does not divide num_experts={m.num_experts}")
         if m.is_moe and m.expert_ffn % etp:
-            reasons.append(f"etp={etp} does not divide moe_intermediate_size={m.expert_ffn}")
+            bad("expert_tp", f"etp={etp} does not divide moe_intermediate_size={m.expert_ffn}")
         stage = plan.tp * plan.cp * dp
         folded = etp != plan.tp or (dp and dp % plan.ep)
         if dp and stage % (plan.ep * etp):
-            reasons.append(f"ep*etp = {plan.ep * etp} must divide tp*cp*dp = {stage} (the expert mesh "
-                           f"etp x ep x edp covers the same GPUs of a pipeline stage as attention)")
+            bad("ep", f"ep*etp = {plan.ep * etp} must divide tp*cp*dp = {stage} (the expert mesh "
+                f"etp x ep x edp covers the same GPUs of a pipeline stage as attention)")
         elif folded and not fw.moe_folding:
-            reasons.append(f"{problem.framework} cannot fold expert parallelism over TP/CP ranks "
-                           f"(etp != tp or ep not dividing dp={dp})")
+            bad("ep", f"{problem.framework} cannot fold expert parallelism over TP/CP ranks "
+                f"(etp != tp or ep not dividing dp={dp})")
     if plan.sp and t.seq_len % plan.tp:
-        reasons.append(f"sequence parallelism splits the {t.seq_len} tokens over tp={plan.tp}: not divisible")
+        bad("sequence_parallel", f"sequence parallelism splits the {t.seq_len} tokens over tp={plan.tp}: "
+            "not divisible")
     if plan.zero_stage not in fw.zero_stages:
-        reasons.append(f"{problem.framework} runs ZeRO stages {list(fw.zero_stages)}, not {plan.zero_stage}")
+        bad("zero_stage", f"{problem.framework} runs ZeRO stages {list(fw.zero_stages)}, not {plan.zero_stage}")
     if plan.schedule not in fw.schedules:
-        reasons.append(f"{problem.framework} has no {plan.schedule!r} pipeline schedule "
-                       f"(it runs {', '.join(fw.schedules)})")
+        bad("schedule", f"{problem.framework} has no {plan.schedule!r} pipeline schedule "
+            f"(it runs {', '.join(fw.schedules)})")
     if plan.tp_comm_overlap and not fw.tp_comm_overlap:
-        reasons.append(f"{problem.framework} cannot overlap TP communication (tp_comm_overlap)")
+        bad("tp_comm_overlap", f"{problem.framework} cannot overlap TP communication (tp_comm_overlap)")
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sp:
-        reasons.append("tp_comm_overlap needs sequence parallelism (TE userbuffers / AsyncTP overlap AG/RS)")
+        bad("tp_comm_overlap", "tp_comm_overlap needs sequence parallelism (TE userbuffers / AsyncTP overlap AG/RS)")
     if plan.ep_overlap:
         if not fw.ep_overlap:
-            reasons.append(f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
+            bad("ep_overlap", f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
         elif plan.pp > 1 and plan.vpp < 2:
-            reasons.append("ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
+            bad("ep_overlap", "ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
     if plan.moe_dispatcher and plan.moe_dispatcher not in fw.moe_dispatchers:
-        reasons.append(f"{problem.framework} has no {plan.moe_dispatcher} expert dispatcher "
-                       f"(it runs {', '.join(fw.moe_dispatchers)})")
+        bad("moe_dispatcher", f"{problem.framework} has no {plan.moe_dispatcher} expert dispatcher "
+            f"(it runs {', '.join(fw.moe_dispatchers)})")
     if plan.cuda_graphs and not fw.cuda_graphs:
-        reasons.append(f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
-    if fw.main_grads_reason(t.main_grads):
-        reasons.append(fw.main_grads_reason(t.main_grads))
+        bad("cuda_graphs", f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
+    if why := fw.main_grads_reason(t.main_grads):
+        bad("training.main_grads", why)
     if t.fp8_params:
         from .catalog import get_recipe  # noqa: PLC0415
 
         if not fw.fp8_params:
-            reasons.append(f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
+            bad("training.fp8_params", f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
         elif get_recipe(t.precision).gemm_dtype not in ("fp8", "fp4") or t.finetune != "full":
-            reasons.append(f"training.fp8_params needs an FP8 or FP4 recipe and full training (precision "
-                           f"{t.precision}, finetune {t.finetune}): 16-bit weights have no low-precision param gather")
+            bad("training.fp8_params", f"training.fp8_params needs an FP8 or FP4 recipe and full training "
+                f"(precision {t.precision}, finetune {t.finetune}): 16-bit weights have no low-precision param gather")
     if t.moe_capacity_factor is not None and m.is_moe:
         if not fw.moe_token_drop:
-            reasons.append(f"{problem.framework} routes dropless: it has no expert capacity to drop tokens at "
-                           "(training.moe_capacity_factor)")
+            bad("training.moe_capacity_factor", f"{problem.framework} routes dropless: it has no expert capacity "
+                "to drop tokens at (training.moe_capacity_factor)")
         elif (plan.moe_dispatcher or fw.moe_dispatchers[0]) == "deepep":
-            reasons.append("the DeepEP dispatcher cannot pad expert inputs to a capacity (Megatron raises with "
-                           "--moe-pad-expert-input-to-capacity): token dropping needs alltoall or hybridep")
+            bad("moe_dispatcher", "the DeepEP dispatcher cannot pad expert inputs to a capacity (Megatron raises "
+                "with --moe-pad-expert-input-to-capacity): token dropping needs alltoall or hybridep")
     if dp:
         per = dp * plan.micro_batch_size
         if t.global_batch_size % per:
-            reasons.append(
-                f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per}")
+            bad("dp", f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per}")
     chunks = plan.pp * plan.vpp
     if chunks > m.num_hidden_layers + 2:
-        reasons.append(f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers "
-                       f"plus an embedding and a loss slot")
+        bad("vpp", f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers "
+            f"plus an embedding and a loss slot")
     elif chunks > m.num_hidden_layers and not fw.uneven_stages:
-        reasons.append(f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers, and "
-                       f"{problem.framework} cannot give the embedding or the loss a pipeline slot")
+        bad("vpp", f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers, and "
+            f"{problem.framework} cannot give the embedding or the loss a pipeline slot")
     if plan.vpp > 1 and plan.schedule not in ("interleaved", "dualpipev"):
-        reasons.append(f"vpp={plan.vpp} needs schedule 'interleaved' (got {plan.schedule!r})")
+        bad("vpp", f"vpp={plan.vpp} needs schedule 'interleaved' (got {plan.schedule!r})")
     if plan.schedule == "dualpipev":
         # DeepSeek's DualPipe cut in half (torch.distributed.pipelining ScheduleDualPipeV): each rank
         # holds two virtual stages in a V (rank r: stages r and 2P-1-r) and runs one micro-batch's
         # forward beside another's backward, in pairs of micro-batches.
         if plan.pp < 2 or plan.vpp != 2:
-            reasons.append("schedule 'dualpipev' needs pp >= 2 and vpp = 2 (two virtual stages per rank, in a V)")
+            bad("schedule", "schedule 'dualpipev' needs pp >= 2 and vpp = 2 (two virtual stages per rank, in a V)")
         elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
             mb = t.global_batch_size // (dp * plan.micro_batch_size)
             if mb < 2 * plan.pp or mb % 2:
-                reasons.append(f"dualpipev: {mb} micro-batches; it needs an even number >= 2*pp = {2 * plan.pp}")
+                bad("micro_batch_size", f"dualpipev: {mb} micro-batches; it needs an even number >= 2*pp = "
+                    f"{2 * plan.pp}")
     if plan.schedule == "interleaved":
         if plan.vpp < 2 or plan.pp < 2:
-            reasons.append("schedule 'interleaved' needs pp >= 2 and vpp >= 2")
+            bad("schedule", "schedule 'interleaved' needs pp >= 2 and vpp >= 2")
         elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
             mb = t.global_batch_size // (dp * plan.micro_batch_size)
             if mb % plan.pp:
-                reasons.append(f"interleaved schedule: {mb} micro-batches is not a multiple of pp={plan.pp}")
+                bad("micro_batch_size", f"interleaved schedule: {mb} micro-batches is not a multiple of pp={plan.pp}")
     if plan.schedule == "zero_bubble" and plan.pp < 2:
-        reasons.append("schedule 'zero_bubble' needs pp >= 2")
+        bad("schedule", "schedule 'zero_bubble' needs pp >= 2")
     if plan.stage_layers is not None:
         if len(plan.stage_layers) != chunks:
-            reasons.append(f"stage_layers has {len(plan.stage_layers)} entries, expected pp*vpp = {chunks}")
+            bad("stage_layers", f"stage_layers has {len(plan.stage_layers)} entries, expected pp*vpp = {chunks}")
         elif sum(plan.stage_layers) != m.num_hidden_layers:
-            reasons.append(f"stage_layers sum to {sum(plan.stage_layers)}, the model has {m.num_hidden_layers} layers")
+            bad("stage_layers", f"stage_layers sum to {sum(plan.stage_layers)}, the model has "
+                f"{m.num_hidden_layers} layers")
     if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
-        reasons.append(f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
+        bad("recompute", f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
     if plan.cp > 1 and plan.cp_comm_type == "a2a":
         heads = m.kv_heads if not m.is_mla else m.num_attention_heads
         if (m.num_attention_heads // plan.tp) % plan.cp or max(1, heads // plan.tp) % plan.cp:
-            reasons.append(f"cp_comm_type a2a scatters heads over cp={plan.cp}: the {m.num_attention_heads} query "
-                           f"and {heads} key/value heads per tp={plan.tp} group must divide by it")
+            bad("cp_comm_type", f"cp_comm_type a2a scatters heads over cp={plan.cp}: the {m.num_attention_heads} "
+                f"query and {heads} key/value heads per tp={plan.tp} group must divide by it")
     return dp, reasons
 
 
