@@ -274,7 +274,7 @@ def num_microbatches(problem: Problem, cfg: Config) -> int:
 
 class Reason(str):
     """Why a plan is invalid (`config_reasons`): the message itself, a str (printed, joined, compared
-    and searched as any other), and `field`, what it is about: the plan field ("tp", "expert_tp",
+    and searched as any other), and `field`, what it is about: the plan field ("tp", "etp",
     "stage_layers", ...) or "training.X" for the problem's training settings; None where no one
     field is to blame. The CLI names `field` in its error line (`file: plan.tp: invalid plan: ...`).
     Pickles with its field (a worker process's reasons reach its parent whole); an `Estimate`'s
@@ -337,7 +337,7 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
             f"{' or '.join(fw.cp_comm_types)} only, not {plan.cp_comm_type}")
     if plan.cp > 1 and m.sliding_window and fw.window_cp_comm_types \
             and plan.cp_comm_type not in fw.window_cp_comm_types:
-        bad("cp", f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "
+        bad("cp_comm_type", f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "
             f"attention runs it only with cp_comm_type {' or '.join(fw.window_cp_comm_types)}, "
             f"not {plan.cp_comm_type}")
     etp = plan.expert_tp
@@ -347,7 +347,7 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
         elif m.num_experts % plan.ep:
             bad("ep", f"ep={plan.ep} does not divide num_experts={m.num_experts}")
         if m.is_moe and m.expert_ffn % etp:
-            bad("expert_tp", f"etp={etp} does not divide moe_intermediate_size={m.expert_ffn}")
+            bad("etp", f"etp={etp} does not divide moe_intermediate_size={m.expert_ffn}")
         stage = plan.tp * plan.cp * dp
         folded = etp != plan.tp or (dp and dp % plan.ep)
         if dp and stage % (plan.ep * etp):

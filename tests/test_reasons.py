@@ -35,7 +35,7 @@ CASES = [
      "global_batch_size=960 is not a multiple of dp*micro_batch_size = 640"),
     ("ep-dense", P640, {}, {"tp": 8, "pp": 4, "ep": 2}, "ep", "ep=2, etp=8 need a mixture-of-experts model"),
     ("ep-experts", MIX, {}, {"ep": 3}, "ep", "ep=3 does not divide num_experts=8"),
-    ("etp", MIX, {}, {"tp": 2, "etp": 3}, "expert_tp", "etp=3 does not divide moe_intermediate_size=14336"),
+    ("etp", MIX, {}, {"tp": 2, "etp": 3}, "etp", "etp=3 does not divide moe_intermediate_size=14336"),
     ("vpp-schedule", P640, {}, {"tp": 8, "pp": 4, "vpp": 2}, "vpp", "vpp=2 needs schedule 'interleaved'"),
     ("vpp-layers", P640, {}, {"tp": 8, "pp": 8, "vpp": 20, "schedule": "interleaved"}, "vpp",
      "pp*vpp = 160 virtual stages exceed the 80 layers"),
@@ -55,6 +55,8 @@ CASES = [
      "deepspeed's context parallelism (cp=2) cannot run beside TP sequence parallelism"),
     ("cp-comm-framework", OK, {"framework": "deepspeed"}, {"cp": 2}, "cp_comm_type",
      "deepspeed splits the context with cp_comm_type a2a only"),
+    ("cp-comm-window", OK, {"model": "gpt-oss-20b"}, {"cp": 2}, "cp_comm_type",
+     "cp=2 with sliding-window attention: megatron's Transformer Engine attention runs it only with cp_comm_type a2a"),
     ("cp-comm-heads", P640, {}, {"tp": 8, "cp": 2, "pp": 2, "cp_comm_type": "a2a"}, "cp_comm_type",
      "cp_comm_type a2a scatters heads over cp=2"),
     ("tp-overlap", P640, {}, {"tp": 8, "pp": 4, "sequence_parallel": False, "tp_comm_overlap": True},
@@ -110,7 +112,7 @@ def test_first_reason_names_its_field_and_the_cli_prints_it(tmp_path, capsys, pa
 
 def test_the_cases_cover_the_reasons_asked_for():
     fields = {c[4] for c in CASES}
-    assert {"tp", "cp", "pp", "dp", "ep", "expert_tp", "vpp", "schedule", "moe_dispatcher", "cuda_graphs",
+    assert {"tp", "cp", "pp", "dp", "ep", "etp", "vpp", "schedule", "moe_dispatcher", "cuda_graphs",
             "stage_layers"} <= fields and any(f.startswith("training.") for f in fields)
 
 
@@ -133,8 +135,8 @@ def _sweep():
 
 def test_every_reason_names_a_field():
     """A reason added without a field fails here: every one the sweep meets is a Reason whose field
-    is a plan field (or `expert_tp`, the etp the plan resolves) or `training.X` of the problem."""
-    plan_fields = set(Plan.model_fields) | {"expert_tp"}
+    is a plan field or `training.X` of the problem."""
+    plan_fields = set(Plan.model_fields)
     training_fields = set(type(load_problem(OK).training).model_fields)
     seen = set()
     for reason in _sweep():
