@@ -822,11 +822,17 @@ def test_mbridge_recipe_table_is_well_formed():
     from autoshard.spec import Dispatcher, Plan
     from autoshard.validate.modern import _mbridge_recipes
 
+    from autoshard.validate.modern import megatron_layout_stages
+
     table = _mbridge_recipes()
-    assert len(table) == 48  # 30 MoE and 18 dense Megatron-Bridge rows
+    # the 48 Megatron-Bridge rows of the dev file and the other lines of the published tables
+    assert len(table) >= 176 and all(modern_rows_id in table for modern_rows_id in modern_rows() if
+                                     modern_rows_id.startswith("mbridge_"))
     for rid, e in table.items():
         assert "dispatcher" not in e or e["dispatcher"] in get_args(Dispatcher), rid
-        assert e.get("layout") in (None, "embedding+loss") and int(e.get("offload_layers", 0)) >= 0, rid
+        layout = e.get("layout")
+        assert layout in (None, "embedding+loss") or set("".join(megatron_layout_stages(layout))) <= set("EtmL"), rid
+        assert int(e.get("offload_layers", 0)) >= 0, rid
         assert e["cuda_graphs"] in ("none", "local", "transformer_engine", "full_iteration"), rid
         assert e["confidence"] in ("high", "medium", "low") and e["source"], rid
         Plan(recompute=e["recompute"])  # a recompute the plans take
@@ -843,6 +849,13 @@ def test_recipe_layouts_and_activation_offloading():
     assert recipe_stage_layers(126, 32, "embedding+loss") == [3] + [4] * 30 + [3]
     assert recipe_stage_layers(80, 20, "embedding+loss") is None  # 82 slots do not split in 20
     assert recipe_stage_layers(126, 64, None) is None and recipe_stage_layers(126, 1, "embedding+loss") is None
+    # Megatron layout strings, unrolled as Megatron-LM's parse_str_to_list does: DeepSeek-V3's 61 layers
+    # on 16 virtual stages (4 per stage, the last one layer and the MTP layer), 32 stages with a last
+    # stage of MTP and loss only; a layout of another stage count or layer total does not apply.
+    assert recipe_stage_layers(61, 16, "Et*4|(t*4|)*14tmL") == [4] * 15 + [1]
+    assert recipe_stage_layers(61, 32, "Et|(tt|)*30mL") == [1] + [2] * 30 + [0]
+    assert recipe_stage_layers(61, 16, "Et*3|(t*4|)*14ttL") == [3] + [4] * 14 + [2]
+    assert recipe_stage_layers(61, 8, "Et*4|(t*4|)*14tmL") is None and recipe_stage_layers(60, 16, "Et*4|(t*4|)*14tmL") is None
     # The 25.09 GB200 Llama 3 70B recipe offloads the activations of 40 of its 80 layers
     # (cpu_offloading_num_layers 40) and recomputes nothing; the row itself publishes neither.
     row = {"id": "mbridge_2509_llama370b_gb200_fp8_64gpu", "source": "NVIDIA NeMo Megatron-Bridge performance summary",

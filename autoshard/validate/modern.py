@@ -368,11 +368,31 @@ def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
     return dict(own)
 
 
+def megatron_layout_stages(layout: str) -> list[str]:
+    """A Megatron `pipeline_model_parallel_layout` string as one string per virtual stage, unrolled as
+    Megatron-LM unrolls it (pipeline_parallel_layer_layout.py `parse_str_to_list`: commas are cosmetic,
+    `(...)*n` then `x*n` repeat, `|` separates stages; E embedding, t transformer layer, m MTP, L loss).
+    'Et*4|(t*4|)*14tmL' -> ['Etttt', 'tttt' x 14, 'tmL']."""
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
+    return text.split("|")
+
+
 def recipe_stage_layers(layers: int, chunks: int, layout: str | None) -> list[int] | None:
-    """Layers per virtual stage under Megatron's account_for_embedding/loss_in_pipeline_split: the
-    embedding and the loss count as one layer each, the (layers + 2) slots split evenly, so the first
-    and the last virtual stage hold one transformer layer fewer. None where it does not apply."""
-    if layout != "embedding+loss" or chunks <= 1 or (layers + 2) % chunks:
+    """Transformer layers per virtual stage of a recipe's pipeline layout: `embedding+loss`
+    (account_for_embedding/loss_in_pipeline_split: the embedding and the loss count as one layer
+    each, the (layers + 2) slots split evenly, so the first and the last virtual stage hold one
+    transformer layer fewer), or a Megatron layout string (`megatron_layout_stages`; its MTP layers
+    are not priced). None where it does not apply (no layout, one stage, or a layout of another
+    stage count or layer total)."""
+    if not layout or chunks <= 1:
+        return None
+    if layout != "embedding+loss":
+        stages = megatron_layout_stages(layout)
+        counts = [st.count("t") for st in stages]
+        return counts if len(counts) == chunks and sum(counts) == layers else None
+    if (layers + 2) % chunks:
         return None
     per = (layers + 2) // chunks
     return [per - 1] + [per] * (chunks - 2) + [per - 1]
@@ -572,8 +592,11 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     if tp_ov is None and "tp_comm_overlap" in mb_recipe:
         tp_ov = bool(mb_recipe["tp_comm_overlap"])
     stage_layers = recipe_stage_layers(layers, pp * vpp, mb_recipe.get("layout"))
-    if stage_layers:
+    if stage_layers and mb_recipe.get("layout") == "embedding+loss":
         notes.append("embedding and loss counted as pipeline layers (the recipe's account_for_*_in_pipeline_split)")
+    elif stage_layers:
+        notes.append(f"pipeline layout {mb_recipe['layout']} (the recipe's pipeline_model_parallel_layout; "
+                     "its MTP layers not priced)")
     if ep_ov is None and "ep_overlap" in mb_recipe:
         ep_ov = bool(mb_recipe["ep_overlap"])
         notes.append(f"ep_overlap={ep_ov}: the Megatron-Bridge recipe of the release")
