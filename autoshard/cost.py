@@ -120,11 +120,11 @@ class Context(ProblemParts):
     def num_gpus(self) -> int:
         return self.problem.cluster.num_gpus
 
-    @property
+    @functools.cached_property
     def framework(self) -> FrameworkProfile:
         return get_framework(self.problem.framework, self.problem.training.main_grads)
 
-    @property
+    @functools.cached_property
     def saved_input_bytes(self) -> float:
         """Bytes per element of a linear layer's input kept for the backward: the recipe's quantized
         size where the framework keeps it quantized (Transformer Engine), else bf16."""
@@ -134,19 +134,19 @@ class Context(ProblemParts):
 
         return saved_input_bytes_per_element(self.training.precision, self.gpu)
 
-    @property
+    @functools.cached_property
     def peak(self) -> float:
         from .catalog import gemm_peak_flops_per_s  # noqa: PLC0415
 
         return gemm_peak_flops_per_s(self.gpu, self.training.precision)
 
-    @property
+    @functools.cached_property
     def mm_flops_per_s(self) -> float:
         from .catalog import gemm_flops_per_s  # noqa: PLC0415  (the recipe's GEMM rate, catalog.py)
 
         return gemm_flops_per_s(self.gpu, self.training.precision)
 
-    @property
+    @functools.cached_property
     def hp_flops_per_s(self) -> float:
         """GEMM rate of the layers every recipe keeps in 16 bits (the router, the LM head)."""
         from .catalog import attention_flops_per_s  # noqa: PLC0415
@@ -169,17 +169,17 @@ class Context(ProblemParts):
         q = quant_overhead_bytes_per_element(prec, self.gpu) * low_precision_fraction(prec)
         return q, (q if q and not weight_copy_bytes_per_param(prec, self.gpu) else 0.0)
 
-    @property
+    @functools.cached_property
     def attn_flops_per_s(self) -> float:
         """Core attention runs in bf16 at the GPU's matmul efficiency times the framework's
         attention-kernel factor (FlashAttention-3 / cuDNN = 1; FlashAttention-2 through SDPA less)."""
         return self.hp_flops_per_s * self.framework.attention_kernel_factor
 
-    @property
+    @functools.cached_property
     def hbm_bytes_per_s(self) -> float:
         return self.gpu.hbm_bytes_per_s * self.gpu.efficiency.hbm
 
-    @property
+    @functools.cached_property
     def capacity_bytes(self) -> float:
         """HBM a plan may use per GPU: usable HBM less the reserve and the requested headroom."""
         return self.gpu.hbm_bytes - (RESERVE_GIB + self.problem.search.headroom_gib) * GIB

@@ -415,37 +415,54 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     f1 = _mix_fronts(table, first, modes, n1) if first else [(np.zeros(1), np.zeros(1))]
     s1 = static(lay[(first, modes[0])]) if first else 0.0
     s2 = static(lay[(second, modes[0])])
-    n = np.arange(n2 + 1)[None, :]
+    n = np.arange(n2 + 1)
+    # Every point of every first-kind front at once: q = (d first-kind layers, their bytes bb, time tt).
+    d_q = np.concatenate([np.full(len(b1), d) for d, (b1, _) in enumerate(f1)])
+    bb_q = np.concatenate([b1 for b1, _ in f1])
+    tt_q = np.concatenate([t1 for _, t1 in f1])
+    # second-kind activation bytes each rank p can hold beside them: left[q, p, n]
+    left = (room[None, :, None] - (d_q[:, None, None] * s1 + n[None, None, :] * s2) / infl[None, :, None]
+            - bb_q[:, None, None])
+    t_q = _least_time(table, second, modes, left) + tt_q[:, None, None]
     out = np.full((P, n1 + 1, n2 + 1), np.inf)
-    for d, (b1, t1) in enumerate(f1):
-        for bb, tt in zip(b1, t1):
-            left = room[:, None] - (d * s1 + n * s2) / infl[:, None] - bb  # second-kind act bytes per rank
-            out[:, d, :] = np.minimum(out[:, d, :], _least_time(table, second, modes, left) + tt)
+    for d in range(len(f1)):
+        out[:, d, :] = t_q[d_q == d].min(axis=0)
     out += np.array(t_ex)[:, None, None]
     return np.maximum.accumulate(out, axis=2)
 
 
+def _useful_modes(table: Table, kind: str, modes: list[str]) -> list[str]:
+    """The kind's time / memory Pareto modes among `modes`, fastest first (memoized)."""
+    key = ("useful", kind, tuple(modes))
+    got = table.memo.get(key)
+    if got is None:
+        lay = table.layers
+        got = []
+        for r in sorted(modes, key=lambda r: (lay[(kind, r)].total_s, lay[(kind, r)].act_bytes)):
+            if not got or lay[(kind, r)].act_bytes < lay[(kind, got[-1])].act_bytes:
+                got.append(r)
+        table.memo[key] = got
+    return got
+
+
 def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> np.ndarray:
-    """[p, n]: the least time of n layers of `kind` whose activations fit in room[p, n] bytes
-    (inf if none). Two useful modes (the usual case): the fewest layers in the leaner mode, in
-    closed form; more: a search of each count's front (`_mix_fronts`)."""
+    """[..., n]: the least time of n layers of `kind` whose activations fit in room[..., n] bytes
+    (inf if none; any leading axes, e.g. [point, rank, n]). Two useful modes (the usual case): the
+    fewest layers in the leaner mode, in closed form; more: a search of each count's front
+    (`_mix_fronts`)."""
     lay = table.layers
-    useful: list[str] = []  # the kind's time / memory Pareto modes, fastest first
-    for r in sorted(modes, key=lambda r: (lay[(kind, r)].total_s, lay[(kind, r)].act_bytes)):
-        if not useful or lay[(kind, r)].act_bytes < lay[(kind, useful[-1])].act_bytes:
-            useful.append(r)
-    n = np.arange(room.shape[1])[None, :]
+    useful = _useful_modes(table, kind, modes)
+    n = np.arange(room.shape[-1])
     if len(useful) <= 2:
         fast, lean = lay[(kind, useful[0])], lay[(kind, useful[-1])]
         over = n * fast.act_bytes - room
         save = fast.act_bytes - lean.act_bytes
         k = np.maximum(0.0, np.ceil(over / save - 1e-9)) if save > 0 else np.where(over > 0, np.inf, 0.0)
         return np.where(k <= n, n * fast.total_s + np.minimum(k, n) * (lean.total_s - fast.total_s), np.inf)
-    B, T = _padded_fronts(table, kind, useful, room.shape[1] - 1)
+    B, T = _padded_fronts(table, kind, useful, room.shape[-1] - 1)
     # per rank and count: how many front points (bytes ascending) fit, i.e. the leanest that fits
-    i = (B[None, :, :] <= room[:, :, None]).sum(axis=2) - 1
-    return np.where(i >= 0, np.take_along_axis(T[None, :, :], np.maximum(i, 0)[:, :, None], axis=2)[:, :, 0],
-                    np.inf)
+    i = (B <= room[..., None]).sum(axis=-1) - 1
+    return np.where(i >= 0, T[n, np.maximum(i, 0)], np.inf)
 
 
 def _padded_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> tuple[np.ndarray, np.ndarray]:
