@@ -833,6 +833,8 @@ def test_mbridge_recipe_table_is_well_formed():
         layout = e.get("layout")
         assert layout in (None, "embedding+loss") or set("".join(megatron_layout_stages(layout))) <= set("EtmL"), rid
         assert int(e.get("offload_layers", 0)) >= 0, rid
+        scopes = e.get("cuda_graph_scope")
+        assert scopes is None or set(scopes.split("+")) <= {"attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"}, rid
         assert e["cuda_graphs"] in ("none", "local", "transformer_engine", "full_iteration"), rid
         assert e["confidence"] in ("high", "medium", "low") and e["source"], rid
         Plan(recompute=e["recompute"])  # a recompute the plans take
