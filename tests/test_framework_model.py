@@ -586,8 +586,8 @@ def test_te_keeps_fp8_linear_inputs_for_the_backward():
     T, h, ad, ffn = sh.tokens, sh.h, sh.a_local * sh.d, 28672 / 4
     linear_inputs = 2 * T * h / 4 + T * ad + T * ffn  # QKV + fc1 inputs (SP-sharded), proj, fc2 inputs
     assert bf16 - acts("fp8-current")[0] == pytest.approx(1.0 * linear_inputs)
-    # NVFP4 keeps 16% of the layers' linear layers in bf16 (precisions.yaml bf16_layer_fraction).
-    assert bf16 - acts("nvfp4")[0] == pytest.approx((2 - (0.84 * 0.5625 + 0.16 * 2)) * linear_inputs)
+    # NVFP4 (every layer in FP4, as Megatron runs it): 4-bit inputs with an E4M3 scale per 16.
+    assert bf16 - acts("nvfp4")[0] == pytest.approx((2 - 0.5625) * linear_inputs)
     assert acts("mxfp8")[0] == pytest.approx(bf16 - (2 - 1.03125) * linear_inputs)
     assert acts("fp8-current", "torchtitan", "h100")[0] == pytest.approx(acts("bf16", "torchtitan", "h100")[0])
 
@@ -622,13 +622,13 @@ def test_fp8_primary_weights_replace_the_bf16_copy_and_halve_the_gathers():
     assert gathered * 2**30 == pytest.approx(2 * 2 * layer, rel=1e-3)  # two layers' bf16 weights
     assert any("cannot keep its weights in FP8" in r
                for r in evaluate(problem("torchtitan", fp8_params=True), Plan(tp=2, zero_stage=3)).reasons)
-    # NVFP4 (--fp4-param-gather): the FP4 copies (1.125 B) replace the bf16 weights of the 84% of layers
-    # the recipe runs in FP4; the bf16 layers keep theirs. 16-bit training cannot.
+    # NVFP4 (--fp4-param-gather): the FP4 copies (1.125 B) replace the bf16 weights (every layer runs in
+    # FP4, as Megatron does by default). 16-bit training cannot.
     nv = load_problem({**problem(fp8_params=True).model_dump(exclude={"search"}),
                        "training": {**problem().training.model_dump(), "precision": "nvfp4", "fp8_params": True}})
     nv_base = load_problem({**nv.model_dump(exclude={"search"}), "training": {**nv.training.model_dump(), "fp8_params": False}})
     w_nv, w_base = (evaluate(x, plan).stages[1].memory_gib["weights"] for x in (nv, nv_base))
-    assert w_nv == pytest.approx(w_base * (0.84 * 1.125 + 0.16 * 2) / (2 + 0.84 * 1.125))
+    assert w_nv == pytest.approx(w_base * 1.125 / (2 + 1.125))
     assert "--fp4-param-gather" in export_plan(nv, plan, "megatron").text
     bf = load_problem({**nv.model_dump(exclude={"search"}), "training": {**nv.training.model_dump(), "precision": "bf16"}})
     assert any("needs an FP8 or FP4 recipe" in r for r in evaluate(bf, plan).reasons)
