@@ -868,3 +868,52 @@ def test_recipe_layouts_and_activation_offloading():
            "other_metrics": {"release": "25.09", "source_model_label": "LLAMA3_70B"}, "notes": "", "etp": None}
     case = modern_row_to_case(row)
     assert case.plan.recompute == ["offload"] * 40 + ["none"] * 40 and case.recompute_published
+
+
+def test_published_table_lines_parse_and_convert():
+    # benchmarks/bench_mbridge_tables.py reads Megatron-Bridge's performance summaries in both layouts
+    # ('#### Model:' sections with a System column, '#### System:' sections with a Model column) and
+    # prices a line with the shape of the dev row of its model: the 26.04 B300 Qwen3-235B line
+    # (4,865 tokens/s/GPU on 256 GPUs, batch 8192 x 4096) is 26.94 s a step.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_mbridge_tables", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mbridge_tables.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = """## 26.04 NeMo Container
+
+### Pre-Training Performance
+
+#### Model: Qwen3_235B_a22B
+
+| System | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP | TP | PP | CP | VP | EP | Tokens / sec / GPU | Model TFLOP / sec / GPU |
+|--------|--------|-----------|-----|-----|-----------------|------|----|----|----|----|----|-----------------------|-------------------------|
+| DGX-B300 | 256 | MXFP8 | 8192 | 2 | 4096 | 0 | 1 | 8 | 1 | n/a | 8 | 4865 | 720 |
+
+### SFT Performance
+
+| System | #-GPUs | Precision | GBS | MBS | Sequence Length | TP | PP | CP | VP | EP | Tokens / sec / GPU |
+|--------|--------|-----------|-----|-----|-----------------|----|----|----|----|----|----|
+| DGX-B300 | 8 | BF16 | 8 | 1 | 4096 | 1 | 1 | 1 | n/a | 1 | 999 |
+
+## 25.11 NeMo Container
+
+### Pre-Training Performance
+
+#### System: DGX-GB200
+
+| Model | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP | TP | PP | CP | VP | EP | GA | Tokens / sec / GPU | Model TFLOP / sec / GPU |
+|-------|--------|-----------|-----|-----|-----------------|------|----|----|----|----|----|----|-----------------------|-------------------------|
+| LLAMA3_8B | 8 | FP8-CS (FP8-MX) | 128 | 2 | 8192 | 0 | 1 | 1 | 1 | n/a | 1 | 8 | 31508 (29789) | 1622 (1533) |
+"""
+    lines = bench.parse_tables(text)
+    assert [(d["release"], d["model"], d["System"]) for d in lines] == [
+        ("26.04", "Qwen3_235B_a22B", "DGX-B300"), ("25.11", "LLAMA3_8B", "DGX-GB200")]  # SFT left out
+    shape = modern_rows()["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"]
+    row = bench.line_to_row(lines[0], shape, shape)
+    assert (row["tp"], row["pp"], row["ep"], row["dp"], row["vpp_chunks"], row["micro_batch"]) == (1, 8, 8, 32, None, 2)
+    assert row["step_time_s"] == pytest.approx(8192 * 4096 / (4865 * 256)) and row["fsdp"] is False
+    assert row["other_metrics"] == {"release": "26.04", "source_model_label": "Qwen3_235B_a22B"}
+    llama = bench.line_to_row(lines[1], shape, shape)
+    assert llama["precision"] == "FP8-CS" and llama["tokens_per_sec_per_gpu"] == 31508 and llama["ep"] == 1
