@@ -992,10 +992,14 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     flops = aflops + mflops
     if ep_overlap_on(ctx, cfg):
         # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
-        # layer: each pass's all-to-all hides under the other pass's computation.
+        # layer, each all-to-all beside one piece of the other pass (model_chunk_schedule_plan.py
+        # TransformerLayerSchedulePlan.run: comm combine_bwd | dispatch_fwd -> dispatch_bwd |
+        # combine_fwd against comp attention fwd | mlp dgrad -> mlp wgrad -> mlp fwd | attention bwd).
+        half_f, half_b = mfwd["ep_comm"] / 2, mbwd["ep_comm"] / 2  # dispatch and combine
+        m_dgrad = mbwd["compute"] - mwgrad
         mfwd, mbwd = dict(mfwd), dict(mbwd)
-        mfwd["ep_comm"] = overlapped(mfwd["ep_comm"], abwd["compute"] + mbwd["compute"])
-        mbwd["ep_comm"] = overlapped(mbwd["ep_comm"], afwd["compute"] + mfwd["compute"])
+        mfwd["ep_comm"] = overlapped(half_f, m_dgrad) + overlapped(half_f, abwd["compute"])
+        mbwd["ep_comm"] = overlapped(half_b, mwgrad + mfwd["compute"]) + overlapped(half_b, afwd["compute"])
     zero3 = cfg.zero == 3 and cfg.data_parallel
     if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
         w_b, g_b = zero3_bytes_per_param(ctx)
