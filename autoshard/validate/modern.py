@@ -346,8 +346,9 @@ def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """What Megatron-Bridge's performance recipe ran for a row (autoshard/data/mbridge_recipes.yaml,
     read from the recipes at the row's release): the row's own entry, else the entry of the same table
     line (release, model, GPU system, precision and GPU count), else the settings on which every entry
-    of the same release, model and GPU system agrees (another GPU count or precision of one recipe). Empty where nothing is known. Low-confidence entries give no recompute, offloading or
-    pipeline layout (their table configuration matches no committed recipe)."""
+    of the same release, model and GPU system agrees (another GPU count or precision of one recipe).
+    Empty where nothing is known. Low-confidence entries give no recompute, offloading or pipeline
+    layout (their table configuration matches no committed recipe)."""
     table = _mbridge_recipes()
     own = table.get(str(row.get("id") or ""))
     if own is None:
