@@ -254,7 +254,7 @@ def _plan_value(plan: Any, knob: str) -> str:
     if knob == "sequence_parallel":
         return "on" if plan.sp else "off"
     if knob == "recompute" and not isinstance(v, str):
-        from .spec import RECOMPUTES, mode_order  # noqa: PLC0415
+        from .spec import mode_order  # noqa: PLC0415
 
         return "per layer: " + ", ".join(f"{m} {v.count(m)}" for m in mode_order(v) if v.count(m))
     if knob == "stage_layers":

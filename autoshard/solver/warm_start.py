@@ -9,7 +9,7 @@ from typing import Any
 
 from ..cost import Config, Context, Estimate, Table, inflight_microbatches, layer_table, static_bytes, working_bytes, zero3_gathered_for
 from ..spec import Problem
-from .bounds import _optimistic_table, _table_bound
+from .bounds import _optimistic_table, _table_bound, _useful_modes
 from .candidates import _placements
 from .layouts import project, recompute_layout
 
@@ -98,13 +98,8 @@ class _Greedy:
         self.ctx, self.table, self.cfg = ctx, table, table.cfg
         self.kinds = ctx.model.layer_kinds()
         lay = table.layers
-        self.ladder: dict[str, list[str]] = {}  # per kind: the time / memory Pareto front, fastest first
-        for k in set(self.kinds):
-            front: list[str] = []
-            for r in sorted(modes, key=lambda r: (lay[(k, r)].total_s, lay[(k, r)].act_bytes)):
-                if not front or lay[(k, r)].act_bytes < lay[(k, front[-1])].act_bytes:
-                    front.append(r)
-            self.ladder[k] = front
+        # per kind: the time / memory Pareto front of the modes, fastest first (shared with the bounds)
+        self.ladder: dict[str, list[str]] = {k: _useful_modes(table, k, modes) for k in set(self.kinds)}
         cfg = self.cfg
         self.z3 = zero3_gathered_for(ctx, cfg, lay.values())
         self.memo: dict[tuple[int, int, int], tuple[list[str], float] | None] = {}
