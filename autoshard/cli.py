@@ -20,7 +20,9 @@ from . import __version__
 from .errors import AutoshardError, InfeasibleError, InputError
 from .spec import DEFAULT_GAP_LIMIT
 
-EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# AUTOSHARD_DEBUG=1 lets an internal error (exit 3) raise with its traceback, for a bug report.
+DEBUG_ENV = "AUTOSHARD_DEBUG"
 
 
 def _print_json(obj: Any) -> None:
@@ -787,10 +789,18 @@ def runtime_error_line(exc: BaseException, source: str | None = None) -> str:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     first = re.sub(r"[:\s]*(linear\s*)?\{?\s*$", "", first)
     text = f"the solver failed: {first}" if "CP-SAT" in first else f"internal error: {type(exc).__name__}: {first}"
-    if "overflow" in first.lower():
+    if is_input_overflow(exc):
         text += " (a size too large for the solver's integers: check the problem's numbers for a unit mistake, " \
                 "e.g. training.global_batch_size counts sequences, not tokens)"
+    else:
+        text += f" (a bug in autoshard: please report it with the problem file; {DEBUG_ENV}=1 shows the traceback)"
     return ": ".join(x for x in (source, text) if x).replace("\r", "\\r").replace("\n", "\\n")
+
+
+def is_input_overflow(exc: BaseException) -> bool:
+    """An integer overflow inside the solver: a size from the input too large to represent (exit 2, bad
+    input), unlike any other failure of the solver or the code (exit 3, internal)."""
+    return "overflow" in str(exc).lower()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -813,9 +823,6 @@ def main(argv: list[str] | None = None) -> int:
     except AutoshardError as exc:  # e.g. every option of a what-if study failed
         print(f"autoshard: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_INPUT
-    except RuntimeError as exc:  # e.g. CP-SAT rejecting a model it cannot represent: one line, never a traceback
-        print(f"autoshard: error: {runtime_error_line(exc, getattr(a, 'problem', None))}", file=sys.stderr)
-        return EXIT_INPUT
     except KeyboardInterrupt as exc:  # Ctrl-C: 130; SIGTERM during whatif (exc.exit_code): 143
         print("autoshard: interrupted; finished outputs were kept", file=sys.stderr)
         return getattr(exc, "exit_code", EXIT_INTERRUPTED)
@@ -826,6 +833,11 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         print(f"autoshard: error: {where}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_INPUT
+    except Exception as exc:  # noqa: BLE001  CP-SAT refusing a model, or a bug: one line, never a traceback
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"autoshard: error: {runtime_error_line(exc, getattr(a, 'problem', None))}", file=sys.stderr)
+        return EXIT_INPUT if is_input_overflow(exc) else EXIT_INTERNAL
 
 
 if __name__ == "__main__":

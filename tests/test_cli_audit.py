@@ -78,6 +78,35 @@ def test_a_runtime_error_of_the_solver_is_one_line(capsys, monkeypatch):
         assert "global_batch_size counts sequences" in line and "vars" not in line
 
 
+def test_an_internal_error_is_one_line_with_its_own_exit_code(capsys, monkeypatch):
+    """A bug (any exception that is not bad input, infeasibility or an interrupt) exits 3, not 2: the
+    user is told it is autoshard's fault and how to get the traceback, in one line naming the problem.
+    AUTOSHARD_DEBUG=1 lets it raise with its traceback."""
+    import autoshard.solver as solver
+
+    def broken(*a, **k):
+        raise KeyError("stage_layers")
+
+    monkeypatch.setattr(solver, "solve", broken)
+    monkeypatch.delenv("AUTOSHARD_DEBUG", raising=False)
+    rc, out, err = main(capsys, "solve", OK)
+    line = one_line(err)
+    assert rc == 3 and out == ""
+    assert line.startswith(f"autoshard: error: {OK}: internal error: KeyError: 'stage_layers' (a bug in autoshard")
+    assert "AUTOSHARD_DEBUG=1" in line and "Traceback" not in err
+
+    def cpsat(*a, **k):  # CP-SAT refusing a model for another reason than a too-large number: ours to fix
+        raise RuntimeError("CP-SAT rejected the stage model: MODEL_INVALID")
+
+    monkeypatch.setattr(solver, "solve", cpsat)
+    rc, _, err = main(capsys, "solve", OK)
+    assert rc == 3 and "the solver failed: CP-SAT rejected the stage model: MODEL_INVALID (a bug" in one_line(err)
+
+    monkeypatch.setenv("AUTOSHARD_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="MODEL_INVALID"):
+        cli.main(["solve", OK])
+
+
 # ---- 2. solve --robust says what it picked ---------------------------------------------------------
 
 
