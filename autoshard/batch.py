@@ -25,7 +25,8 @@ as soon as it finishes, then `<out>/summary.csv`.
   stops the workers, writes `summary.csv` of what finished and re-raises. Outputs are
   written atomically: no partial or temporary files are left behind.
 - **Exit code** (`BatchResult.exit_code`): the largest over the problems: 0 solved, 1
-  infeasible, 2 bad input (or an internal error).
+  infeasible, 2 bad input (an input number too large for the solver's integers included), 3 an
+  internal error (a bug: its record says so).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import InfeasibleError, InputError
+from .errors import InfeasibleError, InputError, is_input_overflow
 from .loader import atomic_write, dumps_json, file_folder, problem_paths, read_document, resolve_path
 from .progress import TerminalLine
 from .spec import DEFAULT_GAP_LIMIT
@@ -412,7 +413,7 @@ def solve_task(task: _Task, on_event: Callable[[dict[str, Any]], None] | None = 
         rec = error_record(task.path, "infeasible", exc.reason, exc.suggestions, problem=problem, **common)
     except Exception as exc:  # noqa: BLE001  (one broken problem must not sink the batch; reported in its record)
         msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        rec = error_record(task.path, "internal", msg, problem=problem, **common)
+        rec = error_record(task.path, "input" if is_input_overflow(exc) else "internal", msg, problem=problem, **common)
     else:
         rec = solution_record(task.path, problem, sol, **common)
         return task.name, rec, solution_markdown(problem, sol)

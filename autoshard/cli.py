@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import AutoshardError, InfeasibleError, InputError
+from .errors import AutoshardError, InfeasibleError, InputError, is_input_overflow
 from .spec import DEFAULT_GAP_LIMIT
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -795,12 +795,6 @@ def runtime_error_line(exc: BaseException, source: str | None = None) -> str:
     else:
         text += f" (a bug in autoshard: please report it with the problem file; {DEBUG_ENV}=1 shows the traceback)"
     return ": ".join(x for x in (source, text) if x).replace("\r", "\\r").replace("\n", "\\n")
-
-
-def is_input_overflow(exc: BaseException) -> bool:
-    """An integer overflow inside the solver: a size from the input too large to represent (exit 2, bad
-    input), unlike any other failure of the solver or the code (exit 3, internal)."""
-    return "overflow" in str(exc).lower()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,3 +58,9 @@ def closest(name: str, valid: Iterable[str], n: int = 3) -> str:
     if close:
         return "closest: " + ", ".join(close)
     return "valid: " + ", ".join(valid)
+
+
+def is_input_overflow(exc: BaseException) -> bool:
+    """An integer overflow inside the solver: a size from the input too large to represent (exit 2, bad
+    input), unlike any other failure of the solver or the code (exit 3, internal)."""
+    return "overflow" in str(exc).lower()

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-ERROR_KINDS = {"input": 2, "infeasible": 1, "internal": 2}
+ERROR_KINDS = {"input": 2, "infeasible": 1, "internal": 3}
 TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
                "ep_comm": "EP comm", "pp_comm": "PP comm", "zero3_comm": "ZeRO-3 gathers",
                "host": "host time", "offload": "host offload", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP comm (exposed)", "optimizer": "optimizer step"}
@@ -171,7 +171,7 @@ def error_record(path: str | os.PathLike[str] | None, kind: str, message: str, s
 
 
 def record_exit_code(record: Mapping[str, Any]) -> int:
-    """0 for a solution, else the error's exit code (1 infeasible, 2 bad input)."""
+    """0 for a solution, else the error's exit code (1 infeasible, 2 bad input, 3 internal error)."""
     err = record.get("error")
     if not err:
         return 0

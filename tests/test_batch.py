@@ -459,3 +459,36 @@ def test_a_huge_file_in_a_batch_is_an_error_record_not_out_of_memory(tmp_path):
     assert st == {"tiny": "optimal", "huge": "error"} and res.exit_code == 2
     rec = json.loads((tmp_path / "out" / "huge.json").read_text())
     assert "21,474,836,480 bytes, larger than the 1,048,576 allowed" in rec["error"]["message"]
+
+
+def test_a_bug_in_one_problem_is_an_internal_error_record_and_exit_3(tmp_path, monkeypatch):
+    """An exception that is neither bad input nor infeasibility is recorded as `internal` (exit 3,
+    the batch's largest), and the other problems still solve; an integer overflow from a too-large
+    input number is bad input (2), as on the command line."""
+    import autoshard.solver as solver
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "tiny.json").write_text(json.dumps(TINY))
+    (inp / "other.json").write_text(json.dumps({**TINY, "training": {**TINY["training"], "seq_len": 1024}}))
+    real = solver.solve
+
+    def solve(problem, *a, **k):
+        if problem.training.seq_len == 1024:
+            raise ZeroDivisionError("float division by zero")
+        return real(problem, *a, **k)
+
+    monkeypatch.setattr(solver, "solve", solve)
+    res = run_batch([str(inp)], str(tmp_path / "out"), top_k=0)
+    st = {p.name: p.status for p in res.problems}
+    assert st == {"tiny": "optimal", "other": "error"} and res.exit_code == 3
+    rec = json.loads((tmp_path / "out" / "other.json").read_text())
+    assert rec["error"]["kind"] == "internal" and rec["error"]["message"] == "ZeroDivisionError: float division by zero"
+
+    def overflow(problem, *a, **k):
+        raise RuntimeError("CP-SAT rejected the stage model: Possible integer overflow in constraint")
+
+    monkeypatch.setattr(solver, "solve", overflow)
+    res = run_batch([str(inp)], str(tmp_path / "out2"), top_k=0)
+    assert res.exit_code == 2 and {p.status for p in res.problems} == {"error"}
+    assert json.loads((tmp_path / "out2" / "tiny.json").read_text())["error"]["kind"] == "input"
