@@ -10,8 +10,10 @@ built. Each line is converted the way `autoshard validate` converts a dev row: t
 from the dev row of the same model (the tables print only degrees), the GPU system from a dev row
 of the same system, and the settings the release's recipe ran from autoshard/data/mbridge_recipes.yaml
 (looked up by release, model, system, precision and GPU count; Megatron's defaults where no entry
-exists, and the line is then marked `no recipe`). Lines of models the dev file lacks, or that the
-cost model cannot express (hybrid Mamba models), are counted and skipped.
+exists, and the line is then marked `no recipe`). A model no Megatron-Bridge dev row has takes its
+shape from another source's dev row of the same model (Kimi K2: NeMo AutoModel's). Lines of models
+the dev file lacks (DeepSeek-V4, Nemotron 3 Super/Ultra), or that the cost model cannot express
+(hybrid Mamba models), are counted and skipped.
 
 It prints the median, p90 and worst |error| over the held-out lines, by model, and (with --all)
 every line. About 3 s.
@@ -39,6 +41,24 @@ DEV = Path(__file__).resolve().parents[2] / "shared" / "validation" / "modern_ru
 def base_label(label: str) -> str:
     """'Qwen3_235B_a22B (tokendrop)' -> 'Qwen3_235B_a22B': the model whose shape a line uses."""
     return re.sub(r"\s*\(.*?\)\s*", "", label or "").strip()
+
+
+def model_key(name: str) -> str:
+    """'Kimi_K2' (a table's label) and 'Kimi K2' (another source's row) -> 'kimik2'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+# A dev row's fields that belong to its run, not to the model: a shape taken from another source's
+# row drops them (its recompute, batch and degrees must not leak into a table line).
+RUN_FIELDS = ("activation_recompute", "fsdp", "zero_stage", "etp", "sp", "vpp_chunks", "layers_per_virtual_stage")
+
+
+def shape_only(row: dict) -> dict:
+    out = copy.deepcopy(row)
+    for k in RUN_FIELDS:
+        out[k] = None
+    out["fsdp"] = False
+    return out
 
 
 def _cells(line: str) -> list[str]:
@@ -119,17 +139,19 @@ def main() -> int:
     for r in load_runs(a.dev):
         systems.setdefault(r["gpu"], r)
     for r in dev:
-        shapes.setdefault(base_label(r["other_metrics"]["source_model_label"]), r)
+        shapes.setdefault(model_key(base_label(r["other_metrics"]["source_model_label"])), r)
+    for r in load_runs(a.dev):  # a model no Megatron-Bridge dev row has (Kimi K2): another source's row
+        shapes.setdefault(model_key(r["model"]), shape_only(r))
     in_dev = {(r["other_metrics"]["release"], base_label(r["other_metrics"]["source_model_label"]), r["gpu"],
                r["gpu_count"], r["tp"], r["pp"], r["ep"], r["micro_batch"]) for r in dev}
     lines = [d for t in a.tables for d in parse_tables(Path(t).read_text(encoding="utf-8"))]
     results, skipped = [], defaultdict(int)
     for d in lines:
         label = base_label(d["model"])
-        if label not in shapes or d["System"] not in systems:
+        if model_key(label) not in shapes or d["System"] not in systems:
             skipped[f"no dev row of {label if label not in shapes else d['System']}"] += 1
             continue
-        row = line_to_row(d, shapes[label], systems[d["System"]])
+        row = line_to_row(d, shapes[model_key(label)], systems[d["System"]])
         if row is None:
             skipped["degrees or throughput missing"] += 1
             continue
