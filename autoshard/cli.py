@@ -783,9 +783,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def runtime_error_line(exc: BaseException, source: str | None = None) -> str:
-    """A RuntimeError (the solver's CP-SAT refusing a model, a library failing) as one line naming the
-    problem file; an integer overflow is a size the model cannot hold, i.e. a unit mistake in the input."""
+def internal_error_line(exc: BaseException, source: str | None = None) -> str:
+    """An unexpected exception (the solver's CP-SAT refusing a model, a library failing, a bug) as one
+    line naming the problem file; an integer overflow is a size the model cannot hold, i.e. a unit
+    mistake in the input (`errors.is_input_overflow`), anything else asks for a bug report."""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     first = re.sub(r"[:\s]*(linear\s*)?\{?\s*$", "", first)
     text = f"the solver failed: {first}" if "CP-SAT" in first else f"internal error: {type(exc).__name__}: {first}"
@@ -830,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001  CP-SAT refusing a model, or a bug: one line, never a traceback
         if os.environ.get(DEBUG_ENV):
             raise
-        print(f"autoshard: error: {runtime_error_line(exc, getattr(a, 'problem', None))}", file=sys.stderr)
+        print(f"autoshard: error: {internal_error_line(exc, getattr(a, 'problem', None))}", file=sys.stderr)
         return EXIT_INPUT if is_input_overflow(exc) else EXIT_INTERNAL
 
 

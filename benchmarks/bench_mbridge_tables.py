@@ -48,19 +48,6 @@ def model_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-# A dev row's fields that belong to its run, not to the model: a shape taken from another source's
-# row drops them (its recompute, batch and degrees must not leak into a table line).
-RUN_FIELDS = ("activation_recompute", "fsdp", "zero_stage", "etp", "sp", "vpp_chunks", "layers_per_virtual_stage")
-
-
-def shape_only(row: dict) -> dict:
-    out = copy.deepcopy(row)
-    for k in RUN_FIELDS:
-        out[k] = None
-    out["fsdp"] = False
-    return out
-
-
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
@@ -134,14 +121,15 @@ def main() -> int:
     ap.add_argument("--all", action="store_true", help="print every held-out line")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    dev = [r for r in load_runs(a.dev) if r["id"].startswith("mbridge_")]
+    runs = load_runs(a.dev)
+    dev = [r for r in runs if r["id"].startswith("mbridge_")]
     shapes, systems = {}, {}
-    for r in load_runs(a.dev):
+    for r in runs:
         systems.setdefault(r["gpu"], r)
     for r in dev:
         shapes.setdefault(model_key(base_label(r["other_metrics"]["source_model_label"])), r)
-    for r in load_runs(a.dev):  # a model no Megatron-Bridge dev row has (Kimi K2): another source's row
-        shapes.setdefault(model_key(r["model"]), shape_only(r))
+    for r in runs:  # a model no Megatron-Bridge dev row has (Kimi K2): another source's row (`line_to_row`
+        shapes.setdefault(model_key(r["model"]), r)  # replaces its run's degrees, batch and recompute)
     in_dev = {(r["other_metrics"]["release"], base_label(r["other_metrics"]["source_model_label"]), r["gpu"],
                r["gpu_count"], r["tp"], r["pp"], r["ep"], r["micro_batch"]) for r in dev}
     lines = [d for t in a.tables for d in parse_tables(Path(t).read_text(encoding="utf-8"))]
