@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import AutoshardError, InfeasibleError, InputError, is_input_overflow
+from .errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
 from .spec import DEFAULT_GAP_LIMIT
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -815,6 +815,10 @@ def main(argv: list[str] | None = None) -> int:
     except InfeasibleError as exc:
         print(f"autoshard: infeasible: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    except InternalError as exc:  # e.g. every option of a what-if study failed, none for bad input
+        print(f"autoshard: error: {' '.join(str(exc).split())} (not the input: a bug in autoshard, or workers "
+              "that died; please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
     except AutoshardError as exc:  # e.g. every option of a what-if study failed
         print(f"autoshard: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_INPUT

@@ -38,6 +38,11 @@ class InputError(AutoshardError, ValueError):
         return InputError(self.message, source=source, field=self.field)
 
 
+class InternalError(AutoshardError):
+    """Not the input's fault: every option of a what-if study failed for reasons other than bad input
+    (a bug, a worker process that died). The command line exits 3 for it, as for any other bug."""
+
+
 class InfeasibleError(AutoshardError):
     """No plan in the declared space fits: `reason` is the binding constraint,
     `suggestions` the smallest changes that fix it."""

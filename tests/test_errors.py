@@ -29,7 +29,7 @@ from autoshard import cli
 from cli_helpers import one_line
 from cli_helpers import run_cli as run_in_process
 from autoshard import loader as loader_mod
-from autoshard.errors import AutoshardError, InfeasibleError
+from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from autoshard.loader import load_problem
 from autoshard.solver import solve
 
@@ -1003,3 +1003,32 @@ def test_documented_time_limit_defaults_are_the_programs():
             f"study's `time_limit_s`, else {DEFAULT_TIME_LIMIT_S:g} s per option") in doc
     assert solve_s == batch_s
     assert f"else {DEFAULT_TIME_LIMIT_S:g} s" in " ".join(sub["whatif"].format_help().split())
+
+
+def test_a_study_whose_every_option_hits_a_bug_exits_3(tmp_path, capsys, monkeypatch):
+    """Every option of a what-if study failing for a reason that is not the input (here a bug in the
+    solve) exits 3 with one line, as any internal error; results.json keeps the rows. Options that
+    fail as bad input keep exit 2."""
+    import autoshard.whatif.runner as runner
+
+    def bug(*a, **k):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(runner, "solve_option", bug)
+    out = tmp_path / "out"
+    rc, stdout, err = main(capsys, "whatif", "problems/studies/cloud-vs-buy.yaml", "-o", str(out), "--jobs", "1",
+                           "--quiet")
+    line = one_line(err)
+    assert rc == 3 and stdout == ""
+    assert line.startswith("autoshard: error: every option failed to solve") and "ZeroDivisionError" in line
+    assert "not the input: a bug in autoshard" in line
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert rows and all(r["status"] == "error" for r in rows)
+
+    def bad(*a, **k):
+        raise InputError("training.seq_len: must be positive")
+
+    monkeypatch.setattr(runner, "solve_option", bad)
+    rc, _, err = main(capsys, "whatif", "problems/studies/cloud-vs-buy.yaml", "-o", str(tmp_path / "out2"),
+                      "--jobs", "1", "--quiet")
+    assert rc == 2 and "not the input" not in one_line(err)

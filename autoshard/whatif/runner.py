@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import AutoshardError, InfeasibleError, InputError
+from ..errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
 from ..loader import atomic_write, dumps_json
 from ..progress import TerminalLine
 from ..render import json_safe
@@ -132,7 +132,8 @@ def run_task(task: Task) -> dict[str, Any]:
     except InfeasibleError as exc:
         out.update(status="infeasible", reason=exc.reason, suggestions=list(exc.suggestions))
     except Exception as exc:  # noqa: BLE001  (one broken option must not sink the sweep; reported per row)
-        out.update(status="error", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        out.update(status="error", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                   input_error=isinstance(exc, InputError) or is_input_overflow(exc))
     else:
         est = solved.estimate
         out.update(
@@ -756,9 +757,10 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
             raise
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        errors = [r["reason"] for r in results.values() if r.get("status") == "error"]
-        if results and len(errors) == len(results):
-            raise AutoshardError(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]}")
+        errors = [r for r in results.values() if r.get("status") == "error"]
+        if results and len(errors) == len(results):  # bad input (exit 2) if any option says so, else a bug (3)
+            kind = AutoshardError if any(r.get("input_error") for r in errors) else InternalError
+            raise kind(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]['reason']}")
         if report:
             from .report import write_report  # noqa: PLC0415  (matplotlib is imported there, on use)
 
