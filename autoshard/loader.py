@@ -143,15 +143,25 @@ def _yaml_error(exc: yaml.YAMLError, text: str, src: str | None) -> InputError:
     return InputError(f"YAML syntax error{where}: {what}", source=src)
 
 
+def _too_deep(exc: yaml.YAMLError) -> bool:
+    """Newer PyYAML (6.0.4) stops a document nested past its own limit with a parser error (older
+    releases recursed until RecursionError)."""
+    return "maximum nesting depth" in str(exc)
+
+
 def parse_yaml(text: str, source: str | None = None) -> Any:
     """YAML text -> Python data with the safe loader (no Python tags), duplicate keys rejected
     at the line of the second one, nesting limited to MAX_DEPTH; any failure is one InputError."""
     try:
         data = yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
+        if _too_deep(exc):
+            raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
         try:  # the pure-Python parser words syntax errors better (and is the documented reference)
             yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506
         except yaml.YAMLError as exc2:
+            if _too_deep(exc2):
+                raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
             raise _yaml_error(exc2, text, source) from None
         except RecursionError:
             pass
