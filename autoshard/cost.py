@@ -482,6 +482,8 @@ class Cost:
     expert_params: float = 0.0  # of which expert weights (sharded over expert-DP instead of DP)
     hfu_flops: float = 0.0  # FLOPs executed (incl. recompute), per micro-batch on this GPU
     base_flops: float = 0.0  # FLOPs a step needs without recompute (forward + backward)
+    # time the EP overlap saves this piece (all-to-all hidden less host time exposed: `ep_overlap_pays`)
+    ep_overlap_gain_s: float = 0.0
 
     @property
     def fwd_s(self) -> float:
@@ -990,6 +992,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         expert_local *= 1 + ctx.training.moe_redundant_experts / ctx.model.num_experts
     acts = _activation_bytes(ctx, cfg, sh, kind)
     flops = aflops + mflops
+    exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
     if ep_overlap_on(ctx, cfg):
         # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
         # layer, each all-to-all beside one piece of the other pass (model_chunk_schedule_plan.py
@@ -1048,6 +1051,10 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
                 c.hfu_flops += fl
             c.act_bytes = max(c.act_bytes, acts["full"])
         host = moe_host_s(ctx, cfg) if kind == "moe" else 0.0
+        if host and ep_overlap_on(ctx, cfg):
+            extra = ep_overlap_host_s(ctx, cfg, c, host)
+            host += extra
+            c.ep_overlap_gain_s = exposed_ep_s - mfwd["ep_comm"] - mbwd["ep_comm"] - extra
         if ctx.training.launch_blocking and not cfg.cuda_graphs:
             host += BLOCKING_LAYER_HOST_S
         if host:
@@ -1082,6 +1089,25 @@ def moe_host_s(ctx: Context, cfg: Config) -> float:
     local = m.num_experts / cfg.ep * (1 + ctx.training.moe_redundant_experts / m.num_experts)
     sync = fw.moe_layer_host_s if ctx.training.moe_capacity_factor is None else 0.0
     return sync + fw.moe_expert_host_s * local
+
+
+def ep_overlap_host_s(ctx: Context, cfg: Config, c: Cost, host_s: float) -> float:
+    """Host time the EP overlap exposes beyond `moe_host_s`, per MoE layer and micro-batch. Without
+    the overlap the CPU stalls at the forward's token-count sync (`moe_host_s`) but runs ahead through
+    the backward, which has no sync, and its launches hide under queued GPU work. Megatron's overlap
+    schedule runs one micro-batch's forward beside another's backward layer by layer
+    (model_chunk_schedule_plan.py), so every layer's backward launches now come after a forward sync
+    (token_dispatcher.py `d2h_event.synchronize()`): the layer takes the longer of its GPU work (with
+    the exposed host time) and its whole host launch work, `ep_overlap_host_factor` x `moe_host_s`
+    (frameworks.yaml). Comm-bound layers (EP across nodes, H100) hide it; fast GPUs with many local
+    experts at micro-batch 1 do not, which is why Megatron-Bridge turned the overlap off on B200 and
+    B300 (PR #1760 "Disable moe_a2a_overlap due to CPU overhead", issue #3399). Dropping to a capacity
+    has no sync: nothing more."""
+    factor = ctx.framework.ep_overlap_host_factor
+    if not factor or ctx.training.moe_capacity_factor is not None:
+        return 0.0
+    gpu_s = sum(c.fwd.values()) + sum(c.bwd.values()) - c.fwd["host"] - c.bwd["host"]
+    return max(0.0, factor * host_s - gpu_s - host_s)
 
 
 def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:
@@ -1157,6 +1183,25 @@ def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
     return num_microbatches(ctx.problem, cfg) >= 2
 
 
+def _no_ep_overlap(cfg: Config) -> Config:
+    return dataclasses.replace(cfg, ep_overlap=False)
+
+
+def ep_overlap_pays(ctx: Context, cfg: Config, pl: Placement, layers: dict | None = None) -> bool:
+    """Whether a plan that leaves the EP overlap open (`ep_overlap` None) runs it: where Megatron
+    allows it (`ep_overlap_on`) and it does not make the MoE layer slower than running without it
+    (it can, where the host launch work it exposes outweighs the all-to-all it hides:
+    `ep_overlap_host_s`), as Megatron-Bridge's recipes turn it on for communication-bound systems
+    and off for CPU-bound ones. A plan that names it (True / False) gets what it names. `layers`:
+    the plan's layer costs with the overlap on, where the caller has them."""
+    if not ep_overlap_on(ctx, cfg):
+        return False
+    if cfg.ep_overlap is not None or cfg.schedule == "dualpipev" or "moe" not in ctx.model.layer_kinds():
+        return True
+    on = layers[("moe", "none")] if layers else layer_costs(ctx, cfg, pl, "moe")["none"]
+    return on.ep_overlap_gain_s >= 0.0  # = the layer is no slower with it than without
+
+
 def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: Recompute) -> Cost:
     """One layer of `kind` with one recompute mode (see `layer_costs`)."""
     return layer_costs(ctx, cfg, pl, kind)[recompute]
@@ -1223,6 +1268,8 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
         return cache[key]
     kinds = sorted(set(ctx.model.layer_kinds()))
     layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
+    if "moe" in kinds and not ep_overlap_pays(ctx, cfg, pl, layers):
+        layers.update({("moe", r): c for r, c in layer_costs(ctx, _no_ep_overlap(cfg), pl, "moe").items()})
     got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {})
     if cache is not None:
         cache[key] = got
@@ -1626,6 +1673,18 @@ def placement_warnings(table: Table) -> list[str]:
             out.append(f"{axis} group of {prof.size} GPUs spans several {prof.straddles[0]} domains although it "
                        f"fits inside one (placement {table.cfg.placement}); it is priced at the slower level")
     return out
+
+
+def ep_overlap_priced(problem: Problem, plan: Plan) -> bool:
+    """Whether `evaluate` prices a valid `plan` with the expert all-to-all overlapped (the plan's
+    choice, or where it leaves it open, `ep_overlap_pays`): what exports set."""
+    dp, reasons = config_reasons(problem, plan)
+    if reasons:
+        return False
+    ctx, cfg = context(problem), Config.of(plan, dp)
+    if not ep_overlap_on(ctx, cfg):
+        return False
+    return ep_overlap_pays(ctx, cfg, layer_table(ctx, cfg).placement)
 
 
 def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:

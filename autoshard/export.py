@@ -214,7 +214,8 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
 
 def _overlaps(problem: Problem, plan: Plan, microbatches: int) -> tuple[bool, bool]:
     """(tp_comm_overlap, ep_overlap) as the cost model prices them: the plan's choice, or where it
-    leaves it open (None) the problem framework's default where the plan allows it."""
+    leaves it open (None) the problem framework's default where the plan allows it (and, for the EP
+    overlap, where it pays: `cost.ep_overlap_pays`)."""
     from .frameworks import get_framework  # noqa: PLC0415
 
     fw = get_framework(problem.framework)
@@ -224,6 +225,10 @@ def _overlaps(problem: Problem, plan: Plan, microbatches: int) -> tuple[bool, bo
         tp = plan.tp <= _default_gpus_per_node(problem)  # userbuffers need the TP group in one NVLink domain
     ep = bool(problem.model.is_moe and plan.ep > 1 and plan.ep_overlap is not False
               and (plan.ep_overlap or fw.ep_overlap) and (plan.pp == 1 or plan.vpp >= 2) and microbatches >= 2)
+    if ep and plan.ep_overlap is None:  # left open: on where it pays (cost.ep_overlap_pays)
+        from .cost import ep_overlap_priced  # noqa: PLC0415
+
+        ep = ep_overlap_priced(problem, plan)
     return tp, ep
 
 

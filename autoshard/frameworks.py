@@ -27,6 +27,8 @@ class FrameworkProfile:
     source: str
     moe_layer_host_s: float = 0.0  # exposed host time per MoE layer and micro-batch (fwd + bwd)
     moe_expert_host_s: float = 0.0  # ... and per local expert of that layer (grouped-MLP path)
+    # under the EP overlap: the layer's whole host launch work as a multiple of moe_host_s (cost.ep_overlap_host_s)
+    ep_overlap_host_factor: float = 0.0
     attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
@@ -111,6 +113,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             uneven_stages=bool(row["uneven_stages"]), source=" ".join(str(row["source"]).split()),
             moe_layer_host_s=float(row.get("moe_layer_host_ms", 0.0)) / 1e3,
             moe_expert_host_s=float(row.get("moe_expert_host_ms", 0.0)) / 1e3,
+            ep_overlap_host_factor=float(row.get("ep_overlap_host_factor", 0.0)),
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),

@@ -111,6 +111,43 @@ def test_ep_overlap_hides_all_to_all_where_megatron_allows_it():
     assert any("ep_overlap needs" in r for r in bad.reasons)
 
 
+def test_ep_overlap_exposes_host_launches_where_the_gpu_is_fast():
+    # Megatron-Bridge PR #1760 ("Disable moe_a2a_overlap due to CPU overhead"), Qwen3-235B-A22B on 64
+    # B200, GBS 1024, TP1 PP8 EP8 micro-batch 1: BF16 with VP4 ran 17.2 s with the overlap and 16.0 s
+    # without; MXFP8 ran 20.1 s with the overlap and VP4, 16.9 s with neither. Megatron-Bridge keeps the
+    # overlap on for the communication-bound H100 recipe (TP2 EP32 across nodes).
+    from autoshard import cost
+
+    base = dict(tp=1, pp=8, ep=8, zero_stage=1, micro_batch_size=1)
+    vp4 = dict(vpp=4, schedule="interleaved")
+    bf16 = _moe(gpus=64, gbs=1024, gpu="b200")
+    mx = load_problem({**bf16.model_dump(exclude_unset=True),
+                       "training": {**bf16.training.model_dump(exclude_unset=True), "precision": "mxfp8"}})
+    on, off = (evaluate(bf16, Plan(ep_overlap=v, **base, **vp4)) for v in (True, False))
+    assert on.step_time_s > off.step_time_s  # measured 17.2 / 16.0 = 1.075
+    assert on.step_time_s / off.step_time_s == pytest.approx(17.2 / 16.0, abs=0.05)
+    assert on.time_breakdown_s["ep_comm"] < off.time_breakdown_s["ep_comm"]  # it still hides the all-to-all
+    mx_on, mx_off = evaluate(mx, Plan(ep_overlap=True, **base, **vp4)), evaluate(mx, Plan(ep_overlap=False, **base))
+    assert mx_on.step_time_s / mx_off.step_time_s > 17.2 / 16.0  # measured 20.1 / 16.9 = 1.19
+    # Left open (None), the plan runs the overlap only where it pays, and exports say so.
+    auto = evaluate(bf16, Plan(**base, **vp4))
+    assert auto.step_time_s == pytest.approx(off.step_time_s, rel=1e-9)
+    assert not cost.ep_overlap_priced(bf16, Plan(**base, **vp4))
+    h100 = _moe(gpus=256, gbs=2048)
+    folded = dict(tp=2, pp=8, ep=32, etp=1, vpp=4, schedule="interleaved", zero_stage=1, micro_batch_size=1)
+    h_on, h_off = (evaluate(h100, Plan(ep_overlap=v, **folded)) for v in (True, False))
+    assert h_on.step_time_s < h_off.step_time_s
+    assert cost.ep_overlap_priced(h100, Plan(**folded))
+    assert evaluate(h100, Plan(**folded)).step_time_s == pytest.approx(h_on.step_time_s, rel=1e-9)
+    # Token dropping has no count sync to stall on; CUDA graphs launch nothing from the host.
+    drop = load_problem({**bf16.model_dump(exclude_unset=True), "training": {
+        **bf16.training.model_dump(exclude_unset=True), "moe_capacity_factor": 1.0}})
+    d_on, d_off = (evaluate(drop, Plan(ep_overlap=v, **base, **vp4)) for v in (True, False))
+    assert d_on.step_time_s < d_off.step_time_s
+    g_on, g_off = (evaluate(bf16, Plan(ep_overlap=v, cuda_graphs=True, **base, **vp4)) for v in (True, False))
+    assert g_on.step_time_s < g_off.step_time_s
+
+
 def test_ep_overlap_pairs_each_all_to_all_with_one_piece_of_the_other_pass():
     # Megatron's combined 1F1B layer (model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run):
     #   comm: combine_bwd      | dispatch_fwd -> dispatch_bwd            | combine_fwd
@@ -347,22 +384,23 @@ def test_moe_imbalance_and_redundant_experts():
 def test_moe_host_time_grows_with_local_experts_and_vanishes_under_cuda_graphs():
     # Megatron profile: a dropless MoE layer costs the dispatcher's host sync plus TE GroupedLinear's
     # per-expert host work for each local expert (E / ep), per micro-batch; full-iteration CUDA
-    # graphs replay the step without the host.
+    # graphs replay the step without the host. (EP overlap off: it adds host time of its own,
+    # test_ep_overlap_exposes_host_launches_where_the_gpu_is_fast.)
     p = load_problem({"model": "qwen3-30b-a3b", "training": {"seq_len": 4096, "global_batch_size": 512},
                       "cluster": {"gpu": "b200", "num_gpus": 16}})
     prof = get_framework("megatron")
     host = {}
     for ep in (8, 16):
-        e = evaluate(p, Plan(tp=1, pp=1, ep=ep, zero_stage=1, micro_batch_size=4))
+        e = evaluate(p, Plan(tp=1, pp=1, ep=ep, zero_stage=1, micro_batch_size=4, ep_overlap=False))
         assert e.fits, e.reasons
         n = 48 * 512 // 16 // 4  # MoE layers x micro-batches per rank
         local = 128 // ep
         host[ep] = e.time_breakdown_s["host"]
         assert host[ep] == pytest.approx(n * (prof.moe_layer_host_s + local * prof.moe_expert_host_s), rel=1e-6)
     assert host[16] < host[8]
-    graphs = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4, cuda_graphs=True))
+    graphs = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4, cuda_graphs=True, ep_overlap=False))
     assert graphs.time_breakdown_s["host"] == 0.0
-    plain = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4))
+    plain = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=4, ep_overlap=False))
     assert graphs.step_time_s == pytest.approx(plain.step_time_s - host[8], rel=1e-9)
     # Only a framework that captures the step can run it that way.
     titan = load_problem({"model": "qwen3-30b-a3b", "framework": "torchtitan",
