@@ -924,15 +924,18 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         ffn_elem = routed * m.expert_ffn / etp * (3 if m.gated else 2)
         # Permute / unpermute of the routed copies (read + write, dispatch and combine).
         t_mlp += _mem_s(ctx, 4 * BF16 * routed * h)
+        if m.expert_bias:  # fc2 bias x router probability, elementwise in fp32 over the fc2 output
+            bias_f, bias_b = ctx.framework.expert_bias_bytes
+            fwd["compute"], bwd["compute"] = _mem_s(ctx, bias_f * routed * h), _mem_s(ctx, bias_b * routed * h)
         a2a = 0.0
         if cfg.ep > 1:
             send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
             dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
             a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send, dedup)  # dispatch + combine
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
-    fwd["compute"] = t_mlp + elem
+    fwd["compute"] += t_mlp + elem
     t_b, t_w = _frozen_adjust(ctx, t_mlp)
-    bwd["compute"] = t_b + ELEMENTWISE_BWD_FACTOR * elem
+    bwd["compute"] += t_b + ELEMENTWISE_BWD_FACTOR * elem
     fwd["ep_comm"], bwd["ep_comm"] = a2a, a2a
     fwd["tp_comm"] += tp_f
     bwd["tp_comm"] += tp_b

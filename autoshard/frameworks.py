@@ -29,6 +29,8 @@ class FrameworkProfile:
     moe_expert_host_s: float = 0.0  # ... and per local expert of that layer (grouped-MLP path)
     # under the EP overlap: the layer's whole host launch work as a multiple of moe_host_s (cost.ep_overlap_host_s)
     ep_overlap_host_factor: float = 0.0
+    # HBM bytes per fc2-output element (forward, backward) of an unfused expert bias (ModelSpec.expert_bias)
+    expert_bias_bytes: tuple[float, float] = (0.0, 0.0)
     attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
@@ -114,6 +116,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_layer_host_s=float(row.get("moe_layer_host_ms", 0.0)) / 1e3,
             moe_expert_host_s=float(row.get("moe_expert_host_ms", 0.0)) / 1e3,
             ep_overlap_host_factor=float(row.get("ep_overlap_host_factor", 0.0)),
+            expert_bias_bytes=tuple(float(x) for x in row.get("expert_bias_bytes", (0.0, 0.0))),
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),

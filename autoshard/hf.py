@@ -377,6 +377,8 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
     spec["intermediate_size"] = ffn or 4 * hidden
     spec.update(_attention(r, hidden, spec["num_attention_heads"]))
     spec.update(_sliding_window(r, layers, mtype))
+    if mtype == "gpt_oss":  # GptOssExperts: gate_up_proj_bias and down_proj_bias on every expert
+        spec["expert_bias"] = True
     spec["hidden_act"], notes = _activation(r, mtype)
     moe, moe_notes = _moe(r, layers, spec["intermediate_size"])
     spec.update(moe)

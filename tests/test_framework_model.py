@@ -774,6 +774,32 @@ def test_gpt_oss_presets_match_the_model_card():
         assert (p.model.sliding_window, p.model.sliding_window_layers) == (128, 0.5)
 
 
+def test_gpt_oss_expert_bias_is_an_fp32_pass_over_the_fc2_output():
+    # Megatron's TEGroupedMLP._apply_packed_bias adds bias x router probability to the fc2 output in
+    # fp32 outside the grouped GEMM: 36 bytes per element forward, 40 backward (frameworks.yaml, counted
+    # from experts.py). gpt-oss-120b at micro-batch 4 x 4096 on one GB200 rank of EP64: 65,536 routed
+    # rows of 2,880 -> 14.3 GB per layer and micro-batch, memory-bound.
+    from autoshard import cost
+
+    def problem(bias, framework="megatron"):
+        base = load_problem({"model": "gpt-oss-120b", "training": {"seq_len": 4096, "global_batch_size": 1280},
+                             "cluster": {"gpu": "gb200", "num_gpus": 64}})
+        return load_problem({"model": {**base.model.model_dump(), "expert_bias": bias}, "framework": framework,
+                             "training": {"seq_len": 4096, "global_batch_size": 1280},
+                             "cluster": {"gpu": "gb200", "num_gpus": 64}})
+
+    plan = Plan(tp=1, pp=1, ep=64, zero_stage=1, micro_batch_size=4, ep_overlap=False)
+    assert problem(True).model.expert_bias  # the preset has it
+    with_b, without = evaluate(problem(True), plan), evaluate(problem(False), plan)
+    ctx = cost.context(problem(True))
+    moved = 76 * 4 * 4096 * 4 * 2880  # bytes x routed rows x hidden
+    assert moved == pytest.approx(14.3e9, rel=0.01)
+    per_step = 36 * 5 * moved / ctx.hbm_bytes_per_s  # 36 layers x 5 micro-batches
+    assert with_b.step_time_s - without.step_time_s == pytest.approx(per_step, rel=0.02)
+    titan = (evaluate(problem(b, "torchtitan"), plan.model_copy(update={"ep_overlap": None})) for b in (True, False))
+    assert next(titan).step_time_s == next(titan).step_time_s  # no byte count for its path: not priced
+
+
 def test_attention_rate_by_head_dim_follows_the_exponential_units():
     # A score costs 4 x head_dim tensor FLOPs and one MUFU.EX2 exponential. Hopper (989 TFLOP/s, 3.9 T
     # exponentials/s, FlashAttention-3 sec. 3) against FlashAttention-3's measured forward (Fig. 5, causal,

@@ -413,6 +413,8 @@ def test_sliding_window_layers_from_the_config():
     assert model_from_hf_config({**base, "model_type": "gemma2"}).sliding_window_layers == 0.5
     mistral = model_from_hf_config({**base, "model_type": "mistral"})
     assert (mistral.sliding_window, mistral.sliding_window_layers) == (1024, 1.0)
+    # gpt-oss experts carry biases (GptOssExperts gate_up_proj_bias / down_proj_bias); Mistral's none.
+    assert model_from_hf_config({**base, "model_type": "gpt_oss"}).expert_bias and not mistral.expert_bias
     assert model_from_hf_config({**base, "model_type": "qwen2", "use_sliding_window": False}).sliding_window is None
     assert model_from_hf_config({**base, "model_type": "llama", "sliding_window": None}).sliding_window is None
     with pytest.raises(Exception, match="sliding_window"):

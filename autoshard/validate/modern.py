@@ -524,8 +524,8 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
             notes.append("multi-token prediction (if the run used it) not modelled")
     if "gpt-oss" in model_name.lower() or "gptoss" in rid:
         # openai/gpt-oss config.json: sliding_window 128, layer_types alternating sliding / full
-        model.update(sliding_window=128, sliding_window_layers=0.5)
-        notes.append("gpt-oss: every other layer attends a 128-token sliding window (HF layer_types)")
+        model.update(sliding_window=128, sliding_window_layers=0.5, expert_bias=True)
+        notes.append("gpt-oss: every other layer attends a 128-token sliding window (HF layer_types); experts have biases")
     if row.get("moe_experts"):
         if not row.get("moe_top_k"):
             return skip("MoE top-k not published")
