@@ -380,6 +380,8 @@ def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
         ["peak memory", f"{est.peak_memory_gib:.2f} GiB of {est.memory_capacity_gib:.2f} GiB usable "
                         f"({fmt_pct(est.peak_memory_gib / est.memory_capacity_gib if est.memory_capacity_gib else 0)})"],
     ])
+    if est.stages and (overlap := ep_overlap_text(problem, est.plan)):
+        out += ["", overlap + "."]
     if est.warnings:
         out += ["", "Warnings:", ""] + [f"- {w}" for w in est.warnings]
     if est.reasons:
@@ -508,11 +510,33 @@ def error_markdown(record: Mapping[str, Any]) -> str:
 # ---- terminal text -------------------------------------------------------------------------------
 
 
+def ep_overlap_text(problem: Any, plan: Any) -> str | None:
+    """What the estimate assumed of the EP overlap where the plan leaves it open and the framework
+    could run it (`cost.ep_overlap_pays`): exports set the same; None where there is nothing to say."""
+    from .cost import Config, config_reasons, context, ep_overlap_on, ep_overlap_priced  # noqa: PLC0415
+
+    if problem is None or plan is None or getattr(plan, "ep_overlap", True) is not None or plan.ep <= 1:
+        return None
+    dp, reasons = config_reasons(problem, plan)
+    if reasons or not ep_overlap_on(context(problem), Config.of(plan, dp)):
+        return None
+    if ep_overlap_priced(problem, plan):
+        modes = set(plan.recompute_per_layer(problem.model.num_hidden_layers))
+        if problem.framework == "megatron" and ("full" in modes or any("moe" in m.split("+") for m in modes)):
+            return ("EP overlap priced on, but Megatron refuses it beside full recompute or the moe recompute "
+                    "module: the export leaves it off (slower than priced)")
+        return "EP overlap on: expert all-to-all under the other micro-batch's compute"
+    return ("EP overlap off: running it would expose more host launch time than the all-to-all it hides "
+            "(set `ep_overlap: true` to price it)")
+
+
 def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
     """Compact terminal summary of an estimate (ends with a newline). `reasons=False`: a plan
     that does not fit says how many reasons there are, the caller prints them (on stderr)."""
     est = estimate
     out = [f"{_title(problem)}", f"plan: {plan_short(est.plan, problem.cluster.num_gpus)}"]
+    if est.stages and (overlap := ep_overlap_text(problem, est.plan)):
+        out.append(overlap)
     settings = training_settings(problem.training)
     if settings:
         out.insert(1, "training: " + ", ".join(settings))

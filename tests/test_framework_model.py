@@ -148,6 +148,24 @@ def test_ep_overlap_exposes_host_launches_where_the_gpu_is_fast():
     assert g_on.step_time_s < g_off.step_time_s
 
 
+def test_estimates_say_what_they_assumed_of_an_open_ep_overlap():
+    # Text and Markdown reports say whether the priced plan runs the EP overlap where the plan leaves it
+    # open, and say so when Megatron would refuse it beside full recompute (the export leaves it off).
+    from autoshard.render import estimate_text
+
+    bf16 = _moe(gpus=64, gbs=1024, gpu="b200")
+    vp4 = dict(tp=1, pp=8, ep=8, zero_stage=1, micro_batch_size=1, vpp=4, schedule="interleaved")
+    assert "EP overlap off: running it would expose more host launch time" in estimate_text(bf16, evaluate(bf16, Plan(**vp4)))
+    h100 = _moe(gpus=256, gbs=2048)
+    folded = dict(tp=2, pp=8, ep=32, etp=1, vpp=4, schedule="interleaved", zero_stage=1, micro_batch_size=1)
+    assert "EP overlap on:" in estimate_text(h100, evaluate(h100, Plan(**folded)))
+    full = Plan(recompute="full", **folded)
+    assert "Megatron refuses it beside full recompute" in estimate_text(h100, evaluate(h100, full))
+    # A plan that names the overlap, or cannot run it (1F1B with PP > 1), gets no line.
+    assert "EP overlap" not in estimate_text(h100, evaluate(h100, Plan(ep_overlap=False, **folded)))
+    assert "EP overlap" not in estimate_text(h100, evaluate(h100, Plan(tp=2, pp=8, ep=32, etp=1, zero_stage=1)))
+
+
 def test_ep_overlap_pairs_each_all_to_all_with_one_piece_of_the_other_pass():
     # Megatron's combined 1F1B layer (model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run):
     #   comm: combine_bwd      | dispatch_fwd -> dispatch_bwd            | combine_fwd
