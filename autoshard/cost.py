@@ -373,6 +373,10 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
             bad("ep_overlap", f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
         elif plan.pp > 1 and plan.vpp < 2:
             bad("ep_overlap", "ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
+        elif blocked := [x for x in fw.ep_overlap_excludes_recompute
+                         if any(m == x or x in m.split("+") for m in plan.recompute_per_layer(problem.model.num_hidden_layers))]:
+            bad("ep_overlap", f"{problem.framework} refuses ep_overlap beside recompute {' / '.join(blocked)} "
+                "(Megatron TransformerConfig); use selective recompute or recompute modules without moe")
     if plan.moe_dispatcher and plan.moe_dispatcher not in fw.moe_dispatchers:
         bad("moe_dispatcher", f"{problem.framework} has no {plan.moe_dispatcher} expert dispatcher "
             f"(it runs {', '.join(fw.moe_dispatchers)})")
@@ -1190,6 +1194,21 @@ def _no_ep_overlap(cfg: Config) -> Config:
     return dataclasses.replace(cfg, ep_overlap=False)
 
 
+def ep_overlap_blocked(ctx: Context, modes: Iterable[str]) -> bool:
+    """Whether the framework refuses the EP overlap beside any of these recompute modes (Megatron:
+    full recompute, and the `moe` recompute module: `ep_overlap_excludes_recompute`)."""
+    excluded = ctx.framework.ep_overlap_excludes_recompute
+    return any(m == x or x in m.split("+") for m in modes for x in excluded)
+
+
+def priced_config(ctx: Context, cfg: Config, modes: Iterable[str]) -> Config:
+    """cfg as `evaluate` prices a plan whose layers use `modes`: an EP overlap left open (None) is
+    off where the framework refuses it beside one of them (the launcher runs without it)."""
+    if cfg.ep_overlap is None and ctx.model.is_moe and ep_overlap_blocked(ctx, modes):
+        return _no_ep_overlap(cfg)
+    return cfg
+
+
 def ep_overlap_pays(ctx: Context, cfg: Config, pl: Placement, layers: dict | None = None) -> bool:
     """Whether a plan that leaves the EP overlap open (`ep_overlap` None) runs it: where Megatron
     allows it (`ep_overlap_on`) and it does not make the MoE layer slower than running without it
@@ -1271,9 +1290,12 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
         return cache[key]
     kinds = sorted(set(ctx.model.layer_kinds()))
     layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
-    if "moe" in kinds and not ep_overlap_pays(ctx, cfg, pl, layers):
+    overlap = ep_overlap_on(ctx, cfg)
+    if overlap and "moe" in kinds and not ep_overlap_pays(ctx, cfg, pl, layers):
         layers.update({("moe", r): c for r, c in layer_costs(ctx, _no_ep_overlap(cfg), pl, "moe").items()})
-    got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {})
+        overlap = False
+    # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
+    got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {"ep_overlap": overlap})
     if cache is not None:
         cache[key] = got
     return got
@@ -1684,7 +1706,8 @@ def ep_overlap_priced(problem: Problem, plan: Plan) -> bool:
     dp, reasons = config_reasons(problem, plan)
     if reasons:
         return False
-    ctx, cfg = context(problem), Config.of(plan, dp)
+    ctx = context(problem)
+    cfg = priced_config(ctx, Config.of(plan, dp), set(plan.recompute_per_layer(problem.model.num_hidden_layers)))
     if not ep_overlap_on(ctx, cfg):
         return False
     return ep_overlap_pays(ctx, cfg, layer_table(ctx, cfg).placement)
@@ -1703,13 +1726,13 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
     dp, reasons = config_reasons(problem, plan)
     if reasons:
         return invalid_estimate(plan, reasons, ctx)
-    cfg = Config.of(plan, dp)
+    n = problem.model.num_hidden_layers
+    cfg = priced_config(ctx, Config.of(plan, dp), set(plan.recompute_per_layer(n)))
     warnings = []
     if plan.sequence_parallel and plan.tp == 1:
         warnings.append("sequence_parallel is ignored with tp=1")
     table = layer_table(ctx, cfg)
     warnings += placement_warnings(table)
-    n = problem.model.num_hidden_layers
     stage_layers = plan.stage_layers or layout_split(n, cfg.pp * cfg.vpp)
     from .intervals import with_interval  # noqa: PLC0415
 

@@ -29,6 +29,8 @@ class FrameworkProfile:
     moe_expert_host_s: float = 0.0  # ... and per local expert of that layer (grouped-MLP path)
     # under the EP overlap: the layer's whole host launch work as a multiple of moe_host_s (cost.ep_overlap_host_s)
     ep_overlap_host_factor: float = 0.0
+    # recompute modes (or recompute-module names) beside which it refuses the EP overlap
+    ep_overlap_excludes_recompute: tuple[str, ...] = ()
     # HBM bytes per fc2-output element (forward, backward) of an unfused expert bias (ModelSpec.expert_bias)
     expert_bias_bytes: tuple[float, float] = (0.0, 0.0)
     attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
@@ -116,6 +118,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_layer_host_s=float(row.get("moe_layer_host_ms", 0.0)) / 1e3,
             moe_expert_host_s=float(row.get("moe_expert_host_ms", 0.0)) / 1e3,
             ep_overlap_host_factor=float(row.get("ep_overlap_host_factor", 0.0)),
+            ep_overlap_excludes_recompute=tuple(row.get("ep_overlap_excludes_recompute", ())),
             expert_bias_bytes=tuple(float(x) for x in row.get("expert_bias_bytes", (0.0, 0.0))),
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,

@@ -513,18 +513,18 @@ def error_markdown(record: Mapping[str, Any]) -> str:
 def ep_overlap_text(problem: Any, plan: Any) -> str | None:
     """What the estimate assumed of the EP overlap where the plan leaves it open and the framework
     could run it (`cost.ep_overlap_pays`): exports set the same; None where there is nothing to say."""
-    from .cost import Config, config_reasons, context, ep_overlap_on, ep_overlap_priced  # noqa: PLC0415
+    from .cost import Config, config_reasons, context, ep_overlap_blocked, ep_overlap_on, ep_overlap_priced  # noqa: PLC0415
 
     if problem is None or plan is None or getattr(plan, "ep_overlap", True) is not None or plan.ep <= 1:
         return None
     dp, reasons = config_reasons(problem, plan)
-    if reasons or not ep_overlap_on(context(problem), Config.of(plan, dp)):
+    ctx = context(problem)
+    if reasons or not ep_overlap_on(ctx, Config.of(plan, dp)):
         return None
+    if ep_overlap_blocked(ctx, set(plan.recompute_per_layer(problem.model.num_hidden_layers))):
+        return (f"EP overlap off: {problem.framework} refuses it beside this recompute "
+                f"({'/'.join(ctx.framework.ep_overlap_excludes_recompute)})")
     if ep_overlap_priced(problem, plan):
-        modes = set(plan.recompute_per_layer(problem.model.num_hidden_layers))
-        if problem.framework == "megatron" and ("full" in modes or any("moe" in m.split("+") for m in modes)):
-            return ("EP overlap priced on, but Megatron refuses it beside full recompute or the moe recompute "
-                    "module: the export leaves it off (slower than priced)")
         return "EP overlap on: expert all-to-all under the other micro-batch's compute"
     return ("EP overlap off: running it would expose more host launch time than the all-to-all it hides "
             "(set `ep_overlap: true` to price it)")

@@ -1,6 +1,8 @@
 """What production frameworks do, priced: MoE parallel folding, overlapped TP and expert
 communication, the CP ring, pipeline layouts and framework profiles (issue 11)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -101,7 +103,7 @@ def test_cp_ring_moves_cp_minus_one_chunks():
 
 def test_ep_overlap_hides_all_to_all_where_megatron_allows_it():
     p = _moe("qwen3-235b-a22b", gpus=64, gbs=256)
-    base = dict(tp=1, ep=16, zero_stage=1, recompute="full")
+    base = dict(tp=1, ep=16, zero_stage=1, recompute="selective")
     off = evaluate(p, Plan(pp=1, ep_overlap=False, **base))
     on = evaluate(p, Plan(pp=1, **base))  # profile default: on (pp = 1)
     assert on.time_breakdown_s["ep_comm"] < 0.5 * off.time_breakdown_s["ep_comm"]
@@ -109,6 +111,15 @@ def test_ep_overlap_hides_all_to_all_where_megatron_allows_it():
     # PP > 1 without interleaving: Megatron refuses; asking for it is an invalid plan.
     bad = evaluate(p, Plan(pp=4, ep_overlap=True, **base))
     assert any("ep_overlap needs" in r for r in bad.reasons)
+    # Megatron's TransformerConfig refuses it beside full recompute or the moe recompute module: left
+    # open, the plan runs without it (priced so); asked for, the plan is invalid.
+    full = dict(base, recompute="full")
+    assert evaluate(p, Plan(pp=1, **full)).step_time_s == evaluate(p, Plan(pp=1, ep_overlap=False, **full)).step_time_s
+    for rc in ("full", "moe", "moe+layernorm", ["full"] * 10 + ["none"] * 84):
+        assert any("refuses ep_overlap beside recompute" in r
+                   for r in evaluate(p, Plan(pp=1, ep_overlap=True, **dict(base, recompute=rc))).reasons), rc
+    moe_act = evaluate(p, Plan(pp=1, ep_overlap=True, **dict(base, recompute="moe_act"))).reasons
+    assert not [r for r in moe_act if "ep_overlap" in r], moe_act  # (only its memory: 235B on one stage)
 
 
 def test_ep_overlap_exposes_host_launches_where_the_gpu_is_fast():
@@ -160,10 +171,41 @@ def test_estimates_say_what_they_assumed_of_an_open_ep_overlap():
     folded = dict(tp=2, pp=8, ep=32, etp=1, vpp=4, schedule="interleaved", zero_stage=1, micro_batch_size=1)
     assert "EP overlap on:" in estimate_text(h100, evaluate(h100, Plan(**folded)))
     full = Plan(recompute="full", **folded)
-    assert "Megatron refuses it beside full recompute" in estimate_text(h100, evaluate(h100, full))
+    assert "EP overlap off: megatron refuses it beside this recompute (full/moe)" in estimate_text(h100, evaluate(h100, full))
     # A plan that names the overlap, or cannot run it (1F1B with PP > 1), gets no line.
     assert "EP overlap" not in estimate_text(h100, evaluate(h100, Plan(ep_overlap=False, **folded)))
     assert "EP overlap" not in estimate_text(h100, evaluate(h100, Plan(tp=2, pp=8, ep=32, etp=1, zero_stage=1)))
+
+
+def test_solver_plans_the_ep_overlap_as_megatron_runs_it():
+    # Qwen3-30B on 8 B200 at micro-batch 8: memory asks for full recompute on some layers, which
+    # Megatron refuses beside the EP overlap. The solver plans the overlap as a choice: its plan is
+    # what evaluate prices, never the overlap beside full recompute, and no Megatron block layout
+    # (K full layers, or one mode everywhere), with the overlap open or off, is faster.
+    from autoshard import solve
+    from autoshard.cost import context, ep_overlap_blocked, ep_overlap_priced
+
+    p = load_problem({"model": "qwen3-30b-a3b", "training": {"seq_len": 4096, "global_batch_size": 512,
+                                                             "precision": "mxfp8"},
+                      "cluster": {"gpu": "b200", "num_gpus": 8},
+                      "search": {"tp": [1], "cp": [1], "pp": [1], "ep": [8], "micro_batch_size": [8],
+                                 "zero_stage": [3], "moe_dispatcher": ["alltoall"]}})
+    sol = solve(p, top_k=0)
+    assert sol.solver.status == "OPTIMAL"
+    assert sol.estimate == evaluate(p, sol.plan)
+    modes = set(sol.plan.recompute_per_layer(48))
+    assert not (ep_overlap_priced(p, sol.plan) and ep_overlap_blocked(context(p), modes))
+    best = math.inf
+    layouts = [[m] * 48 for m in ("none", "selective", "full", "moe_act", "moe_act+layernorm")]
+    layouts += [["full"] * k + ["none"] * (48 - k) for k in range(1, 48)]
+    for rc in layouts:
+        for overlap in (None, False):
+            e = evaluate(p, Plan(tp=1, pp=1, ep=8, zero_stage=3, micro_batch_size=8, recompute=rc,
+                                 ep_overlap=overlap))
+            if e.fits:
+                best = min(best, e.step_time_s)
+    assert best < math.inf
+    assert sol.estimate.step_time_s <= best * (1 + 1e-3)
 
 
 def test_ep_overlap_pairs_each_all_to_all_with_one_piece_of_the_other_pass():

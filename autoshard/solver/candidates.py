@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from itertools import product
 from typing import Any
 
-from ..cost import Config, Context, config_reasons
+from ..cost import Config, Context, config_reasons, ep_overlap_blocked
 from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
 from ..topology import place_axes
+from .layouts import planned_modes
 
 DEFAULT_MBS = (1, 2, 4, 8, 16)
 DEFAULT_MAX_VPP = 8
@@ -83,7 +84,7 @@ class Candidates(Sequence):
     many frozen dataclasses took seconds where the numpy bounds read the rows and the search
     reads a few thousand."""
 
-    ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp")
+    ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp", "ep_overlap")
 
     def __init__(self, rows: list[tuple], dispatcher: str | None, cp_comm: str = "p2p"):
         self.rows, self.dispatcher, self.cp_comm = rows, dispatcher, cp_comm
@@ -99,7 +100,8 @@ class Candidates(Sequence):
         cfg = self._built.get(i)
         if cfg is None:
             row = self.rows[i]
-            cfg = self._built[i] = Config(*row, dispatcher=self.dispatcher, cp_comm=self.cp_comm if row[1] > 1 else "p2p")
+            cfg = self._built[i] = Config(*row[:12], ep_overlap=row[12], dispatcher=self.dispatcher,
+                                          cp_comm=self.cp_comm if row[1] > 1 else "p2p")
         return cfg
 
 
@@ -118,6 +120,12 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
     probed: dict[tuple, str | None] = {}
     L = problem.model.num_hidden_layers
     zero_sp = [(zero, sp) for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"])]
+    # Where the framework refuses the EP overlap beside a recompute mode the search plans (Megatron:
+    # full, the moe module), a configuration that could run it is also planned with it off
+    # (`ep_overlap` False): with it (None, where it pays) its layers may not use those modes.
+    fw = ctx.framework
+    planned = problem.search.allowed("recompute", planned_modes(ctx))
+    overlap_twin = problem.model.is_moe and fw.ep_overlap and ep_overlap_blocked(ctx, planned)
     sp_choice = True in sp_["sequence_parallel"]
     scheds = [(sched, vpp) for sched, vpp in product(sp_["schedule"], sp_["vpp"])
               if sched != "dualpipev" and (vpp > 1) == (sched == "interleaved")]
@@ -157,7 +165,10 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                         continue
                     if sp and tp > 1 and cp > 1 and ctx.framework.cp_excludes_sp:
                         continue  # (DeepSpeed-Ulysses beside Megatron's SP: config_reasons)
-                    rows.append((tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp))
+                    row = (tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp)
+                    rows.append((*row, None))
+                    if overlap_twin and ep > 1 and (pp == 1 or sched == "interleaved") and mb >= 2:
+                        rows.append((*row, False))  # right after its twin: the numpy bound groups read the first
     return Candidates(rows, dispatcher, cp_comm)
 
 

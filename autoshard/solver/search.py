@@ -17,6 +17,7 @@ of their bound with each family's own target, within a share of the proof's work
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cost import Config, Context, Table, context, layer_table, with_modes
+from ..cost import Config, Context, Table, context, ep_overlap_blocked, layer_table, with_modes
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
@@ -138,6 +139,24 @@ class _Search:
         self.opt_bounds: dict = {}  # per configuration: its placement-free bound, cheap and with memory
         self.pool: Any = None  # a thread pool when jobs > 1 (CP-SAT releases the GIL)
         self.inflight: set = set()  # stage models being solved (stopped on Ctrl-C)
+        # the planned modes a configuration that runs the EP overlap may use (`modes_for`)
+        self.overlap_modes = [m for m in modes if not ep_overlap_blocked(ctx, [m])]
+
+    def modes_for(self, table: Table) -> list[str]:
+        """The recompute modes a configuration's plans may use: all planned ones, less those its
+        framework refuses beside the EP overlap where the configuration runs it (an overlap left
+        open that pays, `cost.ep_overlap_pays`; its twin with the overlap off takes every mode)."""
+        if table.cfg.ep_overlap is None and table.memo.get("ep_overlap"):
+            return self.overlap_modes
+        return self.modes
+
+    def redundant_twin(self, table: Table) -> bool:
+        """A configuration planned with the EP overlap off (`candidates`) whose twin left open does not
+        run it on this placement either: the twin prices the same plans with every mode."""
+        if table.cfg.ep_overlap is not False:
+            return False
+        twin = layer_table(self.ctx, dataclasses.replace(table.cfg, ep_overlap=None), self.tables)
+        return not twin.memo.get("ep_overlap")
 
     # ---- targets -----------------------------------------------------------------------------
 
@@ -213,7 +232,11 @@ class _Search:
             out.kind = "open"
             return out
         cutoff = _t(goal) if goal < math.inf else None
-        sm = StageModel(self.ctx, table, self.modes, self.uniform, cutoff, rank_cuts=resumed)
+        modes = self.modes_for(table)
+        if not modes:  # (a search that plans only modes the overlap excludes: its twin plans them)
+            out.kind = "closed" if cutoff is not None else "none"
+            return out
+        sm = StageModel(self.ctx, table, modes, self.uniform, cutoff, rank_cuts=resumed)
         self.inflight.add(sm)
         try:
             return self._descend(sm, out, cutoff, cap_s, work_left)
@@ -310,19 +333,31 @@ class _Search:
             got[1] = _table_bound(self.ctx, got[2], self.modes, exact_windows=False, memory=True)
         return got[1]
 
+    def tables_of(self, cfg: Config) -> list[Table]:
+        """The layer tables of cfg's placements (those `allow` admits)."""
+        placed = _placements(self.problem, self.ctx, cfg, self.orders)
+        if self.allow is not None:
+            placed = [c for c in placed if self.allow(c)]
+        return [layer_table(self.ctx, c, self.tables) for c in placed]
+
     def visit(self, cfg: Config, opt_cache: dict, cap_s: float | None = None) -> bool:
         """Bound, then solve, every placement of one configuration. False if it was pruned."""
         ctx, modes = self.ctx, self.modes
-        self.visited += 1
+        tables = None
+        if cfg.ep_overlap is False:  # a twin (`candidates`): only the placements its twin does not cover
+            tables = [tb for tb in self.tables_of(cfg) if not self.redundant_twin(tb)]
+            if not tables:
+                return True  # nothing of its own to visit
+        else:
+            self.visited += 1  # (a twin's visit counts as its configuration's: the caps count visits)
         opt_bound = self.opt_bound(cfg, opt_cache, self.target(cfg))
         if opt_bound >= self.target(cfg):
             self.close(opt_bound)
             return False
-        placed = _placements(self.problem, ctx, cfg, self.orders)
-        if self.allow is not None:
-            placed = [c for c in placed if self.allow(c)]
-        tables = [layer_table(ctx, c, self.tables) for c in placed]
-        ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, modes)), j, tb) for j, tb in enumerate(tables)),
+        if tables is None:
+            tables = self.tables_of(cfg)
+        ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, self.modes_for(tb) or modes)), j, tb)
+                         for j, tb in enumerate(tables)),
                         key=lambda x: x[:2])
         i, done = 0, False
         while i < len(ranked) and not done:
@@ -336,7 +371,7 @@ class _Search:
                     break
                 if table.cfg in self.solved:  # (looking for alternatives: its best plan is known)
                     continue
-                with_memory = _table_bound(ctx, table, modes, memory=True)
+                with_memory = _table_bound(ctx, table, self.modes_for(table) or modes, memory=True)
                 if with_memory >= self.target(table.cfg):  # HBM forces enough recompute to lose: no CP-SAT needed
                     self.close(with_memory)
                     continue
@@ -415,6 +450,8 @@ class _Search:
                 break
             if family_key(cands[i]) == mine or t_lb[i] >= self.target(cands[i]):
                 continue
+            if cands[i].ep_overlap is False:  # twins (`candidates`) are left to the proof: their CP-SAT
+                continue  # calls would eat the alternatives' share for plans their families rarely need
             if (self.budget.work >= work_cap or self.visited >= visit_cap or self.solves >= solve_cap
                     or self.budget.exhausted()):
                 return False
@@ -429,7 +466,7 @@ class _Search:
         best = self.best
         if best is None or best.table is None:
             return
-        sm = StageModel(self.ctx, best.table, self.modes, self.uniform, best.objective_units)
+        sm = StageModel(self.ctx, best.table, self.modes_for(best.table), self.uniform, best.objective_units)
         work = min(TIEBREAK_WORK, max(0.0, self.budget.work_left()) + TIEBREAK_WORK / 2)
         status, obj, _ = sm.solve(work / 2, wall_s=max(0.05, self.budget.wall_left()), first_solution=True)
         self.budget.spend(sm.work_s, sm.wall_fired)
@@ -533,7 +570,10 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
     # cutoff and bound bite. Its wall-clock deadline is only a safety net.
     search.report("warm start", 0, len(order))
     warm_deadline = t0 + time_limit_s / 2
-    warm = _warm_start(problem, ctx, [cands[i] for i in order[:WARM_START_CONFIGS]], modes,
+    # (Twins with the EP overlap off are left out: their greedy plans are their twins', priced as
+    # evaluate prices them.)
+    firsts = [cands[i] for i in order[:2 * WARM_START_CONFIGS] if cands[i].ep_overlap is not False]
+    warm = _warm_start(problem, ctx, firsts[:WARM_START_CONFIGS], modes,
                        deadline=warm_deadline, opt_cache=opt_cache, table_cache=search.tables,
                        sink=(lambda e: search.add(e.plan, e.step_time_s, e.step_time_s, 0.0)) if top_k else None)
     if time.perf_counter() > warm_deadline:
