@@ -205,10 +205,8 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
-    if ctx.ep_overlap and "full" in ctx.recompute and fmt == "megatron":
-        ctx.ep_overlap = False
-        ctx.warn("expert all-to-all overlap is not exported: Megatron forbids it with full recompute "
-                 "(TransformerConfig), so the all-to-all runs exposed (slower than planned)")
+    # (The overlap beside full recompute or the moe module, which Megatron refuses, is not priced:
+    # an open overlap is off there (cost.priced_config), an explicit one an invalid plan.)
     return ctx
 
 
