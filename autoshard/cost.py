@@ -373,8 +373,7 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
             bad("ep_overlap", f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
         elif plan.pp > 1 and plan.vpp < 2:
             bad("ep_overlap", "ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
-        elif blocked := [x for x in fw.ep_overlap_excludes_recompute
-                         if any(m == x or x in m.split("+") for m in plan.recompute_per_layer(problem.model.num_hidden_layers))]:
+        elif blocked := ep_overlap_refusals(fw, plan.recompute_per_layer(problem.model.num_hidden_layers)):
             bad("ep_overlap", f"{problem.framework} refuses ep_overlap beside recompute {' / '.join(blocked)} "
                 "(Megatron TransformerConfig); use selective recompute or recompute modules without moe")
     if plan.moe_dispatcher and plan.moe_dispatcher not in fw.moe_dispatchers:
@@ -1194,11 +1193,16 @@ def _no_ep_overlap(cfg: Config) -> Config:
     return dataclasses.replace(cfg, ep_overlap=False)
 
 
+def ep_overlap_refusals(fw: FrameworkProfile, modes: Iterable[str]) -> list[str]:
+    """The recompute modes / modules among `modes` beside which the framework refuses the EP overlap
+    (Megatron: full recompute and the `moe` recompute module: `ep_overlap_excludes_recompute`)."""
+    used = {part for m in modes for part in (m, *m.split("+"))}
+    return [x for x in fw.ep_overlap_excludes_recompute if x in used]
+
+
 def ep_overlap_blocked(ctx: Context, modes: Iterable[str]) -> bool:
-    """Whether the framework refuses the EP overlap beside any of these recompute modes (Megatron:
-    full recompute, and the `moe` recompute module: `ep_overlap_excludes_recompute`)."""
-    excluded = ctx.framework.ep_overlap_excludes_recompute
-    return any(m == x or x in m.split("+") for m in modes for x in excluded)
+    """Whether the framework refuses the EP overlap beside any of these recompute modes."""
+    return bool(ep_overlap_refusals(ctx.framework, modes))
 
 
 def priced_config(ctx: Context, cfg: Config, modes: Iterable[str]) -> Config:
