@@ -1,0 +1,121 @@
+"""The cost model's kernel rates against the GPU measurements in autoshard/data/kernel_measurements.json
+(written by benchmarks/measure_kernels.py on a lent GPU; nothing here needs a GPU).
+
+    python benchmarks/bench_kernels.py [--all]
+
+Per machine it prints:
+- HBM: the catalog's achievable bandwidth (datasheet x `efficiency.hbm`) against a measured copy;
+- GEMMs: the shape model (`cost.gemm_shape_efficiency`) against the measured rate of each shape,
+  both relative to their median over the large shapes (M, K, N >= 4096), since the catalog's matmul
+  factor is a training-level figure fitted on whole runs, not an isolated kernel's; and that level;
+- attention: the head-dimension factor (`cost.attention_head_dim_factor`) against the measured
+  cuDNN ratio of head dim 64 to 128, and what the model does not price (shorter sequences, the
+  backward's lower rate, fewer heads per GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autoshard.catalog import get_gpu  # noqa: E402
+from autoshard.cost import attention_head_dim_factor, gemm_shape_efficiency  # noqa: E402
+
+DATA = ROOT / "autoshard" / "data" / "kernel_measurements.json"
+CATALOG_OF = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200-sxm"}
+
+
+def large(r: dict) -> bool:
+    return min(r["m"], r["k"], r["n"]) >= 4096
+
+
+def dense_layer(r: dict) -> bool:
+    """A dense model's layer GEMM at a training micro-batch, K not short (README: short K is slower)."""
+    return r["m"] >= 4096 and r["k"] >= 2048 and "expert" not in r["label"]
+
+
+def gemm_rows(doc: dict, gpu, key: str) -> list[dict]:
+    """Each shape's measured and modelled efficiency relative to the large shapes' median."""
+    rows = [r for r in doc["gemm"] if r.get(key)]
+    meas_ref = statistics.median(r[key] for r in rows if large(r))
+    model_ref = statistics.median(gemm_shape_efficiency(gpu, r["m"], r["k"], r["n"]) for r in rows if large(r))
+    return [{**r, "measured_rel": r[key] / meas_ref,
+             "model_rel": gemm_shape_efficiency(gpu, r["m"], r["k"], r["n"]) / model_ref,
+             "large_median_tflops": meas_ref} for r in rows]
+
+
+def attention_ratio(doc: dict, backend: str, seq: int, field: str = "fwd_tflops") -> float | None:
+    """Measured rate at head dim 64 (64 heads) over head dim 128 (32 heads), same tokens."""
+    pick = {r["head_dim"]: r.get(field) for r in doc["attention"]
+            if r["backend"] == backend and r["seq"] == seq and r["heads"] in (64, 32)}
+    return pick[64] / pick[128] if pick.get(64) and pick.get(128) else None
+
+
+def report(doc: dict, show_all: bool) -> list[str]:
+    m = doc["machine"]
+    gpu = get_gpu(CATALOG_OF.get(m["gpu"], m["gpu"]))
+    out = [f"{m['gpu']} ({gpu.name}), {doc['date']}, torch {m['torch']}"]
+    hbm = gpu.hbm_tb_per_s * 1e12 * gpu.efficiency.hbm
+    out.append(f"  HBM: catalog {hbm / 1e12:.2f} TB/s ({gpu.hbm_tb_per_s} x {gpu.efficiency.hbm}), "
+               f"measured copy {doc['copy_bytes_per_s'] / 1e12:.2f} TB/s ({doc['copy_bytes_per_s'] / hbm:.2f}x)")
+    for key, prec in (("bf16_tflops", "bf16"), ("fp8_tensorwise_tflops", "fp8")):
+        rows = gemm_rows(doc, gpu, key)
+        if not rows:
+            continue
+        logs = [math.log(r["model_rel"] / r["measured_rel"]) for r in rows]
+        dense = [x for x, r in zip(logs, rows) if dense_layer(r)]
+        level = rows[0]["large_median_tflops"]
+        peak = gpu.peak_flops(prec) / 1e12
+        out.append(f"  GEMM {prec}: large shapes {level:.0f} TFLOP/s = {level / peak:.2f} of the {peak:.0f} peak "
+                   f"(catalog training factor {gpu.efficiency.matmul.get(prec, 0):.2f}); shape model vs measured "
+                   f"(relative): median |log| {statistics.median(map(abs, logs)):.3f}, the {len(dense)} dense layer "
+                   f"GEMMs (K >= 2048) {statistics.median(map(abs, dense)):.3f} (mean signed {statistics.mean(dense):+.3f}), "
+                   f"worst {max(map(abs, logs)):.2f}")
+        for r, x in zip(rows, logs):
+            if show_all or abs(x) > 0.25:
+                out.append(f"    {r['label']:<28} M {r['m']:>6} K {r['k']:>6} N {r['n']:>6}  {r[key]:6.0f} TFLOP/s  "
+                           f"relative: measured {r['measured_rel']:.2f}, model {r['model_rel']:.2f}")
+    for seq in (4096, 8192):
+        ratio = attention_ratio(doc, "cudnn", seq)
+        if ratio:
+            out.append(f"  attention (cuDNN, causal, seq {seq}): head dim 64 / 128 measured {ratio:.2f}, "
+                       f"model {attention_head_dim_factor(64, gpu):.2f}")
+    cud = {(r["heads"], r["seq"], r["head_dim"]): r for r in doc["attention"] if r["backend"] == "cudnn" and "error" not in r}
+    if (32, 8192, 128) in cud and (32, 2048, 128) in cud:
+        long_, short = cud[(32, 8192, 128)], cud[(32, 2048, 128)]
+        out.append(f"  not priced: seq 2048 runs at {short['fwd_tflops'] / long_['fwd_tflops']:.2f} of seq 8192's "
+                   f"forward rate; the backward at {long_['bwd_tflops'] / long_['fwd_tflops']:.2f} of the forward's "
+                   f"(seq 8192, head dim 128; the model prices both at one rate)")
+    if (8, 4096, 128) in cud and (32, 4096, 128) in cud:
+        out.append(f"  not priced: 8 heads per GPU run at {cud[(8, 4096, 128)]['fwd_tflops'] / cud[(32, 4096, 128)]['fwd_tflops']:.2f}"
+                   " of 32 heads' forward rate (seq 4096, head dim 128)")
+    fa = attention_ratio(doc, "flash", 8192)
+    if fa:
+        out.append(f"  PyTorch's FlashAttention-2 (not what Megatron runs on Hopper): head dim 64 / 128 {fa:.2f}, "
+                   f"{cud[(32, 8192, 128)]['fwd_tflops'] / next(r['fwd_tflops'] for r in doc['attention'] if r['backend'] == 'flash' and (r['heads'], r['seq'], r['head_dim']) == (32, 8192, 128)):.2f}x slower than cuDNN at 128")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--all", action="store_true", help="every GEMM shape, not only those off by more than 25%%")
+    ap.add_argument("--data", default=str(DATA), help="kernel measurements (measure_kernels.py output, or the data file)")
+    a = ap.parse_args()
+    data = json.loads(Path(a.data).read_text(encoding="utf-8"))
+    docs = data.get("machines", [data])
+    if "source" in data:
+        print(data["source"])
+    for doc in docs:
+        print("\n".join(report(doc, a.all)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
