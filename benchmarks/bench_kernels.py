@@ -51,6 +51,34 @@ def gemm_rows(doc: dict, gpu, key: str) -> list[dict]:
              "large_median_tflops": meas_ref} for r in rows]
 
 
+def grouped_rows(doc: dict, gpu) -> list[dict]:
+    """Grouped expert GEMMs (one launch for a GPU's local experts): measured and modelled rate relative
+    to the single large bf16 GEMMs' median, the model as `cost._gemm_s` prices them: the shape
+    efficiency, capped by the HBM roofline (each expert's weights read for its few tokens)."""
+    single = [r for r in doc["gemm"] if large(r)]
+    meas_ref = statistics.median(r["bf16_tflops"] for r in single)
+    model_ref = statistics.median(gemm_shape_efficiency(gpu, r["m"], r["k"], r["n"]) for r in single)
+    hbm = gpu.hbm_tb_per_s * 1e12 * gpu.efficiency.hbm
+    out = []
+    for r in doc.get("grouped_gemm", []):
+        if not r.get("bf16_tflops"):
+            continue
+        g, m, k, n = r["groups"], r["m"], r["k"], r["n"]
+        compute = gemm_shape_efficiency(gpu, m, k, n, g) / model_ref * meas_ref
+        memory = 2.0 * m * k * n * g / (2.0 * (m * k + k * n + m * n) * g / hbm) / 1e12
+        out.append({**r, "measured_rel": r["bf16_tflops"] / meas_ref, "model_rel": min(compute, memory) / meas_ref,
+                    "memory_bound": memory < compute})
+    return out
+
+
+def repeat_spread(doc: dict, repeat: dict | None) -> float | None:
+    """Median |log| of the bf16 GEMM rates of two runs of the same shapes."""
+    if not repeat:
+        return None
+    pairs = [(a["bf16_tflops"], b["bf16_tflops"]) for a, b in zip(doc["gemm"], repeat["gemm"]) if a["label"] == b["label"]]
+    return statistics.median(abs(math.log(a / b)) for a, b in pairs)
+
+
 def attention_ratio(doc: dict, backend: str, seq: int, field: str = "fwd_tflops") -> float | None:
     """Measured rate at head dim 64 (64 heads) over head dim 128 (32 heads), same tokens."""
     pick = {r["head_dim"]: r.get(field) for r in doc["attention"]
@@ -58,10 +86,13 @@ def attention_ratio(doc: dict, backend: str, seq: int, field: str = "fwd_tflops"
     return pick[64] / pick[128] if pick.get(64) and pick.get(128) else None
 
 
-def report(doc: dict, show_all: bool) -> list[str]:
+def report(doc: dict, show_all: bool, repeat: dict | None = None) -> list[str]:
     m = doc["machine"]
     gpu = get_gpu(CATALOG_OF.get(m["gpu"], m["gpu"]))
     out = [f"{m['gpu']} ({gpu.name}), {doc['date']}, torch {m['torch']}"]
+    spread = repeat_spread(doc, repeat)
+    if spread is not None:
+        out.append(f"  run to run (a second machine of the kind): bf16 GEMM rates differ by a median {spread:.3f} |log|")
     hbm = gpu.hbm_tb_per_s * 1e12 * gpu.efficiency.hbm
     out.append(f"  HBM: catalog {hbm / 1e12:.2f} TB/s ({gpu.hbm_tb_per_s} x {gpu.efficiency.hbm}), "
                f"measured copy {doc['copy_bytes_per_s'] / 1e12:.2f} TB/s ({doc['copy_bytes_per_s'] / hbm:.2f}x)")
@@ -82,6 +113,19 @@ def report(doc: dict, show_all: bool) -> list[str]:
             if show_all or abs(x) > 0.25:
                 out.append(f"    {r['label']:<28} M {r['m']:>6} K {r['k']:>6} N {r['n']:>6}  {r[key]:6.0f} TFLOP/s  "
                            f"relative: measured {r['measured_rel']:.2f}, model {r['model_rel']:.2f}")
+    grouped = grouped_rows(doc, gpu)
+    if grouped:
+        logs = [math.log(r["model_rel"] / r["measured_rel"]) for r in grouped]
+        big = [x for x, r in zip(logs, grouped) if r["m"] >= 512]
+        out.append(f"  grouped expert GEMMs (torch._grouped_mm, one launch per layer's local experts): model (shape, HBM "
+                   f"roofline) vs measured, relative to the large single GEMMs: median |log| "
+                   f"{statistics.median(map(abs, logs)):.3f} (mean signed {statistics.mean(logs):+.3f}); at >= 512 tokens "
+                   f"per expert {statistics.median(map(abs, big)):.3f} ({statistics.mean(big):+.3f})")
+        for r, x in zip(grouped, logs):
+            if show_all or abs(x) > 0.25:
+                out.append(f"    {r['label']:<28} {r['groups']:>3} x M {r['m']:>5} K {r['k']:>5} N {r['n']:>5}  "
+                           f"{r['bf16_tflops']:6.0f} TFLOP/s  relative: measured {r['measured_rel']:.2f}, model "
+                           f"{r['model_rel']:.2f}{' (HBM-bound)' if r['memory_bound'] else ''}")
     for seq in (4096, 8192):
         ratio = attention_ratio(doc, "cudnn", seq)
         if ratio:
@@ -110,10 +154,11 @@ def main() -> int:
     a = ap.parse_args()
     data = json.loads(Path(a.data).read_text(encoding="utf-8"))
     docs = data.get("machines", [data])
+    repeats = {r["machine"]["gpu"]: r for r in data.get("repeats", [])}
     if "source" in data:
         print(data["source"])
     for doc in docs:
-        print("\n".join(report(doc, a.all)))
+        print("\n".join(report(doc, a.all, repeats.get(doc["machine"]["gpu"]))))
     return 0
 
 

@@ -40,6 +40,16 @@ def gemm_shapes() -> list[tuple[str, int, int, int]]:
     return out
 
 
+def grouped_shapes() -> list[tuple[str, int, int, int, int]]:
+    """(label, experts in one launch, tokens per expert, K, N): one GPU's local experts at common EP."""
+    out = []
+    for name, g, h, f in (("qwen3-30b-a3b ep8", 16, 2048, 768), ("deepseek-v3 ep32", 8, 7168, 2048),
+                          ("gpt-oss ep16", 8, 2880, 2880)):
+        for t in (128, 512, 2048):
+            out += [(f"{name} fc1", g, t, h, 2 * f), (f"{name} fc2", g, t, f, h)]
+    return out
+
+
 def attention_shapes() -> list[tuple[int, int, int, int]]:
     """(batch, heads, seq, head_dim), causal."""
     return [(b, h, s, d) for d, h in ((64, 64), (128, 32), (128, 8)) for s in (2048, 4096, 8192)
@@ -81,6 +91,26 @@ def measure_gemms(torch) -> list[dict]:
                 row["fp8_error"] = str(exc).splitlines()[0][:200]
         out.append(row)
         del a, b
+    return out
+
+
+def measure_grouped(torch) -> list[dict]:
+    """Expert GEMMs as one grouped launch (torch._grouped_mm, CUTLASS on Hopper), as Megatron's grouped
+    MLP runs them; FLOPs 2 x tokens x K x N summed over the experts."""
+    out = []
+    if not hasattr(torch, "_grouped_mm"):
+        return out
+    for label, g, t, k, n in grouped_shapes():
+        a = torch.randn(g * t, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)
+        offs = torch.arange(t, g * t + 1, t, device="cuda", dtype=torch.int32)
+        row = {"label": label, "groups": g, "m": t, "k": k, "n": n}
+        try:
+            s = timed(torch, lambda: torch._grouped_mm(a, b, offs=offs, out_dtype=torch.bfloat16))
+            row.update(bf16_s=s, bf16_tflops=2 * g * t * k * n / s / 1e12)
+        except (RuntimeError, TypeError) as exc:
+            row["error"] = str(exc).splitlines()[0][:200]
+        out.append(row)
     return out
 
 
@@ -140,6 +170,7 @@ def main() -> int:
         "method": __doc__.split("Method: ", 1)[1].strip(),
         "copy_bytes_per_s": measure_copy(torch),
         "gemm": measure_gemms(torch),
+        "grouped_gemm": measure_grouped(torch),
         "attention": measure_attention(torch),
     }
     with open(a.output, "w", encoding="utf-8") as fh:
@@ -149,6 +180,9 @@ def main() -> int:
     for r in doc["gemm"][:4] + doc["gemm"][-3:]:
         print(f"  {r['label']:<28} {r['m']:>6} {r['k']:>6} {r['n']:>6}  bf16 {r['bf16_tflops']:6.0f}  "
               f"fp8 {r.get('fp8_tensorwise_tflops', 0):6.0f} TFLOP/s")
+    for r in doc["grouped_gemm"]:
+        print(f"  grouped {r['label']:<24} {r['groups']:>3} x {r['m']:>5} {r['k']:>6} {r['n']:>6}  "
+              f"bf16 {r.get('bf16_tflops', 0):6.0f} TFLOP/s  {r.get('error', '')}")
     for r in doc["attention"][:6]:
         print(f"  attn {r['backend']:<5} b{r['batch']} h{r['heads']} s{r['seq']} d{r['head_dim']}  "
               f"fwd {r.get('fwd_tflops', 0):5.0f}  bwd {r.get('bwd_tflops', 0):5.0f} TFLOP/s  {r.get('error', '')}")
