@@ -86,6 +86,18 @@ def attention_ratio(doc: dict, backend: str, seq: int, field: str = "fwd_tflops"
     return pick[64] / pick[128] if pick.get(64) and pick.get(128) else None
 
 
+def shape_lines(rows: list[dict], logs: list[float], key: str, show_all: bool) -> list[str]:
+    """One line per shape off by more than 25% (every shape with `show_all`)."""
+    out = []
+    for r, x in zip(rows, logs):
+        if show_all or abs(x) > 0.25:
+            groups = f"{r['groups']:>3} x " if "groups" in r else ""
+            bound = " (HBM-bound)" if r.get("memory_bound") else ""
+            out.append(f"    {r['label']:<28} {groups}M {r['m']:>6} K {r['k']:>6} N {r['n']:>6}  {r[key]:6.0f} TFLOP/s  "
+                       f"relative: measured {r['measured_rel']:.2f}, model {r['model_rel']:.2f}{bound}")
+    return out
+
+
 def report(doc: dict, show_all: bool, repeat: dict | None = None) -> list[str]:
     m = doc["machine"]
     gpu = get_gpu(CATALOG_OF.get(m["gpu"], m["gpu"]))
@@ -109,10 +121,7 @@ def report(doc: dict, show_all: bool, repeat: dict | None = None) -> list[str]:
                    f"(relative): median |log| {statistics.median(map(abs, logs)):.3f}, the {len(dense)} dense layer "
                    f"GEMMs (K >= 2048) {statistics.median(map(abs, dense)):.3f} (mean signed {statistics.mean(dense):+.3f}), "
                    f"worst {max(map(abs, logs)):.2f}")
-        for r, x in zip(rows, logs):
-            if show_all or abs(x) > 0.25:
-                out.append(f"    {r['label']:<28} M {r['m']:>6} K {r['k']:>6} N {r['n']:>6}  {r[key]:6.0f} TFLOP/s  "
-                           f"relative: measured {r['measured_rel']:.2f}, model {r['model_rel']:.2f}")
+        out += shape_lines(rows, logs, key, show_all)
     grouped = grouped_rows(doc, gpu)
     if grouped:
         logs = [math.log(r["model_rel"] / r["measured_rel"]) for r in grouped]
@@ -121,11 +130,7 @@ def report(doc: dict, show_all: bool, repeat: dict | None = None) -> list[str]:
                    f"roofline) vs measured, relative to the large single GEMMs: median |log| "
                    f"{statistics.median(map(abs, logs)):.3f} (mean signed {statistics.mean(logs):+.3f}); at >= 512 tokens "
                    f"per expert {statistics.median(map(abs, big)):.3f} ({statistics.mean(big):+.3f})")
-        for r, x in zip(grouped, logs):
-            if show_all or abs(x) > 0.25:
-                out.append(f"    {r['label']:<28} {r['groups']:>3} x M {r['m']:>5} K {r['k']:>5} N {r['n']:>5}  "
-                           f"{r['bf16_tflops']:6.0f} TFLOP/s  relative: measured {r['measured_rel']:.2f}, model "
-                           f"{r['model_rel']:.2f}{' (HBM-bound)' if r['memory_bound'] else ''}")
+        out += shape_lines(grouped, logs, "bf16_tflops", show_all)
     for seq in (4096, 8192):
         ratio = attention_ratio(doc, "cudnn", seq)
         if ratio:
