@@ -16,6 +16,7 @@ Nothing here imports CP-SAT: records are built from the pydantic models' dumps.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -515,12 +516,14 @@ def ep_overlap_text(problem: Any, plan: Any) -> str | None:
     could run it (`cost.ep_overlap_pays`): exports set the same; None where there is nothing to say."""
     from .cost import Config, config_reasons, context, ep_overlap_blocked, ep_overlap_on, ep_overlap_priced  # noqa: PLC0415
 
-    if problem is None or plan is None or getattr(plan, "ep_overlap", True) is not None or plan.ep <= 1:
+    if problem is None or plan is None or getattr(plan, "ep_overlap", True) is True or plan.ep <= 1:
         return None
     dp, reasons = config_reasons(problem, plan)
     ctx = context(problem)
-    if reasons or not ep_overlap_on(ctx, Config.of(plan, dp)):
+    if reasons or not ep_overlap_on(ctx, dataclasses.replace(Config.of(plan, dp), ep_overlap=None)):
         return None
+    if plan.ep_overlap is False:
+        return "EP overlap off: the plan's choice"
     if ep_overlap_blocked(ctx, set(plan.recompute_per_layer(problem.model.num_hidden_layers))):
         return (f"EP overlap off: {problem.framework} refuses it beside this recompute "
                 f"({'/'.join(ctx.framework.ep_overlap_excludes_recompute)})")

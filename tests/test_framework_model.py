@@ -172,8 +172,9 @@ def test_estimates_say_what_they_assumed_of_an_open_ep_overlap():
     assert "EP overlap on:" in estimate_text(h100, evaluate(h100, Plan(**folded)))
     full = Plan(recompute="full", **folded)
     assert "EP overlap off: megatron refuses it beside this recompute (full/moe)" in estimate_text(h100, evaluate(h100, full))
-    # A plan that names the overlap, or cannot run it (1F1B with PP > 1), gets no line.
-    assert "EP overlap" not in estimate_text(h100, evaluate(h100, Plan(ep_overlap=False, **folded)))
+    # A plan that turns it off says so (the solver plans such twins); one that cannot run it (1F1B
+    # with PP > 1) gets no line.
+    assert "EP overlap off: the plan's choice" in estimate_text(h100, evaluate(h100, Plan(ep_overlap=False, **folded)))
     assert "EP overlap" not in estimate_text(h100, evaluate(h100, Plan(tp=2, pp=8, ep=32, etp=1, zero_stage=1)))
 
 
