@@ -1213,19 +1213,19 @@ def priced_config(ctx: Context, cfg: Config, modes: Iterable[str]) -> Config:
     return cfg
 
 
-def ep_overlap_pays(ctx: Context, cfg: Config, pl: Placement, layers: dict | None = None) -> bool:
+def ep_overlap_pays(ctx: Context, cfg: Config, layers: dict) -> bool:
     """Whether a plan that leaves the EP overlap open (`ep_overlap` None) runs it: where Megatron
     allows it (`ep_overlap_on`) and it does not make the MoE layer slower than running without it
     (it can, where the host launch work it exposes outweighs the all-to-all it hides:
     `ep_overlap_host_s`), as Megatron-Bridge's recipes turn it on for communication-bound systems
     and off for CPU-bound ones. A plan that names it (True / False) gets what it names. `layers`:
-    the plan's layer costs with the overlap on, where the caller has them."""
+    the plan's layer costs with the overlap on (`shared_costs`, which records the answer in
+    `Table.memo["ep_overlap"]`)."""
     if not ep_overlap_on(ctx, cfg):
         return False
     if cfg.ep_overlap is not None or cfg.schedule == "dualpipev" or "moe" not in ctx.model.layer_kinds():
         return True
-    on = layers[("moe", "none")] if layers else layer_costs(ctx, cfg, pl, "moe")["none"]
-    return on.ep_overlap_gain_s >= 0.0  # = the layer is no slower with it than without
+    return layers[("moe", "none")].ep_overlap_gain_s >= 0.0  # = the layer is no slower with it than without
 
 
 def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: Recompute) -> Cost:
@@ -1295,7 +1295,7 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
     kinds = sorted(set(ctx.model.layer_kinds()))
     layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
     overlap = ep_overlap_on(ctx, cfg)
-    if overlap and "moe" in kinds and not ep_overlap_pays(ctx, cfg, pl, layers):
+    if overlap and "moe" in kinds and not ep_overlap_pays(ctx, cfg, layers):
         layers.update({("moe", r): c for r, c in layer_costs(ctx, _no_ep_overlap(cfg), pl, "moe").items()})
         overlap = False
     # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
@@ -1712,9 +1712,7 @@ def ep_overlap_priced(problem: Problem, plan: Plan) -> bool:
         return False
     ctx = context(problem)
     cfg = priced_config(ctx, Config.of(plan, dp), set(plan.recompute_per_layer(problem.model.num_hidden_layers)))
-    if not ep_overlap_on(ctx, cfg):
-        return False
-    return ep_overlap_pays(ctx, cfg, layer_table(ctx, cfg).placement)
+    return layer_table(ctx, cfg).memo["ep_overlap"]
 
 
 def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -90,7 +91,6 @@ def measure_gemms(torch) -> list[dict]:
             except RuntimeError as exc:  # (shapes the kernel refuses)
                 row["fp8_error"] = str(exc).splitlines()[0][:200]
         out.append(row)
-        del a, b
     return out
 
 
@@ -140,7 +140,6 @@ def measure_attention(torch) -> list[dict]:
             except RuntimeError as exc:
                 row["error"] = str(exc).splitlines()[0][:200]
             out.append(row)
-        del q, k, v
     return out
 
 
@@ -173,8 +172,10 @@ def main() -> int:
         "grouped_gemm": measure_grouped(torch),
         "attention": measure_attention(torch),
     }
-    with open(a.output, "w", encoding="utf-8") as fh:
+    tmp = f"{a.output}.tmp{os.getpid()}"  # written whole, then renamed: no half-written results
+    with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=1)
+    os.replace(tmp, a.output)
     print(f"{p.name}: copy {doc['copy_bytes_per_s'] / 1e12:.2f} TB/s, {len(doc['gemm'])} GEMMs, "
           f"{len(doc['attention'])} attention runs -> {a.output}")
     for r in doc["gemm"][:4] + doc["gemm"][-3:]:

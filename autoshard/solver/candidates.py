@@ -11,7 +11,7 @@ from ..cost import Config, Context, config_reasons, ep_overlap_blocked
 from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
 from ..topology import place_axes
-from .layouts import planned_modes
+from .layouts import search_modes
 
 DEFAULT_MBS = (1, 2, 4, 8, 16)
 DEFAULT_MAX_VPP = 8
@@ -124,8 +124,7 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
     # full, the moe module), a configuration that could run it is also planned with it off
     # (`ep_overlap` False): with it (None, where it pays) its layers may not use those modes.
     fw = ctx.framework
-    planned = problem.search.allowed("recompute", planned_modes(ctx))
-    overlap_twin = problem.model.is_moe and fw.ep_overlap and ep_overlap_blocked(ctx, planned)
+    overlap_twin = problem.model.is_moe and fw.ep_overlap and ep_overlap_blocked(ctx, search_modes(problem, ctx))
     sp_choice = True in sp_["sequence_parallel"]
     scheds = [(sched, vpp) for sched, vpp in product(sp_["schedule"], sp_["vpp"])
               if sched != "dualpipev" and (vpp > 1) == (sched == "interleaved")]

@@ -141,3 +141,12 @@ def planned_modes(ctx: Context) -> list[str]:
            "moe_act": m.is_moe, "mla_up_proj": m.is_mla, "shared_experts": m.is_moe and m.num_shared_experts > 0}
     sets = [s for s in ctx.framework.planned_recompute_modules if all(has.get(x, False) for x in s.split("+"))]
     return list(RECOMPUTES) + sets
+
+
+def search_modes(problem, ctx: Context) -> list[str]:
+    """The recompute modes a solve plans: `planned_modes`, or those `search: recompute` names, the
+    built-in modes first."""
+    from ..spec import RECOMPUTES  # noqa: PLC0415
+
+    modes = list(dict.fromkeys(problem.search.allowed("recompute", planned_modes(ctx))))
+    return [r for r in RECOMPUTES if r in modes] + [r for r in modes if r not in RECOMPUTES]

@@ -34,12 +34,12 @@ from ..cost import Config, Context, Table, context, ep_overlap_blocked, layer_ta
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
-from ..spec import DEFAULT_GAP_LIMIT, RECOMPUTES, Plan, Problem
+from ..spec import DEFAULT_GAP_LIMIT, Plan, Problem
 from .bounds import _bounds, _optimistic_table, _table_bound
 from .candidates import _placements, candidates
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
 from .families import Family, Named, family_key, family_name, named
-from .layouts import planned_modes
+from .layouts import search_modes
 from .records import Alternative, Solution, SolverStats
 from .stage_model import TIME_UNIT_S, StageModel, _rounding_tolerance, _t
 from .warm_start import WARM_START_CONFIGS, _warm_start
@@ -532,8 +532,7 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     problem = load_problem(problem)
     ctx = context(problem)
     # The default modes (with the framework's recompute-module sets), or those `search: recompute` names.
-    modes = list(dict.fromkeys(problem.search.allowed("recompute", planned_modes(ctx))))
-    modes = [r for r in RECOMPUTES if r in modes] + [r for r in modes if r not in RECOMPUTES]
+    modes = search_modes(problem, ctx)
     ctx = with_modes(ctx, modes)  # the layer tables price every planned mode
     requests = [named(n, ctx) for n in dict.fromkeys(alternatives)]  # bad names fail before any work
     work_limit = DEFAULT_WORK_LIMIT if work_limit is None else work_limit
