@@ -724,6 +724,15 @@ def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
     return flops / rate, scores, flops
 
 
+def attention_backward_s(ctx: Context, core_s: float) -> float:
+    """Time of the core attention's backward, given its forward's `core_s`: FlashAttention's 2.5x the
+    forward FLOPs, at the framework's backward rate relative to the forward
+    (`FrameworkProfile.attention_backward_rate`: cuDNN 0.84, FlashAttention-2 0.90, measured). Without
+    FlashAttention the scores are materialized and the backward's batched GEMMs run at the forward's."""
+    rate = ctx.framework.attention_backward_rate if ctx.training.flash_attention else 1.0
+    return ATTN_BWD_FACTOR * core_s / rate
+
+
 def attention_head_dim_factor(head_dim: float, gpu: GPU | None = None) -> float:
     """FlashAttention's rate by head dimension relative to head dim 128 (where the catalog's
     efficiencies were fitted). Each attention score costs 4 x head_dim FLOPs on the tensor cores (QK^T
@@ -790,7 +799,7 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
     fwd["compute"] = proj + core + scores + elem
     proj_b, wgrad = _frozen_adjust(ctx, proj)
-    bwd["compute"] = proj_b + ATTN_BWD_FACTOR * core + ELEMENTWISE_BWD_FACTOR * (elem + scores)
+    bwd["compute"] = proj_b + attention_backward_s(ctx, core) + ELEMENTWISE_BWD_FACTOR * (elem + scores)
     core += scores  # what selective recompute re-runs
     # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass. With SP, MLA's down-projections
     # run on the sequence shard (duplicated weights) and the column-parallel up-projections gather the
@@ -884,7 +893,7 @@ def cp_comm_s(ctx: Context, cp: int, prof, sh: Shapes, core_s: float) -> tuple[f
     else:
         kv_bytes = BF16 * sh.tokens * sh.kv_local * (sh.d_qk + sh.d_v)
     ring = all_gather_s(ctx.levels, prof, cp * kv_bytes)
-    return overlapped(ring, core_s), overlapped(2 * ring, ATTN_BWD_FACTOR * core_s)
+    return overlapped(ring, core_s), overlapped(2 * ring, attention_backward_s(ctx, core_s))
 
 
 def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -> tuple[dict, dict, float, float]:

@@ -170,7 +170,7 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
                even=len(set(stages)) == 1, recompute=list(plan.recompute_per_layer(n)),
                microbatches=t.global_batch_size // (dp * plan.micro_batch_size),
                gpus_per_node=gpus_per_node, fmt=fmt)
-    ctx.tp_overlap, ctx.ep_overlap = _overlaps(problem, full_plan, ctx.microbatches)
+    ctx.tp_overlap, ctx.ep_overlap = _overlaps(problem, full_plan)
     target_fw = FRAMEWORK_OF[fmt]
     if problem.framework != target_fw:
         ctx.warn(f"the plan was priced for {problem.framework} (problem `framework:`), which keeps other bytes per "
@@ -210,10 +210,12 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     return ctx
 
 
-def _overlaps(problem: Problem, plan: Plan, microbatches: int) -> tuple[bool, bool]:
+def _overlaps(problem: Problem, plan: Plan) -> tuple[bool, bool]:
     """(tp_comm_overlap, ep_overlap) as the cost model prices them: the plan's choice, or where it
-    leaves it open (None) the problem framework's default where the plan allows it (and, for the EP
-    overlap, where it pays: `cost.ep_overlap_pays`)."""
+    leaves it open (None) the problem framework's default where the plan allows it. The EP overlap is
+    the cost model's own answer (`cost.ep_overlap_priced`: Megatron's conditions, the recompute it
+    refuses, and where left open, whether it pays)."""
+    from .cost import ep_overlap_priced  # noqa: PLC0415
     from .frameworks import get_framework  # noqa: PLC0415
 
     fw = get_framework(problem.framework)
@@ -221,13 +223,8 @@ def _overlaps(problem: Problem, plan: Plan, microbatches: int) -> tuple[bool, bo
               and (plan.tp_comm_overlap or fw.tp_comm_overlap))
     if tp and plan.tp_comm_overlap is None:
         tp = plan.tp <= _default_gpus_per_node(problem)  # userbuffers need the TP group in one NVLink domain
-    ep = bool(problem.model.is_moe and plan.ep > 1 and plan.ep_overlap is not False
-              and (plan.ep_overlap or fw.ep_overlap) and (plan.pp == 1 or plan.vpp >= 2) and microbatches >= 2)
-    if ep and plan.ep_overlap is None:  # left open: on where it pays (cost.ep_overlap_pays)
-        from .cost import ep_overlap_priced  # noqa: PLC0415
-
-        ep = ep_overlap_priced(problem, plan)
-    return tp, ep
+    ep = problem.model.is_moe and plan.ep > 1 and ep_overlap_priced(problem, plan)
+    return tp, bool(ep)
 
 
 def export_plan(problem: Problem, plan: Plan, fmt: str, *, gpus_per_node: int | None = None) -> Export:

@@ -9,6 +9,15 @@ from importlib import resources
 
 import yaml
 
+# FlashAttention-style kernels count the backward as 2.5x the forward's FLOPs (cost.ATTN_BWD_FACTOR) but
+# run it slower: the backward recomputes the scores, writes dQ with atomics and keeps more operands
+# in flight. Measured with cuDNN's fused attention (what Transformer Engine runs) on H100 and H200,
+# causal, head dim 64 and 128, 2-8k tokens: backward TFLOP/s over forward TFLOP/s, median 0.84 of
+# 18 shapes (range 0.76-0.91; autoshard/data/kernel_measurements.json, benchmarks/measure_kernels.py).
+# FlashAttention-2 and -3 publish their backward below their forward as well (Dao 2023; Shah et al.
+# 2024: their benchmark sections).
+CUDNN_ATTENTION_BACKWARD_RATE = 0.84
+
 
 @dataclass(frozen=True)
 class FrameworkProfile:
@@ -34,6 +43,8 @@ class FrameworkProfile:
     # HBM bytes per fc2-output element (forward, backward) of an unfused expert bias (ModelSpec.expert_bias)
     expert_bias_bytes: tuple[float, float] = (0.0, 0.0)
     attention_kernel_factor: float = 1.0  # attention kernel rate relative to FlashAttention-3 / cuDNN
+    # core attention's backward rate relative to its forward (cost.attention_backward_s)
+    attention_backward_rate: float = CUDNN_ATTENTION_BACKWARD_RATE
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
@@ -121,6 +132,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             ep_overlap_excludes_recompute=tuple(row.get("ep_overlap_excludes_recompute", ())),
             expert_bias_bytes=tuple(float(x) for x in row.get("expert_bias_bytes", (0.0, 0.0))),
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
+            attention_backward_rate=float(row.get("attention_backward_rate", CUDNN_ATTENTION_BACKWARD_RATE)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),

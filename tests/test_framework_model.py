@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from autoshard import Plan, evaluate, load_problem
-from autoshard.cost import BF16, Config, Shapes, context, cp_comm_s, layer_table, tp_comm_s
+from autoshard.cost import (ATTN_BWD_FACTOR, BF16, Config, Shapes, attention_backward_s, context, core_attention_s,
+                            cp_comm_s, layer_table, tp_comm_s)
 from autoshard.frameworks import get_framework
 from autoshard.topology import _expert_groups, all_gather_s, contiguous_profile
 
@@ -99,6 +100,26 @@ def test_cp_ring_moves_cp_minus_one_chunks():
     assert fwd == pytest.approx(0.15 * ring)
     # 3 of the 4 chunks cross the NVLink of every GPU (the old price moved about one).
     assert ring >= 3 * chunk / ctx.levels[0].bytes_per_s
+
+
+def test_attention_backward_runs_at_the_kernels_backward_rate():
+    # FlashAttention's backward (2.5x the forward FLOPs) at the framework's measured backward rate:
+    # cuDNN (Megatron) 0.84, SDPA FlashAttention-2 (torchtitan) 0.90; materialized scores (no flash)
+    # run their backward GEMMs at the forward's rate.
+    cfg = Config(8, 1, 1, 1, 1, 1, True, 1, 1, "1f1b", "tp-cp-ep-dp-pp")
+    for framework, rate in (("megatron", 0.84), ("torchtitan", 0.90)):
+        p = load_problem({"model": "llama3-70b", "framework": framework,
+                          "training": {"seq_len": 16384, "global_batch_size": 32},
+                          "cluster": {"gpu": "h100", "num_gpus": 64}})
+        ctx = context(p)
+        core, _, _ = core_attention_s(ctx, Shapes(ctx, cfg))
+        assert attention_backward_s(ctx, core) == pytest.approx(ATTN_BWD_FACTOR * core / rate)
+    p = load_problem({"model": "llama3-70b", "training": {"seq_len": 2048, "global_batch_size": 32,
+                                                          "flash_attention": False},
+                      "cluster": {"gpu": "h100", "num_gpus": 64}})
+    ctx = context(p)
+    core, _, _ = core_attention_s(ctx, Shapes(ctx, cfg))
+    assert attention_backward_s(ctx, core) == pytest.approx(ATTN_BWD_FACTOR * core)
 
 
 def test_ep_overlap_hides_all_to_all_where_megatron_allows_it():

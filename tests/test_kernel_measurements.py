@@ -71,3 +71,16 @@ def test_grouped_expert_gemms_at_training_token_counts(name, catalog):
     rows = [r for r in bench_kernels.grouped_rows(MACHINES[name], get_gpu(catalog)) if r["m"] >= 2048]
     assert len(rows) == 6
     assert statistics.median(abs(math.log(r["model_rel"] / r["measured_rel"])) for r in rows) < 0.10
+
+
+@pytest.mark.parametrize("backend,framework", [("cudnn", "megatron"), ("flash", "torchtitan")])
+def test_attention_backward_rate_is_the_measured_one(backend, framework):
+    # Backward TFLOP/s over forward TFLOP/s (FlashAttention's 2.5x FLOP count) of every recorded shape:
+    # cuDNN's fused attention (Transformer Engine, Megatron) and SDPA's FlashAttention-2 (torchtitan).
+    from autoshard.frameworks import get_framework
+
+    ratios = [r["bwd_tflops"] / r["fwd_tflops"] for doc in MACHINES.values() for r in doc["attention"]
+              if r["backend"] == backend]
+    assert len(ratios) == 18
+    assert get_framework(framework).attention_backward_rate == pytest.approx(statistics.median(ratios), abs=0.01)
+    assert max(ratios) < 1.1  # no backend runs its backward faster than its forward by more than noise

@@ -9,7 +9,7 @@ import numpy as np
 from ..catalog import get_gpu, gpu_ids
 from ..cost import GIB, Config, Context
 from ..cost import evaluate as _evaluate
-from ..spec import RECOMPUTES, mode_order, Plan, Problem
+from ..spec import mode_order, Plan, Problem
 
 
 def run_length(xs: list[int]) -> str:
