@@ -9,8 +9,8 @@ Per machine it prints:
   both relative to their median over the large shapes (M, K, N >= 4096), since the catalog's matmul
   factor is a training-level figure fitted on whole runs, not an isolated kernel's; and that level;
 - attention: the head-dimension factor (`cost.attention_head_dim_factor`) against the measured
-  cuDNN ratio of head dim 64 to 128, and what the model does not price (shorter sequences, the
-  backward's lower rate, fewer heads per GPU).
+  cuDNN ratio of head dim 64 to 128, the backward's rate against the forward's beside the one the
+  framework profile prices, and what the model does not price (shorter sequences, fewer heads per GPU).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from autoshard.catalog import get_gpu  # noqa: E402
 from autoshard.cost import attention_head_dim_factor, gemm_shape_efficiency  # noqa: E402
+from autoshard.frameworks import get_framework  # noqa: E402
 
 DATA = ROOT / "autoshard" / "data" / "kernel_measurements.json"
 CATALOG_OF = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200-sxm"}
@@ -140,8 +141,12 @@ def report(doc: dict, show_all: bool, repeat: dict | None = None) -> list[str]:
     if (32, 8192, 128) in cud and (32, 2048, 128) in cud:
         long_, short = cud[(32, 8192, 128)], cud[(32, 2048, 128)]
         out.append(f"  not priced: seq 2048 runs at {short['fwd_tflops'] / long_['fwd_tflops']:.2f} of seq 8192's "
-                   f"forward rate; the backward at {long_['bwd_tflops'] / long_['fwd_tflops']:.2f} of the forward's "
-                   f"(seq 8192, head dim 128; the model prices both at one rate)")
+                   "forward rate (head dim 128)")
+    ratios = sorted(r["bwd_tflops"] / r["fwd_tflops"] for r in cud.values())
+    if ratios:
+        out.append(f"  attention backward / forward rate: median {statistics.median(ratios):.2f} of {len(ratios)} cuDNN shapes "
+                   f"({ratios[0]:.2f}-{ratios[-1]:.2f}; priced: Megatron's profile "
+                   f"{get_framework('megatron').attention_backward_rate:.2f})")
     if (8, 4096, 128) in cud and (32, 4096, 128) in cud:
         out.append(f"  not priced: 8 heads per GPU run at {cud[(8, 4096, 128)]['fwd_tflops'] / cud[(32, 4096, 128)]['fwd_tflops']:.2f}"
                    " of 32 heads' forward rate (seq 4096, head dim 128)")
