@@ -1,0 +1,375 @@
+"""Megatron-LM core_r0.16 `pretrain_gpt.py` flags and environment."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from ..spec import Plan
+from .common import _recompute_counts
+from .context import _Ctx
+from .model_facts import _recipe_settings, gpu_arch, hierarchical_cp_sizes, model_family
+
+
+def megatron_layout(stages: list[int], mtp_layers: int = 0) -> str:
+    """`--pipeline-model-parallel-layout` string: virtual stages (in layer order, which is
+    Megatron's `vpp_rank * pp + pp_rank` order) separated by `|`, `E` = embedding on the
+    first, `L` = loss on the last, `t*n` = n transformer layers, `m` = an MTP layer (last stage)."""
+    parts = []
+    for i, n in enumerate(stages):
+        body = "t" if n == 1 else (f"t*{n}" if n > 1 else "")
+        last = i == len(stages) - 1
+        parts.append(("E" if i == 0 else "") + body + ("m" * mtp_layers if last else "") + ("L" if last else ""))
+    return "|".join(parts)
+
+
+def megatron_order(plan: Plan) -> str | None:
+    """The Megatron rank order (`initialize_model_parallel(order=...)`) that realizes the plan's
+    placement, or None when Megatron has none: it offers tp-cp-ep-dp-pp (default) and, with
+    --use-tp-pp-dp-mapping, tp-cp-ep-pp-dp (size-1 axes do not matter)."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp or 1, "pp": plan.pp}
+    live = [a for a in plan.axes if sizes[a] > 1 or (a == "ep" and plan.ep > 1)]
+    for order in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
+        want = [a for a in order.split("-") if a in live]
+        if want == live:
+            return order
+    return None
+
+
+def _pp_stride(plan: Plan, dp: int) -> int:
+    """Rank distance of pipeline neighbours in the plan's placement (the axes inside pp)."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": max(1, dp // plan.ep), "pp": plan.pp}
+    return math.prod(sizes[a] for a in plan.axes[:plan.axes.index("pp")])
+
+
+def megatron_env(ctx: _Ctx) -> dict[str, str]:
+    """Environment variables the Megatron launch needs (arguments.py validate_args, d98e8a64dd):
+    TP or CP on pre-Blackwell GPUs asserts CUDA_DEVICE_MAX_CONNECTIONS=1 unless Megatron-FSDP or
+    --overlap-moe-expert-parallel-comm is on; Megatron-FSDP asserts it is not 1."""
+    p = ctx.plan
+    if p.zero_stage >= 2:
+        return {}
+    if (p.tp > 1 or p.cp > 1) and not ctx.ep_overlap and not gpu_arch(ctx.problem).startswith("blackwell"):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def _megatron(ctx: _Ctx) -> str:
+    p, m, t = ctx.plan, ctx.model, ctx.training
+    fam = model_family(m) or {}
+    flags: list[tuple[str, Any]] = []
+
+    def add(flag: str, value: Any = None) -> None:
+        flags.append((flag, value))
+
+    # --- parallelism --------------------------------------------------------------------
+    add("--tensor-model-parallel-size", p.tp)
+    add("--pipeline-model-parallel-size", p.pp)
+    add("--context-parallel-size", p.cp)
+    if p.cp > 1 and p.cp_comm_type != "p2p":
+        add("--cp-comm-type", p.cp_comm_type)
+        if p.cp_comm_type == "a2a+p2p":  # nargs='+': the a2a group inside an NVLink domain, then the ring
+            add("--hierarchical-context-parallel-sizes", list(hierarchical_cp_sizes(ctx.problem, p)))
+    etp = p.expert_tp
+    if m.is_moe:
+        add("--expert-model-parallel-size", p.ep)
+        add("--expert-tensor-parallel-size", etp)
+    elif p.ep > 1:
+        ctx.warn(f"ep={p.ep} ignored: {m.name} is a dense model")
+    if p.sp and p.tp > 1:
+        add("--sequence-parallel")
+    order = megatron_order(p)
+    # Megatron always builds the expert grid etp x ep x edp x pp (dense models: tp x 1 x tp*cp*dp/tp).
+    m_etp, m_ep = (etp, p.ep) if m.is_moe else (p.tp, 1)
+    edp = ctx.world // (m_etp * m_ep * p.pp)
+    if order == "tp-cp-ep-pp-dp" and p.pp > 1:
+        if edp != ctx.dp:
+            # initialize_model_parallel: "When not using pp-last rank ordering, the data parallel size of
+            # the attention and moe layers must be the same" (parallel_state.py, core_v0.16.1).
+            ctx.warn(f"placement {p.placement} needs --use-tp-pp-dp-mapping, which Megatron rejects when the "
+                     f"attention and expert data-parallel sizes differ ({ctx.dp} vs {edp}, with cp or ep > 1): "
+                     "exported with the default order tp-cp-ep-dp-pp, so pipeline neighbours are "
+                     f"{p.tp * p.cp * ctx.dp} ranks apart instead of {_pp_stride(p, ctx.dp)} and data-parallel "
+                     "groups are contiguous (PP and DP traffic swap network levels)")
+        else:
+            add("--use-tp-pp-dp-mapping")
+    elif order is None:
+        ctx.warn(f"placement {p.placement} is not expressible: Megatron orders ranks tp-cp-ep-dp-pp "
+                 "(or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping); the default order is used, so groups "
+                 "land on other network levels than planned")
+    if m.is_moe and p.ep > 1 and p.cp > 1 and etp == p.tp and ctx.dp % p.ep == 0:
+        ctx.warn(f"expert groups differ from the plan: Megatron lays experts out as etp x ep x edp over the "
+                 f"stage's ranks, so each ep={p.ep} group spans ranks {etp} apart (across the CP ranks), "
+                 f"while the plan carved EP out of DP ({p.tp * p.cp} apart); the all-to-all crosses the "
+                 "network levels of TP x CP neighbours instead")
+
+    # --- overlaps ---------------------------------------------------------------------------
+    if ctx.tp_overlap:
+        add("--tp-comm-overlap")
+    if ctx.ep_overlap:
+        add("--overlap-moe-expert-parallel-comm")
+        add("--delay-wgrad-compute")
+
+    # --- pipeline split and schedule ------------------------------------------------------
+    if p.pp > 1:
+        stages = ctx.stages
+        if p.vpp > 1:
+            if ctx.even:
+                add("--num-layers-per-virtual-pipeline-stage", stages[0])
+            else:
+                add("--pipeline-model-parallel-layout", megatron_layout(stages, ctx.mtp_layers))
+        elif not ctx.even:
+            middle = stages[1:-1]
+            if (stages[0] > 0 and stages[-1] > 0 and len(set(middle)) <= 1
+                    and (not middle or middle[0] > 0)):
+                add("--decoder-first-pipeline-num-layers", stages[0])
+                add("--decoder-last-pipeline-num-layers", stages[-1])
+            else:
+                add("--pipeline-model-parallel-layout", megatron_layout(stages, ctx.mtp_layers))
+        if p.schedule == "gpipe":
+            ctx.warn("schedule gpipe is not offered by Megatron-LM: it runs 1F1B (less activation memory, "
+                     "same bubble)")
+        elif p.schedule == "zero_bubble":
+            ctx.warn("schedule zero_bubble is not in Megatron-LM's mainline flags: exported as "
+                     + ("interleaved 1F1B" if p.vpp > 1 else "1F1B") + " (larger bubble than planned)")
+
+    # --- batch ---------------------------------------------------------------------------
+    add("--micro-batch-size", p.micro_batch_size)
+    add("--global-batch-size", t.global_batch_size)
+    add("--seq-length", t.seq_len)
+    add("--max-position-embeddings", t.seq_len)
+
+    # --- data parallelism / ZeRO ------------------------------------------------------------
+    if p.zero_stage == 1:
+        add("--use-distributed-optimizer")
+    if p.zero_stage >= 2:
+        add("--use-megatron-fsdp")
+        add("--data-parallel-sharding-strategy", "optim_grads" if p.zero_stage == 2 else "optim_grads_params")
+        add("--ckpt-format", "fsdp_dtensor")  # validate_args: Megatron-FSDP requires it
+        # (with TP/CP Megatron itself warns that FSDP wants CUDA_DEVICE_MAX_CONNECTIONS unset)
+    if p.overlap_grad_reduce:
+        add("--overlap-grad-reduce")
+    if p.zero_stage >= 1 and p.overlap_param_gather:
+        add("--overlap-param-gather")
+    if p.optimizer_offload:  # Megatron-Core HybridDeviceOptimizer: the whole optimizer on the CPU
+        add("--optimizer-cpu-offload")
+        add("--optimizer-offload-fraction", 1.0)
+        add("--overlap-cpu-optimizer-d2h-h2d")
+    if p.cuda_graphs:  # the whole step captured once and replayed
+        # megatron-core <= 0.16 spells it impl local + scope full_iteration; Megatron-LM d98e8a64dd
+        # migrates that spelling to --cuda-graph-impl full_iteration (validate_args, cuda_graph_config.py)
+        add("--cuda-graph-impl", "local")
+        add("--cuda-graph-scope", "full_iteration")
+        add("--no-check-for-nan-in-loss-and-grad")  # validate_args asks for it with full_iteration graphs
+        if m.is_moe and t.moe_capacity_factor is None:  # drop-and-pad is sync-free already
+            need = "paged stashing" if p.moe_dispatcher == "hybridep" else \
+                "--moe-token-dispatcher-type flex with the HybridEP backend and paged stashing"
+            ctx.warn(f"full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set {need} "
+                     "(Megatron-Bridge _enable_hybridep_full_iteration_mxfp8); not written by this exporter")
+    offloaded = ctx.recompute.count("offload")
+    if offloaded:  # TE activation offloading of the first N layers of each rank
+        add("--cpu-offloading")
+        add("--cpu-offloading-num-layers", offloaded // max(1, p.pp))
+
+    if t.main_grads == "bf16":  # main_grad buffers and the gradient reduction in bf16
+        add("--grad-reduce-in-bf16")
+    if t.fp8_params:  # FP8 / FP4 primary weights, all-gathered in that precision
+        from ..catalog import get_recipe  # noqa: PLC0415
+
+        if get_recipe(t.precision).gemm_dtype == "fp4":
+            add("--fp4-param-gather")
+            ctx.warn("--fp4-param-gather needs Megatron-LM with DistributedDataParallelConfig.fp4_param_gather "
+                     "(d98e8a64dd; megatron-core 0.16.1 has only fp8_param_gather)")
+        else:
+            add("--fp8-param-gather")
+
+    # --- recompute -------------------------------------------------------------------------
+    _megatron_recompute(ctx, add)
+
+    # --- precision ---------------------------------------------------------------------------
+    add("--fp16" if t.precision == "fp16" else "--bf16")
+    recipe = _recipe_settings(t.precision)
+    if recipe:
+        for flag, value in recipe["megatron"]:
+            add(flag, value)
+        if recipe.get("megatron_note"):
+            ctx.warn(f"precision {t.precision}: {recipe['megatron_note']}")
+    else:
+        ctx.warn(f"precision {t.precision} has no Megatron recipe in this exporter: trains in bf16")
+
+    # --- model shape ---------------------------------------------------------------------------
+    add("--num-layers", m.num_hidden_layers)
+    add("--hidden-size", m.hidden_size)
+    add("--ffn-hidden-size", m.intermediate_size)
+    add("--num-attention-heads", m.num_attention_heads)
+    if not m.is_mla:
+        if m.kv_heads != m.num_attention_heads:
+            add("--group-query-attention")
+            add("--num-query-groups", m.kv_heads)
+        if m.head_dim:
+            add("--kv-channels", m.head_dim)
+    if m.sliding_window:  # TE window (left, right): the last W keys including the query's own
+        add("--window-size", f"{m.sliding_window - 1},0")
+        if m.sliding_window_layers < 1:  # one full-attention layer after every N - 1 windowed ones
+            freq = round(1 / (1 - m.sliding_window_layers))
+            if abs(1 / freq - (1 - m.sliding_window_layers)) > 1e-6:
+                ctx.warn(f"{m.sliding_window_layers:.3f} of the layers windowed is no 1-in-N pattern: "
+                         f"--window-attn-skip-freq {freq} is the nearest")
+            add("--window-attn-skip-freq", freq)
+    add("--vocab-size", m.vocab_size)
+    if not m.tie_word_embeddings:
+        add("--untie-embeddings-and-output-weights")
+    if m.gated:  # Llama-family: SwiGLU, RMSNorm, RoPE, no linear biases
+        add("--swiglu")
+        add("--normalization", "RMSNorm")
+        add("--position-embedding-type", "rope")
+        add("--disable-bias-linear")
+    elif m.hidden_act in ("relu", "relu2"):
+        ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
+    if fam.get("norm_epsilon") is not None:
+        add("--norm-epsilon", fam["norm_epsilon"])
+    if m.gated:
+        if fam.get("rotary_base"):
+            add("--rotary-base", fam["rotary_base"])
+        else:
+            ctx.warn(f"rotary base of {m.name} unknown: Megatron's default --rotary-base 10000 is used; "
+                     "set it to the model's rope_theta")
+    if not m.dropout:  # the plan prices no dropout masks; Megatron defaults to 0.1
+        add("--attention-dropout", 0.0)
+        add("--hidden-dropout", 0.0)
+
+    # --- mixture of experts ------------------------------------------------------------------
+    fam_flags = dict(fam.get("megatron", []))
+    if m.is_moe:
+        add("--num-experts", m.num_experts)
+        add("--moe-router-topk", m.num_experts_per_tok)
+        add("--moe-ffn-hidden-size", m.expert_ffn)
+        if m.num_shared_experts:
+            add("--moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn)
+        if m.num_dense_layers:
+            add("--moe-layer-freq", f"[0]*{m.num_dense_layers}+[1]*{m.num_moe_layers}")
+        dispatcher = p.moe_dispatcher or "alltoall"
+        if dispatcher == "alltoall":
+            add("--moe-token-dispatcher-type", "alltoall")
+        else:  # the flex dispatcher with the DeepEP / HybridEP kernels (transformer_config.py, d98e8a64dd)
+            add("--moe-token-dispatcher-type", "flex")
+            add("--moe-flex-dispatcher-backend", dispatcher)
+        add("--moe-grouped-gemm")
+        if t.moe_capacity_factor is not None:  # drop above the capacity, pad up to it (no D2H sync)
+            add("--moe-expert-capacity-factor", t.moe_capacity_factor)
+            add("--moe-pad-expert-input-to-capacity")
+        if not any(f.startswith("--moe-router-load-balancing-type") for f in fam_flags):
+            ctx.warn(f"router settings of {m.name} unknown: Megatron's defaults are used (softmax top-k, "
+                     "aux_loss coefficient 0); set --moe-aux-loss-coeff to the model's router_aux_loss_coef")
+    for flag, value in fam.get("megatron", []):
+        if flag.startswith(("--moe-", "--mtp-")) and not m.is_moe:
+            continue
+        if flag in ("--rotary-scaling-factor", "--mscale", "--mscale-all-dim") and not m.is_mla:
+            continue
+        if flag.startswith("--mtp-") and ctx.ep_overlap and int(fam.get("mtp_layers", 0)) > 1:
+            continue
+        add(flag, value)
+
+    # --- multi-head latent attention ----------------------------------------------------------
+    if m.is_mla:
+        add("--multi-latent-attention")
+        if m.q_lora_rank is not None:
+            add("--q-lora-rank", m.q_lora_rank)
+        add("--kv-lora-rank", m.kv_lora_rank)
+        add("--qk-head-dim", m.qk_nope_head_dim)
+        add("--qk-pos-emb-head-dim", m.qk_rope_head_dim)
+        add("--v-head-dim", m.v_head_dim)
+    if ctx.mtp_layers:
+        ctx.warn(f"{m.name} trains with {ctx.mtp_layers} multi-token-prediction layer(s) (--mtp-num-layers), "
+                 "which the plan does not price: the last stage computes it on top of its planned layers")
+
+    head = [f"# {line}" for line in ctx.header()]
+    head.append(f"# data-parallel size is derived by Megatron: {ctx.world} // (TP*PP*CP = "
+                f"{p.tp * p.pp * p.cp}) = {ctx.dp}; {ctx.microbatches} micro-batches per step")
+    if m.is_moe:
+        head.append(f"# expert grid (MoE parallel folding): etp {etp} x ep {p.ep} x edp {edp} x pp {p.pp}")
+    if fam:
+        head.append(f"# architecture facts ({fam['family']}): {fam['source']}")
+    te = []  # Transformer Engine versions Megatron-LM's validate_args asks for (arguments.py, d98e8a64dd)
+    if ctx.ep_overlap:
+        te.append("2.8 (--delay-wgrad-compute with --overlap-grad-reduce)")
+    if str(t.precision) == "nvfp4":
+        te.append("2.7 (--fp4-format, NVFP4BlockScaling)")
+    if te:
+        head.append("# requires Transformer Engine >= " + "; >= ".join(te))
+    if m.is_moe and p.moe_dispatcher in ("deepep", "hybridep"):
+        head.append(f"# requires the {'DeepEP' if p.moe_dispatcher == 'deepep' else 'HybridEP'} kernels "
+                    "(github.com/deepseek-ai/DeepEP; HybridEP is its hybrid-ep branch) for the flex dispatcher; "
+                    "without them plan with `search: {moe_dispatcher: alltoall}`")
+    env = megatron_env(ctx)
+    for k, v in env.items():
+        head.append(f"# launch with: export {k}={v}   (Megatron asserts it for TP/CP on pre-Blackwell GPUs)")
+    for w in ctx.warnings:
+        head.append(f"# warning: {w}")
+    body = []
+    for i, (flag, value) in enumerate(flags):
+        if value is None:
+            line = flag
+        elif isinstance(value, list):  # an nargs='+' flag
+            line = " ".join([flag, *(shlex.quote(str(v)) for v in value)])
+        else:
+            line = f"{flag} {shlex.quote(str(value))}"
+        body.append(line + (" \\" if i < len(flags) - 1 else ""))
+    return "\n".join(head + body) + "\n"
+
+
+def _megatron_recompute(ctx: _Ctx, add) -> None:
+    modes = ["none" if m == "offload" else m for m in ctx.recompute]  # offload: flags of its own
+    kinds = set(modes)
+    if kinds == {"none"}:
+        return
+    if kinds == {"selective"}:
+        add("--recompute-granularity", "selective")
+        return
+    if "full" not in kinds and kinds - {"none", "selective"}:
+        # Recompute modules (--recompute-modules takes a list; they apply to every layer).
+        from ..spec import RECOMPUTE_MODULES  # noqa: PLC0415
+
+        names = {x for k in kinds - {"none"} for x in (["core_attn"] if k == "selective" else k.split("+"))}
+        add("--recompute-granularity", "selective")
+        add("--recompute-modules", sorted(names, key=RECOMPUTE_MODULES.index))  # nargs='*', one line
+        if len(kinds) > 1:
+            mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
+            ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in Megatron-LM: the modules "
+                     f"{', '.join(sorted(names, key=RECOMPUTE_MODULES.index))} are recomputed in every layer")
+        return
+    if kinds == {"full"}:
+        add("--recompute-granularity", "full")
+        add("--recompute-method", "uniform")
+        add("--recompute-num-layers", 1)
+        return
+    counts = _recompute_counts(ctx)
+    mix = ", ".join(f"{k}:{v}" for k, v in counts.items())
+    if "full" not in kinds:  # none + selective
+        add("--recompute-granularity", "selective")
+        ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in Megatron-LM: selective recompute "
+                 "is applied to every layer")
+        return
+    # Full recompute on a prefix of every virtual stage = `--recompute-method block` (a stage shorter
+    # than K recomputes all its layers: solver/layouts.py block_layers).
+    from ..solver.layouts import block_layers  # noqa: PLC0415
+
+    per_stage, cover = [], 0
+    for rng in ctx.stage_ranges():
+        stage = [modes[i] for i in rng]
+        fulls = [j for j, mode in enumerate(stage) if mode == "full"]
+        per_stage.append(len(fulls))
+        if fulls:
+            cover = max(cover, fulls[-1] + 1)
+    exact = block_layers([len(r) for r in ctx.stage_ranges()], modes) is not None
+    add("--recompute-granularity", "full")
+    add("--recompute-method", "block")
+    add("--recompute-num-layers", cover)
+    if not exact:
+        msg = (f"per-layer recompute mix ({mix}) is not exactly expressible in Megatron-LM: "
+               f"--recompute-method block recomputes the first {cover} layers of every virtual stage "
+               f"(planned full-recompute layers per stage: {','.join(map(str, per_stage))})")
+        if "selective" in kinds:
+            msg += "; selective layers run without recompute (granularity is global)"
+        ctx.warn(msg)

@@ -1,0 +1,135 @@
+"""Architecture facts a Hugging Face-shaped ModelSpec does not carry (rotary base, router, norms,
+MTP), per model family, matched on the model name, and the target's names for the GPU and precision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec import Plan, Problem
+
+FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("deepseek-v3", "deepseek_v3", "deepseekv3"), {
+        "family": "deepseek-v3", "rotary_base": 10000, "norm_epsilon": 1e-6,
+        # DeepSeek-V3 config.json: yarn factor 40 over 4096, sigmoid scoring, noaux_tc bias, 8 groups
+        # top-4, routed_scaling_factor 2.5, 1 MTP layer; Megatron-LM
+        # examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh (d98e8a64dd) for the flag spellings.
+        "megatron": [("--rotary-scaling-factor", 40), ("--mscale", 1.0), ("--mscale-all-dim", 1.0),
+                     ("--qk-layernorm", None),
+                     ("--moe-router-load-balancing-type", "seq_aux_loss"), ("--moe-aux-loss-coeff", 1e-4),
+                     ("--moe-router-score-function", "sigmoid"), ("--moe-router-pre-softmax", None),
+                     ("--moe-router-enable-expert-bias", None), ("--moe-router-bias-update-rate", 1e-3),
+                     ("--moe-router-num-groups", 8), ("--moe-router-group-topk", 4),
+                     ("--moe-router-topk-scaling-factor", 2.5), ("--moe-router-dtype", "fp32"),
+                     ("--mtp-num-layers", 1), ("--mtp-loss-scaling-factor", 0.1)],
+        "mtp_layers": 1,
+        "titan": ("deepseek_v3", "671B"),
+        "source": "DeepSeek-V3 config.json (ECOSYSTEM §2); Megatron-LM sbatch_mfsdp_deepseek_v3.sh",
+    }),
+    (("qwen3",), {
+        "family": "qwen3", "rotary_base": 1000000, "norm_epsilon": 1e-6,
+        # Qwen3 q_norm/k_norm, rope_theta 1e6, router_aux_loss_coef 1e-3: Megatron-LM
+        # examples/post_training/modelopt/conf/Qwen/Qwen3-235B-A22B.sh (d98e8a64dd).
+        "megatron": [("--qk-layernorm", None), ("--moe-router-load-balancing-type", "aux_loss"),
+                     ("--moe-aux-loss-coeff", 1e-3), ("--moe-router-dtype", "fp32")],
+        "titan_flavors": {"qwen3-235b-a22b": ("qwen3", "235B-A22B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
+                          "qwen3-8b": ("qwen3", "8B")},
+        "source": "Qwen3 config.json (ECOSYSTEM §2); Megatron-LM Qwen3-235B-A22B.sh",
+    }),
+    (("mixtral",), {
+        "family": "mixtral", "rotary_base": 1000000, "norm_epsilon": 1e-5,
+        # Mixtral config.json rope_theta 1e6, router_aux_loss_coef 0.02 (Megatron-LM
+        # examples/mixtral/train_mixtral_8x7b_distributed.sh uses 1e-2).
+        "megatron": [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", 0.02)],
+        "source": "mistralai/Mixtral-8x7B-v0.1 config.json (ECOSYSTEM §2)",
+    }),
+    (("llama3", "llama-3", "llama_3", "meta-llama-3"), {
+        "family": "llama3", "rotary_base": 500000, "norm_epsilon": 1e-5,
+        "titan_flavors": {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
+                          "llama3-405b": ("llama3", "405B")},
+        "source": "meta-llama Llama 3 config.json rope_theta 500000 (ECOSYSTEM §2; torchtitan llama3 flavors)",
+    }),
+    (("llama2", "llama-2"), {
+        "family": "llama2", "rotary_base": 10000, "norm_epsilon": 1e-5,
+        "source": "meta-llama/Llama-2-70b-hf config.json rope_theta 10000",
+    }),
+    (("gpt3", "gpt-3"), {
+        "family": "gpt3", "rotary_base": None, "norm_epsilon": 1e-5,
+        "source": "Brown et al. 2020: learned absolute positions, LayerNorm, GeLU, dropout 0.1",
+    }),
+)
+
+
+def model_family(model) -> dict[str, Any] | None:
+    """The FAMILIES row whose key occurs in the model's name, or None."""
+    name = str(model.name).lower().replace("_", "-")
+    for keys, facts in FAMILIES:
+        if any(k.replace("_", "-") in name for k in keys):
+            return facts
+    return None
+
+
+def titan_flavor(model) -> tuple[str, str] | None:
+    """torchtitan (model name, flavor) for a preset whose shape torchtitan ships."""
+    fam = model_family(model) or {}
+    if "titan" in fam:
+        return fam["titan"]
+    return fam.get("titan_flavors", {}).get(str(model.name).lower())
+
+
+def hierarchical_cp_sizes(problem: Problem, plan: Plan) -> tuple[int, int]:
+    """(inner a2a, outer p2p) sizes the cost model priced for cp_comm_type a2a+p2p (cost.cp_hierarchy)."""
+    from ..cost import Config, context, cp_hierarchy  # noqa: PLC0415
+    from ..topology import place_axes  # noqa: PLC0415
+
+    ctx = context(problem)
+    cfg = Config.of(plan, plan.dp)
+    pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
+    return cp_hierarchy(ctx, cfg, pl)
+
+
+def gpu_arch(problem: Problem) -> str:
+    try:
+        from ..catalog import get_gpu  # noqa: PLC0415
+
+        return str(get_gpu(problem.cluster.gpu, problem.cluster.catalog).arch)
+    except Exception:  # noqa: BLE001 - unknown GPU: treated as pre-Blackwell
+        return "unknown"
+
+
+# training.precision (autoshard/data/precisions.yaml) -> launcher settings. Megatron-LM arguments.py /
+# TransformerConfig (d98e8a64dd): --fp8-format {e4m3,hybrid}, --fp8-recipe {tensorwise,delayed,mxfp8,
+# blockwise,custom}, --fp4-format e2m1 --fp4-recipe nvfp4. torchtitan 0.2.2 job_config.py: converters
+# "quantize.linear.float8" ([quantize.linear.float8] recipe_name tensorwise | rowwise |
+# rowwise_with_gw_hp; torchao dropped delayed scaling) and "quantize.linear.mx" (recipe_name mxfp8_cublas).
+# `*_note`: what the closest setting changes (a warning). Keyed by recipe id (`fp8` is fp8-delayed:
+# look up through `_recipe_settings`).
+PRECISION_RECIPES: dict[str, dict[str, Any]] = {
+    "bf16": {"megatron": [], "titan": None},
+    "fp16": {"megatron": [], "titan": None},
+    "fp8-delayed": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")],
+                    "titan": ("quantize.linear.float8", "tensorwise"),
+                    "titan_note": "torchtitan/torchao has no delayed scaling: exported as tensorwise (current) "
+                                  "scaling, one more read of each GEMM input per step for its amax"},
+    "fp8-current": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")],
+                    "titan": ("quantize.linear.float8", "tensorwise")},
+    "fp8-rowwise": {"megatron": [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")],
+                    "megatron_note": "Megatron has no row-wise FP8 recipe: exported as tensorwise current scaling "
+                                     "(coarser scales than planned, same GEMM rate)",
+                    "titan": ("quantize.linear.float8", "rowwise")},
+    "fp8-blockwise": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "blockwise")],
+                      "titan": ("quantize.linear.float8", "rowwise"),
+                      "titan_note": "torchtitan has no 128x128 block scaling: exported as row-wise float8 "
+                                    "(finer scales for activations, coarser for weights)"},
+    "mxfp8": {"megatron": [("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")],
+              "titan": ("quantize.linear.mx", "mxfp8_cublas")},
+    "nvfp4": {"megatron": [("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")], "titan": None,
+              "titan_note": "torchtitan has no NVFP4 recipe: the exported job trains in bf16 (about half the "
+                            "planned GEMM rate)"},
+}
+
+
+def _recipe_settings(precision: str) -> dict[str, Any] | None:
+    """The launcher settings of a training precision, its aliases resolved (`fp8` -> fp8-delayed)."""
+    from ..catalog import precision_id  # noqa: PLC0415
+
+    return PRECISION_RECIPES.get(precision_id(str(precision)) or str(precision))
