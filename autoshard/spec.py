@@ -130,7 +130,7 @@ class ModelSpec(Strict):
     sliding_window: Annotated[int, Field(ge=1)] | None = None
     sliding_window_layers: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     # Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed
-    # token, outside the grouped GEMM where the framework does not fuse it (cost._mlp_cost).
+    # token, outside the grouped GEMM where the framework does not fuse it (cost.layers._mlp_cost).
     expert_bias: bool = False
     source: str | None = None
 

@@ -54,7 +54,7 @@ def gemm_rows(doc: dict, gpu, key: str) -> list[dict]:
 
 def grouped_rows(doc: dict, gpu) -> list[dict]:
     """Grouped expert GEMMs (one launch for a GPU's local experts): measured and modelled rate relative
-    to the single large bf16 GEMMs' median, the model as `cost._gemm_s` prices them: the shape
+    to the single large bf16 GEMMs' median, the model as `cost.kernels._gemm_s` prices them: the shape
     efficiency, capped by the HBM roofline (each expert's weights read for its few tokens)."""
     single = [r for r in doc["gemm"] if large(r)]
     meas_ref = statistics.median(r["bf16_tflops"] for r in single)

@@ -1,5 +1,5 @@
 """Measure GEMM (bf16, fp8), attention and HBM copy throughput on the local GPU, for the shapes the
-cost model prices (`cost._gemm_s`, `cost.core_attention_s`), and write them as JSON.
+cost model prices (`cost.kernels._gemm_s`, `cost.core_attention_s`), and write them as JSON.
 
 Needs a CUDA GPU and PyTorch with CUDA; nothing in autoshard imports this (no run-time or CI
 dependency on a GPU). The results are recorded, with the machine and the date, in

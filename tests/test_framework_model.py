@@ -245,8 +245,8 @@ def test_ep_overlap_pairs_each_all_to_all_with_one_piece_of_the_other_pass():
     assert cost.ep_overlap_on(ctx, cfg)
     table = cost.layer_table(ctx, cfg)
     sh = cost.Shapes(ctx, cfg)
-    afwd, abwd, _, _, _ = cost._attention_cost(ctx, cfg, table.placement, sh)
-    mfwd, mbwd, mwgrad, _ = cost._mlp_cost(ctx, cfg, table.placement, sh, "moe")
+    afwd, abwd, _, _, _ = cost.layers._attention_cost(ctx, cfg, table.placement, sh)
+    mfwd, mbwd, mwgrad, _ = cost.layers._mlp_cost(ctx, cfg, table.placement, sh, "moe")
     half = mfwd["ep_comm"] / 2  # dispatch = combine
     want_f = cost.overlapped(half, mbwd["compute"] - mwgrad) + cost.overlapped(half, abwd["compute"])
     want_b = cost.overlapped(half, mwgrad + mfwd["compute"]) + cost.overlapped(half, afwd["compute"])
@@ -341,7 +341,8 @@ def test_recompute_modules_trade_memory_for_time():
 
 
 def test_data_parallel_overlap_knobs():
-    from autoshard.cost import reduce_scatter_s, total_params
+    from autoshard.cost import total_params
+    from autoshard.topology import reduce_scatter_s
     from autoshard.export import export_plan
 
     p = load_problem({"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
@@ -390,7 +391,7 @@ def test_offloading_prices_the_host_link():
 
 
 def test_cp_comm_types():
-    from autoshard.cost import all_to_all_s
+    from autoshard.topology import all_to_all_s
 
     p = load_problem({"model": "llama3-70b", "training": {"seq_len": 32768, "global_batch_size": 16},
                       "cluster": {"gpu": "h100", "num_gpus": 64}})
@@ -413,7 +414,8 @@ def test_cp_comm_types():
 
 
 def test_lora_and_qlora_fine_tuning():
-    from autoshard.cost import _attention_params, _mlp_params, lora_fraction
+    from autoshard.cost import lora_fraction
+    from autoshard.cost.params import _attention_params, _mlp_params
 
     m = load_problem({"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 16},
                       "cluster": {"gpu": "rtx-4090", "num_gpus": 1}}).model
@@ -494,7 +496,7 @@ def test_moe_host_time_grows_with_local_experts_and_vanishes_under_cuda_graphs()
 
 def test_fp8_pays_quantization_and_keeps_router_and_head_in_bf16():
     from autoshard.catalog import get_recipe
-    from autoshard.cost import _gemm_s
+    from autoshard.cost.kernels import _gemm_s
 
     def ctx_of(precision, gpu="h100"):
         return context(load_problem({"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64,
@@ -617,7 +619,7 @@ def test_mla_up_proj_recompute_reruns_what_megatron_reruns():
 
     import yaml
 
-    from autoshard.cost import _module_recompute
+    from autoshard.cost.layers import _module_recompute
 
     m = yaml.safe_load((Path(__file__).parents[1] / "autoshard/data/models.yaml").read_text())["deepseek-v3"]
     m.pop("source")
@@ -679,7 +681,7 @@ def test_mla_gathers_its_latents_not_the_hidden_state():
     # With sequence parallelism, MLA's down-projections run on the sequence shard and the
     # column-parallel up-projections all-gather q_lora + kv_lora + the RoPE key (DeepSeek-V3: 1536 +
     # 512 + 64 = 2112 of 7168 per token); the output projection reduce-scatters the hidden state.
-    from autoshard.cost import _attention_cost
+    from autoshard.cost.layers import _attention_cost
     from autoshard.topology import reduce_scatter_s
 
     p = load_problem({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 1024},
@@ -721,7 +723,7 @@ def test_te_keeps_fp8_linear_inputs_for_the_backward():
     # Transformer Engine keeps a linear layer's quantized input (columnwise, rowwise dropped) for its
     # weight gradient: per dense layer the QKV, proj, fc1 and fc2 inputs drop from 2 bytes to 1 (FP8)
     # or 0.5625 (NVFP4) per element. torchtitan's float8 keeps them in bf16 here.
-    from autoshard.cost import _activation_bytes
+    from autoshard.cost.layers import _activation_bytes
 
     def acts(precision, framework="megatron", gpu="b200"):
         p = load_problem({"model": "llama3-70b", "framework": framework,

@@ -417,7 +417,7 @@ def test_millisecond_step_times_are_proven_optimal():
     assert sol.solver.status == "OPTIMAL", sol.solver
 
 
-# A known cost.py issue (reported): `pipeline_bubble = t_pipe - M * t[slow]` is computed by
+# A known cost-model issue (reported): `pipeline_bubble = t_pipe - M * t[slow]` is computed by
 # subtraction, and with pp=1 round-off leaves a tiny negative time (-5.4e-20 s here).
 BUBBLE = ({"model": {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 2,
                      "num_key_value_heads": 1, "vocab_size": 256},

@@ -6,8 +6,8 @@ import pytest
 
 from autoshard import Plan, load_problem
 from autoshard.catalog import get_gpu
-from autoshard.cost import (ADAM_STATE_BYTES, BF16, Config, _activation_bytes, Shapes, context,
-                            evaluate, static_bytes, total_params)
+from autoshard.cost import BF16, Config, Shapes, context, evaluate, static_bytes, total_params
+from autoshard.cost.layers import _activation_bytes
 from autoshard.spec import ClusterSpec, TopologyLevel
 from autoshard.topology import (all_gather_s, all_reduce_s, cluster_graph, contiguous_profile, reduce_scatter_s,
                                 resolve_levels)

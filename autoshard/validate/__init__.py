@@ -696,12 +696,13 @@ def _gpt3_layer_problem(s: int, h: int, a: int, layers: int, vocab: int, b: int,
 
 
 def korthikanti_check(s: int = 2048, h: int = 12288, a: int = 96, b: int = 1, t: int = 8) -> list[dict[str, Any]]:
-    """Per-layer activation bytes of `cost._activation_bytes` vs Korthikanti et al. 2022 Table 2.
+    """Per-layer activation bytes of `cost.layers._activation_bytes` vs Korthikanti et al. 2022 Table 2.
 
     GPT-3 style layer (gelu MLP of 4h, dropout, materialized attention scores: FlashAttention
     off). Rows: configuration, formula, cost-model bytes, formula bytes, ratio.
     """
     from .. import cost  # noqa: PLC0415
+    from ..cost.layers import _activation_bytes  # noqa: PLC0415
 
     problem = _gpt3_layer_problem(s, h, a, layers=max(8, t), vocab=51200, b=b, num_gpus=t)
     ctx = cost.context(problem)
@@ -709,7 +710,7 @@ def korthikanti_check(s: int = 2048, h: int = 12288, a: int = 96, b: int = 1, t:
     def acts(tp: int, sp: bool) -> dict[str, float]:
         cfg = cost.Config(tp=tp, cp=1, ep=1, pp=1, dp=t // tp, vpp=1, sp=sp, zero=1, mbs=b,
                           schedule="1f1b", placement="tp-cp-ep-dp-pp")
-        return cost._activation_bytes(ctx, cfg, cost.Shapes(ctx, cfg), "dense")
+        return _activation_bytes(ctx, cfg, cost.Shapes(ctx, cfg), "dense")
 
     sbh = s * b * h
     rows = [

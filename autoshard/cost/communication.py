@@ -1,0 +1,73 @@
+"""Tensor- and context-parallel communication of one layer, overlapped as the frameworks run it."""
+
+from __future__ import annotations
+
+import math
+
+from ..topology import Placement, all_gather_s, all_reduce_s, reduce_scatter_s
+from .constants import BF16, TP_OVERLAP_RS_SPLITS, overlapped
+from .context import Config, Context
+from .kernels import Shapes, attention_backward_s
+
+
+def _qkvo_bytes(sh: Shapes) -> float:
+    """Bytes of one GPU's q, k, v and attention output per micro-batch: what Ulysses' all-to-alls move."""
+    T, a, kv = sh.tokens, sh.a_local, sh.kv_local
+    if sh.m.is_mla:
+        return BF16 * T * a * (2 * sh.d_qk + 2 * sh.d_v)
+    return BF16 * T * (2 * a * sh.d_qk + kv * sh.d_qk + kv * sh.d_v)
+
+
+def cp_hierarchy(ctx: Context, cfg: Config, pl: Placement) -> tuple[int, int]:
+    """(inner, outer) sizes of hierarchical a2a+p2p context parallelism: the all-to-all runs among the
+    CP ranks that share an NVLink domain, as many as also divide each TP rank's query and key/value
+    heads (Ulysses scatters heads); the p2p ring spans the rest (Megatron's
+    --hierarchical-context-parallel-sizes inner outer)."""
+    m = ctx.model
+    heads = int(m.num_attention_heads // cfg.tp)
+    kv = heads if m.is_mla else max(1, int(m.kv_heads // cfg.tp))
+    inner = math.gcd(math.gcd(pl.cp.members[0], cfg.cp), math.gcd(heads, kv))
+    return inner, cfg.cp // inner
+
+
+def tp_overlap_on(ctx: Context, cfg: Config, pl: Placement) -> bool:
+    """Whether TP communication runs overlapped with the GEMMs: the plan asks for it (or leaves it
+    to the framework, whose profile runs it by default), SP is on, and the TP group sits inside
+    one NVLink domain (userbuffers / symmetric memory need peer access)."""
+    if cfg.tp == 1 or not cfg.sp or cfg.tp_overlap is False:
+        return False
+    return ctx.framework.tp_comm_overlap and pl.tp.members[0] >= cfg.tp
+
+
+def tp_comm_s(ctx: Context, cfg: Config, pl: Placement, act_bytes: float, gemm_s: float,
+              gather_bytes: float | None = None) -> float:
+    """Exposed TP communication of one block in one pass: all-gather + reduce-scatter of the
+    `act_bytes` activation with SP (all-reduce without); `gather_bytes` where the block gathers
+    something else than its output (MLA gathers its latents). Overlapped (`tp_overlap_on`), only the
+    first all-gather chunk (1/tp, ring exchange) and the last reduce-scatter chunk (1 of
+    TP_OVERLAP_RS_SPLITS) are exposed; the rest hides under the block's `gemm_s` of GEMMs."""
+    if cfg.tp == 1:
+        return 0.0
+    if not cfg.sp:
+        return all_reduce_s(ctx.levels, pl.tp, act_bytes)
+    ag = all_gather_s(ctx.levels, pl.tp, act_bytes if gather_bytes is None else gather_bytes)
+    rs = reduce_scatter_s(ctx.levels, pl.tp, act_bytes)
+    if not tp_overlap_on(ctx, cfg, pl):
+        return ag + rs
+    exposed = ag / cfg.tp + rs / TP_OVERLAP_RS_SPLITS
+    return exposed + overlapped(ag + rs - exposed, gemm_s)
+
+
+def cp_comm_s(ctx: Context, cp: int, prof, sh: Shapes, core_s: float) -> tuple[float, float]:
+    """Exposed (forward, backward) time of the context-parallel ring exchange of K and V,
+    overlapped with the core attention of `core_s` (Megatron's p2p ring, TE
+    `attn_forward_func_with_cp`): cp - 1 steps, each passing one GPU's K/V chunk to the next
+    while attention runs on the chunk in hand, so each GPU sends cp - 1 chunks, the volume of an
+    all-gather of the whole K/V. The backward passes K/V and their gradients (twice the volume)."""
+    m = sh.m
+    if m.is_mla:  # Megatron's MLA CP exchanges the up-projected K and V heads
+        kv_bytes = BF16 * sh.tokens * sh.a_local * (sh.d_qk + sh.d_v)
+    else:
+        kv_bytes = BF16 * sh.tokens * sh.kv_local * (sh.d_qk + sh.d_v)
+    ring = all_gather_s(ctx.levels, prof, cp * kv_bytes)
+    return overlapped(ring, core_s), overlapped(2 * ring, attention_backward_s(ctx, core_s))

@@ -1,0 +1,53 @@
+"""Constants of the cost model that are not data (each with its source), and the overlap rule."""
+
+from __future__ import annotations
+
+GIB = 2**30
+BF16 = 2  # bytes per activation / weight element
+RESERVE_GIB = 2.0  # CUDA context, NCCL buffers, allocator slack (per GPU)
+ADAM_STATE_BYTES = 12  # fp32 master weights + two fp32 moments (16 B/param with bf16 weights + grads)
+SGD_STATE_BYTES = 8  # fp32 master + momentum
+OPT_TRAFFIC_BYTES = 30  # HBM bytes touched per parameter by a fused Adam step
+ATTN_BWD_FACTOR = 2.5  # FlashAttention backward FLOPs / forward FLOPs
+ELEMENTWISE_BWD_FACTOR = 2.0
+
+# While a collective overlaps computation, its NCCL kernels occupy SMs (16-32 channels of 132 on
+# H100) and HBM bandwidth: overlapped work slows by this fraction of the overlapped time.
+# Calculon's system files use the same notion (`processor_usage: 0.15`).
+COMM_INTERFERENCE = 0.15
+INTERFERENCE_DENOM = 20  # COMM_INTERFERENCE = 3 / 20, kept rational for the integer solver model
+
+# Materialized (non-Flash) attention moves per score element: write QK^T, read it for softmax,
+# write softmax, read it for AV (8 B); dropout adds read, mask and output (5 B).
+SCORE_BYTES = 8.0
+SCORE_DROPOUT_BYTES = 5.0
+
+# Overlapped TP communication (Transformer Engine userbuffers, `--tp-comm-overlap`): the all-gather
+# before a column-parallel GEMM runs as a ring exchange in tp steps (the first chunk is exposed);
+# the reduce-scatter after a row-parallel GEMM is pipelined in `num_splits` = 4 chunks (the last is
+# exposed). TE transformer_engine/pytorch/module/base.py, default userbuffers config
+# (ring_exchange for qkv/fc1 fprop, pipeline with num_splits 4 for proj/fc2 fprop). torchtitan's
+# AsyncTP micro-pipelines the same way (arXiv 2410.06511 §3.3).
+TP_OVERLAP_RS_SPLITS = 4
+
+# GEMM shape efficiency (`gemm_shape_efficiency`): K-loop prologue/epilogue worth this many K
+# elements, and the share of a tail wave that stream-K scheduling recovers. Documented fitted
+# factors (fitted with the catalog's matmul efficiencies on the dev and modern validation runs).
+GEMM_K_OVERHEAD = 64.0
+ATTN_HEAD_DIM_HALF = 32.0  # head dim at which FlashAttention reaches half its asymptotic rate (FA3 Fig. 5)
+STREAM_K_RECOVERY = 0.5
+
+
+def overlapped(comm_s: float, compute_s: float) -> float:
+    """Exposed time of communication overlapped with computation: what does not fit under the
+    computation, plus the slowdown it inflicts while it runs."""
+    return max(0.0, comm_s - compute_s) + COMM_INTERFERENCE * min(comm_s, compute_s)
+
+
+# Host time of one transformer layer per micro-batch (forward, recompute and backward launches) when
+# every launch blocks (training.launch_blocking, CUDA_LAUNCH_BLOCKING=1). Fitted: BigScience's BLOOM
+# logbook (chronicles-prequel.md, 02-20 micro-batch sweeps, run with CUDA_LAUNCH_BLOCKING=1 against
+# NCCL hangs) is 4.5-6.8 ms slower per layer and extra micro-batch at micro-batch 1 than at 2 on A100
+# (tp8, pp6-12), and its own async/sync check measured 6.8% at 80 GPUs.
+BLOCKING_LAYER_HOST_S = 6.0e-3
+TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "host", "offload")

@@ -1,0 +1,377 @@
+"""What a plan is priced against: the problem resolved once (`Context`), the global knobs of a plan
+(`Config`), and whether a plan is valid for the problem (`config_reasons`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import GPU, get_gpu
+from ..frameworks import FrameworkProfile, get_framework
+from ..spec import RECOMPUTES, Plan, Problem, ProblemParts
+from ..topology import ClusterGraph, Level, cluster_graph, resolve_levels
+from .constants import BF16, GIB, RESERVE_GIB
+
+
+@dataclass(frozen=True)
+class Context(ProblemParts):
+    problem: Problem
+    gpu: GPU
+    levels: tuple[Level, ...]
+    graph: ClusterGraph
+    modes: tuple[str, ...] = RECOMPUTES  # recompute modes the layer tables price (+ modules asked for)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.problem.cluster.num_gpus
+
+    @functools.cached_property
+    def framework(self) -> FrameworkProfile:
+        return get_framework(self.problem.framework, self.problem.training.main_grads)
+
+    @functools.cached_property
+    def saved_input_bytes(self) -> float:
+        """Bytes per element of a linear layer's input kept for the backward: the recipe's quantized
+        size where the framework keeps it quantized (Transformer Engine), else bf16."""
+        if not self.framework.quantized_saved_inputs:
+            return float(BF16)
+        from ..catalog import saved_input_bytes_per_element  # noqa: PLC0415
+
+        return saved_input_bytes_per_element(self.training.precision, self.gpu)
+
+    @functools.cached_property
+    def peak(self) -> float:
+        from ..catalog import gemm_peak_flops_per_s  # noqa: PLC0415
+
+        return gemm_peak_flops_per_s(self.gpu, self.training.precision)
+
+    @functools.cached_property
+    def mm_flops_per_s(self) -> float:
+        from ..catalog import gemm_flops_per_s  # noqa: PLC0415  (the recipe's GEMM rate, catalog.py)
+
+        return gemm_flops_per_s(self.gpu, self.training.precision)
+
+    @functools.cached_property
+    def hp_flops_per_s(self) -> float:
+        """GEMM rate of the layers every recipe keeps in 16 bits (the router, the LM head)."""
+        from ..catalog import attention_flops_per_s  # noqa: PLC0415
+
+        return attention_flops_per_s(self.gpu)
+
+    @functools.cached_property
+    def quant_bytes(self) -> tuple[float, float]:
+        """HBM bytes moved per element to quantize a linear layer's (activation, weight) inputs for its
+        low-precision GEMMs, weighted by the recipe's low-precision share: activations every pass;
+        weights only where the recipe keeps no low-precision copy for the step (torchao recasts them
+        every micro-batch; Transformer Engine caches them). (0, 0) for 16-bit recipes."""
+        from ..catalog import (  # noqa: PLC0415
+            low_precision_fraction,
+            quant_overhead_bytes_per_element,
+            weight_copy_bytes_per_param,
+        )
+
+        prec = self.training.precision
+        q = quant_overhead_bytes_per_element(prec, self.gpu) * low_precision_fraction(prec)
+        return q, (q if q and not weight_copy_bytes_per_param(prec, self.gpu) else 0.0)
+
+    @functools.cached_property
+    def attn_flops_per_s(self) -> float:
+        """Core attention runs in bf16 at the GPU's matmul efficiency times the framework's
+        attention-kernel factor (FlashAttention-3 / cuDNN = 1; FlashAttention-2 through SDPA less)."""
+        return self.hp_flops_per_s * self.framework.attention_kernel_factor
+
+    @functools.cached_property
+    def hbm_bytes_per_s(self) -> float:
+        return self.gpu.hbm_bytes_per_s * self.gpu.efficiency.hbm
+
+    @functools.cached_property
+    def capacity_bytes(self) -> float:
+        """HBM a plan may use per GPU: usable HBM less the reserve and the requested headroom."""
+        return self.gpu.hbm_bytes - (RESERVE_GIB + self.problem.search.headroom_gib) * GIB
+
+
+def context(problem: Problem) -> Context:
+    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
+    levels = resolve_levels(problem.cluster, gpu)
+    extra = tuple(m for m in problem.search.allowed("recompute", []) if m not in RECOMPUTES)
+    return Context(problem, gpu, levels, cluster_graph(levels, problem.cluster.num_gpus),
+                   RECOMPUTES + tuple(dict.fromkeys(extra)))
+
+
+def with_modes(ctx: Context, modes: Any) -> Context:
+    """`ctx` pricing also the recompute modes in `modes` (a plan's per-layer list or one mode)."""
+    extra = tuple(m for m in dict.fromkeys([modes] if isinstance(modes, str) else modes) if m not in ctx.modes)
+    return dataclasses.replace(ctx, modes=ctx.modes + extra) if extra else ctx
+
+
+@dataclass(frozen=True)
+class Config:
+    """The global knobs of a plan (everything except per-layer recompute and stage split)."""
+
+    tp: int
+    cp: int
+    ep: int
+    pp: int
+    dp: int
+    vpp: int
+    sp: bool
+    zero: int
+    mbs: int
+    schedule: str
+    placement: str
+    etp: int | None = None  # expert tensor parallel (MoE parallel folding); None = tp
+    tp_overlap: bool | None = None  # None = the framework's default where the plan allows it
+    ep_overlap: bool | None = None
+    grad_overlap: bool = True  # overlap_grad_reduce
+    param_overlap: bool = True  # overlap_param_gather
+    opt_offload: bool = False  # optimizer_offload
+    cp_comm: str = "p2p"  # cp_comm_type
+    cuda_graphs: bool = False  # full-iteration CUDA graphs: no host overheads
+    dispatcher: str | None = None  # moe_dispatcher; None = the framework's default
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism: the ranks of a stage holding the same experts (edp)."""
+        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether any weights are replicated over ranks (dense over dp x cp, experts over edp): what
+        ZeRO shards and gradient reduction spans. Folding can give experts edp > 1 at dp = 1."""
+        return self.dp * self.cp > 1 or self.expert_dp > 1
+
+    @property
+    def folded(self) -> bool:
+        """Experts laid out as etp x ep x edp over the stage's ranks (Megatron's MoE parallel
+        folding) rather than ep carved out of the data-parallel axis of the placement."""
+        return self.expert_tp != self.tp or (self.ep > 1 and self.dp % self.ep != 0)
+
+    @staticmethod
+    def of(plan: Plan, dp: int) -> "Config":
+        return Config(plan.tp, plan.cp, plan.ep, plan.pp, dp, plan.vpp, plan.sp, plan.zero_stage,
+                      plan.micro_batch_size, plan.schedule, plan.placement,
+                      None if plan.etp is None or plan.etp == plan.tp else plan.etp,
+                      plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
+                      plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs, plan.moe_dispatcher)
+
+    def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
+        return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
+                    sequence_parallel=self.sp, zero_stage=self.zero, micro_batch_size=self.mbs,
+                    schedule=self.schedule, placement=self.placement, recompute=recompute,
+                    stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
+                    ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
+                    overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload,
+                    cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs, moe_dispatcher=self.dispatcher)
+
+
+def num_microbatches(problem: Problem, cfg: Config) -> int:
+    return problem.training.global_batch_size // (cfg.dp * cfg.mbs)
+
+
+class Reason(str):
+    """Why a plan is invalid (`config_reasons`): the message itself, a str (printed, joined, compared
+    and searched as any other), and `field`, what it is about: the plan field ("tp", "etp",
+    "stage_layers", ...) or "training.X" for the problem's training settings; None where no one
+    field is to blame. The CLI names `field` in its error line (`file: plan.tp: invalid plan: ...`).
+    Pickles with its field (a worker process's reasons reach its parent whole); an `Estimate`'s
+    `reasons` are plain strs (pydantic's list[str])."""
+
+    field: str | None
+
+    def __new__(cls, text: str, field: str | None = None) -> Reason:
+        self = super().__new__(cls, text)
+        self.field = field
+        return self
+
+    def __reduce__(self) -> tuple[type[Reason], tuple[str, str | None]]:
+        return type(self), (str(self), self.field)
+
+
+def _first_not_dividing(plan: Plan, num_gpus: int) -> str:
+    """The first of tp, cp, pp whose running product tp, tp*cp, tp*cp*pp stops dividing the GPUs:
+    the field a `tp*cp*pp = N does not divide` reason is about."""
+    prod = 1
+    for knob in ("tp", "cp", "pp"):
+        prod *= getattr(plan, knob)
+        if num_gpus % prod:
+            return knob
+    return "pp"
+
+
+def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
+    """(dp, reasons the global degrees are invalid); reasons empty means valid. Each reason is a
+    `Reason`, a str that names the field it is about (`Reason.field`, never None here)."""
+    m, t, n = problem.model, problem.training, problem.cluster.num_gpus
+    reasons: list[Reason] = []
+
+    def bad(field: str, text: str) -> None:
+        reasons.append(Reason(text, field=field))
+
+    mp = plan.tp * plan.cp * plan.pp
+    dp = plan.dp if plan.dp is not None else (n // mp if n % mp == 0 else 0)
+    if plan.dp is None and n % mp:
+        bad(_first_not_dividing(plan, n), f"tp*cp*pp = {mp} does not divide the {n} GPUs")
+    elif mp * dp != n:
+        bad("dp", f"tp*cp*pp*dp = {mp * dp} but the cluster has {n} GPUs")
+    if m.num_attention_heads % plan.tp:
+        bad("tp", f"tp={plan.tp} does not divide num_attention_heads={m.num_attention_heads}")
+    kv = m.kv_heads
+    if not m.is_mla and kv % plan.tp and plan.tp % kv:
+        bad("tp", f"tp={plan.tp} and num_key_value_heads={kv}: neither divides the other")
+    if m.intermediate_size % plan.tp:
+        bad("tp", f"tp={plan.tp} does not divide intermediate_size={m.intermediate_size}")
+    if m.is_moe and m.expert_ffn % plan.tp:
+        bad("tp", f"tp={plan.tp} does not divide moe_intermediate_size={m.expert_ffn}")
+    if plan.cp > 1 and t.seq_len % (2 * plan.cp):
+        bad("cp", f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
+    fw = get_framework(problem.framework)
+    if plan.cp > 1 and fw.cp_excludes_sp and plan.sp and plan.tp > 1:
+        bad("sequence_parallel", f"{problem.framework}'s context parallelism (cp={plan.cp}) cannot run beside TP "
+            "sequence parallelism: set sequence_parallel false")
+    if plan.cp > 1 and fw.cp_comm_types and plan.cp_comm_type not in fw.cp_comm_types:
+        bad("cp_comm_type", f"{problem.framework} splits the context with cp_comm_type "
+            f"{' or '.join(fw.cp_comm_types)} only, not {plan.cp_comm_type}")
+    if plan.cp > 1 and m.sliding_window and fw.window_cp_comm_types \
+            and plan.cp_comm_type not in fw.window_cp_comm_types:
+        bad("cp_comm_type", f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "
+            f"attention runs it only with cp_comm_type {' or '.join(fw.window_cp_comm_types)}, "
+            f"not {plan.cp_comm_type}")
+    etp = plan.expert_tp
+    if plan.ep > 1 or etp != plan.tp:
+        if not m.is_moe:
+            bad("ep", f"ep={plan.ep}, etp={etp} need a mixture-of-experts model")
+        elif m.num_experts % plan.ep:
+            bad("ep", f"ep={plan.ep} does not divide num_experts={m.num_experts}")
+        if m.is_moe and m.expert_ffn % etp:
+            bad("etp", f"etp={etp} does not divide moe_intermediate_size={m.expert_ffn}")
+        stage = plan.tp * plan.cp * dp
+        folded = etp != plan.tp or (dp and dp % plan.ep)
+        if dp and stage % (plan.ep * etp):
+            bad("ep", f"ep*etp = {plan.ep * etp} must divide tp*cp*dp = {stage} (the expert mesh "
+                f"etp x ep x edp covers the same GPUs of a pipeline stage as attention)")
+        elif folded and not fw.moe_folding:
+            bad("ep", f"{problem.framework} cannot fold expert parallelism over TP/CP ranks "
+                f"(etp != tp or ep not dividing dp={dp})")
+    if plan.sp and t.seq_len % plan.tp:
+        bad("sequence_parallel", f"sequence parallelism splits the {t.seq_len} tokens over tp={plan.tp}: "
+            "not divisible")
+    if plan.zero_stage not in fw.zero_stages:
+        bad("zero_stage", f"{problem.framework} runs ZeRO stages {list(fw.zero_stages)}, not {plan.zero_stage}")
+    if plan.schedule not in fw.schedules:
+        bad("schedule", f"{problem.framework} has no {plan.schedule!r} pipeline schedule "
+            f"(it runs {', '.join(fw.schedules)})")
+    if plan.tp_comm_overlap and not fw.tp_comm_overlap:
+        bad("tp_comm_overlap", f"{problem.framework} cannot overlap TP communication (tp_comm_overlap)")
+    if plan.tp_comm_overlap and plan.tp > 1 and not plan.sp:
+        bad("tp_comm_overlap", "tp_comm_overlap needs sequence parallelism (TE userbuffers / AsyncTP overlap AG/RS)")
+    if plan.ep_overlap:
+        if not fw.ep_overlap:
+            bad("ep_overlap", f"{problem.framework} cannot overlap expert all-to-all with compute (ep_overlap)")
+        elif plan.pp > 1 and plan.vpp < 2:
+            bad("ep_overlap", "ep_overlap needs pp=1 or an interleaved schedule (vpp >= 2), as Megatron requires")
+        elif blocked := ep_overlap_refusals(fw, plan.recompute_per_layer(problem.model.num_hidden_layers)):
+            bad("ep_overlap", f"{problem.framework} refuses ep_overlap beside recompute {' / '.join(blocked)} "
+                "(Megatron TransformerConfig); use selective recompute or recompute modules without moe")
+    if plan.moe_dispatcher and plan.moe_dispatcher not in fw.moe_dispatchers:
+        bad("moe_dispatcher", f"{problem.framework} has no {plan.moe_dispatcher} expert dispatcher "
+            f"(it runs {', '.join(fw.moe_dispatchers)})")
+    if plan.cuda_graphs and not fw.cuda_graphs:
+        bad("cuda_graphs", f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
+    if why := fw.main_grads_reason(t.main_grads):
+        bad("training.main_grads", why)
+    if t.fp8_params:
+        from ..catalog import get_recipe  # noqa: PLC0415
+
+        if not fw.fp8_params:
+            bad("training.fp8_params", f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
+        elif get_recipe(t.precision).gemm_dtype not in ("fp8", "fp4") or t.finetune != "full":
+            bad("training.fp8_params", f"training.fp8_params needs an FP8 or FP4 recipe and full training "
+                f"(precision {t.precision}, finetune {t.finetune}): 16-bit weights have no low-precision param gather")
+    if t.moe_capacity_factor is not None and m.is_moe:
+        if not fw.moe_token_drop:
+            bad("training.moe_capacity_factor", f"{problem.framework} routes dropless: it has no expert capacity "
+                "to drop tokens at (training.moe_capacity_factor)")
+        elif (plan.moe_dispatcher or fw.moe_dispatchers[0]) == "deepep":
+            bad("moe_dispatcher", "the DeepEP dispatcher cannot pad expert inputs to a capacity (Megatron raises "
+                "with --moe-pad-expert-input-to-capacity): token dropping needs alltoall or hybridep")
+    if dp:
+        per = dp * plan.micro_batch_size
+        if t.global_batch_size % per:
+            bad("dp", f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per}")
+    chunks = plan.pp * plan.vpp
+    if chunks > m.num_hidden_layers + 2:
+        bad("vpp", f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers "
+            f"plus an embedding and a loss slot")
+    elif chunks > m.num_hidden_layers and not fw.uneven_stages:
+        bad("vpp", f"pp*vpp = {chunks} virtual stages exceed the {m.num_hidden_layers} layers, and "
+            f"{problem.framework} cannot give the embedding or the loss a pipeline slot")
+    if plan.vpp > 1 and plan.schedule not in ("interleaved", "dualpipev"):
+        bad("vpp", f"vpp={plan.vpp} needs schedule 'interleaved' (got {plan.schedule!r})")
+    if plan.schedule == "dualpipev":
+        # DeepSeek's DualPipe cut in half (torch.distributed.pipelining ScheduleDualPipeV): each rank
+        # holds two virtual stages in a V (rank r: stages r and 2P-1-r) and runs one micro-batch's
+        # forward beside another's backward, in pairs of micro-batches.
+        if plan.pp < 2 or plan.vpp != 2:
+            bad("schedule", "schedule 'dualpipev' needs pp >= 2 and vpp = 2 (two virtual stages per rank, in a V)")
+        elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
+            mb = t.global_batch_size // (dp * plan.micro_batch_size)
+            if mb < 2 * plan.pp or mb % 2:
+                bad("micro_batch_size", f"dualpipev: {mb} micro-batches; it needs an even number >= 2*pp = "
+                    f"{2 * plan.pp}")
+    if plan.schedule == "interleaved":
+        if plan.vpp < 2 or plan.pp < 2:
+            bad("schedule", "schedule 'interleaved' needs pp >= 2 and vpp >= 2")
+        elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
+            mb = t.global_batch_size // (dp * plan.micro_batch_size)
+            if mb % plan.pp:
+                bad("micro_batch_size", f"interleaved schedule: {mb} micro-batches is not a multiple of pp={plan.pp}")
+    if plan.schedule == "zero_bubble" and plan.pp < 2:
+        bad("schedule", "schedule 'zero_bubble' needs pp >= 2")
+    if plan.stage_layers is not None:
+        if len(plan.stage_layers) != chunks:
+            bad("stage_layers", f"stage_layers has {len(plan.stage_layers)} entries, expected pp*vpp = {chunks}")
+        elif sum(plan.stage_layers) != m.num_hidden_layers:
+            bad("stage_layers", f"stage_layers sum to {sum(plan.stage_layers)}, the model has "
+                f"{m.num_hidden_layers} layers")
+    if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
+        bad("recompute", f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
+    if plan.cp > 1 and plan.cp_comm_type == "a2a":
+        heads = m.kv_heads if not m.is_mla else m.num_attention_heads
+        if (m.num_attention_heads // plan.tp) % plan.cp or max(1, heads // plan.tp) % plan.cp:
+            bad("cp_comm_type", f"cp_comm_type a2a scatters heads over cp={plan.cp}: the {m.num_attention_heads} "
+                f"query and {heads} key/value heads per tp={plan.tp} group must divide by it")
+    return dp, reasons
+
+
+def layout_split(num_layers: int, chunks: int) -> list[int]:
+    """The default layers per virtual stage: `even_split`, or, with one or two virtual stages more
+    than layers, the embedding alone in the first and the loss alone in the last (Megatron's
+    `--pipeline-model-parallel-layout` "E|t|...|t|L", or --account-for-embedding/loss-in-pipeline-split)."""
+    extra = chunks - num_layers
+    if extra <= 0:
+        return even_split(num_layers, chunks)
+    return [0] + [1] * num_layers + [0] * (extra - 1)
+
+
+def even_split(num_layers: int, chunks: int) -> list[int]:
+    """Layers per virtual stage as even as possible, the remainder on the middle stages."""
+    base, rem = divmod(num_layers, chunks)
+    out = [base] * chunks
+    order = sorted(range(chunks), key=lambda c: (abs(c - (chunks - 1) / 2), c))
+    for c in order[:rem]:
+        out[c] += 1
+    return out
+
+
+def ep_overlap_refusals(fw: FrameworkProfile, modes: Iterable[str]) -> list[str]:
+    """The recompute modes / modules among `modes` beside which the framework refuses the EP overlap
+    (Megatron: full recompute and the `moe` recompute module: `ep_overlap_excludes_recompute`)."""
+    used = {part for m in modes for part in (m, *m.split("+"))}
+    return [x for x in fw.ep_overlap_excludes_recompute if x in used]

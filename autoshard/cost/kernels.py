@@ -1,0 +1,140 @@
+"""Kernel time on one GPU: per-GPU shapes of a micro-batch, GEMMs (roofline times a shape efficiency)
+and core attention."""
+
+from __future__ import annotations
+
+import math
+
+from ..catalog import GPU
+from .constants import (
+    ATTN_BWD_FACTOR,
+    ATTN_HEAD_DIM_HALF,
+    BF16,
+    GEMM_K_OVERHEAD,
+    SCORE_BYTES,
+    SCORE_DROPOUT_BYTES,
+    STREAM_K_RECOVERY,
+)
+from .context import Config, Context
+from .params import lora_fraction
+
+
+class Shapes:
+    """Per-GPU tensor shapes of one micro-batch under a config."""
+
+    def __init__(self, ctx: Context, cfg: Config):
+        m = ctx.model
+        self.m = m
+        self.tokens = cfg.mbs * ctx.training.seq_len / cfg.cp  # tokens per GPU (before TP)
+        self.seq = ctx.training.seq_len
+        self.h = m.hidden_size
+        self.tp = cfg.tp
+        self.a_local = m.num_attention_heads / cfg.tp
+        self.kv_local = max(1.0, m.kv_heads / cfg.tp)
+        self.d = m.head_size
+        if m.is_mla:
+            self.d_qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            self.d_v = m.v_head_dim
+        else:
+            self.d_qk = self.d_v = m.head_size
+        # Elementwise tokens: the residual stream is sharded over TP only with sequence parallelism.
+        self.res_tokens = self.tokens / cfg.tp if cfg.sp else self.tokens
+
+
+def gemm_shape_efficiency(gpu: GPU, m: float, k: float, n: float, groups: float = 1.0) -> float:
+    """Fraction of the large-GEMM rate an (m x k) @ (k x n) GEMM reaches (`groups` of them in one
+    grouped launch, as expert GEMMs run), from three documented effects:
+    - tile padding: the output is computed in whole `gpu.gemm_tile` tiles (an m of 100 tokens
+      pays for a 128- or 256-row tile);
+    - wave quantization: tiles are spread over `sm_count / gemm_tile_sms` slots; a last partial
+      wave idles the rest. Fewer tiles than slots leave SMs idle outright; beyond one wave,
+      stream-K / persistent schedulers (cuBLAS, CUTLASS) recover about half of the tail
+      (STREAM_K_RECOVERY, a documented fitted factor);
+    - the K loop's prologue and epilogue: k / (k + GEMM_K_OVERHEAD).
+    A 8192-cubed GEMM on H100 gets 0.99; the catalog's matmul efficiency is for such GEMMs."""
+    tm, tn = gpu.gemm_tile
+    m, n = max(m, 1.0), max(n, 1.0)
+    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+    pad = (m * n) / (tiles_m * tm * tiles_n * tn)
+    slots = max(1, gpu.sm_count // gpu.gemm_tile_sms)
+    x = groups * tiles_m * tiles_n / slots
+    wave = x if x <= 1 else 1.0 - STREAM_K_RECOVERY * (1.0 - x / math.ceil(x))
+    return pad * wave * k / (k + GEMM_K_OVERHEAD)
+
+
+def _gemm_s(ctx: Context, m: float, k: float, n: float, flops_per_s: float | None = None,
+            groups: float = 1.0) -> float:
+    """Roofline time of `groups` (m x k) @ (k x n) GEMMs in bf16-sized operands, the compute side
+    at the GPU's matmul rate times `gemm_shape_efficiency`. A linear layer in the recipe's precision
+    (no `flops_per_s` given) also pays the quantization of its inputs (`Context.quant_bytes`)."""
+    flops = 2.0 * m * k * n * groups
+    nbytes = BF16 * (m * k + k * n + m * n) * groups
+    rate = (flops_per_s or ctx.mm_flops_per_s) * gemm_shape_efficiency(ctx.gpu, m, k, n, groups)
+    t = max(flops / rate, nbytes / ctx.hbm_bytes_per_s)
+    if flops_per_s is None:
+        q_act, q_weight = ctx.quant_bytes
+        if q_act:
+            t += (q_act * m * k + q_weight * k * n) * groups / ctx.hbm_bytes_per_s
+    return t
+
+
+def _mem_s(ctx: Context, nbytes: float) -> float:
+    return nbytes / ctx.hbm_bytes_per_s
+
+
+def core_attention_flops(sh: Shapes) -> float:
+    """FLOPs of one layer's core attention forward (QK^T and PV) on this GPU's queries: causal, or
+    over the sliding window (`ModelSpec.attention_key_share`)."""
+    return 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
+
+
+def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
+    """(time, materialized-score traffic time, FLOPs) of the core attention of one layer's
+    forward: each GPU's queries attend causally over the full sequence (CP splits queries), or over
+    their sliding window (`ModelSpec.attention_key_share`, FlashAttention / cuDNN skip the masked
+    tiles; averaged over the layers)."""
+    flops = core_attention_flops(sh)
+    scores = 0.0
+    if not ctx.training.flash_attention:  # materialized s x s scores per head
+        per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
+        scores = _mem_s(ctx, per * sh.tokens * sh.seq * sh.a_local)
+    rate = ctx.attn_flops_per_s * attention_head_dim_factor(sh.d_qk, ctx.gpu) if ctx.training.flash_attention \
+        else ctx.attn_flops_per_s
+    return flops / rate, scores, flops
+
+
+def attention_backward_s(ctx: Context, core_s: float) -> float:
+    """Time of the core attention's backward, given its forward's `core_s`: FlashAttention's 2.5x the
+    forward FLOPs, at the framework's backward rate relative to the forward
+    (`FrameworkProfile.attention_backward_rate`: cuDNN 0.84, FlashAttention-2 0.90, measured). Without
+    FlashAttention the scores are materialized and the backward's batched GEMMs run at the forward's."""
+    rate = ctx.framework.attention_backward_rate if ctx.training.flash_attention else 1.0
+    return ATTN_BWD_FACTOR * core_s / rate
+
+
+def attention_head_dim_factor(head_dim: float, gpu: GPU | None = None) -> float:
+    """FlashAttention's rate by head dimension relative to head dim 128 (where the catalog's
+    efficiencies were fitted). Each attention score costs 4 x head_dim FLOPs on the tensor cores (QK^T
+    and PV) and one exponential on the special-function units (MUFU.EX2): with the two in sequence a
+    score takes 4d / T + 1 / X, so the rate is 1 / (1/T + 1/(4 d X)), normalized at 128:
+    (1 + R) / (1 + R 128 / d) with R = T / (512 X), T the bf16 tensor peak and X the GPU's exponentials
+    per second (`GPU.exp_tera_per_s`). H100 (R = 0.50): 0.75 at head dim 64, 1.20 at 256, against
+    FlashAttention-3's ~500 / 650 / 750 TFLOP/s at 64 / 128 / 256 (Shah et al. 2024, Fig. 5); GB200
+    (R = 1.05, four times Hopper's tensor rate per exponential): 0.66 at 64 (cudnn-frontend's GB200
+    benchmark: 574 / 1,408 TFLOP/s forward at 64 / 128); Blackwell Ultra's doubled exponential rate
+    (R = 0.48) brings it back to 0.76. Without the figure: FlashAttention-3's d / (d + 32)."""
+    if gpu is None or gpu.exp_tera_per_s is None:
+        return (head_dim / (head_dim + ATTN_HEAD_DIM_HALF)) / (128.0 / (128.0 + ATTN_HEAD_DIM_HALF))
+    r = gpu.peak_flops("bf16") / (512.0 * gpu.exp_tera_per_s * 1e12)
+    return (1.0 + r) / (1.0 + r * 128.0 / head_dim)
+
+
+def _frozen_adjust(ctx: Context, gemm_fwd_s: float) -> tuple[float, float]:
+    """(backward GEMM time, weight-gradient time) of a block whose forward GEMMs take gemm_fwd_s:
+    input and weight gradients (2x, Narayanan et al. 2021), or with frozen base weights (LoRA) the
+    input gradients alone plus the adapters' three small GEMMs per pass (their share of the FLOPs is
+    `lora_fraction`)."""
+    if ctx.training.finetune == "full":
+        return 2 * gemm_fwd_s, gemm_fwd_s
+    adapters = lora_fraction(ctx.model, ctx.training.lora_rank) * gemm_fwd_s
+    return gemm_fwd_s + 2 * adapters, adapters

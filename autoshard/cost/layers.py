@@ -1,0 +1,468 @@
+"""One layer, the embedding and the LM head priced per kind and recompute mode (`layer_table`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..spec import Recompute
+from ..topology import (
+    Placement,
+    Profile,
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    p2p_s,
+    place_axes,
+    reduce_scatter_s,
+)
+from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s
+from .constants import (
+    BF16,
+    BLOCKING_LAYER_HOST_S,
+    ELEMENTWISE_BWD_FACTOR,
+    TIME_KEYS,
+    overlapped,
+)
+from .context import Config, Context, num_microbatches
+from .kernels import (
+    Shapes,
+    _frozen_adjust,
+    _gemm_s,
+    _mem_s,
+    attention_backward_s,
+    core_attention_flops,
+    core_attention_s,
+)
+from .moe import (
+    _no_ep_overlap,
+    dispatcher_of,
+    ep_overlap_host_s,
+    ep_overlap_on,
+    ep_overlap_pays,
+    moe_host_s,
+    moe_imbalance,
+    routed_tokens,
+)
+from .params import QLORA_BYTES_PER_PARAM, layer_params, zero3_bytes_per_param
+
+
+@dataclass
+class Cost:
+    """Time of one micro-batch through one piece (layer, embedding or head), split by category."""
+
+    fwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
+    bwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
+    wgrad_s: float = 0.0  # part of the backward that computes weight gradients (zero-bubble fills)
+    act_bytes: float = 0.0  # activations kept per in-flight micro-batch
+    work_bytes: float = 0.0  # transient working memory while this piece runs backward
+    params: float = 0.0  # parameters held on this GPU (before ZeRO sharding)
+    expert_params: float = 0.0  # of which expert weights (sharded over expert-DP instead of DP)
+    hfu_flops: float = 0.0  # FLOPs executed (incl. recompute), per micro-batch on this GPU
+    base_flops: float = 0.0  # FLOPs a step needs without recompute (forward + backward)
+    # time the EP overlap saves this piece (all-to-all hidden less host time exposed: `ep_overlap_pays`)
+    ep_overlap_gain_s: float = 0.0
+
+    @property
+    def fwd_s(self) -> float:
+        return sum(self.fwd.values())
+
+    @property
+    def bwd_s(self) -> float:
+        return sum(self.bwd.values())
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
+    """Forward/backward of the attention block (projections, core, TP and CP comm).
+
+    Returns (fwd, bwd, core_fwd_s, wgrad_s, flops_fwd).
+    """
+    m, T, h = sh.m, sh.tokens, sh.h
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    a, kv = sh.a_local, sh.kv_local
+    if m.is_mla:
+        gemms = []
+        if m.q_lora_rank:
+            gemms += [(T, h, m.q_lora_rank), (T, m.q_lora_rank, a * sh.d_qk)]
+        else:
+            gemms += [(T, h, a * sh.d_qk)]
+        gemms += [(T, h, m.kv_lora_rank + m.qk_rope_head_dim), (T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v))]
+        gemms += [(T, a * sh.d_v, h)]
+    else:
+        gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
+    proj = sum(_gemm_s(ctx, *g) for g in gemms)
+    flops = sum(2 * x * y * z for x, y, z in gemms)
+    core, scores, core_flops = core_attention_s(ctx, sh)
+    flops += core_flops
+    elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
+    fwd["compute"] = proj + core + scores + elem
+    proj_b, wgrad = _frozen_adjust(ctx, proj)
+    bwd["compute"] = proj_b + attention_backward_s(ctx, core) + ELEMENTWISE_BWD_FACTOR * (elem + scores)
+    core += scores  # what selective recompute re-runs
+    # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass. With SP, MLA's down-projections
+    # run on the sequence shard (duplicated weights) and the column-parallel up-projections gather the
+    # latents (q_lora or the hidden state, kv_lora) and the RoPE key instead of the hidden state
+    # (Megatron multi_latent_attention.py, _qkv_down_projection).
+    gather = BF16 * T * ((m.q_lora_rank or h) + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else None
+    fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj, gather)
+    bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj, gather)
+    # Context parallel: ring exchange of K and V, overlapped with the core attention.
+    if cfg.cp > 1 and cfg.cp_comm == "a2a":
+        # Ulysses: all-to-all q, k, v before attention (sequence-sharded -> head-sharded) and the
+        # output after, each GPU sending (cp - 1)/cp of its share; the backward moves the gradients.
+        fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, _qkvo_bytes(sh))
+    elif cfg.cp > 1 and cfg.cp_comm == "a2a+p2p":
+        # Hierarchical (Megatron a2a+p2p): Ulysses all-to-all among the `inner` CP ranks of one NVLink
+        # domain (heads scattered, their sequence gathered), then the p2p ring over the `outer` groups,
+        # each passing K/V of its inner group's tokens for its share of the heads (the same bytes as
+        # one rank's K/V), overlapped with attention.
+        inner, outer = cp_hierarchy(ctx, cfg, pl)
+        n = len(pl.cp.members)
+        a2a = all_to_all_s(ctx.levels, Profile(inner, (inner,) * n), _qkvo_bytes(sh)) if inner > 1 else 0.0
+        f, b = (cp_comm_s(ctx, outer, Profile(outer, tuple(max(1, x // inner) for x in pl.cp.members)), sh, core)
+                if outer > 1 else (0.0, 0.0))
+        fwd["cp_comm"], bwd["cp_comm"] = a2a + f, a2a + b
+    elif cfg.cp > 1 and cfg.cp_comm == "allgather":
+        # K/V all-gathered before attention (exposed); the backward reduce-scatters their gradients.
+        f, _ = cp_comm_s(ctx, cfg.cp, pl.cp, sh, 0.0)
+        fwd["cp_comm"], bwd["cp_comm"] = f, 2 * f
+    elif cfg.cp > 1:
+        fwd["cp_comm"], bwd["cp_comm"] = cp_comm_s(ctx, cfg.cp, pl.cp, sh, core)
+    return fwd, bwd, core, wgrad, flops
+
+
+def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -> tuple[dict, dict, float, float]:
+    """Forward/backward of the MLP or MoE block; returns (fwd, bwd, wgrad_s, flops_fwd)."""
+    m, T, h = sh.m, sh.tokens, sh.h
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    mats = 3 if m.gated else 2
+    act = BF16 * T * h
+
+    def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0) -> tuple[float, float]:
+        """(time, flops) of `weight_sets` MLPs that together see `tokens` tokens."""
+        per = tokens / weight_sets
+        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, groups=weight_sets)
+        down = _gemm_s(ctx, per, ffn_local, h, groups=weight_sets)
+        return up + down, 2 * tokens * h * ffn_local * mats
+
+    if kind == "dense":
+        t_mlp, flops = mlp(T, m.intermediate_size / cfg.tp)
+        ffn_elem = T * m.intermediate_size / cfg.tp * (3 if m.gated else 2)
+        tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, t_mlp), tp_comm_s(ctx, cfg, pl, act, 2 * t_mlp)
+        a2a = 0.0
+    else:
+        k, E, etp = m.num_experts_per_tok, m.num_experts, cfg.expert_tp
+        routed = routed_tokens(ctx, cfg, sh)
+        t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep)
+        t_mlp = t_exp
+        tp_f = tp_b = 0.0
+        if m.num_shared_experts:
+            ts, fs = mlp(T, m.num_shared_experts * m.expert_ffn / cfg.tp)
+            t_mlp, flops = t_mlp + ts, flops + fs
+            tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, ts), tp_comm_s(ctx, cfg, pl, act, 2 * ts)
+        if etp > 1:  # the ETP group gathers its routed tokens and reduce-scatters the expert outputs
+            etp_prof = pl.etp or pl.tp
+            et = 2 * all_gather_s(ctx.levels, etp_prof, BF16 * routed * h)
+            tp_f += et
+            tp_b += et
+        t_mlp += _gemm_s(ctx, T, h, E, ctx.hp_flops_per_s)  # router (16-bit in every recipe)
+        flops += 2 * T * h * E
+        ffn_elem = routed * m.expert_ffn / etp * (3 if m.gated else 2)
+        # Permute / unpermute of the routed copies (read + write, dispatch and combine).
+        t_mlp += _mem_s(ctx, 4 * BF16 * routed * h)
+        if m.expert_bias:  # fc2 bias x router probability, elementwise in fp32 over the fc2 output
+            bias_f, bias_b = ctx.framework.expert_bias_bytes
+            fwd["compute"], bwd["compute"] = _mem_s(ctx, bias_f * routed * h), _mem_s(ctx, bias_b * routed * h)
+        a2a = 0.0
+        if cfg.ep > 1:
+            send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
+            dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
+            a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send, dedup)  # dispatch + combine
+    elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
+    fwd["compute"] += t_mlp + elem
+    t_b, t_w = _frozen_adjust(ctx, t_mlp)
+    bwd["compute"] += t_b + ELEMENTWISE_BWD_FACTOR * elem
+    fwd["ep_comm"], bwd["ep_comm"] = a2a, a2a
+    fwd["tp_comm"] += tp_f
+    bwd["tp_comm"] += tp_b
+    return fwd, bwd, t_w, flops
+
+
+def _mlp_saved_bytes_per_ffn(m, q: float) -> float:
+    """Bytes an MLP keeps per token and ffn element: the fc1 output(s) in bf16 (two for a gated
+    MLP, for its activation's backward) and the fc2 input at `q` (as the framework keeps it)."""
+    return (2 if m.gated else 1) * BF16 + q
+
+
+def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
+    """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022). The
+    inputs of the linear layers (QKV, MLA up-projections, attention output projection, fc1, fc2 and
+    the experts' fc1) are kept at `Context.saved_input_bytes` per element: bf16, or the recipe's
+    FP8/FP4 size where the framework keeps them quantized (Transformer Engine)."""
+    m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
+    div = t if cfg.sp else 1
+    q = ctx.saved_input_bytes
+    # Residual-stream tensors: LN1 in, QKV in, LN2 in, MLP in (+ 2 one-byte dropout masks).
+    stream = (2 * BF16 + 2 * q + (2 if m.dropout else 0)) * T * h / div
+    if m.is_mla:  # the up-projections' latent inputs, the RoPE key; q, k, v and the proj input
+        attn = q * T * (m.kv_lora_rank + (m.q_lora_rank or 0)) + BF16 * T * m.qk_rope_head_dim
+        attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
+    else:  # q, k, v, proj input
+        attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
+    mats = _mlp_saved_bytes_per_ffn(m, q)
+    if kind == "dense":
+        mlp = mats * T * m.intermediate_size / t
+    else:
+        etp = cfg.expert_tp
+        routed = routed_tokens(ctx, cfg, sh)
+        mlp = mats * routed * m.expert_ffn / etp + q * routed * h + 4 * T * m.num_experts
+        mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
+    if ctx.training.flash_attention:
+        scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
+    else:
+        per = (5 if m.dropout else 2) * cfg.mbs * sh.a_local * (sh.seq / cfg.cp) * sh.seq
+        scores = per
+    none = stream + attn + mlp + scores
+    # Selective recompute drops the attention scores (FlashAttention never stores them).
+    selective = none if ctx.training.flash_attention else none - scores
+    return {"none": none, "selective": selective, "full": BF16 * T * h / div}
+
+
+def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str, Cost]:
+    """One layer of `kind` under every recompute mode (the forward pass, communication and
+    activations are priced once and shared by the modes)."""
+    sh = Shapes(ctx, cfg)
+    afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
+    mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, kind)
+    params, experts = layer_params(ctx.model, kind)
+    dense_local = (params - experts) / cfg.tp
+    expert_local = experts / (cfg.expert_tp * cfg.ep)
+    if experts and ctx.training.moe_redundant_experts:  # EPLB keeps the redundant copies' weights too
+        expert_local *= 1 + ctx.training.moe_redundant_experts / ctx.model.num_experts
+    acts = _activation_bytes(ctx, cfg, sh, kind)
+    flops = aflops + mflops
+    exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
+    if ep_overlap_on(ctx, cfg):
+        # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
+        # layer, each all-to-all beside one piece of the other pass (model_chunk_schedule_plan.py
+        # TransformerLayerSchedulePlan.run: comm combine_bwd | dispatch_fwd -> dispatch_bwd |
+        # combine_fwd against comp attention fwd | mlp dgrad -> mlp wgrad -> mlp fwd | attention bwd).
+        half_f, half_b = mfwd["ep_comm"] / 2, mbwd["ep_comm"] / 2  # dispatch and combine
+        m_dgrad = mbwd["compute"] - mwgrad
+        mfwd, mbwd = dict(mfwd), dict(mbwd)
+        mfwd["ep_comm"] = overlapped(half_f, m_dgrad) + overlapped(half_f, abwd["compute"])
+        mbwd["ep_comm"] = overlapped(half_b, mwgrad + mfwd["compute"]) + overlapped(half_b, afwd["compute"])
+    zero3 = cfg.zero == 3 and cfg.data_parallel
+    if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
+        w_b, g_b = zero3_bytes_per_param(ctx)
+        w_dense, w_exp = w_b * dense_local, w_b * expert_local
+        ag = all_gather_s(ctx.levels, pl.dp_cp, w_dense) + all_gather_s(ctx.levels, pl.edp, w_exp)
+        rs = reduce_scatter_s(ctx.levels, pl.dp_cp, g_b * dense_local) \
+            + reduce_scatter_s(ctx.levels, pl.edp, g_b * expert_local)
+    out = {}
+    for recompute in ctx.modes:
+        c = Cost()
+        for key in TIME_KEYS:
+            c.fwd[key] = afwd[key] + mfwd[key]
+            c.bwd[key] = abwd[key] + mbwd[key]
+        c.wgrad_s = awgrad + mwgrad
+        if ctx.training.finetune == "qlora":  # NF4 weights dequantized to bf16 for every GEMM pass
+            dq = _mem_s(ctx, (QLORA_BYTES_PER_PARAM + BF16) * (dense_local + expert_local))
+            c.fwd["compute"] += dq
+            c.bwd["compute"] += dq
+        c.params = dense_local + expert_local
+        c.expert_params = expert_local
+        c.act_bytes = acts.get(recompute, acts["none"])
+        c.work_bytes = acts["none"]
+        c.hfu_flops = c.base_flops = 3 * flops
+        if recompute == "full":
+            c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
+            c.hfu_flops += flops
+        elif recompute == "selective":
+            c.bwd["recompute"] = core
+            c.hfu_flops += core_attention_flops(sh)
+        elif recompute == "offload":
+            # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
+            # stream to host memory during the forward and back before its backward, over the host
+            # link, hidden under the layer's computation where it is long enough.
+            moved = acts["none"] - acts["full"]
+            c.act_bytes = acts["full"]
+            link = ctx.gpu.host_link_bytes_per_s
+            c.fwd["offload"] = overlapped(moved / link, c.fwd["compute"])
+            c.bwd["offload"] = overlapped(moved / link, c.bwd["compute"])
+        elif recompute != "none":  # Megatron recompute modules
+            for module in recompute.split("+"):
+                t_s, saved, fl = _module_recompute(ctx, cfg, pl, sh, kind, module, afwd, mfwd, core, acts)
+                if (t_s or saved) and not cfg.cuda_graphs:  # the module's checkpoint wrapper's host time
+                    t_s += ctx.framework.recompute_module_host_s
+                c.bwd["recompute"] += t_s
+                c.act_bytes -= saved
+                c.hfu_flops += fl
+            c.act_bytes = max(c.act_bytes, acts["full"])
+        host = moe_host_s(ctx, cfg) if kind == "moe" else 0.0
+        if host and ep_overlap_on(ctx, cfg):
+            extra = ep_overlap_host_s(ctx, cfg, c, host)
+            host += extra
+            c.ep_overlap_gain_s = exposed_ep_s - mfwd["ep_comm"] - mbwd["ep_comm"] - extra
+        if ctx.training.launch_blocking and not cfg.cuda_graphs:
+            host += BLOCKING_LAYER_HOST_S
+        if host:
+            c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
+        if zero3:
+            c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
+            c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
+        out[recompute] = c
+    return out
+
+
+def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, module: str,
+                      afwd: dict, mfwd: dict, core_s: float,
+                      acts: dict[str, float]) -> tuple[float, float, float]:
+    """(time re-run in the backward, activation bytes no longer kept, FLOPs re-run) of one Megatron
+    recompute module on one layer of `kind` (a module that does not apply to the kind costs nothing):
+    core_attn re-runs core attention; layernorm both norms (drops their outputs); mlp the dense MLP
+    block and moe the whole MoE block (its all-to-all too), each keeping only its input; moe_act the
+    experts' activation function (drops its output); shared_experts the shared-expert MLP;
+    mla_up_proj MLA's query/key/value up-projections (drops q, k, v, keeps the latents): Megatron's
+    `qkv_up_proj_and_rope_apply` re-runs the query projection (`linear_q_up_proj` on the q latent, or
+    `linear_q_proj` on the hidden state where the model has no q_lora_rank, as Moonlight), the key/value
+    up-projection, RoPE and the q/k concatenation; with sequence parallelism both column-parallel
+    projections all-gather their sequence-sharded inputs again (multi_latent_attention.py)."""
+    m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
+    div = t if cfg.sp else 1
+    q = ctx.saved_input_bytes  # linear-layer inputs as kept (see _activation_bytes)
+    mats = _mlp_saved_bytes_per_ffn(m, q)
+    etp = cfg.expert_tp
+    routed = routed_tokens(ctx, cfg, sh)
+    if module == "core_attn":
+        return core_s, acts["none"] - acts["selective"], core_attention_flops(sh)
+    if module == "layernorm":
+        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * q * T * h / div, 0.0
+    if module == "mlp" and kind == "dense":
+        return (mfwd["compute"] + mfwd["tp_comm"], mats * T * m.intermediate_size / t,
+                2 * T * h * m.intermediate_size / t * (3 if m.gated else 2))
+    if module == "moe" and kind == "moe":
+        saved = mats * routed * m.expert_ffn / etp + q * routed * h + mats * T * m.num_shared_experts * m.expert_ffn / t
+        return (mfwd["compute"] + mfwd["tp_comm"] + mfwd["ep_comm"], saved,
+                2 * routed * h * m.expert_ffn / etp * (3 if m.gated else 2))
+    if module == "moe_act" and kind == "moe":
+        act_out = BF16 * routed * m.expert_ffn / etp
+        return _mem_s(ctx, (3 if m.gated else 2) * act_out), q / BF16 * act_out, 0.0
+    if module == "shared_experts" and kind == "moe" and m.num_shared_experts:
+        ffn = m.num_shared_experts * m.expert_ffn / t
+        up = _gemm_s(ctx, T, h, ((3 if m.gated else 2) - 1) * ffn)
+        down = _gemm_s(ctx, T, ffn, h)
+        return up + down, mats * T * ffn, 2 * T * h * ffn * (3 if m.gated else 2)
+    if module == "mla_up_proj" and m.is_mla:
+        a = sh.a_local
+        q_in = m.q_lora_rank or h
+        gemms = [(T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v)), (T, q_in, a * sh.d_qk)]
+        qkv = BF16 * T * a * (2 * sh.d_qk + sh.d_v)
+        t_s = sum(_gemm_s(ctx, *g) for g in gemms) + _mem_s(ctx, 2 * qkv)  # GEMMs, RoPE + concatenation
+        if cfg.sp and t > 1:
+            t_s += all_gather_s(ctx.levels, pl.tp, BF16 * T * (q_in + m.kv_lora_rank))
+        return t_s, qkv, sum(2 * x * y * z for x, y, z in gemms)
+    return 0.0, 0.0, 0.0
+
+
+def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: Recompute) -> Cost:
+    """One layer of `kind` with one recompute mode (see `layer_costs`)."""
+    return layer_costs(ctx, cfg, pl, kind)[recompute]
+
+
+def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
+    """Input embedding (first virtual stage): lookup, and its all-reduce / scatter over TP."""
+    m = ctx.model
+    sh = Shapes(ctx, cfg)
+    c = Cost()
+    c.params = m.vocab_size * m.hidden_size / cfg.tp
+    c.fwd["compute"] = _mem_s(ctx, 2 * BF16 * sh.tokens * sh.h)
+    c.bwd["compute"] = _mem_s(ctx, 3 * BF16 * sh.tokens * sh.h)
+    if cfg.tp > 1:
+        act = BF16 * sh.tokens * sh.h
+        op = reduce_scatter_s if cfg.sp else all_reduce_s
+        c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
+    c.act_bytes = 0.0
+    return c
+
+
+def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
+    """Final norm + LM head + vocab-parallel cross-entropy (last virtual stage)."""
+    m = ctx.model
+    sh = Shapes(ctx, cfg)
+    T, h, V = sh.tokens, sh.h, m.vocab_size / cfg.tp
+    c = Cost()
+    c.params = 0.0 if (m.tie_word_embeddings and cfg.pp == 1) else m.vocab_size * h / cfg.tp
+    head = _gemm_s(ctx, T, h, V, ctx.hp_flops_per_s)  # the output layer stays 16-bit in every recipe
+    ce = _mem_s(ctx, (BF16 + 4 + 4) * T * V)  # logits -> fp32 softmax -> grad
+    c.fwd["compute"] = head + ce + _mem_s(ctx, 2 * BF16 * sh.res_tokens * h)
+    head_b, c.wgrad_s = (2 * head, head) if ctx.training.finetune == "full" else (head, 0.0)  # LoRA: frozen head
+    c.bwd["compute"] = head_b + ce
+    if cfg.tp > 1:
+        act = BF16 * T * h
+        op = all_gather_s if cfg.sp else all_reduce_s
+        c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
+        c.bwd["tp_comm"] = c.fwd["tp_comm"]
+    c.hfu_flops = c.base_flops = 3 * 2 * T * h * V
+    c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
+    c.work_bytes = (BF16 + 4) * T * V  # bf16 logits + fp32 softmax of one micro-batch
+    return c
+
+
+@dataclass
+class Table:
+    """Everything about a config that does not depend on per-layer choices."""
+
+    cfg: Config
+    placement: Placement
+    layers: dict[tuple[str, str], Cost]  # (kind, recompute) -> cost
+    embed: Cost
+    head: Cost
+    pp_p2p_s: float  # one send of a micro-batch's activation to the next stage
+    microbatches: int
+    memo: dict = field(default_factory=dict)  # figures derived from layers / embed / head alone (shared with them)
+
+
+def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, key: Any) -> tuple:
+    """(layer costs by (kind, mode), embedding, head, memo) of cfg under placement pl, from
+    `cache[key]` when the caller's key says they were priced already (the key must cover
+    every input they depend on); memo holds figures derived from them (`Table.memo`)."""
+    if cache is not None and key in cache:
+        return cache[key]
+    kinds = sorted(set(ctx.model.layer_kinds()))
+    layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
+    overlap = ep_overlap_on(ctx, cfg)
+    if overlap and "moe" in kinds and not ep_overlap_pays(ctx, cfg, layers):
+        layers.update({("moe", r): c for r, c in layer_costs(ctx, _no_ep_overlap(cfg), pl, "moe").items()})
+        overlap = False
+    # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
+    got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {"ep_overlap": overlap})
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
+def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
+    """Every cost of `cfg` that does not depend on per-layer choices. `cache` (one per solve)
+    shares the layer, embedding and head costs between placements and configurations that give
+    them the same inputs (shapes and the TP / CP / EP groups; the ZeRO-3 groups too). The
+    shared `Cost` objects must not be modified."""
+    pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
+    zero3 = cfg.zero == 3 and cfg.data_parallel
+    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
+           cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
+           cfg.cp_comm,
+           (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
+    layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
+    sh = Shapes(ctx, cfg)
+    # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
+    # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.
+    p2p_bytes = BF16 * sh.tokens * sh.h / cfg.tp
+    p2p = p2p_s(ctx.levels, pl.pp_level, p2p_bytes) if cfg.pp > 1 else 0.0
+    return Table(cfg, pl, layers, embed, head, p2p, num_microbatches(ctx.problem, cfg), memo)

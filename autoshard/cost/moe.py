@@ -1,0 +1,125 @@
+"""Mixture-of-experts terms: load imbalance, routed tokens, host time, and the expert-parallel overlap
+(when it runs, what it refuses, when it pays)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from .context import Config, Context, ep_overlap_refusals, num_microbatches
+from .kernels import Shapes
+
+if TYPE_CHECKING:
+    from .layers import Cost
+
+
+def moe_imbalance(ctx: Context, cfg: Config) -> float:
+    """Routed tokens on the busiest expert-parallel rank over the mean: the problem's imbalance,
+    evened out by EPLB's redundant experts (assumed linear up to one redundant expert per EP rank,
+    the layout DeepSeek-V3 deploys: 32 redundant experts on EP32, report sec. 3.4)."""
+    if ctx.training.moe_capacity_factor is not None:  # dropped above, padded up to the capacity
+        return ctx.training.moe_capacity_factor
+    imb = ctx.training.moe_load_imbalance
+    if imb <= 1.0 or cfg.ep <= 1:
+        return 1.0
+    return 1.0 + (imb - 1.0) * max(0.0, 1.0 - ctx.training.moe_redundant_experts / cfg.ep)
+
+
+def dispatcher_of(ctx: Context, cfg: Config) -> str:
+    """The expert dispatcher a plan runs: its own choice, else the framework's default."""
+    return cfg.dispatcher or ctx.framework.moe_dispatchers[0]
+
+
+def moe_host_s(ctx: Context, cfg: Config) -> float:
+    """Exposed host time of one dropless MoE layer and micro-batch, forward + backward (a third in the
+    forward, two thirds in the backward). Megatron's dispatcher brings the per-expert token counts to
+    the CPU (a device-to-host sync that empties the GPU's queue: `moe_layer_host_s`), and Transformer
+    Engine's GroupedLinear then works expert by expert from the host (host-side m_splits, a split, a
+    quantization and a cuBLAS GEMM per local expert, forward and backward: `moe_expert_host_s` each),
+    so the layer's host time grows with the experts each GPU holds, E / ep (with EPLB's redundant
+    copies). Larger EP therefore cuts host time as well as memory. Dropping and padding to a capacity
+    (`training.moe_capacity_factor`) fixes every count in advance: no sync (token_dispatcher.py
+    `drop_and_pad`: cuda_sync_point "no_sync"), the per-expert work stays. Full-iteration CUDA graphs
+    (`cuda_graphs`) replay the step without the host: none."""
+    fw = ctx.framework
+    if cfg.cuda_graphs or not (fw.moe_layer_host_s or fw.moe_expert_host_s):
+        return 0.0
+    m = ctx.model
+    local = m.num_experts / cfg.ep * (1 + ctx.training.moe_redundant_experts / m.num_experts)
+    sync = fw.moe_layer_host_s if ctx.training.moe_capacity_factor is None else 0.0
+    return sync + fw.moe_expert_host_s * local
+
+
+def ep_overlap_host_s(ctx: Context, cfg: Config, c: Cost, host_s: float) -> float:
+    """Host time the EP overlap exposes beyond `moe_host_s`, per MoE layer and micro-batch. Without
+    the overlap the CPU stalls at the forward's token-count sync (`moe_host_s`) but runs ahead through
+    the backward, which has no sync, and its launches hide under queued GPU work. Megatron's overlap
+    schedule runs one micro-batch's forward beside another's backward layer by layer
+    (model_chunk_schedule_plan.py), so every layer's backward launches now come after a forward sync
+    (token_dispatcher.py `d2h_event.synchronize()`): the layer takes the longer of its GPU work (with
+    the exposed host time) and its whole host launch work, `ep_overlap_host_factor` x `moe_host_s`
+    (frameworks.yaml). Comm-bound layers (EP across nodes, H100) hide it; fast GPUs with many local
+    experts at micro-batch 1 do not, which is why Megatron-Bridge turned the overlap off on B200 and
+    B300 (PR #1760 "Disable moe_a2a_overlap due to CPU overhead", issue #3399). Dropping to a capacity
+    has no sync: nothing more."""
+    factor = ctx.framework.ep_overlap_host_factor
+    if not factor or ctx.training.moe_capacity_factor is not None:
+        return 0.0
+    gpu_s = sum(c.fwd.values()) + sum(c.bwd.values()) - c.fwd["host"] - c.bwd["host"]
+    return max(0.0, factor * host_s - gpu_s - host_s)
+
+
+def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:
+    """Routed token copies one GPU's experts see per micro-batch: with SP each GPU routes T / tp
+    tokens and an ETP group gathers the copies of its etp members (without SP the TP ranks share
+    tokens); the busiest EP rank gets `moe_imbalance` times the mean."""
+    k, etp, t = sh.m.num_experts_per_tok, cfg.expert_tp, cfg.tp
+    return sh.tokens * k * (etp / t if cfg.sp or etp < t else 1.0) * moe_imbalance(ctx, cfg)
+
+
+def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
+    """Whether expert all-to-all overlaps computation (Megatron `--overlap-moe-expert-parallel-comm`
+    with `--delay-wgrad-compute`): asked for or left to a framework that runs it, EP > 1, PP = 1 or
+    interleaved (Megatron's requirement), and at least two micro-batches to pair."""
+    if cfg.ep == 1 or cfg.ep_overlap is False:
+        return False
+    if cfg.schedule == "dualpipev":  # the schedule pairs forward and backward chunks: a2a hides
+        return True
+    if not ctx.framework.ep_overlap:
+        return False
+    if cfg.pp > 1 and cfg.vpp < 2:
+        return False
+    return num_microbatches(ctx.problem, cfg) >= 2
+
+
+def _no_ep_overlap(cfg: Config) -> Config:
+    return dataclasses.replace(cfg, ep_overlap=False)
+
+
+def ep_overlap_blocked(ctx: Context, modes: Iterable[str]) -> bool:
+    """Whether the framework refuses the EP overlap beside any of these recompute modes."""
+    return bool(ep_overlap_refusals(ctx.framework, modes))
+
+
+def priced_config(ctx: Context, cfg: Config, modes: Iterable[str]) -> Config:
+    """cfg as `evaluate` prices a plan whose layers use `modes`: an EP overlap left open (None) is
+    off where the framework refuses it beside one of them (the launcher runs without it)."""
+    if cfg.ep_overlap is None and ctx.model.is_moe and ep_overlap_blocked(ctx, modes):
+        return _no_ep_overlap(cfg)
+    return cfg
+
+
+def ep_overlap_pays(ctx: Context, cfg: Config, layers: dict) -> bool:
+    """Whether a plan that leaves the EP overlap open (`ep_overlap` None) runs it: where Megatron
+    allows it (`ep_overlap_on`) and it does not make the MoE layer slower than running without it
+    (it can, where the host launch work it exposes outweighs the all-to-all it hides:
+    `ep_overlap_host_s`), as Megatron-Bridge's recipes turn it on for communication-bound systems
+    and off for CPU-bound ones. A plan that names it (True / False) gets what it names. `layers`:
+    the plan's layer costs with the overlap on (`shared_costs`, which records the answer in
+    `Table.memo["ep_overlap"]`)."""
+    if not ep_overlap_on(ctx, cfg):
+        return False
+    if cfg.ep_overlap is not None or cfg.schedule == "dualpipev" or "moe" not in ctx.model.layer_kinds():
+        return True
+    return layers[("moe", "none")].ep_overlap_gain_s >= 0.0  # = the layer is no slower with it than without

@@ -1,0 +1,152 @@
+"""Parameters per layer and per GPU, their bytes under ZeRO, and model FLOPs per step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..spec import Problem
+from .constants import BF16
+
+if TYPE_CHECKING:
+    from .context import Config, Context
+    from .layers import Cost
+
+
+def _attention_params(m) -> float:
+    h = m.hidden_size
+    if m.is_mla:
+        a = m.num_attention_heads
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q = (h * m.q_lora_rank + m.q_lora_rank * a * qk) if m.q_lora_rank else h * a * qk
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+        return q + kv + a * m.v_head_dim * h
+    d = m.head_size
+    return h * d * (2 * m.num_attention_heads + 2 * m.kv_heads)
+
+
+def _mlp_params(m, ffn: int) -> float:
+    return (3 if m.gated else 2) * m.hidden_size * ffn
+
+
+def layer_params(m, kind: str) -> tuple[float, float]:
+    """(all params, expert params) of one transformer layer (full model, not sharded)."""
+    norms = 2 * m.hidden_size
+    attn = _attention_params(m)
+    if kind == "dense":
+        return attn + _mlp_params(m, m.intermediate_size) + norms, 0.0
+    experts = m.num_experts * _mlp_params(m, m.expert_ffn)
+    shared = m.num_shared_experts * _mlp_params(m, m.expert_ffn)
+    router = m.hidden_size * m.num_experts
+    return attn + experts + shared + router + norms, experts
+
+
+def lora_fraction(m, rank: int) -> float:
+    """Adapter parameters per frozen linear parameter of a layer: rank x (in + out) per matrix over
+    in x out (q, k, v, o and the MLP's up/gate/down), as PEFT's LoRA on all linear layers."""
+    h = m.hidden_size
+    if m.is_mla:
+        q = m.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        mats = [(h, q), (h, m.kv_lora_rank), (m.kv_lora_rank, m.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)),
+                (m.num_attention_heads * m.v_head_dim, h)]
+    else:
+        d = m.head_size
+        mats = [(h, m.num_attention_heads * d), (h, m.kv_heads * d), (h, m.kv_heads * d), (m.num_attention_heads * d, h)]
+    ffn = m.intermediate_size if not m.is_moe else m.expert_ffn
+    mats += [(h, ffn), (ffn, h)] + ([(h, ffn)] if m.gated else [])
+    return rank * sum(a + b for a, b in mats) / sum(a * b for a, b in mats)
+
+
+QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 + double-quantized scales (Dettmers et al. 2023, sec. 3)
+
+
+def gathered_weight_bytes(ctx: "Context") -> float:
+    """Bytes per parameter a ZeRO / FSDP parameter all-gather moves: bf16, or with FP8 primary weights
+    (`training.fp8_params`) one FP8 / FP4 copy with its scales (the recipe's bf16 layers: bf16)."""
+    if not ctx.training.fp8_params:
+        return float(BF16)
+    from ..catalog import saved_input_bytes_per_element  # noqa: PLC0415  (one quantized copy, as saved)
+
+    return saved_input_bytes_per_element(ctx.training.precision, ctx.gpu)
+
+
+def zero3_bytes_per_param(ctx: "Context") -> tuple[float, float]:
+    """(bytes gathered, bytes reduce-scattered) per parameter by ZeRO-3 / FSDP each layer: bf16 weights
+    (QLoRA: the 4-bit base) and the framework's reduction dtype (LoRA: the adapters' gradients)."""
+    tr = ctx.training
+    if tr.finetune == "full":
+        return gathered_weight_bytes(ctx), ctx.framework.grad_reduce_bytes
+    frac = lora_fraction(ctx.model, tr.lora_rank)
+    base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
+    return base + frac * BF16, frac * ctx.framework.grad_reduce_bytes
+
+
+ZERO3_GATHERED_LAYERS = 2  # the layer being computed and the next one, prefetched
+
+
+def zero3_gathered_bytes(ctx: "Context", biggest_layer_params: Any) -> Any:
+    """Unsharded weights a ZeRO-3 / FSDP rank holds beside its shards: the layer it computes and the
+    next one, prefetched (FSDP2's and DeepSpeed's default prefetch of one layer ahead; Megatron-FSDP's
+    double buffer), each gathered at `zero3_bytes_per_param` (bf16, FP8/FP4 with `training.fp8_params`,
+    the 4-bit base under QLoRA). Linear in the layer's parameters (numpy arrays welcome)."""
+    return ZERO3_GATHERED_LAYERS * zero3_bytes_per_param(ctx)[0] * biggest_layer_params
+
+
+def zero3_gathered_for(ctx: "Context", cfg: "Config", layers: Iterable["Cost"]) -> float:
+    """`zero3_gathered_bytes` of a plan's biggest layer where it shards weights (ZeRO-3 over a data-
+    parallel group); 0 otherwise."""
+    if not (cfg.zero == 3 and cfg.data_parallel):
+        return 0.0
+    return zero3_gathered_bytes(ctx, max(c.params for c in layers))
+
+
+def param_bytes(ctx: "Context") -> tuple[float, float, float]:
+    """(weight, gradient, optimizer-state) bytes per model parameter as the run keeps them: the
+    framework's (full training), or a frozen base plus trained adapters (LoRA / QLoRA)."""
+    fw, tr = ctx.framework, ctx.training
+    opt_b = fw.optimizer_state_bytes(tr.optimizer)
+    if tr.finetune == "full":  # FP8/FP4 primary weights: no 16-bit copy but in the recipe's bf16 layers
+        if tr.fp8_params:  # (the low-precision copies are counted apart: weight_copy_bytes_per_param)
+            from ..catalog import get_recipe  # noqa: PLC0415
+
+            return BF16 * get_recipe(tr.precision).bf16_layer_fraction, fw.grad_bytes, opt_b
+        return fw.weight_bytes, fw.grad_bytes, opt_b
+    frac = lora_fraction(ctx.model, tr.lora_rank)
+    base = QLORA_BYTES_PER_PARAM if tr.finetune == "qlora" else BF16
+    return base + frac * BF16, frac * fw.grad_bytes, frac * opt_b
+
+
+def total_params(m) -> float:
+    emb = m.vocab_size * m.hidden_size
+    head = 0 if m.tie_word_embeddings else emb
+    layers = sum(layer_params(m, k)[0] for k in m.layer_kinds())
+    return emb + head + layers + m.hidden_size
+
+
+def active_matmul_params(m) -> float:
+    """Matmul weights a token passes through (LM head included, input embedding excluded)."""
+    total = m.vocab_size * m.hidden_size
+    for kind in m.layer_kinds():
+        if kind == "dense":
+            total += _attention_params(m) + _mlp_params(m, m.intermediate_size)
+        else:
+            total += _attention_params(m) + (m.num_experts_per_tok + m.num_shared_experts) * _mlp_params(m, m.expert_ffn)
+            total += m.hidden_size * m.num_experts
+    return total
+
+
+def model_flops_per_step(problem: Problem) -> float:
+    """Model FLOPs per step: PaLM's 6 N + attention, with attention counted **causal** (half the
+    score matrix; what a causal kernel must compute), no recompute. PaLM and NVIDIA count it
+    non-causal, which overstates long-context MFU (past 100% at 128k tokens)."""
+    m, t = problem.model, problem.training
+    s = t.seq_len
+    if m.is_mla:
+        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    else:
+        d_qk = d_v = m.head_size
+    # Frozen weights (LoRA) need no weight gradients: forward + input gradients, 4 N per token.
+    per_n = 6 if t.finetune == "full" else 4
+    attn = 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v) * m.attention_key_share(s)
+    per_token = per_n * active_matmul_params(m) + attn  # (a sliding window: the keys it attends)
+    return per_token * t.tokens_per_step

@@ -1,0 +1,444 @@
+"""A step from the layer table: per-rank totals, the pipeline schedule, the data-parallel tail, peak
+memory, and `evaluate`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..spec import Plan, Problem
+from ..topology import Level, all_gather_s, all_reduce_s, reduce_scatter_s
+from .constants import BF16, GIB, OPT_TRAFFIC_BYTES, RESERVE_GIB, TIME_KEYS, overlapped
+from .context import (
+    Config,
+    Context,
+    config_reasons,
+    context,
+    layout_split,
+    with_modes,
+)
+from .layers import Cost, Table, layer_table
+from .moe import priced_config
+from .params import (
+    gathered_weight_bytes,
+    lora_fraction,
+    model_flops_per_step,
+    param_bytes,
+    zero3_gathered_for,
+)
+
+
+@dataclass
+class RankTotals:
+    fwd: dict[str, float]
+    bwd: dict[str, float]
+    wgrad_s: float
+    act_bytes: float
+    params: float
+    expert_params: float
+    hfu_flops: float
+    base_flops: float
+    layers: int
+    kinds: dict[str, int]
+    recompute: dict[str, int]
+
+    @property
+    def time_s(self) -> float:
+        return sum(self.fwd.values()) + sum(self.bwd.values())
+
+
+def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first: bool, last: bool) -> RankTotals:
+    """Sum the table over the (kind, recompute) of every layer in each chunk of one rank."""
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    tot = RankTotals(fwd, bwd, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, {}, {})
+    pieces: list[Cost] = []
+    for chunk in chunks_of_rank:
+        for kind, rc in chunk:
+            pieces.append(table.layers[(kind, rc)])
+            tot.kinds[kind] = tot.kinds.get(kind, 0) + 1
+            tot.recompute[rc] = tot.recompute.get(rc, 0) + 1
+        tot.layers += len(chunk)
+    if first:
+        pieces.append(table.embed)
+    if last:
+        pieces.append(table.head)
+    for c in pieces:
+        for k in TIME_KEYS:
+            fwd[k] += c.fwd[k]
+            bwd[k] += c.bwd[k]
+        tot.wgrad_s += c.wgrad_s
+        tot.act_bytes += c.act_bytes
+        tot.params += c.params
+        tot.expert_params += c.expert_params
+        tot.hfu_flops += c.hfu_flops
+        tot.base_flops += c.base_flops
+    # Pipeline sends: each chunk sends forward activations and receives gradients once per micro-batch.
+    n_chunks = len(chunks_of_rank)
+    sends = n_chunks - (1 if last else 0)
+    recvs = n_chunks - (1 if first else 0)
+    fwd["pp_comm"] += table.pp_p2p_s * sends
+    bwd["pp_comm"] += table.pp_p2p_s * recvs
+    return tot
+
+
+def inflight_microbatches(cfg: Config, rank: int, microbatches: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak (in units of the
+    rank's full set of layers)."""
+    p, m = cfg.pp, microbatches
+    if cfg.schedule == "gpipe":
+        return float(m)
+    if cfg.schedule == "interleaved":
+        pairs = min(m * cfg.vpp, (p - rank - 1) * 2 + (cfg.vpp - 1) * p + 1)
+        return pairs / cfg.vpp
+    if cfg.schedule == "dualpipev":  # PP + 1 half-rank chunks on every rank (DualPipe README table)
+        return min(float(m), p + 0.5)
+    return float(min(m, p - rank))
+
+
+def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float) -> dict[str, float]:
+    """Weights, gradients and optimizer states of one GPU under the ZeRO stage."""
+    dense = params - expert_params
+    dp_dense = cfg.dp * cfg.cp
+    dp_exp = max(1, cfg.tp * cfg.cp * cfg.dp // (cfg.expert_tp * cfg.ep))
+    w_b, g_b, opt_b = param_bytes(ctx)
+
+    def shard(nbytes_per_param: float, sharded: bool) -> float:
+        if not sharded:
+            return nbytes_per_param * params
+        return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
+
+    weights = shard(w_b, cfg.zero >= 3)
+    from ..catalog import weight_copy_bytes_per_param  # noqa: PLC0415
+
+    weights += shard(weight_copy_bytes_per_param(ctx.training.precision, ctx.gpu), cfg.zero >= 3)  # fp8/fp4 copies
+    return {
+        "weights": weights,
+        "gradients": shard(g_b, cfg.zero >= 2),
+        "optimizer_states": 0.0 if cfg.opt_offload else shard(opt_b, cfg.zero >= 1),
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def affine(fn, levels: tuple[Level, ...], prof) -> tuple[float, float]:
+    """(seconds per byte, seconds) of a collective: time = slope * bytes + intercept.
+
+    Every collective cost is affine in the message size for a fixed group (bandwidth
+    terms scale, latency does not); evaluate and the solver both price the data-parallel
+    tail through this form so they agree exactly.
+    """
+    if prof.size <= 1:
+        return 0.0, 0.0
+    t1, t2 = fn(levels, prof, 1e9), fn(levels, prof, 2e9)
+    slope = (t2 - t1) / 1e9
+    return slope, t1 - slope * 1e9
+
+
+@dataclass(frozen=True)
+class TailModel:
+    """Affine forms of the data-parallel tail of one rank (see `dp_tail`)."""
+
+    reduce: tuple[float, float, float]  # (s per dense param, s per expert param, s) gradient reduction
+    gather: tuple[float, float, float]  # parameter all-gather after the optimizer (ZeRO-1/2)
+    optimizer_s_per_param: float  # optimizer step, per parameter held (before sharding)
+    reduce_repeats: int  # 1, or the micro-batch count under ZeRO-2
+    overlap_reduce: bool = True  # gradient reduction under the last backward (overlap_grad_reduce)
+    overlap_gather: bool = True  # parameter all-gather under the next forward (overlap_param_gather)
+
+
+def tail_model(ctx: Context, table: "Table") -> TailModel:
+    cfg, pl = table.cfg, table.placement
+    opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
+    tm = _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
+                     table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
+                     ctx.framework.grad_reduce_bytes, gathered_weight_bytes(ctx))
+    if ctx.training.finetune != "full":  # only the adapters are reduced, gathered and stepped
+        f = lora_fraction(ctx.model, ctx.training.lora_rank)
+        tm = dataclasses.replace(tm, reduce=(tm.reduce[0] * f, tm.reduce[1] * f, tm.reduce[2]),
+                                 gather=(tm.gather[0] * f, tm.gather[1] * f, tm.gather[2]),
+                                 optimizer_s_per_param=tm.optimizer_s_per_param * f)
+    if cfg.opt_offload:
+        # Gradients go down to the host and updated bf16 weights come back over the host link; the
+        # CPU's Adam reads and writes ~28 B per parameter (fp32 weight, gradient, two moments) at the
+        # host memory bandwidth of the GPU's share. Both on the step's critical path.
+        shard = 1.0 / (cfg.dp * cfg.cp) if cfg.zero >= 1 else 1.0
+        fw, gpu = ctx.framework, ctx.gpu
+        per = shard * ((fw.grad_bytes + BF16) / gpu.host_link_bytes_per_s + 28.0 / gpu.host_memory_bytes_per_s)
+        tm = dataclasses.replace(tm, optimizer_s_per_param=per)
+    if cfg.grad_overlap and cfg.param_overlap:
+        return tm
+    return dataclasses.replace(tm, overlap_reduce=cfg.grad_overlap, overlap_gather=cfg.param_overlap)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_experts: bool, repeats: int,
+                opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16, gather_b: float = BF16) -> TailModel:
+    none = (0.0, 0.0, 0.0)
+    reduce = gather = none
+    if (dpc > 1 or edp.size > 1) and zero < 3:
+        op = all_reduce_s if zero == 0 else reduce_scatter_s
+        (sd, cd), (se, ce) = affine(op, lv, dp_cp), affine(op, lv, edp)
+        reduce = (grad_b * sd, grad_b * se, cd + (ce if has_experts else 0.0))
+        if zero in (1, 2):
+            (sd, cd), (se, ce) = affine(all_gather_s, lv, dp_cp), affine(all_gather_s, lv, edp)
+            gather = (gather_b * sd, gather_b * se, cd + (ce if has_experts else 0.0))
+    shard = 1.0 / dpc if zero >= 1 else 1.0
+    return TailModel(reduce, gather, opt_b * shard / hbm_bytes_per_s, repeats)
+
+
+def dp_tail_s(tm: TailModel, params: float, expert_params: float, fwd_s: float, bwd_s: float) -> tuple[float, float]:
+    """(exposed data-parallel communication, optimizer step) of a rank holding `params`
+    (of which `expert_params`) with forward / backward windows `fwd_s` / `bwd_s` (see `dp_tail`)."""
+    dense = params - expert_params
+    red = tm.reduce[0] * dense + tm.reduce[1] * expert_params + tm.reduce[2] if any(tm.reduce) else 0.0
+    gat = tm.gather[0] * dense + tm.gather[1] * expert_params + tm.gather[2] if any(tm.gather) else 0.0
+    exposed = tm.reduce_repeats * (overlapped(red, bwd_s) if tm.overlap_reduce else red) \
+        + (overlapped(gat, fwd_s) if tm.overlap_gather else gat)
+    return exposed, tm.optimizer_s_per_param * params
+
+
+def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
+    """Exposed data-parallel communication and the optimizer step of one rank.
+
+    Gradient buckets reduce under the backward of the last micro-batch (overlap-grad-reduce):
+    only what exceeds that backward is exposed; under ZeRO-2 this happens after every
+    micro-batch. ZeRO-1/2 all-gather updated parameters under the next forward
+    (overlap-param-gather). ZeRO-3 traffic is priced per layer instead.
+    """
+    exposed, optimizer = dp_tail_s(tm, tot.params, tot.expert_params, sum(tot.fwd.values()), sum(tot.bwd.values()))
+    return {"dp_comm": exposed, "optimizer": optimizer}
+
+
+def working_bytes(table: "Table", last: bool) -> float:
+    """Transient memory of a rank: the largest layer's full activations (its backward
+    working set), or the last stage's logits if larger."""
+    layer = max(c.work_bytes for c in table.layers.values())
+    return max(layer, table.head.work_bytes) if last else layer
+
+
+def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float], chunk_t: list[float],
+                  b: list[float] | None = None) -> float:
+    """Time from the first forward to the last backward across the pipeline.
+
+    t_p: one micro-batch through all layers of rank p, forward and backward; M micro-batches.
+    - 1F1B / GPipe: (M - 1) max t + sum t (warm-up and cool-down through every stage once);
+      for P equal stages (M + P - 1) t.
+    - interleaved (vpp chunks per rank): M max t + (P - 1) max chunk time: the bubble shrinks
+      by vpp for equal chunks, and a lopsided chunk split pays for its largest chunk.
+    - zero-bubble (ZB-H1): weight-gradient work w fills the bubbles: M max t + (P - 1) max u,
+      u = t - w; for equal stages the bubble is (P - 1)(t - w) as in Qi et al. 2023, and an
+      uneven split pays for its slowest stage.
+    - DualPipeV (two half-rank chunks per rank in a V, `b` the backward per rank): M max t +
+      (P - 1) max (F&B + B - 3W) of a chunk, F&B (a forward and a backward chunk overlapped) = t / 2,
+      B = b / 2, W = w / 2: the DualPipe README's bubble (PP/2 - 1)(F&B + B - 3W) with PP = 2P stages.
+    """
+    tmax = max(t)
+    if cfg.schedule == "dualpipev":
+        bb = b or [x / 1.5 for x in t]
+        bubble = max(max(0.0, (x + y - 3 * z) / 2) for x, y, z in zip(t, bb, w))
+        return microbatches * tmax + (cfg.pp - 1) * bubble
+    if cfg.schedule == "zero_bubble":
+        u = [a - b for a, b in zip(t, w)]
+        return microbatches * tmax + (cfg.pp - 1) * max(u)
+    if cfg.schedule == "interleaved":
+        return microbatches * tmax + (cfg.pp - 1) * max(chunk_t)
+    return (microbatches - 1) * tmax + sum(t)
+
+
+def chunk_times(table: "Table", chunks: list[list[tuple[str, str]]]) -> list[float]:
+    """Forward + backward time of one micro-batch through each virtual stage, in order."""
+    out = []
+    for c, chunk in enumerate(chunks):
+        t = sum(table.layers[key].total_s for key in chunk)
+        t += table.embed.total_s if c == 0 else 0.0
+        t += table.head.total_s if c == len(chunks) - 1 else 0.0
+        t += table.pp_p2p_s * ((c < len(chunks) - 1) + (c > 0))
+        out.append(t)
+    return out
+
+
+class StageEstimate(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    rank: int
+    layers: int
+    dense_layers: int
+    moe_layers: int
+    recompute: dict[str, int]
+    has_embedding: bool
+    has_lm_head: bool
+    forward_s: float
+    backward_s: float
+    inflight_microbatches: float
+    memory_gib: dict[str, float]
+    peak_memory_gib: float
+
+
+class Estimate(BaseModel):
+    """What a plan costs. `fits` is False with every reason when the plan is invalid or
+    does not fit in HBM; times are per training step."""
+
+    model_config = ConfigDict(frozen=True)
+    fits: bool
+    reasons: list[str]
+    warnings: list[str] = []
+    plan: Plan
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    model_tflops_per_gpu: float
+    num_microbatches: int
+    peak_memory_gib: float
+    memory_capacity_gib: float
+    time_breakdown_s: dict[str, float]
+    memory_breakdown_gib: dict[str, float]
+    stages: list[StageEstimate]
+    bottleneck: str
+    # predicted step time x the 10th/90th percentile of measured/predicted of the validation runs of its
+    # regime (autoshard/intervals.py, autoshard/data/intervals.yaml); None: no step time
+    step_time_interval_s: tuple[float, float] | None = None
+
+
+def invalid_estimate(plan: Plan, reasons: list[str], ctx: Context | None) -> Estimate:
+    cap = ctx.capacity_bytes / GIB if ctx else 0.0
+    zero_mem = {"weights": 0.0, "gradients": 0.0, "optimizer_states": 0.0, "activations": 0.0}
+    return Estimate(fits=False, reasons=reasons, plan=plan, step_time_s=0.0, tokens_per_s=0.0, mfu=0.0,
+                    hfu=0.0, model_tflops_per_gpu=0.0, num_microbatches=0, peak_memory_gib=0.0,
+                    memory_capacity_gib=cap, time_breakdown_s={}, memory_breakdown_gib=zero_mem,
+                    stages=[], bottleneck="invalid plan")
+
+
+def chunk_rank(c: int, pp: int, v_shape: bool = False) -> int:
+    """The rank holding virtual stage c: round robin (interleaved), or a V (DualPipeV: rank r holds
+    stages r and 2P-1-r, so rank 0 holds the embedding and the loss)."""
+    if v_shape and c >= pp:
+        return 2 * pp - 1 - c
+    return c % pp
+
+
+def assign_layers(kinds: list[str], recompute: list[str], stage_layers: list[int], pp: int,
+                  v_shape: bool = False) -> list[list[list[tuple[str, str]]]]:
+    """Per rank, its chunks, each a list of (kind, recompute) in layer order."""
+    ranks: list[list[list[tuple[str, str]]]] = [[] for _ in range(pp)]
+    start = 0
+    for c, n in enumerate(stage_layers):
+        ranks[chunk_rank(c, pp, v_shape)].append(list(zip(kinds[start:start + n], recompute[start:start + n])))
+        start += n
+    return ranks
+
+
+def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: list[str], plan: Plan,
+             warnings: list[str]) -> Estimate:
+    cfg, M = table.cfg, table.microbatches
+    kinds = ctx.model.layer_kinds()
+    v = cfg.schedule == "dualpipev"
+    head_rank = 0 if v else cfg.pp - 1
+    per_rank = assign_layers(kinds, recompute, stage_layers, cfg.pp, v)
+    tots = [rank_totals(table, chunks, r == 0, r == head_rank) for r, chunks in enumerate(per_rank)]
+    t = [x.time_s for x in tots]
+    w = [x.wgrad_s for x in tots]
+    b = [sum(x.bwd.values()) for x in tots]
+    ordered = [per_rank[chunk_rank(c, cfg.pp, v)][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
+    t_pipe = pipeline_time(cfg, M, t, w, chunk_times(table, ordered), b)
+    tm = tail_model(ctx, table)
+    tails = [dp_tail(tm, x) for x in tots]
+    tail_tot = [sum(x.values()) for x in tails]
+    step = t_pipe + max(tail_tot)
+
+    # Memory per rank.
+    stages: list[StageEstimate] = []
+    reasons: list[str] = []
+    cap = ctx.capacity_bytes
+    for r, x in enumerate(tots):
+        mem = static_bytes(ctx, cfg, x.params, x.expert_params)
+        infl = inflight_microbatches(cfg, r, M)
+        mem["activations"] = x.act_bytes * infl
+        mem["working"] = working_bytes(table, r == head_rank)
+        if cfg.zero == 3 and cfg.data_parallel:
+            mem["zero3_gathered"] = zero3_gathered_for(ctx, cfg, table.layers.values())
+        peak = sum(mem.values())
+        gib = {k: v / GIB for k, v in mem.items()}
+        stages.append(StageEstimate(
+            rank=r, layers=x.layers, dense_layers=x.kinds.get("dense", 0), moe_layers=x.kinds.get("moe", 0),
+            recompute=x.recompute, has_embedding=r == 0, has_lm_head=r == head_rank,
+            forward_s=sum(x.fwd.values()), backward_s=sum(x.bwd.values()), inflight_microbatches=infl,
+            memory_gib=gib, peak_memory_gib=peak / GIB))
+        if peak > cap:
+            reasons.append(f"stage {r} needs {peak / GIB:.1f} GiB of {cap / GIB:.1f} GiB usable "
+                           f"({ctx.gpu.hbm_gib:g} GiB HBM less {RESERVE_GIB:g} GiB reserve)")
+    peak_stage = max(stages, key=lambda s: s.peak_memory_gib)
+
+    # Breakdown along the critical path: the slowest rank's steady state, the bubble, the tail.
+    slow = max(range(cfg.pp), key=lambda r: t[r])
+    bd = {k: M * (tots[slow].fwd[k] + tots[slow].bwd[k]) for k in TIME_KEYS}
+    bd["pipeline_bubble"] = max(0.0, t_pipe - M * t[slow])  # (round-off can make 1-stage pipelines -1e-20)
+    tail_rank = max(range(cfg.pp), key=lambda r: tail_tot[r])
+    bd.update(tails[tail_rank])
+    tokens = ctx.training.tokens_per_step
+    mflops = model_flops_per_step(ctx.problem)
+    # HFU: MFU scaled by executed / needed FLOPs (recompute), so HFU >= MFU always.
+    recompute_ratio = sum(x.hfu_flops for x in tots) / max(1e-30, sum(x.base_flops for x in tots))
+    peak_all = ctx.peak * ctx.num_gpus
+    memory_bd = dict(peak_stage.memory_gib)
+    bottleneck = max(bd, key=lambda k: bd[k])
+    full_plan = plan.model_copy(update={"dp": cfg.dp, "stage_layers": list(stage_layers)})
+    return Estimate(
+        fits=not reasons, reasons=reasons, warnings=warnings, plan=full_plan,
+        step_time_s=step, tokens_per_s=tokens / step, mfu=mflops / (step * peak_all),
+        hfu=recompute_ratio * mflops / (step * peak_all), model_tflops_per_gpu=mflops / step / ctx.num_gpus / 1e12,
+        num_microbatches=M, peak_memory_gib=peak_stage.peak_memory_gib,
+        memory_capacity_gib=cap / GIB, time_breakdown_s=bd, memory_breakdown_gib=memory_bd,
+        stages=stages, bottleneck=bottleneck)
+
+
+def placement_warnings(table: Table) -> list[str]:
+    pl = table.placement
+    out = []
+    for axis in ("tp", "cp", "ep"):
+        prof = getattr(pl, axis)
+        if prof.straddles:
+            out.append(f"{axis} group of {prof.size} GPUs spans several {prof.straddles[0]} domains although it "
+                       f"fits inside one (placement {table.cfg.placement}); it is priced at the slower level")
+    return out
+
+
+def ep_overlap_priced(problem: Problem, plan: Plan) -> bool:
+    """Whether `evaluate` prices a valid `plan` with the expert all-to-all overlapped (the plan's
+    choice, or where it leaves it open, `ep_overlap_pays`): what exports set."""
+    dp, reasons = config_reasons(problem, plan)
+    if reasons:
+        return False
+    ctx = context(problem)
+    cfg = priced_config(ctx, Config.of(plan, dp), set(plan.recompute_per_layer(problem.model.num_hidden_layers)))
+    return layer_table(ctx, cfg).memo["ep_overlap"]
+
+
+def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
+    """Step time, throughput, MFU and per-stage memory of `plan` on `problem`.
+
+    Never raises for an invalid plan: `fits=False` and `reasons` lists every problem.
+    """
+    from ..loader import load_plan, load_problem  # noqa: PLC0415
+
+    problem = load_problem(problem)
+    plan = load_plan(plan)
+    ctx = with_modes(context(problem), plan.recompute)
+    dp, reasons = config_reasons(problem, plan)
+    if reasons:
+        return invalid_estimate(plan, reasons, ctx)
+    n = problem.model.num_hidden_layers
+    cfg = priced_config(ctx, Config.of(plan, dp), set(plan.recompute_per_layer(n)))
+    warnings = []
+    if plan.sequence_parallel and plan.tp == 1:
+        warnings.append("sequence_parallel is ignored with tp=1")
+    table = layer_table(ctx, cfg)
+    warnings += placement_warnings(table)
+    stage_layers = plan.stage_layers or layout_split(n, cfg.pp * cfg.vpp)
+    from ..intervals import with_interval  # noqa: PLC0415
+
+    est = assemble(ctx, table, stage_layers, plan.recompute_per_layer(n), plan, warnings)
+    return with_interval(est, problem.model.is_moe)  # step_time_interval_s from the validation residuals
