@@ -143,10 +143,15 @@ def _yaml_error(exc: yaml.YAMLError, text: str, src: str | None) -> InputError:
     return InputError(f"YAML syntax error{where}: {what}", source=src)
 
 
-def _too_deep(exc: yaml.YAMLError) -> bool:
+def _nesting_error(source: str | None) -> InputError:
+    return InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source)
+
+
+def _too_deep(exc: yaml.YAMLError, source: str | None) -> None:
     """Newer PyYAML (6.0.4) stops a document nested past its own limit with a parser error (older
-    releases recursed until RecursionError)."""
-    return "maximum nesting depth" in str(exc)
+    releases recursed until RecursionError): raise that as the nesting error the loader gives."""
+    if "maximum nesting depth" in str(exc):
+        raise _nesting_error(source) from None
 
 
 def parse_yaml(text: str, source: str | None = None) -> Any:
@@ -155,21 +160,19 @@ def parse_yaml(text: str, source: str | None = None) -> Any:
     try:
         data = yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        if _too_deep(exc):
-            raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
+        _too_deep(exc, source)
         try:  # the pure-Python parser words syntax errors better (and is the documented reference)
             yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506
         except yaml.YAMLError as exc2:
-            if _too_deep(exc2):
-                raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
+            _too_deep(exc2, source)
             raise _yaml_error(exc2, text, source) from None
         except RecursionError:
             pass
         raise _yaml_error(exc, text, source) from None
     except RecursionError:
-        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
+        raise _nesting_error(source) from None
     if _depth_exceeds(data, MAX_DEPTH):
-        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source)
+        raise _nesting_error(source)
     return data
 
 
@@ -192,11 +195,11 @@ def parse_json(text: str, source: str | None = None) -> Any:
     except json.JSONDecodeError as exc:
         raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}", source=source) from None
     except RecursionError:
-        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
+        raise _nesting_error(source) from None
     except ValueError as exc:
         raise InputError(f"JSON error: {exc}", source=source) from None
     if _depth_exceeds(data, MAX_DEPTH):
-        raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)", source=source)
+        raise _nesting_error(source)
     return data
 
 

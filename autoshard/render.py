@@ -16,7 +16,6 @@ Nothing here imports CP-SAT: records are built from the pydantic models' dumps.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import math
@@ -512,25 +511,22 @@ def error_markdown(record: Mapping[str, Any]) -> str:
 
 
 def ep_overlap_text(problem: Any, plan: Any) -> str | None:
-    """What the estimate assumed of the EP overlap where the plan leaves it open and the framework
-    could run it (`cost.ep_overlap_pays`): exports set the same; None where there is nothing to say."""
-    from .cost import Config, config_reasons, context, ep_overlap_blocked, ep_overlap_on, ep_overlap_priced  # noqa: PLC0415
+    """What the estimate assumed of the EP overlap where the plan could run it and does not ask for it
+    (`cost.ep_overlap_state`): exports set the same; None where there is nothing to say."""
+    from .cost import ep_overlap_state  # noqa: PLC0415
 
     if problem is None or plan is None or getattr(plan, "ep_overlap", True) is True or plan.ep <= 1:
         return None
-    dp, reasons = config_reasons(problem, plan)
-    ctx = context(problem)
-    if reasons or not ep_overlap_on(ctx, dataclasses.replace(Config.of(plan, dp), ep_overlap=None)):
-        return None
-    if plan.ep_overlap is False:
-        return "EP overlap off: the plan's choice"
-    if ep_overlap_blocked(ctx, set(plan.recompute_per_layer(problem.model.num_hidden_layers))):
-        return (f"EP overlap off: {problem.framework} refuses it beside this recompute "
-                f"({'/'.join(ctx.framework.ep_overlap_excludes_recompute)})")
-    if ep_overlap_priced(problem, plan):
-        return "EP overlap on: expert all-to-all under the other micro-batch's compute"
-    return ("EP overlap off: running it would expose more host launch time than the all-to-all it hides "
-            "(set `ep_overlap: true` to price it)")
+    state = ep_overlap_state(problem, plan)
+    if state == "refused":
+        from .frameworks import get_framework  # noqa: PLC0415
+
+        refused = "/".join(get_framework(problem.framework).ep_overlap_excludes_recompute)
+        return f"EP overlap off: {problem.framework} refuses it beside this recompute ({refused})"
+    return {"on": "EP overlap on: expert all-to-all under the other micro-batch's compute",
+            "choice": "EP overlap off: the plan's choice",
+            "unpaid": "EP overlap off: running it would expose more host launch time than the all-to-all it "
+                      "hides (set `ep_overlap: true` to price it)"}.get(state)
 
 
 def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:

@@ -91,6 +91,7 @@ from .layers import (  # noqa: F401
     shared_costs,
 )
 from .moe import (  # noqa: F401
+    ep_overlap_allowed,
     dispatcher_of,
     ep_overlap_blocked,
     ep_overlap_host_s,
@@ -128,6 +129,7 @@ from .step import (  # noqa: F401
     dp_tail,
     dp_tail_s,
     ep_overlap_priced,
+    ep_overlap_state,
     evaluate,
     inflight_microbatches,
     invalid_estimate,

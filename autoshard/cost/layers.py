@@ -248,7 +248,8 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     acts = _activation_bytes(ctx, cfg, sh, kind)
     flops = aflops + mflops
     exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
-    if ep_overlap_on(ctx, cfg):
+    ep_overlap = ep_overlap_on(ctx, cfg)
+    if ep_overlap:
         # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
         # layer, each all-to-all beside one piece of the other pass (model_chunk_schedule_plan.py
         # TransformerLayerSchedulePlan.run: comm combine_bwd | dispatch_fwd -> dispatch_bwd |
@@ -306,7 +307,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
                 c.hfu_flops += fl
             c.act_bytes = max(c.act_bytes, acts["full"])
         host = moe_host_s(ctx, cfg) if kind == "moe" else 0.0
-        if host and ep_overlap_on(ctx, cfg):
+        if host and ep_overlap:
             extra = ep_overlap_host_s(ctx, cfg, c, host)
             host += extra
             c.ep_overlap_gain_s = exposed_ep_s - mfwd["ep_comm"] - mbwd["ep_comm"] - extra

@@ -78,19 +78,21 @@ def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:
     return sh.tokens * k * (etp / t if cfg.sp or etp < t else 1.0) * moe_imbalance(ctx, cfg)
 
 
+def ep_overlap_allowed(ep: int, pp: int, vpp: int, microbatches: int) -> bool:
+    """Megatron's conditions on the EP overlap's degrees: EP > 1, PP = 1 or interleaved, and at least
+    two micro-batches to pair (the framework must run it too: `ep_overlap_on`)."""
+    return ep > 1 and (pp == 1 or vpp >= 2) and microbatches >= 2
+
+
 def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
     """Whether expert all-to-all overlaps computation (Megatron `--overlap-moe-expert-parallel-comm`
-    with `--delay-wgrad-compute`): asked for or left to a framework that runs it, EP > 1, PP = 1 or
-    interleaved (Megatron's requirement), and at least two micro-batches to pair."""
+    with `--delay-wgrad-compute`): asked for or left to a framework that runs it, within
+    `ep_overlap_allowed`; DualPipeV pairs forward and backward chunks by itself."""
     if cfg.ep == 1 or cfg.ep_overlap is False:
         return False
     if cfg.schedule == "dualpipev":  # the schedule pairs forward and backward chunks: a2a hides
         return True
-    if not ctx.framework.ep_overlap:
-        return False
-    if cfg.pp > 1 and cfg.vpp < 2:
-        return False
-    return num_microbatches(ctx.problem, cfg) >= 2
+    return ctx.framework.ep_overlap and ep_overlap_allowed(cfg.ep, cfg.pp, cfg.vpp, num_microbatches(ctx.problem, cfg))
 
 
 def _no_ep_overlap(cfg: Config) -> Config:

@@ -22,7 +22,7 @@ from .context import (
     with_modes,
 )
 from .layers import Cost, Table, layer_table
-from .moe import priced_config
+from .moe import ep_overlap_on, priced_config
 from .params import (
     gathered_weight_bytes,
     lora_fraction,
@@ -406,15 +406,31 @@ def placement_warnings(table: Table) -> list[str]:
     return out
 
 
+def ep_overlap_state(problem: Problem, plan: Plan) -> str | None:
+    """How `evaluate` prices the expert all-to-all overlap of a valid `plan` that could run it: "on",
+    or why it is off: "choice" (the plan turns it off), "refused" (left open beside a recompute the
+    framework refuses it with: `priced_config`), "unpaid" (left open where it does not pay:
+    `ep_overlap_pays`). None where the plan is invalid or its degrees or framework cannot run it."""
+    dp, reasons = config_reasons(problem, plan)
+    if reasons:
+        return None
+    ctx = context(problem)
+    cfg = Config.of(plan, dp)
+    if not ep_overlap_on(ctx, dataclasses.replace(cfg, ep_overlap=None)):
+        return None
+    if plan.ep_overlap is False:
+        return "choice"
+    modes = set(plan.recompute_per_layer(problem.model.num_hidden_layers))
+    priced = priced_config(ctx, cfg, modes)
+    if priced.ep_overlap is False:
+        return "refused"
+    return "on" if layer_table(ctx, priced).memo["ep_overlap"] else "unpaid"
+
+
 def ep_overlap_priced(problem: Problem, plan: Plan) -> bool:
     """Whether `evaluate` prices a valid `plan` with the expert all-to-all overlapped (the plan's
     choice, or where it leaves it open, `ep_overlap_pays`): what exports set."""
-    dp, reasons = config_reasons(problem, plan)
-    if reasons:
-        return False
-    ctx = context(problem)
-    cfg = priced_config(ctx, Config.of(plan, dp), set(plan.recompute_per_layer(problem.model.num_hidden_layers)))
-    return layer_table(ctx, cfg).memo["ep_overlap"]
+    return ep_overlap_state(problem, plan) == "on"
 
 
 def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:

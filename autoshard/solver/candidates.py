@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from itertools import product
 from typing import Any
 
-from ..cost import Config, Context, config_reasons, ep_overlap_blocked
+from ..cost import Config, Context, config_reasons, ep_overlap_allowed, ep_overlap_blocked
 from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
 from ..topology import place_axes
@@ -166,7 +166,7 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                         continue  # (DeepSpeed-Ulysses beside Megatron's SP: config_reasons)
                     row = (tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp)
                     rows.append((*row, None))
-                    if overlap_twin and ep > 1 and (pp == 1 or sched == "interleaved") and mb >= 2:
+                    if overlap_twin and ep_overlap_allowed(ep, pp, vpp, mb):
                         rows.append((*row, False))  # right after its twin: the numpy bound groups read the first
     return Candidates(rows, dispatcher, cp_comm)
 
