@@ -47,6 +47,12 @@ class FrameworkProfile:
     attention_backward_rate: float = CUDNN_ATTENTION_BACKWARD_RATE
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
+    # Data-parallel tail overlaps its engine runs (Plan.overlap_grad_reduce / overlap_param_gather ask for
+    # them; cost.dp_overlaps grants what the engine does): gradient reduction under the backward with
+    # pp = 1 and with pipeline parallelism, and the ZeRO-1/2 parameter all-gather under the next forward
+    grad_reduce_overlap: bool = True
+    pipeline_grad_reduce_overlap: bool = True
+    param_gather_overlap: bool = True
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
@@ -135,6 +141,9 @@ def profiles() -> dict[str, FrameworkProfile]:
             attention_backward_rate=float(row.get("attention_backward_rate", CUDNN_ATTENTION_BACKWARD_RATE)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),
+            grad_reduce_overlap=bool(row.get("grad_reduce_overlap", True)),
+            pipeline_grad_reduce_overlap=bool(row.get("pipeline_grad_reduce_overlap", True)),
+            param_gather_overlap=bool(row.get("param_gather_overlap", True)),
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),

@@ -382,6 +382,8 @@ def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
     ])
     if est.stages and (overlap := ep_overlap_text(problem, est.plan)):
         out += ["", overlap + "."]
+    if est.stages and (tail := dp_overlap_text(problem, est.plan)):
+        out += ["", tail + "."]
     if est.warnings:
         out += ["", "Warnings:", ""] + [f"- {w}" for w in est.warnings]
     if est.reasons:
@@ -529,6 +531,22 @@ def ep_overlap_text(problem: Any, plan: Any) -> str | None:
                       "hides (set `ep_overlap: true` to price it)"}.get(state)
 
 
+def dp_overlap_text(problem: Any, plan: Any) -> str | None:
+    """Which data-parallel overlaps the plan asks for and its framework's engine does not run
+    (`cost.dp_overlaps`), None where none is refused."""
+    from .cost import Config, context, dp_overlaps  # noqa: PLC0415
+
+    if problem is None or plan is None or not plan.dp or plan.zero_stage >= 3 or plan.dp * plan.cp <= 1:
+        return None
+    grad, param = dp_overlaps(context(problem), Config.of(plan, plan.dp))
+    refused = []
+    if plan.overlap_grad_reduce and not grad:
+        refused.append("reduces gradients after the last micro-batch" + (" (pipeline engine)" if plan.pp > 1 else ""))
+    if plan.overlap_param_gather and not param and plan.zero_stage in (1, 2):
+        refused.append("gathers the updated weights after the optimizer step")
+    return f"DP tail exposed: {problem.framework} " + " and ".join(refused) if refused else None
+
+
 def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
     """Compact terminal summary of an estimate (ends with a newline). `reasons=False`: a plan
     that does not fit says how many reasons there are, the caller prints them (on stderr)."""
@@ -536,6 +554,8 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
     out = [f"{_title(problem)}", f"plan: {plan_short(est.plan, problem.cluster.num_gpus)}"]
     if est.stages and (overlap := ep_overlap_text(problem, est.plan)):
         out.append(overlap)
+    if est.stages and (tail := dp_overlap_text(problem, est.plan)):
+        out.append(tail)
     settings = training_settings(problem.training)
     if settings:
         out.insert(1, "training: " + ", ".join(settings))

@@ -362,6 +362,45 @@ def test_data_parallel_overlap_knobs():
     assert "--overlap-grad-reduce" in export_plan(p, on.plan, "megatron").text
 
 
+def test_deepspeed_pipeline_engine_reduces_after_the_schedule():
+    # DeepSpeed's PipelineEngine turns the per-backward reduction off and reduces every gradient at
+    # ReduceGrads after the last micro-batch; its ZeRO-1/2 all-gathers the updated weights at the end of
+    # step() (deepspeed/runtime/pipe/engine.py, pipe/schedule.py, zero/stage_1_and_2.py). With pp = 1
+    # the overlap_comm hooks reduce under the backward; Megatron overlaps both.
+    from autoshard.cost import dp_overlaps, total_params
+    from autoshard.topology import reduce_scatter_s
+
+    def problem(framework):
+        return load_problem({"model": "llama3-8b", "framework": framework,
+                             "training": {"seq_len": 4096, "global_batch_size": 64},
+                             "cluster": {"gpu": "h100", "num_gpus": 64}})
+
+    ds, mg = problem("deepspeed"), problem("megatron")
+    for plan, want in ((Plan(pp=2, zero_stage=1), (False, False)), (Plan(pp=1, zero_stage=1), (True, False))):
+        assert dp_overlaps(context(ds), Config.of(plan, 64 // plan.pp)) == want
+        assert dp_overlaps(context(mg), Config.of(plan, 64 // plan.pp)) == (True, True)
+    # Exposed whole at pp = 2: the bf16 gradient reduce-scatter and the bf16 weight all-gather of the
+    # first stage's parameters over its 32 data-parallel GPUs, whatever the plan asks for.
+    plan = Plan(pp=2, zero_stage=1, stage_layers=[16, 16])
+    est = evaluate(ds, plan)
+    ctx = context(ds)
+    prof = layer_table(ctx, Config.of(plan, 32)).placement.dp_cp
+    m = ds.model
+    n = (total_params(m) - m.hidden_size - m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)) / 2 \
+        + m.vocab_size * m.hidden_size  # half the layers and one embedding table per stage
+    expected = reduce_scatter_s(ctx.levels, prof, 2 * n) + all_gather_s(ctx.levels, prof, 2 * n)
+    assert est.time_breakdown_s["dp_comm"] == pytest.approx(expected, rel=0.03)
+    assert evaluate(mg, plan).time_breakdown_s["dp_comm"] < 0.5 * expected
+    # ... and the reports say so
+    from autoshard.render import estimate_text
+
+    assert "DP tail exposed: deepspeed reduces gradients after the last micro-batch (pipeline engine) and gathers" \
+        in estimate_text(ds, est)
+    assert "DP tail" not in estimate_text(mg, evaluate(mg, plan))
+    assert "DP tail" not in estimate_text(ds, evaluate(ds, plan.model_copy(update={"overlap_grad_reduce": False,
+                                                                                   "overlap_param_gather": False})))
+
+
 def test_offloading_prices_the_host_link():
     from autoshard.catalog import get_gpu
 

@@ -711,6 +711,10 @@ def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
         case = modern_row_to_case(row)
         assert case.framework == "deepspeed" and case.problem.training.launch_blocking
         assert case.plan.sequence_parallel is False
+        # Jean Zay's network, not a DGX SuperPOD's: 4 x 100 Gb/s Omni-Path per 8-GPU node
+        assert case.problem.cluster.topology == "jean-zay-a100"
+        levels = cost.context(case.problem).levels
+        assert [lv.size for lv in levels] == [8, 416] and levels[1].link_bytes_per_s == pytest.approx(4 * 100e9 / 8 / 8)
         cases.append(case)
     # Blocking launches cost each layer its launches once per micro-batch: micro-batch 1 pays twice
     # as many as micro-batch 2 (256 vs 128 micro-batches per pipeline; 78 layers over 12 stages put 6
@@ -720,6 +724,9 @@ def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
     assert round(layers) in (6, 7) and layers == pytest.approx(round(layers), rel=1e-6)
     assert est[0].time_breakdown_s["host"] == pytest.approx(2 * est[1].time_breakdown_s["host"], rel=1e-6)
     assert est[0].step_time_s > est[1].step_time_s  # as measured (148.2 vs 103.5 s)
+    # DeepSpeed's pipeline engine reduces and gathers after the schedule: the whole tail is exposed
+    assert est[0].time_breakdown_s["dp_comm"] == pytest.approx(est[1].time_breakdown_s["dp_comm"])
+    assert est[0].time_breakdown_s["dp_comm"] > 1.0
 
 
 def test_bloom_logbook_configurations_recompute_every_layer():

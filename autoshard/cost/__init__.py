@@ -126,6 +126,7 @@ from .step import (  # noqa: F401
     assign_layers,
     chunk_rank,
     chunk_times,
+    dp_overlaps,
     dp_tail,
     dp_tail_s,
     ep_overlap_priced,

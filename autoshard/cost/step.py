@@ -169,9 +169,20 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
         fw, gpu = ctx.framework, ctx.gpu
         per = shard * ((fw.grad_bytes + BF16) / gpu.host_link_bytes_per_s + 28.0 / gpu.host_memory_bytes_per_s)
         tm = dataclasses.replace(tm, optimizer_s_per_param=per)
-    if cfg.grad_overlap and cfg.param_overlap:
+    grad, param = dp_overlaps(ctx, cfg)
+    if grad and param:
         return tm
-    return dataclasses.replace(tm, overlap_reduce=cfg.grad_overlap, overlap_gather=cfg.param_overlap)
+    return dataclasses.replace(tm, overlap_reduce=grad, overlap_gather=param)
+
+
+def dp_overlaps(ctx: Context, cfg: Config) -> tuple[bool, bool]:
+    """(gradient reduction under the backward, ZeRO-1/2 parameter all-gather under the next forward)
+    as the plan asks for them (overlap_grad_reduce, overlap_param_gather) and the framework's engine
+    runs them: DeepSpeed's pipeline engine reduces after the last micro-batch and its ZeRO-1/2 gathers
+    at the end of the optimizer step (frameworks.yaml)."""
+    fw = ctx.framework
+    grad = cfg.grad_overlap and (fw.pipeline_grad_reduce_overlap if cfg.pp > 1 else fw.grad_reduce_overlap)
+    return grad, cfg.param_overlap and fw.param_gather_overlap
 
 
 @functools.lru_cache(maxsize=4096)

@@ -599,11 +599,11 @@ def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact
 def _placed_tail_model(ctx: Context, table: Table) -> TailModel:
     """`cost.tail_model` of the table, memoized in `Table.memo` on everything it reads of the
     configuration and placement (the rest is the solve's context)."""
-    from ..cost import tail_model  # noqa: PLC0415
+    from ..cost import dp_overlaps, tail_model  # noqa: PLC0415
 
     cfg, pl = table.cfg, table.placement
     key = ("tail", pl.dp_cp, pl.edp, cfg.zero, cfg.dp, cfg.cp, table.microbatches if cfg.zero == 2 else 0,
-           cfg.grad_overlap, cfg.param_overlap, cfg.opt_offload)
+           dp_overlaps(ctx, cfg), cfg.opt_offload)
     got = table.memo.get(key)
     if got is None:
         got = table.memo[key] = tail_model(ctx, table)
@@ -719,14 +719,14 @@ def _free_tail_model(ctx: Context, table: Table) -> TailModel:
     expert reduction about 8x cheaper than any placement could (the dense coefficient stays the
     consecutive one: some order still puts dp and cp innermost, at TP's expense, which the layer
     costs price on their own)."""
-    from ..cost import tail_model  # noqa: PLC0415
+    from ..cost import dp_overlaps, tail_model  # noqa: PLC0415
 
     cfg = table.cfg
     if not cfg.folded:  # some order puts ep, dp and cp innermost: both groups consecutive at once
         return tail_model(ctx, table)
     # Everything `tail_model` reads of the configuration (the memo is shared by one solve's tables).
     key = ("free_tail", cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp, cfg.zero,
-           table.microbatches if cfg.zero == 2 else 0, cfg.grad_overlap, cfg.param_overlap, cfg.opt_offload)
+           table.microbatches if cfg.zero == 2 else 0, dp_overlaps(ctx, cfg), cfg.opt_offload)
     got = table.memo.get(key)
     if got is not None:
         return got

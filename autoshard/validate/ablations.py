@@ -145,6 +145,10 @@ def _bloom_fill(model: dict[str, Any], pp: int, tp: int) -> tuple[dict[str, Any]
     return out, notes
 
 
+# Clusters the groups name (in `gpu` or `interconnect`) whose network is not their GPU's default system.
+NAMED_CLUSTERS = {"jean zay": "jean-zay-a100"}
+
+
 def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[dict[str, Any], list[str]]:
     """A modern_runs-shaped row for one configuration of a group (measured step: a placeholder)."""
     model = dict(group.get("model") or {})
@@ -191,6 +195,12 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
         "step_time_s": 1.0,  # placeholder: only the order is compared
         "notes": "",
     }
+    where = f"{gpu} {group.get('interconnect') or ''}".lower()
+    for site, topo in NAMED_CLUSTERS.items():
+        if site in where:
+            row["topology"] = topo
+            notes.append(f"topology {topo} ({site.title()}: its network, not the {gpu.split()[0]}'s default system)")
+            break
     if name.lower().startswith("bloom"):
         row["flash_attention"] = False  # 2022 Megatron-DeepSpeed: fused softmax, no FlashAttention
         row["sp"] = False  # sequence parallelism reached Megatron-LM later in 2022 (Korthikanti et al.)

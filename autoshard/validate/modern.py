@@ -13,7 +13,8 @@ gpu                        vendor / system names to catalog ids (`gpu_id`): DGX-
                            DGX-GB200/GB200 -> gb200; DGX-B300/B300 -> b300; DGX-GB300/GB300 ->
                            gb300; MI300 -> mi300x; MI325X -> mi325x; MI355 -> mi355x. A catalog id
                            that does not exist yet skips the row with that reason.
-topology                   h100-sxm -> dgx-h100-400g (DGX H100 / Grand Teton: 8 x 400 Gb/s per node);
+topology                   the row's `topology` (a preset: ablations.config_row names Jean Zay's);
+                           h100-sxm -> dgx-h100-400g (DGX H100 / Grand Teton: 8 x 400 Gb/s per node);
                            else the GPU's default topology; a first level whose size differs from
                            `nvlink_domain_gpus` is noted
 precision                  `precision_recipe`: BF16 -> bf16; FP8-CS / 'per-tensor, current scaling' /
@@ -482,7 +483,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     n = _int(row.get("gpu_count"))
     if not n:
         return skip("gpu_count not published")
-    topo = topology_of(gid)
+    topo = str(row.get("topology") or topology_of(gid))  # a named cluster (ablations.config_row)
     dom = _int(row.get("nvlink_domain_gpus"))
     try:
         first = get_topology(topo).levels[0].size
