@@ -404,6 +404,7 @@ class Plan(Strict):
     # Data-parallel overlap (Megatron --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch):
     # gradient buckets reduce under the last backward, updated parameters gather under the next
     # forward. Production recipes run both; off, the whole transfer is exposed (evaluated, not searched).
+    # A framework whose engine does not run one exposes it anyway (DeepSpeed: cost.dp_overlaps).
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     # Optimizer states (fp32 master weights and moments) in host memory, stepped by the CPU
