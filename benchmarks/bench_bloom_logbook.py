@@ -9,8 +9,8 @@ it tables about 90 measured iterations of BLOOM candidates on Jean Zay's A100s: 
 (02-26); the rest are lines the cost model was never compared with while it was built.
 
 Each line becomes an ablation configuration of a group with that table's NHIDDEN / NLAYERS / NHEADS
-(heads 64 where the table has no column: "all NHEADS=64 (above too)") and is converted exactly as
-`autoshard validate --ablations` converts one (validate.ablations.config_row: Megatron-DeepSpeed,
+(heads 64 where the table has no column: "all NHEADS=64 (above too)") and is converted by
+`autoshard validate --ablations`'s own code (validate.ablations.group_result: Megatron-DeepSpeed,
 CUDA_LAUNCH_BLOCKING=1, full recompute, Jean Zay's network). The single-node max-TFLOPs probes (a
 `Layers` column and no DP) are skipped (their batch is given as both 512 and 2048), as is a line whose
 DP x TP x PP is not its nodes' GPUs (02-21: 40 nodes at DP 8, TP 8, PP 10).
@@ -32,10 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoshard.cost import evaluate  # noqa: E402
-from autoshard.validate import completed_plan  # noqa: E402
-from autoshard.validate.ablations import config_row  # noqa: E402
-from autoshard.validate.modern import modern_row_to_case  # noqa: E402
+from autoshard.validate.ablations import group_result  # noqa: E402
 
 FIRST, LAST = "## 48 node contenders", "## Hanging Issue"
 
@@ -80,18 +77,17 @@ def logbook_rows(text: str) -> tuple[list[dict], int]:
 
 
 def price(r: dict) -> float:
+    """The line's predicted step: a one-configuration ablation group, through `validate --ablations`'s
+    own conversion (ablations.group_result)."""
     group = {"id": "bloom-logbook", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
              "gpu": "A100 SXM 80GB (Jean Zay), 8 per node",
              "interconnect": "NVLink within node; 4 Omni-Path (OPA) links per node", "seq_len": 2048,
              "precision": "fp16 (inferred)", "gpu_count": 8 * r["nodes"], "global_batch_seqs": r["gbs"],
              "model": {"name": "BLOOM-candidate", "hidden": r["hidden"], "layers": r["layers"], "heads": r["heads"],
-                       "kv_heads": r["heads"]}}
-    row, _ = config_row(group, {"tp": r["tp"], "pp": r["pp"], "dp": r["dp"], "zero_stage": r["zero"],
-                                "micro_batch": r["mbs"]}, 0)
-    row.pop("_tp_overlap")
-    row.pop("_ep_overlap")
-    case = modern_row_to_case(row)
-    return evaluate(case.problem, completed_plan(case)).step_time_s
+                       "kv_heads": r["heads"]},
+             "configs": [{"tp": r["tp"], "pp": r["pp"], "dp": r["dp"], "zero_stage": r["zero"], "micro_batch": r["mbs"],
+                          "measured": {"step_time_s": r["measured_s"]}}]}
+    return group_result(group).configs[0].predicted_step_s or 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
