@@ -57,6 +57,12 @@ class FrameworkProfile:
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
     fp8_params: bool = False  # can keep the weights themselves in FP8 (training.fp8_params)
+    # keeps its low-precision weight copies for the whole step (Transformer Engine caches them across
+    # micro-batches); False = recasts the weights in every forward (torchao Float8Linear)
+    fp8_weight_cache: bool = True
+    # (recipe, HBM bytes per quantized element) where its quantization kernels move more than the
+    # recipe's own count (precisions.yaml quant_hbm_bytes_per_element), measured
+    quant_hbm_bytes_per_element: tuple[tuple[str, float], ...] = ()
     # cp_comm_type it runs at cp > 1 (None = any), and those a model with sliding-window attention may use
     cp_comm_types: tuple[str, ...] | None = None
     cp_excludes_sp: bool = False  # its context parallelism cannot run beside TP's sequence parallelism
@@ -148,6 +154,9 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
             fp8_params=bool(row.get("fp8_params", False)),
+            fp8_weight_cache=bool(row.get("fp8_weight_cache", True)),
+            quant_hbm_bytes_per_element=tuple((str(k), float(v)) for k, v in
+                                              (row.get("quant_hbm_bytes_per_element") or {}).items()),
             cp_comm_types=(tuple(row["cp_comm_types"]) if row.get("cp_comm_types") else None),
             cp_excludes_sp=bool(row.get("cp_excludes_sp", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),

@@ -549,16 +549,38 @@ def test_fp8_pays_quantization_and_keeps_router_and_head_in_bf16():
     q = get_recipe("fp8-current").per_arch(get_recipe("fp8-current").quant_hbm_bytes_per_element, cur.gpu)
     assert cur.quant_bytes == (q, 0.0)
     no_quant = _gemm_s(cur, m, k, n, cur.mm_flops_per_s)
-    assert _gemm_s(cur, m, k, n) == pytest.approx(no_quant + q * m * k / cur.hbm_bytes_per_s)
-    # torchao recasts the weights every micro-batch (no fp8 weight copy kept).
+    # Forward and backward (priced at 3x this forward) quantize X (m x k) and dY (m x n) once each.
+    assert 3 * _gemm_s(cur, m, k, n) == pytest.approx(3 * no_quant + q * m * (k + n) / cur.hbm_bytes_per_s)
+    # torchao recasts the weights every micro-batch (no fp8 weight copy kept): W (k x n) once too.
     qa, qw = row.quant_bytes
     assert qa == qw > 0
+    assert 3 * _gemm_s(row, m, k, n) == pytest.approx(3 * _gemm_s(row, m, k, n, row.mm_flops_per_s)
+                                                      + qa * (m * k + m * n + k * n) / row.hbm_bytes_per_s)
     # A 16-bit rate for the router and LM head: the same in bf16 and fp8 recipes.
     assert cur.hp_flops_per_s == bf16.mm_flops_per_s < cur.mm_flops_per_s
     # The overhead is O(m k) against the GEMM's O(m k n): fp8 gains less on narrow layers.
     def gain(n_out):
         return _gemm_s(bf16, m, k, n_out) / _gemm_s(cur, m, k, n_out)
     assert gain(512) < gain(14336) < 2.0
+
+
+def test_torchtitan_recasts_fp8_weights_with_torchaos_measured_casts():
+    # torchao's Float8Linear (torchtitan) casts the weight in every forward and keeps no FP8 copy for the
+    # step; Transformer Engine (Megatron) caches the FP8 weight and, below sm100, its transpose. The
+    # memory of the copies and the weights' casts follow the framework, at its measured bytes.
+    def ctx_of(framework):
+        return context(load_problem({"model": "llama3-8b", "framework": framework,
+                                     "training": {"seq_len": 8192, "global_batch_size": 64, "precision": "fp8-current"},
+                                     "cluster": {"gpu": "h100", "num_gpus": 8}}))
+
+    te, titan = ctx_of("megatron"), ctx_of("torchtitan")
+    assert te.weight_copy_bytes_per_param == 2.0 and titan.weight_copy_bytes_per_param == 0.0
+    assert te.quant_bytes == (6.0, 0.0)
+    assert titan.quant_bytes == (8.1, 8.1)
+    plan = Plan(tp=1, pp=1, zero_stage=0, micro_batch_size=1)  # DDP in both: unsharded weights
+    for c, copies in ((te, 2.0), (titan, 0.0)):  # bf16 (Megatron) or fp32 (FSDP2) weights + FP8 copies
+        weights = evaluate(c.problem, plan).memory_breakdown_gib["weights"]
+        assert weights == pytest.approx((c.framework.weight_bytes + copies) * 8.03e9 / 2**30, rel=0.01)
 
 
 def test_hierarchical_dispatch_sends_a_token_once_per_remote_node():
@@ -942,3 +964,26 @@ def test_attention_rate_by_head_dim_follows_the_exponential_units():
     assert attention_head_dim_factor(64, gb300) == pytest.approx(attention_head_dim_factor(64, h100), abs=0.02)
     # a GPU without the figure keeps FlashAttention-3's d / (d + 32)
     assert attention_head_dim_factor(64, get_gpu("mi300x")) == pytest.approx((64 / 96) / (128 / 160))
+
+
+def test_attention_pays_its_call_and_causal_tail_per_context_parallel_step():
+    # The core attention's forward beyond its FLOPs: one fixed time per kernel call (a call per CP ring
+    # step) and the causal tail, a third of the longest query tile's key loop over the sequence a GPU's
+    # diagonal step holds. So TP8 (8 heads per GPU) runs attention at a lower rate than TP1 (64 heads).
+    from autoshard.cost import Config, Shapes, context, core_attention_flops, core_attention_s
+    from autoshard.cost.constants import ATTN_CALL_S, ATTN_CAUSAL_TAIL, ATTN_TILE
+    from autoshard.cost.kernels import attention_head_dim_factor
+
+    ctx = context(load_problem({"model": "llama3-70b", "training": {"seq_len": 8192, "global_batch_size": 64},
+                                "cluster": {"gpu": "h100", "num_gpus": 64}}))
+    rate = ctx.attn_flops_per_s * attention_head_dim_factor(128, ctx.gpu)
+    tile_s = 2 * ATTN_TILE**2 * 256 / (rate / ctx.gpu.sm_count)
+    rates = {}
+    for tp, cp in ((1, 1), (8, 1), (8, 4)):
+        sh = Shapes(ctx, Config(tp, cp, 1, 1, 64 // (tp * cp), 1, True, 1, 1, "1f1b", "tp-cp-ep-dp-pp"))
+        t, _, flops = core_attention_s(ctx, sh)
+        assert t == pytest.approx(flops / rate + cp * ATTN_CALL_S + ATTN_CAUSAL_TAIL * 8192 / cp / ATTN_TILE * tile_s)
+        assert flops == core_attention_flops(sh)
+        rates[tp, cp] = flops / t
+    assert rates[8, 1] < rates[1, 1] < rate
+    assert rates[8, 1] / rate == pytest.approx(0.86, abs=0.05)  # measured 0.86 (8 heads, 8k tokens)

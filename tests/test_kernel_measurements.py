@@ -84,3 +84,77 @@ def test_attention_backward_rate_is_the_measured_one(backend, framework):
     assert len(ratios) == 18
     assert get_framework(framework).attention_backward_rate == pytest.approx(statistics.median(ratios), abs=0.01)
     assert max(ratios) < 1.1  # no backend runs its backward faster than its forward by more than noise
+
+
+H100_RECIPE_RUNS = [r for r in DOC["fp8_recipes"]["runs"] if r["machine"]["gpu"] == "NVIDIA H100 80GB HBM3"]
+
+
+@pytest.mark.parametrize("scaling,recipe", [("rowwise", "fp8-rowwise"), ("blockwise", "fp8-blockwise")])
+def test_scaled_gemm_factors_are_the_measured_ones(scaling, recipe):
+    # Row-wise (torchao) and 1x128 / 128x128 block-wise (DeepSeek-V3, TE Float8BlockScaling) scaled FP8
+    # GEMMs against the per-tensor-scaled GEMM of the same run: the recipe's gemm_efficiency_factor is
+    # the H100 median over the dense layer GEMMs of two runs, and H200's lies within 5% of it.
+    from autoshard.catalog import get_recipe
+
+    assert len(H100_RECIPE_RUNS) == 2
+    factor = get_recipe(recipe).gemm_efficiency_factor
+    h100 = [x for run in H100_RECIPE_RUNS for x in bench_kernels.recipe_ratios(run, scaling)]
+    assert len(h100) == 2 * 57
+    assert factor == pytest.approx(statistics.median(h100), abs=0.01)
+    for run in DOC["fp8_recipes"]["runs"]:
+        assert statistics.median(bench_kernels.recipe_ratios(run, scaling)) == pytest.approx(factor, abs=0.05)
+
+
+def test_torchao_quantization_bytes_are_the_measured_ones():
+    # Whole linear layers (forward + backward) in torchao's FP8 under torch.compile on H100: the casts'
+    # HBM bytes per element of X, W and dY, as priced for torchtitan (tensorwise, current scaling) and by
+    # the row-wise recipe, and both above Transformer Engine's fused cast-transpose count.
+    from autoshard.catalog import quant_overhead_bytes_per_element
+    from autoshard.frameworks import get_framework
+
+    gpu = get_gpu("h100-sxm")
+    rows = bench_kernels.linear_rows(DOC["fp8_linear"], gpu)
+    assert len(rows) == 4
+    tensorwise = statistics.median(r["tensorwise_bytes"] for r in rows)
+    rowwise = statistics.median(r["rowwise_bytes"] for r in rows)
+    assert dict(get_framework("torchtitan").quant_hbm_bytes_per_element)["fp8-current"] == pytest.approx(tensorwise, abs=0.1)
+    assert quant_overhead_bytes_per_element("fp8-rowwise", gpu) == pytest.approx(rowwise, abs=0.1)
+    assert quant_overhead_bytes_per_element("fp8-current", gpu) < tensorwise < rowwise
+
+
+def test_rowwise_costs_what_it_measures_over_tensorwise_per_linear_layer():
+    # The priced time of a linear layer's forward + backward in torchao row-wise over tensorwise (GEMM
+    # factor and quantization bytes together) against the measured ratio of the same four layers.
+    rows = bench_kernels.linear_rows(DOC["fp8_linear"], get_gpu("h100-sxm"))
+    measured = statistics.median(r["measured_speedup"]["tensorwise"] / r["measured_speedup"]["rowwise"] for r in rows)
+    priced = statistics.median(r["model_speedup"]["tensorwise"] / r["model_speedup"]["rowwise"] for r in rows)
+    assert 1.05 < measured < 1.2
+    assert priced == pytest.approx(measured, abs=0.04)
+
+
+def test_attention_rate_by_call_size_is_the_measured_one():
+    # cuDNN attention kernel times (no host time) of 36 calls on H100, 4-64 heads x 1k-32k tokens: the
+    # fixed time per call and the causal tail (cost.attention_call_s) price them within a median 7%,
+    # where one flat rate is off by 10-15% and by up to 9x on the smallest calls.
+    rows = bench_kernels.attention_grid_rows(DOC["attention_grid"], get_gpu("h100-sxm"))
+    assert len(rows) == 36
+    for d, bound in (("fwd", 0.06), ("bwd", 0.075)):
+        model = statistics.median(abs(math.log(r[f"model_{d}_s"] / r[f"{d}_kernel_s"])) for r in rows)
+        flat = statistics.median(abs(math.log(r[f"flat_{d}_s"] / r[f"{d}_kernel_s"])) for r in rows)
+        assert model < bound < flat, d
+    # The order that decides TP and CP degrees: fewer heads or a shorter sequence per GPU run slower.
+    rel = {(r["heads"], r["seq"]): r["flat_fwd_s"] / r["model_fwd_s"] for r in rows if r["causal"]}
+    assert rel[(8, 8192)] < rel[(32, 8192)] < rel[(64, 8192)]
+    assert rel[(32, 2048)] < rel[(32, 4096)] < rel[(32, 8192)]
+
+
+def test_blocking_launch_cost_per_layer_is_the_measured_one():
+    # CUDA_LAUNCH_BLOCKING=1 (BLOOM's runs) costs one Megatron-DeepSpeed layer per micro-batch a host
+    # time that does not grow with the micro-batch or shrink with TP: measured on H100 at BLOOM's shapes,
+    # against the constant fitted on the logbook.
+    from autoshard.cost.constants import BLOCKING_LAYER_HOST_S
+
+    costs = [r["blocking_cost_ms"] / 1e3 for r in DOC["launch_blocking"]["layers"]]
+    assert len(costs) == 6
+    assert max(costs) / min(costs) < 1.4  # per layer and micro-batch, whatever the shapes
+    assert BLOCKING_LAYER_HOST_S == pytest.approx(statistics.median(costs), rel=0.15)

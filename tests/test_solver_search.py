@@ -136,7 +136,7 @@ def test_tp_in_node_and_unknown_names():
 def test_budget_is_deterministic_work_busy_or_quiet():
     """A solve its work budget stops returns the same plan, gap and work on a busy machine."""
     p = load_problem(SEED)
-    for work in (0.4, 0.1, 0.03, 0.01, 0.003):  # the largest budget that stops an exact proof
+    for work in (0.4, 0.1, 0.03, 0.01, 0.003, 0.001):  # the largest budget that stops an exact proof
         quiet = solve(p, top_k=2, gap_limit=0.0, work_limit=work)
         if quiet.solver.stopped_by:
             break

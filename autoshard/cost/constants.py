@@ -35,6 +35,16 @@ TP_OVERLAP_RS_SPLITS = 4
 # factors (fitted with the catalog's matmul efficiencies on the dev and modern validation runs).
 GEMM_K_OVERHEAD = 64.0
 ATTN_HEAD_DIM_HALF = 32.0  # head dim at which FlashAttention reaches half its asymptotic rate (FA3 Fig. 5)
+# Fused attention's rate by call size (`cost.core_attention_s`), from cuDNN SDPA kernel times (torch.
+# profiler, no host time) over 36 calls on H100 SXM: 4-64 heads, 1k-32k tokens, causal and full
+# (autoshard/data/kernel_measurements.json `attention_grid`, benchmarks/bench_kernels.py): a fixed
+# time per forward call (its launch and ramp; the backward's scales with it) and, with a causal mask,
+# a tail worth this share of the longest query tile's key loop (the diagonal's last tiles finish
+# after the rest of the grid). Fitted on those measurements, forward and backward alike (0.326,
+# 0.325): median |log| error 0.05 forward, 0.07 backward, against 0.10 and 0.15 for one flat rate.
+ATTN_CALL_S = 8.3e-6
+ATTN_CAUSAL_TAIL = 0.33
+ATTN_TILE = 128  # query rows and keys per FlashAttention / cuDNN tile on Hopper and Blackwell
 STREAM_K_RECOVERY = 0.5
 
 
@@ -48,6 +58,9 @@ def overlapped(comm_s: float, compute_s: float) -> float:
 # every launch blocks (training.launch_blocking, CUDA_LAUNCH_BLOCKING=1). Fitted: BigScience's BLOOM
 # logbook (chronicles-prequel.md, 02-20 micro-batch sweeps, run with CUDA_LAUNCH_BLOCKING=1 against
 # NCCL hangs) is 4.5-6.8 ms slower per layer and extra micro-batch at micro-batch 1 than at 2 on A100
-# (tp8, pp6-12), and its own async/sync check measured 6.8% at 80 GPUs.
+# (tp8, pp6-12), and its own async/sync check measured 6.8% at 80 GPUs. Measured since: that layer in
+# plain PyTorch at BLOOM's per-GPU shapes on one H100 costs 5.9-7.6 ms more per layer and micro-batch
+# under CUDA_LAUNCH_BLOCKING=1 (tp 4 and 8, micro-batch 1-4, ~100 kernels; a newer host than Jean
+# Zay's; autoshard/data/kernel_measurements.json `launch_blocking`, benchmarks/measure_launch_blocking.py).
 BLOCKING_LAYER_HOST_S = 6.0e-3
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "host", "offload")

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import GPU, get_gpu
+from ..catalog import GPU, get_gpu, get_recipe
 from ..frameworks import FrameworkProfile, get_framework
 from ..spec import RECOMPUTES, Plan, Problem, ProblemParts
 from ..topology import ClusterGraph, Level, cluster_graph, resolve_levels
@@ -64,18 +64,28 @@ class Context(ProblemParts):
     @functools.cached_property
     def quant_bytes(self) -> tuple[float, float]:
         """HBM bytes moved per element to quantize a linear layer's (activation, weight) inputs for its
-        low-precision GEMMs, weighted by the recipe's low-precision share: activations every pass;
-        weights only where the recipe keeps no low-precision copy for the step (torchao recasts them
-        every micro-batch; Transformer Engine caches them). (0, 0) for 16-bit recipes."""
-        from ..catalog import (  # noqa: PLC0415
-            low_precision_fraction,
-            quant_overhead_bytes_per_element,
-            weight_copy_bytes_per_param,
-        )
+        low-precision GEMMs, weighted by the recipe's low-precision share: activations (the input in
+        the forward, the output gradient in the backward) every micro-batch; weights only where the
+        recipe keeps no low-precision copy for the step (torchao recasts them every micro-batch;
+        Transformer Engine caches them), at the framework's measured bytes where its kernels move
+        more than the recipe's count. (0, 0) for 16-bit recipes. `kernels._gemm_s` charges them."""
+        from ..catalog import low_precision_fraction, quant_overhead_bytes_per_element  # noqa: PLC0415
 
         prec = self.training.precision
-        q = quant_overhead_bytes_per_element(prec, self.gpu) * low_precision_fraction(prec)
-        return q, (q if q and not weight_copy_bytes_per_param(prec, self.gpu) else 0.0)
+        per = dict(self.framework.quant_hbm_bytes_per_element).get(get_recipe(prec).id) \
+            or quant_overhead_bytes_per_element(prec, self.gpu)
+        q = per * low_precision_fraction(prec)
+        return q, (q if q and not self.weight_copy_bytes_per_param else 0.0)
+
+    @functools.cached_property
+    def weight_copy_bytes_per_param(self) -> float:
+        """Bytes per parameter of the low-precision weight copies kept for the step: the recipe's
+        (`catalog.weight_copy_bytes_per_param`) where the framework caches them, else 0."""
+        from ..catalog import weight_copy_bytes_per_param  # noqa: PLC0415
+
+        if not self.framework.fp8_weight_cache:
+            return 0.0
+        return weight_copy_bytes_per_param(self.training.precision, self.gpu)
 
     @functools.cached_property
     def attn_flops_per_s(self) -> float:

@@ -8,7 +8,10 @@ import math
 from ..catalog import GPU
 from .constants import (
     ATTN_BWD_FACTOR,
+    ATTN_CALL_S,
+    ATTN_CAUSAL_TAIL,
     ATTN_HEAD_DIM_HALF,
+    ATTN_TILE,
     BF16,
     GEMM_K_OVERHEAD,
     SCORE_BYTES,
@@ -26,6 +29,7 @@ class Shapes:
         m = ctx.model
         self.m = m
         self.tokens = cfg.mbs * ctx.training.seq_len / cfg.cp  # tokens per GPU (before TP)
+        self.cp, self.cp_comm = cfg.cp, cfg.cp_comm
         self.seq = ctx.training.seq_len
         self.h = m.hidden_size
         self.tp = cfg.tp
@@ -66,7 +70,12 @@ def _gemm_s(ctx: Context, m: float, k: float, n: float, flops_per_s: float | Non
             groups: float = 1.0) -> float:
     """Roofline time of `groups` (m x k) @ (k x n) GEMMs in bf16-sized operands, the compute side
     at the GPU's matmul rate times `gemm_shape_efficiency`. A linear layer in the recipe's precision
-    (no `flops_per_s` given) also pays the quantization of its inputs (`Context.quant_bytes`)."""
+    (no `flops_per_s` given) also pays the quantization of its inputs (`Context.quant_bytes`): over its
+    forward and backward, the input X (m x k) once, the output gradient dY (m x n) once (dgrad and
+    wgrad share it) and, where the recipe keeps no low-precision weight copy, the weight (k x n) once,
+    each in every layout its GEMMs need (the recipe's bytes per element count them). The backward is
+    priced at twice this forward (`_frozen_adjust`), so a third of that total is charged here: the
+    forward and backward together pay it exactly (measured on H100: benchmarks/bench_kernels.py)."""
     flops = 2.0 * m * k * n * groups
     nbytes = BF16 * (m * k + k * n + m * n) * groups
     rate = (flops_per_s or ctx.mm_flops_per_s) * gemm_shape_efficiency(ctx.gpu, m, k, n, groups)
@@ -74,7 +83,7 @@ def _gemm_s(ctx: Context, m: float, k: float, n: float, flops_per_s: float | Non
     if flops_per_s is None:
         q_act, q_weight = ctx.quant_bytes
         if q_act:
-            t += (q_act * m * k + q_weight * k * n) * groups / ctx.hbm_bytes_per_s
+            t += (q_act * m * (k + n) + q_weight * k * n) * groups / (3.0 * ctx.hbm_bytes_per_s)
     return t
 
 
@@ -88,19 +97,37 @@ def core_attention_flops(sh: Shapes) -> float:
     return 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
 
 
-def core_attention_s(ctx: Context, sh: Shapes) -> tuple[float, float, float]:
+def core_attention_s(ctx: Context, sh: Shapes, ring_steps: int | None = None) -> tuple[float, float, float]:
     """(time, materialized-score traffic time, FLOPs) of the core attention of one layer's
     forward: each GPU's queries attend causally over the full sequence (CP splits queries), or over
     their sliding window (`ModelSpec.attention_key_share`, FlashAttention / cuDNN skip the masked
     tiles; averaged over the layers)."""
     flops = core_attention_flops(sh)
-    scores = 0.0
     if not ctx.training.flash_attention:  # materialized s x s scores per head
         per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
-        scores = _mem_s(ctx, per * sh.tokens * sh.seq * sh.a_local)
-    rate = ctx.attn_flops_per_s * attention_head_dim_factor(sh.d_qk, ctx.gpu) if ctx.training.flash_attention \
-        else ctx.attn_flops_per_s
-    return flops / rate, scores, flops
+        return flops / ctx.attn_flops_per_s, _mem_s(ctx, per * sh.tokens * sh.seq * sh.a_local), flops
+    rate = ctx.attn_flops_per_s * attention_head_dim_factor(sh.d_qk, ctx.gpu)
+    return flops / rate + attention_call_s(ctx, sh, rate, ring_steps=ring_steps), 0.0, flops
+
+
+def attention_call_s(ctx: Context, sh: Shapes, rate: float, causal: bool = True,
+                     ring_steps: int | None = None) -> float:
+    """What a fused attention forward costs beyond its FLOPs at the asymptotic `rate`, per layer and
+    micro-batch: a fixed time per kernel call (one per context-parallel ring step: `ring_steps`, by
+    default cp for the p2p ring and 1 where all-to-all or all-gather hands each GPU whole sequences)
+    and the causal mask's tail, `ATTN_CAUSAL_TAIL` of the longest query tile's key loop (the
+    sequence a step attends over, or the sliding window), at one SM's share of the rate (`causal`
+    False: an unmasked call, which has none; language-model training is causal). Small calls
+    (few heads per GPU, short sequences) therefore run below the large-call rate, as measured."""
+    m = sh.m
+    steps = ring_steps if ring_steps is not None else (1 if sh.cp_comm in ("a2a", "allgather") else sh.cp)
+    local = sh.seq / steps
+    longest = local
+    if m.sliding_window and m.sliding_window < local:
+        f = m.sliding_window_layers
+        longest = f * m.sliding_window + (1.0 - f) * local
+    tile_s = 2.0 * ATTN_TILE * ATTN_TILE * (sh.d_qk + sh.d_v) / (rate / ctx.gpu.sm_count)
+    return steps * ATTN_CALL_S + (ATTN_CAUSAL_TAIL * (longest / ATTN_TILE) * tile_s if causal else 0.0)
 
 
 def attention_backward_s(ctx: Context, core_s: float) -> float:

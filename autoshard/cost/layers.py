@@ -97,7 +97,9 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
     proj = sum(_gemm_s(ctx, *g) for g in gemms)
     flops = sum(2 * x * y * z for x, y, z in gemms)
-    core, scores, core_flops = core_attention_s(ctx, sh)
+    hierarchical = cfg.cp > 1 and cfg.cp_comm == "a2a+p2p"
+    inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, cfg.cp)
+    core, scores, core_flops = core_attention_s(ctx, sh, outer if hierarchical else None)
     flops += core_flops
     elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
     fwd["compute"] = proj + core + scores + elem
@@ -116,12 +118,11 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         # Ulysses: all-to-all q, k, v before attention (sequence-sharded -> head-sharded) and the
         # output after, each GPU sending (cp - 1)/cp of its share; the backward moves the gradients.
         fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, _qkvo_bytes(sh))
-    elif cfg.cp > 1 and cfg.cp_comm == "a2a+p2p":
+    elif hierarchical:
         # Hierarchical (Megatron a2a+p2p): Ulysses all-to-all among the `inner` CP ranks of one NVLink
         # domain (heads scattered, their sequence gathered), then the p2p ring over the `outer` groups,
         # each passing K/V of its inner group's tokens for its share of the heads (the same bytes as
         # one rank's K/V), overlapped with attention.
-        inner, outer = cp_hierarchy(ctx, cfg, pl)
         n = len(pl.cp.members)
         a2a = all_to_all_s(ctx.levels, Profile(inner, (inner,) * n), _qkvo_bytes(sh)) if inner > 1 else 0.0
         f, b = (cp_comm_s(ctx, outer, Profile(outer, tuple(max(1, x // inner) for x in pl.cp.members)), sh, core)

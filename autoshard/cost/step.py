@@ -113,9 +113,7 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
         return nbytes_per_param * (dense / dp_dense + expert_params / dp_exp)
 
     weights = shard(w_b, cfg.zero >= 3)
-    from ..catalog import weight_copy_bytes_per_param  # noqa: PLC0415
-
-    weights += shard(weight_copy_bytes_per_param(ctx.training.precision, ctx.gpu), cfg.zero >= 3)  # fp8/fp4 copies
+    weights += shard(ctx.weight_copy_bytes_per_param, cfg.zero >= 3)  # fp8/fp4 copies the framework keeps
     return {
         "weights": weights,
         "gradients": shard(g_b, cfg.zero >= 2),
