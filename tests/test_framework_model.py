@@ -577,6 +577,11 @@ def test_torchtitan_recasts_fp8_weights_with_torchaos_measured_casts():
     assert te.weight_copy_bytes_per_param == 2.0 and titan.weight_copy_bytes_per_param == 0.0
     assert te.quant_bytes == (6.0, 0.0)
     assert titan.quant_bytes == (8.1, 8.1)
+    # torchao has no delayed scaling: `fp8` (the frameworks' default, delayed) runs as tensorwise there.
+    fp8 = context(load_problem({"model": "llama3-8b", "framework": "torchtitan",
+                                "training": {"seq_len": 8192, "global_batch_size": 64, "precision": "fp8"},
+                                "cluster": {"gpu": "h100", "num_gpus": 8}}))
+    assert fp8.quant_bytes == titan.quant_bytes
     plan = Plan(tp=1, pp=1, zero_stage=0, micro_batch_size=1)  # DDP in both: unsharded weights
     for c, copies in ((te, 2.0), (titan, 0.0)):  # bf16 (Megatron) or fp32 (FSDP2) weights + FP8 copies
         weights = evaluate(c.problem, plan).memory_breakdown_gib["weights"]

@@ -101,7 +101,8 @@ def core_attention_s(ctx: Context, sh: Shapes, ring_steps: int | None = None) ->
     """(time, materialized-score traffic time, FLOPs) of the core attention of one layer's
     forward: each GPU's queries attend causally over the full sequence (CP splits queries), or over
     their sliding window (`ModelSpec.attention_key_share`, FlashAttention / cuDNN skip the masked
-    tiles; averaged over the layers)."""
+    tiles; averaged over the layers). Fused kernels also pay their calls and causal tail
+    (`attention_call_s`, `ring_steps` as there)."""
     flops = core_attention_flops(sh)
     if not ctx.training.flash_attention:  # materialized s x s scores per head
         per = SCORE_BYTES + (SCORE_DROPOUT_BYTES if sh.m.dropout else 0.0)
