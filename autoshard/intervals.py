@@ -135,18 +135,37 @@ def table() -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("regimes"), dict) else None
 
 
-def interval(step_time_s: float, regime_name: str, doc: Mapping[str, Any] | None = None) -> tuple[float, float] | None:
-    """predicted x [low, high] of the regime (or of all runs when the regime has too few)."""
+def quantiles_of(regime_name: str, doc: Mapping[str, Any] | None = None) -> tuple[str, Mapping[str, Any]] | None:
+    """(name, quantiles) of the residuals an interval in `regime_name` takes: the regime's own, or all
+    runs' when the regime has too few."""
     doc = table() if doc is None else doc
-    if doc is None or not step_time_s > 0:
+    if doc is None:
         return None
     regs = doc["regimes"]
     q = regs.get(regime_name)
-    if q is None or q.get("n", 0) < MIN_RUNS:
-        q = regs.get("all")
-    if q is None:
+    if q is not None and q.get("n", 0) >= MIN_RUNS:
+        return regime_name, q
+    return ("all", regs["all"]) if regs.get("all") is not None else None
+
+
+def interval(step_time_s: float, regime_name: str, doc: Mapping[str, Any] | None = None) -> tuple[float, float] | None:
+    """predicted x [low, high] of the regime (or of all runs when the regime has too few)."""
+    got = quantiles_of(regime_name, doc)
+    if got is None or not step_time_s > 0:
         return None
+    q = got[1]
     return (step_time_s * float(q["low"]), step_time_s * float(q["high"]))
+
+
+def interval_source(estimate: Any, moe: bool) -> str | None:
+    """Which validation runs an estimate's interval comes from, in words: its regime (the module
+    docstring) and how many runs fall in it."""
+    got = quantiles_of(regime(estimate.time_breakdown_s, estimate.step_time_s, moe))
+    if got is None:
+        return None
+    name, q = got
+    label = {"moe": "MoE"}.get(name, name)
+    return f"the {q.get('n', 0)} {label} validation runs" if name != "all" else f"all {q.get('n', 0)} validation runs"
 
 
 def with_interval(estimate: Any, moe: bool) -> Any:

@@ -365,13 +365,22 @@ def binding_text(est: Any) -> str:
 # ---- Markdown ------------------------------------------------------------------------------------
 
 
+def _interval_source(problem: Any, est: Any) -> str:
+    """Which validation runs the estimate's interval comes from (`intervals.interval_source`)."""
+    from .intervals import interval_source  # noqa: PLC0415
+
+    moe = problem is not None and problem.model.is_moe
+    return interval_source(est, moe) or "the validation runs"
+
+
 def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
     out: list[str] = []
     out += ["## Performance", ""]
     out += _table(["metric", "value"], [
         ["step time", fmt_s(est.step_time_s)],
         *([["likely step time (80% interval)", f"{fmt_s(est.step_time_interval_s[0])} to "
-            f"{fmt_s(est.step_time_interval_s[1])}"]] if getattr(est, "step_time_interval_s", None) else []),
+            f"{fmt_s(est.step_time_interval_s[1])} (from {_interval_source(problem, est)})"]]
+          if getattr(est, "step_time_interval_s", None) else []),
         ["tokens / s", f"{est.tokens_per_s:,.0f}"],
         ["MFU", fmt_pct(est.mfu) + (mfu_denominator(problem) if problem is not None else "")],
         ["HFU", fmt_pct(est.hfu)],
@@ -573,7 +582,7 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
                    f"HFU {fmt_pct(est.hfu)}  ({est.num_microbatches} micro-batches)")
         if getattr(est, "step_time_interval_s", None):
             lo, hi = est.step_time_interval_s
-            out.append(f"likely step time {fmt_s(lo)} to {fmt_s(hi)} (80% interval from the validation runs)")
+            out.append(f"likely step time {fmt_s(lo)} to {fmt_s(hi)} (80% interval from {_interval_source(problem, est)})")
         out.append(f"peak memory {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB usable")
         parts = [f"{label} {fmt_pct(share)}" for label, _, share in sorted(_time_rows(est), key=lambda r: -r[1])]
         out.append("time: " + ", ".join(parts))

@@ -621,6 +621,25 @@ def test_bundled_intervals_file_and_estimates_carry_intervals():
     assert bad.step_time_interval_s is None
 
 
+def test_reports_say_which_runs_an_interval_comes_from():
+    # The terminal and Markdown reports name the regime whose residuals set the interval, and how many
+    # validation runs it holds (all runs where a regime has fewer than MIN_RUNS).
+    from autoshard.intervals import interval_source, regime, table
+    from autoshard.render import _estimate_markdown, estimate_text
+
+    regs = table()["regimes"]
+    problem = load_problem(Path(__file__).resolve().parents[1] / "problems" / "llama3-8b-64xh100.yaml")
+    est = cost.evaluate(problem, {"tp": 1, "pp": 1, "dp": 64, "zero_stage": 1, "micro_batch_size": 1,
+                                  "recompute": "selective"})
+    name = regime(est.time_breakdown_s, est.step_time_s, moe=False)
+    words = interval_source(est, moe=False)
+    assert words == f"the {regs[name]['n']} {name} validation runs"
+    assert f"(80% interval from {words})" in estimate_text(problem, est)
+    assert any(f"(from {words})" in line for line in _estimate_markdown(est, problem))
+    moe = interval_source(est, moe=True)
+    assert moe == f"the {regs['moe']['n']} MoE validation runs"
+
+
 def test_indistinguishable_alternatives_and_robust_choice():
     from autoshard.intervals import overlaps, robust_choice
     from autoshard.render import alternative_line
