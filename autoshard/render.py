@@ -543,15 +543,15 @@ def ep_overlap_text(problem: Any, plan: Any) -> str | None:
 def dp_overlap_text(problem: Any, plan: Any) -> str | None:
     """Which data-parallel overlaps the plan asks for and its framework's engine does not run
     (`cost.dp_overlaps`), None where none is refused."""
-    from .cost import Config, context, dp_overlaps  # noqa: PLC0415
+    from .cost import Config, context, dp_overlaps_refused  # noqa: PLC0415
 
-    if problem is None or plan is None or not plan.dp or plan.zero_stage >= 3 or plan.dp * plan.cp <= 1:
+    if problem is None or plan is None or not plan.dp:
         return None
-    grad, param = dp_overlaps(context(problem), Config.of(plan, plan.dp))
+    grad, param = dp_overlaps_refused(context(problem), Config.of(plan, plan.dp))
     refused = []
-    if plan.overlap_grad_reduce and not grad:
+    if grad:
         refused.append("reduces gradients after the last micro-batch" + (" (pipeline engine)" if plan.pp > 1 else ""))
-    if plan.overlap_param_gather and not param and plan.zero_stage in (1, 2):
+    if param:
         refused.append("gathers the updated weights after the optimizer step")
     return f"DP tail exposed: {problem.framework} " + " and ".join(refused) if refused else None
 

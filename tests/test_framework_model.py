@@ -399,6 +399,12 @@ def test_deepspeed_pipeline_engine_reduces_after_the_schedule():
     assert "DP tail" not in estimate_text(mg, evaluate(mg, plan))
     assert "DP tail" not in estimate_text(ds, evaluate(ds, plan.model_copy(update={"overlap_grad_reduce": False,
                                                                                    "overlap_param_gather": False})))
+    # Only where there is a tail: none under ZeRO-3, none without replicated weights.
+    from autoshard.cost import dp_overlaps_refused
+
+    assert dp_overlaps_refused(ctx, Config.of(plan, 32)) == (True, True)
+    assert dp_overlaps_refused(ctx, Config.of(plan.model_copy(update={"zero_stage": 3}), 32)) == (False, False)
+    assert dp_overlaps_refused(ctx, Config.of(Plan(pp=64, zero_stage=1), 1)) == (False, False)
 
 
 def test_offloading_prices_the_host_link():

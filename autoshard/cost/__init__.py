@@ -127,6 +127,7 @@ from .step import (  # noqa: F401
     chunk_rank,
     chunk_times,
     dp_overlaps,
+    dp_overlaps_refused,
     dp_tail,
     dp_tail_s,
     ep_overlap_priced,

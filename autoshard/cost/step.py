@@ -183,6 +183,16 @@ def dp_overlaps(ctx: Context, cfg: Config) -> tuple[bool, bool]:
     return grad, cfg.param_overlap and fw.param_gather_overlap
 
 
+def dp_overlaps_refused(ctx: Context, cfg: Config) -> tuple[bool, bool]:
+    """(gradient reduction, ZeRO-1/2 parameter gather) that the plan asks to overlap and the framework's
+    engine runs exposed instead (`dp_overlaps`), where the step has such a tail at all: weights
+    replicated over data-parallel ranks (`Config.data_parallel`, experts' edp included) below ZeRO-3."""
+    if cfg.zero >= 3 or not cfg.data_parallel:
+        return False, False
+    grad, param = dp_overlaps(ctx, cfg)
+    return cfg.grad_overlap and not grad, cfg.param_overlap and not param and cfg.zero in (1, 2)
+
+
 @functools.lru_cache(maxsize=4096)
 def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_experts: bool, repeats: int,
                 opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16, gather_b: float = BF16) -> TailModel:
