@@ -82,6 +82,9 @@ def main() -> int:
         return 0
     import torch
 
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing measured", file=sys.stderr)
+        return 1
     rows = []
     for tp in (4, 8):
         for mbs in (1, 2, 4):
@@ -100,8 +103,10 @@ def main() -> int:
     doc = {"machine": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__},
            "date": datetime.date.today().isoformat(), "layers": rows}
     if a.output:
-        with open(a.output, "w", encoding="utf-8") as fh:
+        tmp = f"{a.output}.tmp{os.getpid()}"  # written whole, then renamed, as measure_kernels.py does
+        with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
+        os.replace(tmp, a.output)
     return 0
 
 

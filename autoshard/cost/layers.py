@@ -98,8 +98,8 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     proj = sum(_gemm_s(ctx, *g) for g in gemms)
     flops = sum(2 * x * y * z for x, y, z in gemms)
     hierarchical = cfg.cp > 1 and cfg.cp_comm == "a2a+p2p"
-    inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, cfg.cp)
-    core, scores, core_flops = core_attention_s(ctx, sh, outer if hierarchical else None)
+    inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, None)  # outer: its ring's steps
+    core, scores, core_flops = core_attention_s(ctx, sh, outer)
     flops += core_flops
     elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
     fwd["compute"] = proj + core + scores + elem
