@@ -300,6 +300,8 @@ def training_settings(t: Any) -> list[str]:
         out.append(f"MoE load imbalance {t.moe_load_imbalance:g}")
     if getattr(t, "launch_blocking", False):
         out.append("blocking launches")
+    if not getattr(t, "flash_attention", True) and getattr(t, "softmax_fusion", "megatron") != "megatron":
+        out.append(f"softmax fusion {t.softmax_fusion}")
     if getattr(t, "finetune", "full") != "full":
         out.append(f"{t.finetune} rank {t.lora_rank}")
     return out

@@ -254,6 +254,14 @@ class TrainingSpec(Strict):
     # are paid on the critical path once per micro-batch (a workaround for NCCL hangs; BigScience
     # trained BLOOM's benchmarks so). Costs cost.BLOCKING_LAYER_HOST_S per layer and micro-batch.
     launch_blocking: bool = False
+    # Materialized attention (flash_attention false): Megatron's FusedScaleMaskSoftmax runs its fused
+    # scale + mask + softmax kernel only for the shapes its is_kernel_available() accepts and falls
+    # back to PyTorch's fp32 softmax otherwise (cost.fused_softmax_runs). "megatron": the check of
+    # Megatron-LM since 2021-08-13 (heads per GPU x micro-batch a multiple of 4, keys 17-4096);
+    # "bigscience-2022": the check of bigscience-workshop/Megatron-DeepSpeed from 2021-10-21 to
+    # 2022-03-06 (BLOOM's benchmarks), which sized its batches per block from the heads per GPU
+    # instead of the key length; "off": --no-masked-softmax-fusion.
+    softmax_fusion: Literal["megatron", "bigscience-2022", "off"] = "megatron"
 
     @property
     def tokens_per_step(self) -> int:

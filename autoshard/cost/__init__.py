@@ -60,6 +60,8 @@ from .constants import (  # noqa: F401
     STREAM_K_RECOVERY,
     TIME_KEYS,
     TP_OVERLAP_RS_SPLITS,
+    UNFUSED_SOFTMAX_BWD_BYTES,
+    UNFUSED_SOFTMAX_FWD_BYTES,
     overlapped,
 )
 from .context import (  # noqa: F401
@@ -81,6 +83,9 @@ from .kernels import (  # noqa: F401
     core_attention_flops,
     core_attention_s,
     gemm_shape_efficiency,
+    softmax_batches_per_block,
+    unfused_softmax_reason,
+    unfused_softmax_s,
 )
 from .layers import (  # noqa: F401
     Cost,

@@ -21,6 +21,16 @@ INTERFERENCE_DENOM = 20  # COMM_INTERFERENCE = 3 / 20, kept rational for the int
 # write softmax, read it for AV (8 B); dropout adds read, mask and output (5 B).
 SCORE_BYTES = 8.0
 SCORE_DROPOUT_BYTES = 5.0
+# Where Megatron's fused scale + mask + softmax kernel is unavailable for a shape
+# (`cost.unfused_softmax_reason`), FusedScaleMaskSoftmax.forward_torch_softmax runs five PyTorch ops
+# in fp32 (attention_softmax_in_fp32, which apply_query_key_layer_scaling, Megatron's default, turns
+# on): half -> float (reads 2 B, writes 4), x scale (4, 4), masked_fill_ (4, 4), softmax (PyTorch
+# 1.x's cunn_SoftMaxForward reads a 2,048-key row three times: 12, 4) and float -> half (4, 2): 44 B
+# per score element where the fused kernel moves 4 (reads 2, writes 2). Their autograd backward
+# moves 48 B (to fp32 6, softmax backward reading gradient and output twice 20, masked_fill 8, scale
+# 8, to fp16 6) where the fused backward moves 6. Extra bytes per score element, forward and backward:
+UNFUSED_SOFTMAX_FWD_BYTES = 40.0
+UNFUSED_SOFTMAX_BWD_BYTES = 42.0
 
 # Overlapped TP communication (Transformer Engine userbuffers, `--tp-comm-overlap`): the all-gather
 # before a column-parallel GEMM runs as a ring exchange in tp steps (the first chunk is exposed);

@@ -17,6 +17,8 @@ from .constants import (
     SCORE_BYTES,
     SCORE_DROPOUT_BYTES,
     STREAM_K_RECOVERY,
+    UNFUSED_SOFTMAX_BWD_BYTES,
+    UNFUSED_SOFTMAX_FWD_BYTES,
 )
 from .context import Config, Context
 from .params import lora_fraction
@@ -28,6 +30,7 @@ class Shapes:
     def __init__(self, ctx: Context, cfg: Config):
         m = ctx.model
         self.m = m
+        self.mbs = cfg.mbs
         self.tokens = cfg.mbs * ctx.training.seq_len / cfg.cp  # tokens per GPU (before TP)
         self.cp, self.cp_comm = cfg.cp, cfg.cp_comm
         self.seq = ctx.training.seq_len
@@ -109,6 +112,56 @@ def core_attention_s(ctx: Context, sh: Shapes, ring_steps: int | None = None) ->
         return flops / ctx.attn_flops_per_s, _mem_s(ctx, per * sh.tokens * sh.seq * sh.a_local), flops
     rate = ctx.attn_flops_per_s * attention_head_dim_factor(sh.d_qk, ctx.gpu)
     return flops / rate + attention_call_s(ctx, sh, rate, ring_steps=ring_steps), 0.0, flops
+
+
+def softmax_batches_per_block(n: int) -> int:
+    """Rows one 128-thread block of Megatron's fused softmax kernel handles for rows of `n` elements
+    (scaled_masked_softmax.h get_batch_per_block): a warp of min(32, next power of two >= n) threads
+    per row, two rows per warp up to 128 elements."""
+    p2 = 1 << max(0, math.ceil(math.log2(max(n, 1))))
+    return (128 // min(p2, 32)) * (2 if p2 <= 128 else 1)
+
+
+def unfused_softmax_reason(ctx: Context, sh: Shapes) -> str | None:
+    """Why materialized attention's softmax falls back to PyTorch for these shapes, or None where
+    Megatron's fused kernel runs (and always with FlashAttention, which has no separate softmax).
+    FusedScaleMaskSoftmax.is_kernel_available with the causal mask of language-model training
+    (`TrainingSpec.softmax_fusion` picks the version): Megatron-LM's (megatron/core/fusions/
+    fused_softmax.py) needs 16 < keys <= 4096, queries and keys multiples of 4, and heads per GPU x
+    micro-batch a multiple of 4 and of get_batch_per_block(keys) (4 for more than 128 keys).
+    bigscience-workshop/Megatron-DeepSpeed from 9f5f5d4c (2021-10-21) to 1cb76a64 (2022-03-06) declared
+    get_batch_per_block(b, np, sq, sk) but called it with (sq, sk, b, np), so the kernel's row count
+    came from the heads per GPU: 8 heads per GPU need micro-batches in multiples of 4, 12 or 14 heads
+    multiples of 4 or 8 (NVIDIA fixed the same slip on 2021-08-13, 0d350c8d41). BLOOM's logbook met it
+    as slow runs at TP 8 and micro-batch 2 and at 112 heads; its final launcher passes
+    --abort-on-unmet-fused-kernel-constraints."""
+    t = ctx.training
+    if t.flash_attention:
+        return None
+    if t.softmax_fusion == "off":
+        return "softmax_fusion off (--no-masked-softmax-fusion)"
+    heads = max(1, round(sh.a_local))
+    batches = sh.mbs * heads
+    keys = round(sh.seq / sh.cp)
+    limit = 2048 if t.softmax_fusion == "bigscience-2022" else 4096
+    if not 16 < keys <= limit or keys % 4:
+        return f"{keys} keys per call, outside the fused kernel's 17-{limit} in multiples of 4"
+    per_block = softmax_batches_per_block(heads if t.softmax_fusion == "bigscience-2022" else keys)
+    need = math.lcm(4, per_block)
+    if batches % need:
+        why = (f" (this version sizes its blocks by the {heads} heads per GPU)"
+               if t.softmax_fusion == "bigscience-2022" else "")
+        return (f"heads per GPU x micro-batch = {heads} x {sh.mbs} = {batches}, not a multiple of {need}{why}")
+    return None
+
+
+def unfused_softmax_s(ctx: Context, sh: Shapes) -> tuple[float, float]:
+    """(forward, backward) time one layer's attention softmax costs beyond the fused kernel's where it
+    runs in PyTorch (`unfused_softmax_reason`): UNFUSED_SOFTMAX_FWD_BYTES / _BWD_BYTES per score."""
+    if unfused_softmax_reason(ctx, sh) is None:
+        return 0.0, 0.0
+    scores = sh.tokens * sh.seq * sh.a_local
+    return _mem_s(ctx, UNFUSED_SOFTMAX_FWD_BYTES * scores), _mem_s(ctx, UNFUSED_SOFTMAX_BWD_BYTES * scores)
 
 
 def attention_call_s(ctx: Context, sh: Shapes, rate: float, causal: bool = True,

@@ -33,6 +33,8 @@ from .kernels import (
     attention_backward_s,
     core_attention_flops,
     core_attention_s,
+    unfused_softmax_reason,
+    unfused_softmax_s,
 )
 from .moe import (
     _no_ep_overlap,
@@ -100,12 +102,13 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     hierarchical = cfg.cp > 1 and cfg.cp_comm == "a2a+p2p"
     inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, None)  # outer: its ring's steps
     core, scores, core_flops = core_attention_s(ctx, sh, outer)
+    soft_f, soft_b = unfused_softmax_s(ctx, sh)  # a softmax Megatron's fused kernel refuses
     flops += core_flops
     elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
-    fwd["compute"] = proj + core + scores + elem
+    fwd["compute"] = proj + core + scores + soft_f + elem
     proj_b, wgrad = _frozen_adjust(ctx, proj)
-    bwd["compute"] = proj_b + attention_backward_s(ctx, core) + ELEMENTWISE_BWD_FACTOR * (elem + scores)
-    core += scores  # what selective recompute re-runs
+    bwd["compute"] = proj_b + attention_backward_s(ctx, core) + ELEMENTWISE_BWD_FACTOR * (elem + scores) + soft_b
+    core += scores + soft_f  # what selective recompute re-runs
     # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass. With SP, MLA's down-projections
     # run on the sequence shard (duplicated weights) and the column-parallel up-projections gather the
     # latents (q_lora or the hidden state, kv_lora) and the RoPE key instead of the hidden state
@@ -227,7 +230,10 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
     else:
-        per = (5 if m.dropout else 2) * cfg.mbs * sh.a_local * (sh.seq / cfg.cp) * sh.seq
+        # fused softmax: its bf16 output (shared with PV) + dropout's mask and output; in PyTorch
+        # (unfused_softmax_reason) the fp32 softmax output as well as the bf16 probabilities
+        fused = unfused_softmax_reason(ctx, sh) is None
+        per = ((5 if m.dropout else 2) if fused else (7 if m.dropout else 6)) * cfg.mbs * sh.a_local * (sh.seq / cfg.cp) * sh.seq
         scores = per
     none = stream + attn + mlp + scores
     # Selective recompute drops the attention scores (FlashAttention never stores them).

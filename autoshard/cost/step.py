@@ -21,6 +21,7 @@ from .context import (
     layout_split,
     with_modes,
 )
+from .kernels import Shapes, unfused_softmax_reason
 from .layers import Cost, Table, layer_table
 from .moe import ep_overlap_on, priced_config
 from .params import (
@@ -472,6 +473,8 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
         warnings.append("sequence_parallel is ignored with tp=1")
     table = layer_table(ctx, cfg)
     warnings += placement_warnings(table)
+    if why := unfused_softmax_reason(ctx, Shapes(ctx, cfg)):
+        warnings.append(f"attention softmax runs unfused in PyTorch (fp32, 8-11x the fused kernel's HBM traffic): {why}")
     stage_layers = plan.stage_layers or layout_split(n, cfg.pp * cfg.vpp)
     from ..intervals import with_interval  # noqa: PLC0415
 

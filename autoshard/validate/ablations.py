@@ -120,7 +120,7 @@ def _overlap_from_notes(notes: str) -> tuple[bool | None, bool | None]:
     return tp, ep
 
 
-def _bloom_fill(model: dict[str, Any], pp: int, tp: int) -> tuple[dict[str, Any], list[str]]:
+def _bloom_fill(model: dict[str, Any], pp: int) -> tuple[dict[str, Any], list[str]]:
     """BLOOM candidates: the logbook gives NHIDDEN and the size label, not always layers or heads."""
     out, notes = dict(model), []
     h = int(out["hidden"])
@@ -138,10 +138,14 @@ def _bloom_fill(model: dict[str, Any], pp: int, tp: int) -> tuple[dict[str, Any]
         out["layers"] = layers
         notes.append(f"layers = {layers}: from the size label (12 L h^2 + V h), rounded to a multiple of pp={pp}")
     if not out.get("heads"):
-        cands = [n for n in range(tp, h + 1, tp) if h % n == 0]
-        heads = min(cands, key=lambda n: (abs(h // n - 128), n))
+        # The Feb-20 tables do not give NHEADS. The logbook's Feb-17 probes of the same 14400-wide
+        # model ran NHEADS=32 (its 20B "Best TFLOPs" config), and 32 is what the Feb-20 micro-batch
+        # sweeps show: under that month's fused-softmax check (cost.unfused_softmax_reason) 8-16
+        # heads per GPU would have run micro-batch 4 fused and 2 unfused, a 7-12% step the sweeps do
+        # not have; 4 heads per GPU run every micro-batch up to 8 unfused.
+        heads = 32
         out["heads"] = out["kv_heads"] = heads
-        notes.append(f"heads = {heads} (head dim {h // heads}: the divisor of h nearest 128 that tp divides)")
+        notes.append(f"heads = {heads} (head dim {h // heads}: NHEADS of the logbook's Feb-17 probes; the Feb-20 tables give none)")
     return out, notes
 
 
@@ -154,9 +158,9 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
     model = dict(group.get("model") or {})
     notes: list[str] = []
     name = str(model.get("name") or group.get("id"))
-    tp, pp = cfg.get("tp") or 1, cfg.get("pp") or 1
+    pp = cfg.get("pp") or 1
     if name.lower().startswith("bloom"):
-        model, notes = _bloom_fill(model, pp, tp)
+        model, notes = _bloom_fill(model, pp)
     if model.get("moe_experts") and not model.get("ffn"):
         model["ffn"] = model.get("moe_ffn")
     first_k = 0
@@ -208,6 +212,9 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
         # hanging on the large model": asynchronous launches always hung at 320 GPUs).
         row["launch_blocking"] = True
         notes.append("CUDA_LAUNCH_BLOCKING=1 (the logbook's workaround for NCCL hangs at 320+ GPUs)")
+        # Its Megatron-DeepSpeed of Feb 2022 (before 1cb76a64, 2022-03-06) checked the fused softmax
+        # kernel with swapped arguments (cost.unfused_softmax_reason).
+        row["softmax_fusion"] = "bigscience-2022"
         if row["activation_recompute"] is None:
             # Every tr11 launcher passes --checkpoint-activations (tr11-176B-ml.slurm:122,
             # setup-test-n2.slurm:123): Megatron-DeepSpeed's full recompute of every layer. The

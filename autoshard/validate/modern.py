@@ -616,6 +616,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
             "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
                          "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True)),
                          "launch_blocking": bool(row.get("launch_blocking", False)),
+                         "softmax_fusion": row.get("softmax_fusion") or "megatron",
                          "moe_capacity_factor": capacity,
                          # every Megatron-Bridge performance recipe: grad_reduce_in_fp32 false, and its
                          # FP8 mixed-precision configs keep FP8 primary weights (mixed_precision.py
