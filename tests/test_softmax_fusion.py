@@ -125,3 +125,19 @@ def test_bloom_logbook_steps_the_softmax_check_explains(a, b, measured, tol):
     assert ratio > 1.02 or measured < 1.03
     unfused = [w for w in slow.warnings if "softmax runs unfused" in w]
     assert bool(unfused) == (measured > 1.05)
+
+
+@pytest.mark.parametrize("cp_comm,fused", [("p2p", True), ("a2a", False), ("allgather", True)])
+def test_context_parallel_calls_are_checked_at_their_own_shape(cp_comm, fused):
+    # 112 heads at TP2 and CP2, micro-batch 1, Feb 2022's check: the p2p ring calls 56 heads on
+    # 1,024-key chunks (56 rows, a multiple of 8), Ulysses' all-to-all 28 heads on all 2,048 keys (28:
+    # not), all-gather 56 heads' 1,024 queries on 2,048 keys
+    from autoshard.loader import load_problem
+
+    ctx = cost.context(load_problem(_problem("bigscience-2022", 112, hidden=112 * 128)))
+    cfg = Config(tp=2, cp=2, ep=1, pp=1, dp=2, vpp=1, sp=False, zero=1, mbs=1, schedule="1f1b",
+                 placement="tp-cp-ep-dp-pp", cp_comm=cp_comm)
+    why = unfused_softmax_reason(ctx, Shapes(ctx, cfg))
+    assert (why is None) == fused
+    if not fused:
+        assert "28 x 1 = 28" in why

@@ -140,12 +140,19 @@ def unfused_softmax_reason(ctx: Context, sh: Shapes) -> str | None:
         return None
     if t.softmax_fusion == "off":
         return "softmax_fusion off (--no-masked-softmax-fusion)"
-    heads = max(1, round(sh.a_local))
+    # One call's shape: all-to-all CP (Ulysses) hands each GPU 1/cp of its heads over the whole
+    # sequence, all-gather CP its queries against every key, the p2p ring a chunk against a chunk
+    # (a2a+p2p priced as the ring)
+    heads, queries, keys = sh.a_local, sh.seq / sh.cp, sh.seq / sh.cp
+    if sh.cp_comm == "a2a":
+        heads, queries, keys = heads / sh.cp, sh.seq, sh.seq
+    elif sh.cp_comm == "allgather":
+        keys = sh.seq
+    heads, queries, keys = max(1, round(heads)), round(queries), round(keys)
     batches = sh.mbs * heads
-    keys = round(sh.seq / sh.cp)
     limit = 2048 if t.softmax_fusion == "bigscience-2022" else 4096
-    if not 16 < keys <= limit or keys % 4:
-        return f"{keys} keys per call, outside the fused kernel's 17-{limit} in multiples of 4"
+    if not 16 < keys <= limit or keys % 4 or queries % 4:
+        return f"{queries} queries x {keys} keys per call, outside the fused kernel's 17-{limit} keys in multiples of 4"
     per_block = softmax_batches_per_block(heads if t.softmax_fusion == "bigscience-2022" else keys)
     need = math.lcm(4, per_block)
     if batches % need:
