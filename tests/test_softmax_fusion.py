@@ -141,3 +141,29 @@ def test_context_parallel_calls_are_checked_at_their_own_shape(cp_comm, fused):
     assert (why is None) == fused
     if not fused:
         assert "28 x 1 = 28" in why
+
+
+def test_feb20_groups_take_the_head_count_of_the_logbooks_probes():
+    # The Feb-20 tables give no NHEADS; 32 (the Feb-17 probes') runs every micro-batch up to 8
+    # unfused under that month's check, as the sweeps show: 187B on 320 A100s (tp8 pp10 dp4),
+    # measured 151.07 s at micro-batch 2 and 147.43 s at 4 (a step of 2.5%, where 8-16 heads per
+    # GPU would have put micro-batch 2 on the fallback and 4 on the kernel)
+    from autoshard.validate import completed_plan
+    from autoshard.validate.ablations import config_row
+    from autoshard.validate.modern import modern_row_to_case
+
+    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
+             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 320, "seq_len": 2048,
+             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)",
+             "model": {"name": "BLOOM-candidate 187B (NHIDDEN=13824, NLAYERS=None)", "hidden": 13824}}
+    steps = {}
+    for mbs in (2, 4):
+        row, notes = config_row(group, {"tp": 8, "pp": 10, "dp": 4, "zero_stage": 1, "micro_batch": mbs}, 0)
+        row.pop("_tp_overlap"), row.pop("_ep_overlap")
+        assert row["heads"] == 32 and any("Feb-17" in n for n in notes)
+        row["step_time_s"] = 100.0
+        case = modern_row_to_case(row)
+        est = cost.evaluate(case.problem, completed_plan(case))
+        assert any("softmax runs unfused" in w for w in est.warnings)
+        steps[mbs] = est.step_time_s
+    assert steps[2] / steps[4] == pytest.approx(151.07 / 147.43, abs=0.02)
