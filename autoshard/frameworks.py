@@ -76,6 +76,9 @@ class FrameworkProfile:
     unplanned_schedules: tuple[str, ...] = ()
     # rank orders (placements, innermost axis first) its launcher can set; empty = any
     placements: tuple[str, ...] = ()
+    # HBM its runs hold per byte the cost model counts at the peak (the PyTorch caching allocator's
+    # split and cached blocks, communication buckets): the usable capacity is divided by it
+    allocator_overhead: float = 1.0
 
     def rank_orders(self, cfg) -> tuple[str, ...]:
         """The placements the solver may plan for `cfg` (empty: any). A pipeline axis inside the
@@ -126,6 +129,12 @@ def _layout(name: str, value: str) -> str:
     return value
 
 
+def _overhead(name: str, value: float) -> float:
+    if not 1.0 <= float(value) <= 2.0:
+        raise ValueError(f"frameworks.yaml: {name}.allocator_overhead: {value!r} (valid: 1 to 2)")
+    return float(value)
+
+
 @functools.cache
 def profiles() -> dict[str, FrameworkProfile]:
     data = yaml.safe_load(resources.files("autoshard.data").joinpath("frameworks.yaml").read_text())
@@ -164,6 +173,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             planned_recompute_modules=tuple(row.get("planned_recompute_modules") or ()),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),
+            allocator_overhead=_overhead(name, row.get("allocator_overhead", 1.0)),
             main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
     return out
 

@@ -15,9 +15,13 @@ CUDA_LAUNCH_BLOCKING=1, full recompute, Jean Zay's network). The single-node max
 `Layers` column and no DP) are skipped (their batch is given as both 512 and 2048), as is a line whose
 DP x TP x PP is not its nodes' GPUs (02-21: 40 nodes at DP 8, TP 8, PP 10).
 
+Lines from 02-28 on ran bf16 with Megatron-DeepSpeed's BF16_Optimizer (fp32 gradient accumulation,
+the logbook's "Rebalancing layers"); earlier ones fp16.
+
 It prints the median, p90 and worst |error|, the median signed error by (TP, micro-batch) and by date
-(the logbook's 02-25 "PCIe/NUMA fix" raised every later figure 1-5%), and with --all every line.
-About 2 s.
+(the logbook's 02-25 "PCIe/NUMA fix" raised every later figure 1-5%), the memory column's OOM/fit
+agreement (its OOM lines included) and measured (nvidia-smi) over priced peak memory, and with --all
+every line. About 3 s.
 """
 
 from __future__ import annotations
@@ -64,30 +68,42 @@ def logbook_rows(text: str) -> tuple[list[dict], int]:
             continue
         row = dict(zip(header, cells))
         date = row.get("Notes", "")[-5:]
-        if not re.fullmatch(r"0?2-2\d", date) or not re.fullmatch(r"[\d.]+", row.get("Sec/it", "")):
+        mem = row.get("Mem", "")
+        oom = mem == "OOM"
+        if not re.fullmatch(r"0?2-2\d", date) or not (oom or re.fullmatch(r"[\d.]+", row.get("Sec/it", ""))):
             continue
         if "DP" not in row or int(row["DP"]) * int(row["TP"]) * int(row["PP"]) != 8 * int(row["Nodes"]):
             skipped += 1  # a probe without DP, or a line whose degrees do not multiply to its GPUs
             continue
+        m = re.fullmatch(r"(\d+)GB", mem)
         rows.append({"date": date, "hidden": hidden, "layers": layers, "nodes": int(row["Nodes"]),
                      "dp": int(row["DP"]), "tp": int(row["TP"]), "pp": int(row["PP"]), "mbs": int(row["MBS"]),
                      "heads": int(row.get("NHEADS") or 64), "gbs": int(row["GBS"]), "zero": int(row.get("ZS") or 1),
-                     "measured_s": float(row["Sec/it"])})
+                     "measured_s": None if oom else float(row["Sec/it"]),
+                     "memory": "OOM" if oom else int(m.group(1)) if m else None})
     return rows, skipped
 
 
-def price(r: dict) -> float:
-    """The line's predicted step: a one-configuration ablation group, through `validate --ablations`'s
-    own conversion (ablations.group_result)."""
+def precision_of(date: str) -> str:
+    """fp16 until 02-27; from 02-28 bf16 with Megatron-DeepSpeed's BF16_Optimizer ("from now on the
+    testing is happening with BF16 optimizer that was just written to accumulate gradients in fp32",
+    the logbook's "Rebalancing layers")."""
+    return "bf16" if date.zfill(5) >= "02-28" else "fp16 (inferred)"
+
+
+def price(r: dict) -> tuple[float, bool | None, float | None]:
+    """The line's predicted step, whether it fits and its peak memory (GiB): a one-configuration
+    ablation group, through `validate --ablations`'s own conversion (ablations.group_result)."""
     group = {"id": "bloom-logbook", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
              "gpu": "A100 SXM 80GB (Jean Zay), 8 per node",
              "interconnect": "NVLink within node; 4 Omni-Path (OPA) links per node", "seq_len": 2048,
-             "precision": "fp16 (inferred)", "gpu_count": 8 * r["nodes"], "global_batch_seqs": r["gbs"],
+             "precision": precision_of(r["date"]), "gpu_count": 8 * r["nodes"], "global_batch_seqs": r["gbs"],
              "model": {"name": "BLOOM-candidate", "hidden": r["hidden"], "layers": r["layers"], "heads": r["heads"],
                        "kv_heads": r["heads"]},
              "configs": [{"tp": r["tp"], "pp": r["pp"], "dp": r["dp"], "zero_stage": r["zero"], "micro_batch": r["mbs"],
-                          "measured": {"step_time_s": r["measured_s"]}}]}
-    return group_result(group).configs[0].predicted_step_s or 0.0
+                          "measured": {"step_time_s": r["measured_s"]} if r["measured_s"] else {"status": "OOM"}}]}
+    res = group_result(group).configs[0]
+    return res.predicted_step_s or 0.0, res.fits, res.peak_gib
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,13 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="print every line")
     ap.add_argument("--json", action="store_true", help="print the lines as JSON")
     args = ap.parse_args(argv)
-    rows, skipped = logbook_rows(args.chronicles.read_text())
-    for r in rows:
-        r["predicted_s"] = round(price(r), 3)
-        r["error_pct"] = round(100 * (r["predicted_s"] / r["measured_s"] - 1), 2)
+    lines, skipped = logbook_rows(args.chronicles.read_text())
+    for r in lines:
+        step, r["fits"], peak = price(r)
+        r["peak_gib"] = None if peak is None else round(peak, 2)
+        if r["measured_s"]:
+            r["predicted_s"] = round(step, 3)
+            r["error_pct"] = round(100 * (r["predicted_s"] / r["measured_s"] - 1), 2)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(lines, indent=1))
         return 0
+    rows = [r for r in lines if r["measured_s"]]
     if args.all:
         for r in rows:
             print(f"{r['date']} h{r['hidden']} L{r['layers']} heads {r['heads']:3d} tp{r['tp']} pp{r['pp']} dp{r['dp']} "
@@ -121,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
             groups[key(r)].append(r["error_pct"])
         print(f"  median signed error {title}: " + "  ".join(
             f"{k}: {statistics.median(v):+.1f}% ({len(v)})" for k, v in sorted(groups.items())))
+    memory = [r for r in lines if r["memory"] is not None and r["fits"] is not None]
+    agree = sum((r["memory"] != "OOM") == r["fits"] for r in memory)
+    ratios = sorted(r["memory"] / r["peak_gib"] for r in memory if r["memory"] != "OOM" and r["peak_gib"])
+    wrong = [f"{r['date']} h{r['hidden']} L{r['layers']} tp{r['tp']} pp{r['pp']} dp{r['dp']} mbs{r['mbs']} "
+             f"({r['memory']}, peak {r['peak_gib']:.1f} GiB)" for r in memory if (r["memory"] != "OOM") != r["fits"]]
+    print(f"  memory column (nvidia-smi): OOM/fit {agree}/{len(memory)} ({sum(r['memory'] == 'OOM' for r in memory)} OOM)"
+          f"{'  wrong: ' + '; '.join(wrong) if wrong else ''};  measured GB / priced peak GiB: median "
+          f"{statistics.median(ratios):.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f})")
     return 0
 
 

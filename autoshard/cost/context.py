@@ -99,8 +99,10 @@ class Context(ProblemParts):
 
     @functools.cached_property
     def capacity_bytes(self) -> float:
-        """HBM a plan may use per GPU: usable HBM less the reserve and the requested headroom."""
-        return self.gpu.hbm_bytes - (RESERVE_GIB + self.problem.search.headroom_gib) * GIB
+        """HBM a plan may use per GPU: usable HBM less the reserve and the requested headroom, over
+        the framework's allocator overhead (`FrameworkProfile.allocator_overhead`)."""
+        free = self.gpu.hbm_bytes - (RESERVE_GIB + self.problem.search.headroom_gib) * GIB
+        return free / self.framework.allocator_overhead
 
 
 def context(problem: Problem) -> Context:

@@ -247,6 +247,7 @@ class ConfigResult:
     plan: str = ""
     reason: str = ""  # why it was not priced
     notes: list[str] = field(default_factory=list)
+    peak_gib: float | None = None  # the priced plan's peak memory per GPU
 
 
 @dataclass
@@ -378,7 +379,7 @@ def group_result(group: dict[str, Any], catalog: str | os.PathLike[str] | None =
         res.notes += list(case.notes)
         res.plan = est.plan.short()
         if est.step_time_s > 0:
-            res.predicted_step_s, res.fits = est.step_time_s, est.fits
+            res.predicted_step_s, res.fits, res.peak_gib = est.step_time_s, est.fits, est.peak_memory_gib
         else:  # an invalid plan is not a memory prediction: left out of OOM/fit
             res.plan = ""
             res.reason = "plan rejected by the cost model: " + "; ".join(est.reasons)

@@ -623,7 +623,11 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          # bf16_with_fp8_{delayed,current}_scaling_mixed / bf16_with_mxfp8_mixed:
                          # fp8_param_gather True; bf16_with_nvfp4_mixed: fp4_param_gather True;
                          # subchannel: False)
-                         "main_grads": "bf16" if group == "Megatron-Bridge" else None,
+                         # BigScience's bf16 runs: Megatron-DeepSpeed's BF16_Optimizer (ZeRO stage 0,
+                         # its own sharded fp32 state) accumulates and reduces the gradients in fp32
+                         "main_grads": ("bf16" if group == "Megatron-Bridge" else
+                                        "fp32" if group == "BigScience Megatron-DeepSpeed"
+                                        and "bf16" in str(row.get("precision")).lower() else None),
                          "fp8_params": group == "Megatron-Bridge" and MBRIDGE_FP8_PARAMS.get(precision, False)},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
