@@ -279,6 +279,17 @@ def plan_short(plan: Any, num_gpus: int | None = None) -> str:
     return text
 
 
+def capacity_note(problem: Any) -> str:
+    """` (deepspeed's 1.2x allocator overhead)` where the framework's allocator holds more than the cost
+    model counts (`FrameworkProfile.allocator_overhead` divides the usable HBM), else ""."""
+    if problem is None:
+        return ""
+    from .frameworks import get_framework  # noqa: PLC0415
+
+    fw = get_framework(problem.framework)
+    return f" ({fw.name}'s {fw.allocator_overhead:g}x allocator overhead)" if fw.allocator_overhead != 1.0 else ""
+
+
 def headroom_text(peak_gib: float, capacity_gib: float) -> str:
     """`12.3 GiB free, 15.8% headroom`, or `over by 3.4 GiB` (never a negative headroom)."""
     if peak_gib > capacity_gib:
@@ -389,7 +400,8 @@ def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
         ["model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:.1f}"],
         ["micro-batches per step", str(est.num_microbatches)],
         ["peak memory", f"{est.peak_memory_gib:.2f} GiB of {est.memory_capacity_gib:.2f} GiB usable "
-                        f"({fmt_pct(est.peak_memory_gib / est.memory_capacity_gib if est.memory_capacity_gib else 0)})"],
+                        f"({fmt_pct(est.peak_memory_gib / est.memory_capacity_gib if est.memory_capacity_gib else 0)})"
+                        f"{capacity_note(problem)}"],
     ])
     if est.stages and (overlap := ep_overlap_text(problem, est.plan)):
         out += ["", overlap + "."]
@@ -585,7 +597,7 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
         if getattr(est, "step_time_interval_s", None):
             lo, hi = est.step_time_interval_s
             out.append(f"likely step time {fmt_s(lo)} to {fmt_s(hi)} (80% interval from {_interval_source(problem, est)})")
-        out.append(f"peak memory {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB usable")
+        out.append(f"peak memory {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB usable{capacity_note(problem)}")
         parts = [f"{label} {fmt_pct(share)}" for label, _, share in sorted(_time_rows(est), key=lambda r: -r[1])]
         out.append("time: " + ", ".join(parts))
         out.append(binding_text(est))

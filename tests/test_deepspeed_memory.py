@@ -67,3 +67,15 @@ def test_allocator_overhead_divides_the_capacity_for_deepspeed_only():
     mg = cost.context(load_problem({**base, "framework": "megatron"}))
     assert ds.capacity_bytes * 1.2 == pytest.approx(mg.capacity_bytes)
     assert mg.capacity_bytes == pytest.approx(ds.gpu.hbm_bytes - cost.RESERVE_GIB * cost.GIB)
+
+
+def test_reports_say_why_deepspeeds_usable_memory_is_smaller():
+    from autoshard.loader import load_problem
+    from autoshard.render import estimate_text
+
+    problem = load_problem({"name": "cap", "model": "llama3-8b", "framework": "deepspeed",
+                            "training": {"seq_len": 4096, "global_batch_size": 64},
+                            "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8}})
+    text = estimate_text(problem, cost.evaluate(problem, {"tp": 1, "pp": 1, "zero_stage": 1, "micro_batch_size": 1,
+                                                         "recompute": "full"}))
+    assert "/ 65.0 GiB usable (deepspeed's 1.2x allocator overhead)" in text
