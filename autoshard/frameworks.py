@@ -86,20 +86,25 @@ class FrameworkProfile:
         sizes equal (megatron/core/parallel_state.py initialize_model_parallel, core_v0.16.1)."""
         return tuple(o for o in self.placements
                      if o.index("pp") > o.index("dp") or cfg.pp == 1 or cfg.expert_dp == cfg.dp)
-    # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes); the first is its default
-    main_grads: tuple[tuple[str, float, float], ...] = ()
+    # training.main_grads it runs -> (grad_bytes, grad_reduce_bytes, grad_accum_bytes_per_param); the
+    # first is its default
+    main_grads: tuple[tuple[str, float, float, float], ...] = ()
+    # HBM bytes per local parameter that each micro-batch's backward moves to fold its gradients into
+    # the accumulator, beyond the backward itself (DeepSpeed BF16_Optimizer's update_hp_grads)
+    grad_accum_bytes_per_param: float = 0.0
 
     def with_main_grads(self, kind: str | None) -> "FrameworkProfile":
         """This profile with its gradient buffer and reduction in `kind` (fp32 / bf16; None: the
         default). A kind it does not run leaves the profile as it is (`main_grads_reason` says so)."""
-        for name, grad_b, reduce_b in self.main_grads:
+        for name, grad_b, reduce_b, accum_b in self.main_grads:
             if name == kind:
-                return dataclasses.replace(self, grad_bytes=grad_b, grad_reduce_bytes=reduce_b)
+                return dataclasses.replace(self, grad_bytes=grad_b, grad_reduce_bytes=reduce_b,
+                                           grad_accum_bytes_per_param=accum_b)
         return self
 
     def main_grads_reason(self, kind: str | None) -> str | None:
         """Why a run of this framework cannot keep its gradients in `kind`, or None."""
-        kinds = [name for name, _, _ in self.main_grads]
+        kinds = [name for name, _, _, _ in self.main_grads]
         if kind is None or kind in kinds:
             return None
         return f"{self.name} keeps its gradients in {' or '.join(kinds) or 'its own dtype'}, not {kind} (training.main_grads)"
@@ -174,7 +179,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),
             allocator_overhead=_overhead(name, row.get("allocator_overhead", 1.0)),
-            main_grads=tuple((str(k), float(v[0]), float(v[1])) for k, v in (row.get("main_grads") or {}).items()))
+            main_grads=tuple((str(k), float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
+                             for k, v in (row.get("main_grads") or {}).items()))
     return out
 
 

@@ -286,6 +286,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.bwd["compute"] += dq
         c.params = dense_local + expert_local
         c.expert_params = expert_local
+        c.bwd["compute"] += _grad_accum_s(ctx, c.params)
         c.act_bytes = acts.get(recompute, acts["none"])
         c.work_bytes = acts["none"]
         c.hfu_flops = c.base_flops = 3 * flops
@@ -384,6 +385,15 @@ def layer_cost(ctx: Context, cfg: Config, pl: Placement, kind: str, recompute: R
     return layer_costs(ctx, cfg, pl, kind)[recompute]
 
 
+def _grad_accum_s(ctx: Context, params: float) -> float:
+    """Time each micro-batch's backward spends folding the gradients of `params` local parameters into
+    the accumulator where the framework does it in a separate pass
+    (`FrameworkProfile.grad_accum_bytes_per_param`: DeepSpeed's BF16_Optimizer); frozen weights
+    (LoRA) have no gradients to fold."""
+    per = ctx.framework.grad_accum_bytes_per_param
+    return _mem_s(ctx, per * params) if per and ctx.training.finetune == "full" else 0.0
+
+
 def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     """Input embedding (first virtual stage): lookup, and its all-reduce / scatter over TP."""
     m = ctx.model
@@ -391,7 +401,7 @@ def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     c = Cost()
     c.params = m.vocab_size * m.hidden_size / cfg.tp
     c.fwd["compute"] = _mem_s(ctx, 2 * BF16 * sh.tokens * sh.h)
-    c.bwd["compute"] = _mem_s(ctx, 3 * BF16 * sh.tokens * sh.h)
+    c.bwd["compute"] = _mem_s(ctx, 3 * BF16 * sh.tokens * sh.h) + _grad_accum_s(ctx, c.params)
     if cfg.tp > 1:
         act = BF16 * sh.tokens * sh.h
         op = reduce_scatter_s if cfg.sp else all_reduce_s
@@ -411,7 +421,7 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     ce = _mem_s(ctx, (BF16 + 4 + 4) * T * V)  # logits -> fp32 softmax -> grad
     c.fwd["compute"] = head + ce + _mem_s(ctx, 2 * BF16 * sh.res_tokens * h)
     head_b, c.wgrad_s = (2 * head, head) if ctx.training.finetune == "full" else (head, 0.0)  # LoRA: frozen head
-    c.bwd["compute"] = head_b + ce
+    c.bwd["compute"] = head_b + ce + _grad_accum_s(ctx, c.params)
     if cfg.tp > 1:
         act = BF16 * T * h
         op = all_gather_s if cfg.sp else all_reduce_s
