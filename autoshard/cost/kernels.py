@@ -131,8 +131,8 @@ def unfused_softmax_reason(ctx: Context, sh: Shapes) -> str | None:
     micro-batch a multiple of 4 and of get_batch_per_block(keys) (4 for more than 128 keys).
     bigscience-workshop/Megatron-DeepSpeed from 9f5f5d4c (2021-10-21) to 1cb76a64 (2022-03-06) declared
     get_batch_per_block(b, np, sq, sk) but called it with (sq, sk, b, np), so the kernel's row count
-    came from the heads per GPU: 8 heads per GPU need micro-batches in multiples of 4, 12 or 14 heads
-    multiples of 4 or 8 (NVIDIA fixed the same slip on 2021-08-13, 0d350c8d41). BLOOM's logbook met it
+    came from the heads per GPU: 8 or 12 heads per GPU need micro-batches in multiples of 4, 14 heads
+    in multiples of 8 (NVIDIA fixed the same slip on 2021-08-13, 0d350c8d41). BLOOM's logbook met it
     as slow runs at TP 8 and micro-batch 2 and at 112 heads; its final launcher passes
     --abort-on-unmet-fused-kernel-constraints."""
     t = ctx.training
