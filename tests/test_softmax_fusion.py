@@ -167,3 +167,17 @@ def test_feb20_groups_take_the_head_count_of_the_logbooks_probes():
         assert any("softmax runs unfused" in w for w in est.warnings)
         steps[mbs] = est.step_time_s
     assert steps[2] / steps[4] == pytest.approx(151.07 / 147.43, abs=0.02)
+
+
+def test_exports_warn_where_the_plan_leaves_the_softmax_unfused():
+    from autoshard import Plan
+    from autoshard.export import export_plan
+    from autoshard.loader import load_problem
+
+    doc = _problem("bigscience-2022")
+    doc["cluster"]["num_gpus"] = 16
+    problem = load_problem(doc)
+    slow = export_plan(problem, Plan(tp=8, pp=2, micro_batch_size=2, recompute="full"), "megatron")
+    fast = export_plan(problem, Plan(tp=8, pp=2, micro_batch_size=4, recompute="full"), "megatron")
+    assert any("softmax runs unfused" in w and "8 x 2 = 16" in w for w in slow.warnings)
+    assert not any("softmax" in w for w in fast.warnings)

@@ -169,6 +169,14 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
         ctx.warn(f"token dropping is set in code: deepspeed.moe.layer.MoE(capacity_factor="
                  f"{problem.training.moe_capacity_factor}, drop_tokens=True) or Megatron-DeepSpeed "
                  f"--moe-train-capacity-factor {problem.training.moe_capacity_factor}")
+    if not problem.training.flash_attention and fmt in ("megatron", "deepspeed"):
+        from ..cost import Config, Shapes, context, unfused_softmax_reason  # noqa: PLC0415
+
+        cctx = context(problem)
+        if why := unfused_softmax_reason(cctx, Shapes(cctx, Config.of(full_plan, dp))):
+            ctx.warn(f"attention softmax runs unfused in PyTorch under this plan ({why}): Megatron falls back "
+                     "without a word (priced so, 8-11x the fused kernel's memory traffic); a micro-batch or head "
+                     "count the fused kernel accepts is faster")
     if problem.training.fp8_params and fmt != "megatron":
         ctx.warn(f"FP8 primary weights (fp8_params) are not exported: {TARGETS_SHORT[fmt]} keeps bf16/fp32 weights "
                  "next to its FP8 copies (more memory than planned)")
