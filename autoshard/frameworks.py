@@ -80,6 +80,10 @@ class FrameworkProfile:
     # split and cached blocks, communication buckets): the usable capacity is divided by it
     allocator_overhead: float = 1.0
 
+    def allocator_note(self) -> str:
+        """`deepspeed's 1.2x allocator overhead` where `allocator_overhead` shrinks the usable HBM, else ""."""
+        return f"{self.name}'s {self.allocator_overhead:g}x allocator overhead" if self.allocator_overhead != 1.0 else ""
+
     def rank_orders(self, cfg) -> tuple[str, ...]:
         """The placements the solver may plan for `cfg` (empty: any). A pipeline axis inside the
         data-parallel one (Megatron --use-tp-pp-dp-mapping) needs the attention and expert data-parallel

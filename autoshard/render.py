@@ -286,8 +286,8 @@ def capacity_note(problem: Any) -> str:
         return ""
     from .frameworks import get_framework  # noqa: PLC0415
 
-    fw = get_framework(problem.framework)
-    return f" ({fw.name}'s {fw.allocator_overhead:g}x allocator overhead)" if fw.allocator_overhead != 1.0 else ""
+    note = get_framework(problem.framework).allocator_note()
+    return f" ({note})" if note else ""
 
 
 def headroom_text(peak_gib: float, capacity_gib: float) -> str:

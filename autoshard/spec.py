@@ -256,7 +256,7 @@ class TrainingSpec(Strict):
     launch_blocking: bool = False
     # Materialized attention (flash_attention false): Megatron's FusedScaleMaskSoftmax runs its fused
     # scale + mask + softmax kernel only for the shapes its is_kernel_available() accepts and falls
-    # back to PyTorch's fp32 softmax otherwise (cost.fused_softmax_runs). "megatron": the check of
+    # back to PyTorch's fp32 softmax otherwise (cost.unfused_softmax_reason). "megatron": the check of
     # Megatron-LM since 2021-08-13 (heads per GPU x micro-batch a multiple of 4, keys 17-4096);
     # "bigscience-2022": the check of bigscience-workshop/Megatron-DeepSpeed from 2021-10-21 to
     # 2022-03-06 (BLOOM's benchmarks), which sized its batches per block from the heads per GPU

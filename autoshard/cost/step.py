@@ -388,8 +388,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
             forward_s=sum(x.fwd.values()), backward_s=sum(x.bwd.values()), inflight_microbatches=infl,
             memory_gib=gib, peak_memory_gib=peak / GIB))
         if peak > cap:
-            over = ctx.framework.allocator_overhead
-            alloc = f", over {ctx.framework.name}'s {over:g}x allocator overhead" if over != 1.0 else ""
+            alloc = f", over {note}" if (note := ctx.framework.allocator_note()) else ""
             reasons.append(f"stage {r} needs {peak / GIB:.1f} GiB of {cap / GIB:.1f} GiB usable "
                            f"({ctx.gpu.hbm_gib:g} GiB HBM less {RESERVE_GIB:g} GiB reserve{alloc})")
     peak_stage = max(stages, key=lambda s: s.peak_memory_gib)
