@@ -380,26 +380,31 @@ def cmd_catalog(a: argparse.Namespace) -> int:
                      "precisions": [r.model_dump() for r in _recipes()[0].values()],
                      "models": {k: _models()[k] for k in model_ids()}})
         return EXIT_OK
-    print(f"{'GPU':<15}{'16-bit TF':>10}{'fp8 TF':>8}{'fp4 TF':>8}{'HBM GB':>8}{'usable GiB':>11}{'HBM TB/s':>9}"
-          f"{'link GB/s':>10}{'TDP W':>7}{'$/GPU-h':>9}  aliases")
-    for g in gpus:
-        fp8, fp4 = g.peak_tflops.get("fp8"), g.peak_tflops.get("fp4")
-        b16 = g.peak_tflops.get("bf16", g.peak_tflops.get("fp16", 0.0))
-        print(f"{g.id:<15}{b16:>10.0f}{(f'{fp8:.0f}' if fp8 else '-'):>8}{(f'{fp4:.0f}' if fp4 else '-'):>8}"
-              f"{g.hbm_gb:>8g}{g.hbm_usable_gib:>11.2f}{g.hbm_tb_per_s:>9.2f}{g.scaleup_gb_per_s:>10.0f}{g.tdp_w:>7.0f}"
-              f"{g.price.usd_per_gpu_hour:>9.2f}  {', '.join(g.aliases)}")
-    print("\nPrecisions each GPU trains in:")
-    for g in gpus:
-        print(f"  {g.id:<15}{', '.join(p for p in g.precisions if p != 'fp8')}")
-    print("\nTopologies (levels: name size x GB/s per GPU):")
-    for t in topos:
-        lv = " -> ".join(f"{x.name} {x.size}x{x.bandwidth_gb_per_s:g}{' SHARP' if x.sharp else ''}" for x in t.levels)
-        print(f"  {t.id:<20}{lv}" + (f"  (also: {', '.join(t.aliases)})" if t.aliases else ""))
     from .catalog import _recipes  # noqa: PLC0415
+    from .tables import table_text  # noqa: PLC0415
 
+    def tf(x: float | None) -> str:
+        return f"{x:.0f}" if x else "-"
+
+    sys.stdout.write(table_text(
+        ["GPU", ("16-bit TF", "right"), ("fp8 TF", "right"), ("fp4 TF", "right"), ("HBM GB", "right"),
+         ("usable GiB", "right"), ("HBM TB/s", "right"), ("link GB/s", "right"), ("TDP W", "right"),
+         ("$/GPU-h", "right"), "aliases"],
+        [[g.id, f"{g.peak_tflops.get('bf16', g.peak_tflops.get('fp16', 0.0)):.0f}", tf(g.peak_tflops.get("fp8")),
+          tf(g.peak_tflops.get("fp4")), f"{g.hbm_gb:g}", f"{g.hbm_usable_gib:.2f}", f"{g.hbm_tb_per_s:.2f}",
+          f"{g.scaleup_gb_per_s:.0f}", f"{g.tdp_w:.0f}", f"{g.price.usd_per_gpu_hour:.2f}", ", ".join(g.aliases)]
+         for g in gpus]))
+    print("\nPrecisions each GPU trains in:")
+    sys.stdout.write(table_text(["GPU", "training.precision"],
+                                [[g.id, ", ".join(p for p in g.precisions if p != "fp8")] for g in gpus], indent=2))
+    print("\nTopologies (levels, innermost first: name, GPUs per domain x GB/s per GPU):")
+    sys.stdout.write(table_text(
+        ["topology", "levels", "also"],
+        [[t.id, " -> ".join(f"{x.name} {x.size}x{x.bandwidth_gb_per_s:g}{' SHARP' if x.sharp else ''}"
+                            for x in t.levels), ", ".join(t.aliases)] for t in topos], indent=2))
     print("\nPrecisions (training.precision; fp8 = fp8-delayed, the frameworks' default recipe):")
-    for r in _recipes()[0].values():
-        print(f"  {r.id:<15}{r.gemm_dtype:<6}{r.name}")
+    sys.stdout.write(table_text(["precision", "GEMMs", "recipe"],
+                                [[r.id, r.gemm_dtype, r.name] for r in _recipes()[0].values()], indent=2))
     print("\nModel presets: " + ", ".join(model_ids()))
     print("Sources: `autoshard catalog --json` (every figure carries its source).")
     return EXIT_OK

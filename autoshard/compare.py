@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from .cost import Estimate, evaluate
 from .errors import InputError
 from .spec import Plan, Problem
+from .tables import table_text
 
 # Printed names of the breakdown keys (unknown keys are printed as they are).
 TIME_NAMES = {
@@ -221,21 +222,24 @@ def compare(problem: Problem, a: Plan, b: Plan, label_a: str = "your plan", labe
 
 
 def comparison_text(c: Comparison) -> str:
-    """A side-by-side table of both plans, the terms by size of their difference, one line each."""
+    """A side-by-side table of both plans, the terms by size of their difference, one line each
+    (terms both plans price at zero, as printed, are left out)."""
     a, b = c.a, c.b
     w = max(len(c.label_a), len(c.label_b), 6)
     lines = [*(f"{label:>{w}}: {e.plan.short()}  {e.step_time_s:.3f} s/step  MFU {e.mfu:.1%}  "
                f"peak {e.peak_memory_gib:.1f} GiB{'' if e.fits else '  (does not fit)'}"
                for label, e in ((c.label_a, a), (c.label_b, b))),
              "", c.summary, "",
-             f"step time, s ({c.label_b} - {c.label_a} = {c.step_delta_s:+.3f} s):",
-             f"  {'term':<32} {c.label_a[:11]:>11} {c.label_b[:11]:>11} {'diff':>9}  why"]
-    for t in c.time_terms_s:
-        lines.append(f"  {TIME_NAMES.get(t.key, t.key):<32} {t.a:11.3f} {t.b:11.3f} {t.delta:+9.3f}  {t.why}")
+             f"step time, s ({c.label_b} - {c.label_a} = {c.step_delta_s:+.3f} s):"]
+    head = ["term", (c.label_a, "right"), (c.label_b, "right"), ("diff", "right"), "why"]
+    lines.append(table_text(head, [[TIME_NAMES.get(t.key, t.key), f"{t.a:.3f}", f"{t.b:.3f}", f"{t.delta:+.3f}", t.why]
+                                   for t in c.time_terms_s if f"{t.a:.3f}" != "0.000" or f"{t.b:.3f}" != "0.000"],
+                            indent=2).rstrip("\n"))
     lines += ["", f"peak memory of the fullest stage, GiB ({c.label_b} - {c.label_a} = "
                   f"{b.peak_memory_gib - a.peak_memory_gib:+.1f} GiB):"]
-    for t in c.memory_terms_gib:
-        lines.append(f"  {MEMORY_NAMES.get(t.key, t.key):<32} {t.a:11.2f} {t.b:11.2f} {t.delta:+9.2f}  {t.why}")
+    lines.append(table_text(head, [[MEMORY_NAMES.get(t.key, t.key), f"{t.a:.2f}", f"{t.b:.2f}", f"{t.delta:+.2f}", t.why]
+                                   for t in c.memory_terms_gib if f"{t.a:.2f}" != "0.00" or f"{t.b:.2f}" != "0.00"],
+                            indent=2).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 

@@ -334,6 +334,22 @@ def mfu_denominator(problem: Any) -> str:
     return f" of the {dtype} peak ({peak / 1e12:,.0f} TFLOP/s)"
 
 
+def fmt_params(n: float) -> str:
+    """`70.6B`, `350M`: a parameter count as model cards write it."""
+    return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.0f}M"
+
+
+def model_text(problem: Any) -> str:
+    """`70.6B parameters, all active; priced for megatron` (MoE: `671.0B parameters, 37.6B active per
+    token`): what the model file was read as and which framework's launcher the plan is priced for."""
+    from .cost.params import active_params, total_params  # noqa: PLC0415  (render loads lazily)
+
+    m = problem.model
+    total, active = total_params(m), active_params(m)
+    share = "all active" if active >= total else f"{fmt_params(active)} active per token"
+    return f"{fmt_params(total)} parameters, {share}; priced for {problem.framework}"
+
+
 def _title(problem: Any) -> str:
     name = problem.name or problem.model.name
     return f"{name}: {problem.model.name} on {problem.cluster.num_gpus}x {_gpu_id(problem)}"
@@ -484,7 +500,8 @@ def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
     t = problem.training
     extra = "".join(f", {s}" for s in training_settings(t))
     out += [f"Training: sequence length {t.seq_len}, global batch {t.global_batch_size} sequences "
-            f"({t.tokens_per_step:,} tokens), {t.precision}, {t.optimizer}{extra}.", ""]
+            f"({t.tokens_per_step:,} tokens), {t.precision}, {t.optimizer}{extra}.", "",
+            f"Model: {model_text(problem)}.", ""]
     out += ["## Plan", ""]
     out += _table(["knob", "value"], [[k, _plan_value(plan, k)] for k in PLAN_KNOBS], "ll")
     out += [""] + _estimate_markdown(est, problem)
@@ -574,7 +591,7 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
     """Compact terminal summary of an estimate (ends with a newline). `reasons=False`: a plan
     that does not fit says how many reasons there are, the caller prints them (on stderr)."""
     est = estimate
-    out = [f"{_title(problem)}", f"plan: {plan_short(est.plan, problem.cluster.num_gpus)}"]
+    out = [f"{_title(problem)}", f"model: {model_text(problem)}", f"plan: {plan_short(est.plan, problem.cluster.num_gpus)}"]
     if est.stages and (overlap := ep_overlap_text(problem, est.plan)):
         out.append(overlap)
     if est.stages and (tail := dp_overlap_text(problem, est.plan)):

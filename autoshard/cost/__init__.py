@@ -111,6 +111,7 @@ from .params import (  # noqa: F401
     QLORA_BYTES_PER_PARAM,
     ZERO3_GATHERED_LAYERS,
     active_matmul_params,
+    active_params,
     gathered_weight_bytes,
     layer_params,
     lora_fraction,

@@ -123,6 +123,13 @@ def total_params(m) -> float:
     return emb + head + layers + m.hidden_size
 
 
+def active_params(m) -> float:
+    """Parameters one token passes through: `total_params` with each MoE layer's routed experts
+    counted top-k times instead of num_experts (DeepSeek-V3: 671B total, 37B activated)."""
+    idle = (m.num_experts - m.num_experts_per_tok) * _mlp_params(m, m.expert_ffn) if m.is_moe else 0.0
+    return total_params(m) - m.num_moe_layers * idle
+
+
 def active_matmul_params(m) -> float:
     """Matmul weights a token passes through (LM head included, input embedding excluded)."""
     total = m.vocab_size * m.hidden_size
