@@ -10,6 +10,8 @@ Library entry points (typed, no global state):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
 
 from .errors import AutoshardError, InfeasibleError, InputError
@@ -22,8 +24,15 @@ __all__ = [
     "evaluate", "Estimate", "solve", "Solution",
 ]
 
+# What type checkers see (typed signatures, not Any); at run time `__getattr__` imports them on first
+# use. `compare` stays in `autoshard.compare` (a function of that name here would be replaced by the
+# submodule on its first import).
+if TYPE_CHECKING:
+    from .cost import Estimate, evaluate
+    from .solver import Solution, solve
 
-def __getattr__(name: str):  # lazy: keep `import autoshard` light (no CP-SAT import until solving)
+
+def __getattr__(name: str) -> object:  # lazy: keep `import autoshard` light (no CP-SAT import until solving)
     if name in ("evaluate", "Estimate"):
         from . import cost
         return getattr(cost, name)

@@ -231,7 +231,7 @@ def comparison_text(c: Comparison) -> str:
                for label, e in ((c.label_a, a), (c.label_b, b))),
              "", c.summary, "",
              f"step time, s ({c.label_b} - {c.label_a} = {c.step_delta_s:+.3f} s):"]
-    head = ["term", (c.label_a, "right"), (c.label_b, "right"), ("diff", "right"), "why"]
+    head: list[str | tuple[str, str]] = ["term", (c.label_a, "right"), (c.label_b, "right"), ("diff", "right"), "why"]
     lines.append(table_text(head, [[TIME_NAMES.get(t.key, t.key), f"{t.a:.3f}", f"{t.b:.3f}", f"{t.delta:+.3f}", t.why]
                                    for t in c.time_terms_s if f"{t.a:.3f}" != "0.000" or f"{t.b:.3f}" != "0.000"],
                             indent=2).rstrip("\n"))

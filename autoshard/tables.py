@@ -9,24 +9,25 @@ import io
 import shutil
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 Justify = Literal["left", "right", "center"]
+Column = str | tuple[str, str]  # a header, or (header, "left" | "right" | "center")
 UNWRAPPED_WIDTH = 100_000  # columns of a table written into a pipe or file: no row wraps
 
 
-def table_text(columns: Sequence[str | tuple[str, Justify]], rows: Iterable[Sequence[Any]], *,
+def table_text(columns: Sequence[Column], rows: Iterable[Sequence[Any]], *,
                indent: int = 0, width: int | None = None) -> str:
     """The table as text, lines right-stripped, ending with a newline. `columns`: a header, or
     (header, justify); `width`: the terminal's when stdout is one, else unwrapped."""
     table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 1))
     for col in columns:
         header, justify = (col, "left") if isinstance(col, str) else col
-        table.add_column(Text(header), justify=justify, overflow="fold")
+        table.add_column(Text(header), justify=cast(Justify, justify), overflow="fold")
     for row in rows:
         table.add_row(*(Text(str(cell)) for cell in row))
     if width is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -365,18 +366,21 @@ def test_batch_cli_with_a_symlink_loop_and_a_bad_file(tmp_path):
     assert (out / "summary.csv").is_file()
 
 
-def test_batch_cli_unwritable_output_fails_before_solving(tmp_path):
+def test_batch_cli_unwritable_output_fails_before_solving(tmp_path, capsys, monkeypatch):
+    """The output directory is checked before anything is solved: a solve here would fail the test
+    (rather than timing the process, which a loaded machine stretches)."""
+    import autoshard.solver  # noqa: PLC0415
+
+    def no_solve(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("batch solved before checking its output directory")
+
+    monkeypatch.setattr(autoshard.solver, "solve", no_solve)
     blocker = tmp_path / "file.txt"
     blocker.write_text("a regular file\n")
-    t0 = time.perf_counter()
-    # An exact proof of this problem takes several seconds: a quick exit proves nothing was solved.
-    proc = run_cli("batch", str(LIMIT_PROBLEM), "-o", str(blocker / "out"), "--time-limit", "60", "--gap", "0",
-                   timeout=60)
-    elapsed = time.perf_counter() - t0
-    assert proc.returncode == 2 and proc.stdout == ""
-    line = one_line(proc.stderr)
+    rc, out, err = run_in_process(capsys, "batch", str(LIMIT_PROBLEM), "-o", str(blocker / "out"))
+    assert rc == 2 and out == ""
+    line = one_line(err)
     assert str(blocker / "out") in line and "output directory" in line
-    assert elapsed < 5, f"took {elapsed:.1f} s: it solved before checking the output directory"
 
 
 # ---- determinism ------------------------------------------------------------------------------------
@@ -456,13 +460,13 @@ def test_time_limit_returns_best_plan_with_gap(limit):
 
 
 def test_time_limit_in_a_real_process():
-    t0 = time.perf_counter()
-    proc = run_cli("solve", str(LIMIT_PROBLEM), "--time-limit", "2", "--gap", "0", "--json")
-    elapsed = time.perf_counter() - t0
+    """The safety net stops a real process's solve and says so in the record (the solver's own
+    account, not the process's wall time, which start-up on a loaded machine stretches)."""
+    proc = run_cli("solve", str(LIMIT_PROBLEM), "--time-limit", "2", "--gap", "0", "--work-limit", "1000", "--json")
     assert proc.returncode == 0, proc
     doc = json.loads(proc.stdout)
     assert doc["solver"]["status"] == "FEASIBLE" and doc["solver"]["gap"] > 0
-    assert elapsed <= 2 + 5, f"{elapsed:.1f} s including interpreter start-up"
+    assert doc["solver"]["stopped_by"] == "wall-clock safety net"
 
 
 # ---- issue 15: output paths, duplicate keys, sizes, measured-run files -------------------------------
@@ -698,7 +702,7 @@ def test_readme_test_command_works_in_a_new_shell_and_prints_the_summary():
     assert ". .venv/bin/activate" in install
     ci = [ln.split("#")[0].strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert test_cmd in ci
-    argv = test_cmd.split()[1:]  # this interpreter stands in for .venv/bin/python
+    argv = shlex.split(test_cmd)[1:]  # this interpreter stands in for .venv/bin/python
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTEST_ADDOPTS")}
     proc = subprocess.run([sys.executable, *argv, "tests/test_errors.py::test_every_corpus_file_is_in_the_table",
                            "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
