@@ -685,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
 
-    c = add("collective", cmd_collective, "Time of one collective on a cluster preset (REFERENCE §4 formulas).")
+    c = add("collective", cmd_collective, "Time of one collective on a cluster preset (ring and tree formulas level by level, as the solver prices them).")
     c.add_argument("op", choices=["all_gather", "reduce_scatter", "all_reduce", "all_to_all",
                                   "all-gather", "reduce-scatter", "all-reduce", "all-to-all"], metavar="OP",
                    help="all_gather | reduce_scatter | all_reduce | all_to_all")
@@ -711,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--precision", default=None, metavar="P", help="training precision: its GEMM peak is C (default bf16)")
     r.add_argument("--gpus", type=int, metavar="N", help="cluster size (default: the topology's top level)")
     r.add_argument("--achievable", action="store_true",
-                   help="use the catalog's matmul and network efficiencies (default: peak and link rates, as the seeds)")
+                   help="use the catalog's matmul and network efficiencies (default: dense peak and full link rates, the idealized rooflines)")
     r.add_argument("--json", action="store_true")
 
     sm = add("serve-memory", cmd_serve_memory, "Inference memory: weights + KV cache (GQA/MLA) + activations, "

@@ -123,7 +123,7 @@ def rooflines(model: ModelSpec, gpu: GPU, topology: str | list[TopologyLevel] | 
 def render(r: dict[str, Any]) -> str:
     lines = [f"Rooflines: {r['model']} on {r['num_gpus']:,} x {r['gpu']} ({r['topology'] or 'default topology'}), "
              f"{r['precision']}, C = {r['flops_per_s'] / 1e12:,.0f} TFLOP/s "
-             f"({'achievable: catalog efficiencies' if r['achievable'] else 'dense peak, links at full rate, as the seeds'})",
+             f"({'achievable: catalog efficiencies' if r['achievable'] else 'dense peak, links at full rate: the idealized rooflines'})",
              "Compute-bound above these tokens per GPU per step (a DP/FSDP group spanning the level):",
              f"  {'level':<16}{'GPUs':>7}{'AR GB/s':>10}{'DP':>9}{'FSDP':>9}{'TP bound':>12}{'max TP':>8}"]
     for lv in r["levels"]:

@@ -23,7 +23,7 @@ FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                      ("--mtp-num-layers", 1), ("--mtp-loss-scaling-factor", 0.1)],
         "mtp_layers": 1,
         "titan": ("deepseek_v3", "671B"),
-        "source": "DeepSeek-V3 config.json (ECOSYSTEM §2); Megatron-LM sbatch_mfsdp_deepseek_v3.sh",
+        "source": "DeepSeek-V3 config.json; Megatron-LM sbatch_mfsdp_deepseek_v3.sh",
     }),
     (("qwen3",), {
         "family": "qwen3", "rotary_base": 1000000, "norm_epsilon": 1e-6,
@@ -33,20 +33,20 @@ FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                      ("--moe-aux-loss-coeff", 1e-3), ("--moe-router-dtype", "fp32")],
         "titan_flavors": {"qwen3-235b-a22b": ("qwen3", "235B-A22B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
                           "qwen3-8b": ("qwen3", "8B")},
-        "source": "Qwen3 config.json (ECOSYSTEM §2); Megatron-LM Qwen3-235B-A22B.sh",
+        "source": "Qwen3 config.json; Megatron-LM Qwen3-235B-A22B.sh",
     }),
     (("mixtral",), {
         "family": "mixtral", "rotary_base": 1000000, "norm_epsilon": 1e-5,
         # Mixtral config.json rope_theta 1e6, router_aux_loss_coef 0.02 (Megatron-LM
         # examples/mixtral/train_mixtral_8x7b_distributed.sh uses 1e-2).
         "megatron": [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", 0.02)],
-        "source": "mistralai/Mixtral-8x7B-v0.1 config.json (ECOSYSTEM §2)",
+        "source": "mistralai/Mixtral-8x7B-v0.1 config.json",
     }),
     (("llama3", "llama-3", "llama_3", "meta-llama-3"), {
         "family": "llama3", "rotary_base": 500000, "norm_epsilon": 1e-5,
         "titan_flavors": {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
                           "llama3-405b": ("llama3", "405B")},
-        "source": "meta-llama Llama 3 config.json rope_theta 500000 (ECOSYSTEM §2; torchtitan llama3 flavors)",
+        "source": "meta-llama Llama 3 config.json rope_theta 500000 (torchtitan llama3 flavors)",
     }),
     (("llama2", "llama-2"), {
         "family": "llama2", "rotary_base": 10000, "norm_epsilon": 1e-5,

@@ -131,7 +131,7 @@ def default_notes(spec: StudySpec, options: Sequence[Option]) -> list[str]:
                          + "".join(f"; the '{k}' figure would be {v:,.0f} W all-in" for k, v in g.system_power_w.items()))
         if "spot" in modes:
             notes.append(f"{gid}: spot price {100 * spot_discount(pr, gid):g}% below the cloud rate"
-                         + (" (seed 003: spot saves 60-90% vs on-demand; its worked example 70%)"
+                         + (" (GPU buying guides put spot savings at 60-90% vs on-demand; their worked example: 70%)"
                             if not isinstance(pr.spot_discount, dict) and pr.spot_discount == SPOT_DISCOUNT else
                             " (study)"))
     if "own" in modes:

@@ -701,7 +701,7 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
             d.img(name, f"{w['name']}: cost and energy breakdown", png)
             d.h(3, "Goodput")
             d.p("Goodput: the share of wall time spent on useful training (failures, checkpoints, restarts, spot "
-                "preemptions, other losses). Efficiency (seed 002's definition): useful tokens per second over the "
+                "preemptions, other losses). Efficiency: useful tokens per second over the "
                 "cluster's theoretical maximum at peak FLOP/s, i.e. MFU x goodput.")
             gp_rows = sorted({(r["num_gpus"], r["gpu"], r["topology"], r["mode"] == "spot"): r for r in feas}.values(),
                              key=lambda r: (r["num_gpus"], r["gpu"], r["topology"], r["mode"]))
