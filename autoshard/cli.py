@@ -467,14 +467,14 @@ def cmd_serve_memory(a: argparse.Namespace) -> int:
             params = float(a.params)
         except ValueError:
             raise InputError(f"not a number: {a.params!r}", field="--params") from None
-    gpu_name = a.gpu
+    gpu_name, model = a.gpu, None
     if a.model and a.model.endswith((".yaml", ".yml")):  # a problem file: its model and GPU (flags override)
         from .loader import load_problem  # noqa: PLC0415
 
         problem = load_problem(a.model)
         model, gpu_name = problem.model, a.gpu or problem.cluster.gpu
-    else:
-        model = _model_arg(a.model) if a.model else None
+    elif a.model:
+        model = _model_arg(a.model)
     if not gpu_name:
         raise InputError("required unless MODEL is a problem file", field="--gpu")
     r = serve_memory(get_gpu(gpu_name), model=model, params=params, batch=a.batch, context=a.context,
@@ -508,7 +508,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
 
     doc = read_document(a.solution)
-    info = doc.get("problem") if isinstance(doc, dict) and isinstance(doc.get("problem"), dict) else {}
+    info: dict[str, Any] = doc["problem"] if isinstance(doc, dict) and isinstance(doc.get("problem"), dict) else {}
     problem_path = a.problem
     if not problem_path and info:
         from .batch import find_problem_file  # noqa: PLC0415
@@ -600,7 +600,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     def progress(text: str) -> None:
         import time  # noqa: PLC0415
 
-        line.show(f"calibrate {time.monotonic() - line.t0:.0f}s: {text}")
+        if line is not None:
+            line.show(f"calibrate {time.monotonic() - line.t0:.0f}s: {text}")
 
     try:
         res = calibrate(a.measurements, a.output, progress=progress if line is not None else None)
@@ -620,7 +621,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """Usage errors are bad input too: exit 2 and one line on stderr (the usage is in --help)."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         self.exit(EXIT_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 

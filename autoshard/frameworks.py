@@ -6,6 +6,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import yaml
 
@@ -138,6 +139,12 @@ def _layout(name: str, value: str) -> str:
     return value
 
 
+def _pair(values: Any) -> tuple[float, float]:
+    """The two numbers of a profile row (`expert_bias_bytes`: forward, backward)."""
+    first, second = values
+    return float(first), float(second)
+
+
 def _overhead(name: str, value: float) -> float:
     if not 1.0 <= float(value) <= 2.0:
         raise ValueError(f"frameworks.yaml: {name}.allocator_overhead: {value!r} (valid: 1 to 2)")
@@ -160,7 +167,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_expert_host_s=float(row.get("moe_expert_host_ms", 0.0)) / 1e3,
             ep_overlap_host_factor=float(row.get("ep_overlap_host_factor", 0.0)),
             ep_overlap_excludes_recompute=tuple(row.get("ep_overlap_excludes_recompute", ())),
-            expert_bias_bytes=tuple(float(x) for x in row.get("expert_bias_bytes", (0.0, 0.0))),
+            expert_bias_bytes=_pair(row.get("expert_bias_bytes", (0.0, 0.0))),
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             attention_backward_rate=float(row.get("attention_backward_rate", CUDNN_ATTENTION_BACKWARD_RATE)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,

@@ -368,11 +368,11 @@ def _time_rows(est: Any) -> list[tuple[str, float, float]]:
     """(label, seconds, fraction of step) for every non-zero part of the step."""
     step = est.step_time_s
     keys = list(TIME_LABELS) + [k for k in est.time_breakdown_s if k not in TIME_LABELS]
-    rows = []
+    rows: list[tuple[str, float, float]] = []
     for k in keys:
         v = est.time_breakdown_s.get(k, 0.0)
         if v > 0:
-            rows.append((TIME_LABELS.get(k, k), v, v / step if step else 0.0))
+            rows.append((TIME_LABELS.get(k, str(k)), v, v / step if step else 0.0))
     return rows
 
 
@@ -568,7 +568,7 @@ def ep_overlap_text(problem: Any, plan: Any) -> str | None:
     return {"on": "EP overlap on: expert all-to-all under the other micro-batch's compute",
             "choice": "EP overlap off: the plan's choice",
             "unpaid": "EP overlap off: running it would expose more host launch time than the all-to-all it "
-                      "hides (set `ep_overlap: true` to price it)"}.get(state)
+                      "hides (set `ep_overlap: true` to price it)"}.get(str(state))
 
 
 def dp_overlap_text(problem: Any, plan: Any) -> str | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import networkx as nx
@@ -126,7 +127,7 @@ class ClusterGraph:
     def __init__(self, levels: tuple[Level, ...], num_gpus: int):
         self.levels = levels
         self.num_gpus = num_gpus
-        g = nx.DiGraph()
+        g: nx.DiGraph[tuple[str, int]] = nx.DiGraph()
         root = ("fabric", 0)
         g.add_node(root, level=len(levels))
         # Build top-down: level i domain j holds GPUs [j*size_i, (j+1)*size_i).
@@ -462,8 +463,9 @@ def p2p_s(levels: tuple[Level, ...], level: int, nbytes: float) -> float:
 
 
 def collective_s(op: str, levels: tuple[Level, ...], prof: Profile, nbytes: float) -> float:
-    ops = {"all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s,
-           "all_reduce": all_reduce_s, "all_to_all": all_to_all_s}
+    ops: dict[str, Callable[[tuple[Level, ...], Profile, float], float]] = {
+        "all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s, "all_reduce": all_reduce_s,
+        "all_to_all": all_to_all_s}
     return ops[op](levels, prof, nbytes)
 
 

@@ -581,9 +581,9 @@ def test_largest_allowed_yaml_parses_quickly(tmp_path, capsys):
     row = "  - {a: 1, b: [1, 2]}\n"
     doc = tmp_path / "dense.yaml"
     doc.write_text("x:\n" + row * ((MAX_YAML_BYTES - 10) // len(row)))
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a loaded machine stretches wall time, not this
     assert len(read_document(doc)["x"]) > 40_000
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
 
 
 def _runs_csv(tmp_path: Path, edit=None, delimiter: str = ",", drop: tuple[str, ...] = ()) -> Path:

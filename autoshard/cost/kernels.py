@@ -21,7 +21,7 @@ from .constants import (
     UNFUSED_SOFTMAX_FWD_BYTES,
 )
 from .context import Config, Context
-from .params import lora_fraction
+from .params import lora_fraction, mla_dim
 
 
 class Shapes:
@@ -40,8 +40,8 @@ class Shapes:
         self.kv_local = max(1.0, m.kv_heads / cfg.tp)
         self.d = m.head_size
         if m.is_mla:
-            self.d_qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-            self.d_v = m.v_head_dim
+            self.d_qk = mla_dim(m.qk_nope_head_dim) + mla_dim(m.qk_rope_head_dim)
+            self.d_v = mla_dim(m.v_head_dim)
         else:
             self.d_qk = self.d_v = m.head_size
         # Elementwise tokens: the residual stream is sharded over TP only with sequence parallelism.

@@ -46,7 +46,7 @@ from .moe import (
     moe_imbalance,
     routed_tokens,
 )
-from .params import QLORA_BYTES_PER_PARAM, layer_params, zero3_bytes_per_param
+from .params import QLORA_BYTES_PER_PARAM, layer_params, mla_dim, zero3_bytes_per_param
 
 
 @dataclass
@@ -87,13 +87,14 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     fwd = dict.fromkeys(TIME_KEYS, 0.0)
     bwd = dict.fromkeys(TIME_KEYS, 0.0)
     a, kv = sh.a_local, sh.kv_local
+    gemms: list[tuple[float, float, float]] = []
     if m.is_mla:
-        gemms = []
+        kv_rank, nope, rope = mla_dim(m.kv_lora_rank), mla_dim(m.qk_nope_head_dim), mla_dim(m.qk_rope_head_dim)
         if m.q_lora_rank:
             gemms += [(T, h, m.q_lora_rank), (T, m.q_lora_rank, a * sh.d_qk)]
         else:
             gemms += [(T, h, a * sh.d_qk)]
-        gemms += [(T, h, m.kv_lora_rank + m.qk_rope_head_dim), (T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v))]
+        gemms += [(T, h, kv_rank + rope), (T, kv_rank, a * (nope + sh.d_v))]
         gemms += [(T, a * sh.d_v, h)]
     else:
         gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
@@ -113,7 +114,7 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     # run on the sequence shard (duplicated weights) and the column-parallel up-projections gather the
     # latents (q_lora or the hidden state, kv_lora) and the RoPE key instead of the hidden state
     # (Megatron multi_latent_attention.py, _qkv_down_projection).
-    gather = BF16 * T * ((m.q_lora_rank or h) + m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else None
+    gather = BF16 * T * ((m.q_lora_rank or h) + mla_dim(m.kv_lora_rank) + mla_dim(m.qk_rope_head_dim)) if m.is_mla else None
     fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj, gather)
     bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj, gather)
     # Context parallel: ring exchange of K and V, overlapped with the core attention.
@@ -126,10 +127,10 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         # domain (heads scattered, their sequence gathered), then the p2p ring over the `outer` groups,
         # each passing K/V of its inner group's tokens for its share of the heads (the same bytes as
         # one rank's K/V), overlapped with attention.
-        n = len(pl.cp.members)
+        n, rings = len(pl.cp.members), int(outer or 1)
         a2a = all_to_all_s(ctx.levels, Profile(inner, (inner,) * n), _qkvo_bytes(sh)) if inner > 1 else 0.0
-        f, b = (cp_comm_s(ctx, outer, Profile(outer, tuple(max(1, x // inner) for x in pl.cp.members)), sh, core)
-                if outer > 1 else (0.0, 0.0))
+        f, b = (cp_comm_s(ctx, rings, Profile(rings, tuple(max(1, x // inner) for x in pl.cp.members)), sh, core)
+                if rings > 1 else (0.0, 0.0))
         fwd["cp_comm"], bwd["cp_comm"] = a2a + f, a2a + b
     elif cfg.cp > 1 and cfg.cp_comm == "allgather":
         # K/V all-gathered before attention (exposed); the backward reduce-scatters their gradients.
@@ -215,7 +216,7 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     # Residual-stream tensors: LN1 in, QKV in, LN2 in, MLP in (+ 2 one-byte dropout masks).
     stream = (2 * BF16 + 2 * q + (2 if m.dropout else 0)) * T * h / div
     if m.is_mla:  # the up-projections' latent inputs, the RoPE key; q, k, v and the proj input
-        attn = q * T * (m.kv_lora_rank + (m.q_lora_rank or 0)) + BF16 * T * m.qk_rope_head_dim
+        attn = q * T * (mla_dim(m.kv_lora_rank) + (m.q_lora_rank or 0)) + BF16 * T * mla_dim(m.qk_rope_head_dim)
         attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
     else:  # q, k, v, proj input
         attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
@@ -371,11 +372,12 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     if module == "mla_up_proj" and m.is_mla:
         a = sh.a_local
         q_in = m.q_lora_rank or h
-        gemms = [(T, m.kv_lora_rank, a * (m.qk_nope_head_dim + sh.d_v)), (T, q_in, a * sh.d_qk)]
+        kv_rank = mla_dim(m.kv_lora_rank)
+        gemms = [(T, kv_rank, a * (mla_dim(m.qk_nope_head_dim) + sh.d_v)), (T, q_in, a * sh.d_qk)]
         qkv = BF16 * T * a * (2 * sh.d_qk + sh.d_v)
         t_s = sum(_gemm_s(ctx, *g) for g in gemms) + _mem_s(ctx, 2 * qkv)  # GEMMs, RoPE + concatenation
         if cfg.sp and t > 1:
-            t_s += all_gather_s(ctx.levels, pl.tp, BF16 * T * (q_in + m.kv_lora_rank))
+            t_s += all_gather_s(ctx.levels, pl.tp, BF16 * T * (q_in + kv_rank))
         return t_s, qkv, sum(2 * x * y * z for x, y, z in gemms)
     return 0.0, 0.0, 0.0
 

@@ -13,6 +13,15 @@ if TYPE_CHECKING:
     from .layers import Cost
 
 
+def mla_dim(value: int | None) -> int:
+    """A multi-head latent attention dimension of a model with MLA (ModelSpec requires kv_lora_rank,
+    qk_nope_head_dim, qk_rope_head_dim and v_head_dim together, so none is None there)."""
+    if value is None:
+        raise ValueError("multi-head latent attention needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim "
+                         "and v_head_dim")
+    return value
+
+
 def _attention_params(m) -> float:
     h = m.hidden_size
     if m.is_mla:
@@ -149,7 +158,7 @@ def model_flops_per_step(problem: Problem) -> float:
     m, t = problem.model, problem.training
     s = t.seq_len
     if m.is_mla:
-        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+        d_qk, d_v = mla_dim(m.qk_nope_head_dim) + mla_dim(m.qk_rope_head_dim), mla_dim(m.v_head_dim)
     else:
         d_qk = d_v = m.head_size
     # Frozen weights (LoRA) need no weight gradients: forward + input gradients, 4 N per token.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,10 +324,10 @@ class Estimate(BaseModel):
     step_time_interval_s: tuple[float, float] | None = None
 
 
-def invalid_estimate(plan: Plan, reasons: list[str], ctx: Context | None) -> Estimate:
+def invalid_estimate(plan: Plan, reasons: Sequence[str], ctx: Context | None) -> Estimate:
     cap = ctx.capacity_bytes / GIB if ctx else 0.0
     zero_mem = {"weights": 0.0, "gradients": 0.0, "optimizer_states": 0.0, "activations": 0.0}
-    return Estimate(fits=False, reasons=reasons, plan=plan, step_time_s=0.0, tokens_per_s=0.0, mfu=0.0,
+    return Estimate(fits=False, reasons=list(reasons), plan=plan, step_time_s=0.0, tokens_per_s=0.0, mfu=0.0,
                     hfu=0.0, model_tflops_per_gpu=0.0, num_microbatches=0, peak_memory_gib=0.0,
                     memory_capacity_gib=cap, time_breakdown_s={}, memory_breakdown_gib=zero_mem,
                     stages=[], bottleneck="invalid plan")
