@@ -33,6 +33,7 @@ from typing import Any
 
 from .catalog import GPU, gemm_flops_per_s, gemm_peak_flops_per_s, check_precision
 from .spec import ClusterSpec, ModelSpec, TopologyLevel
+from .tables import table_text
 from .topology import Level, Profile, all_gather_s, all_reduce_s, resolve_levels
 
 PROBE_BYTES = 1e9  # message size the bandwidths are read at (latency is zeroed: only the slope counts)
@@ -124,18 +125,21 @@ def render(r: dict[str, Any]) -> str:
     lines = [f"Rooflines: {r['model']} on {r['num_gpus']:,} x {r['gpu']} ({r['topology'] or 'default topology'}), "
              f"{r['precision']}, C = {r['flops_per_s'] / 1e12:,.0f} TFLOP/s "
              f"({'achievable: catalog efficiencies' if r['achievable'] else 'dense peak, links at full rate: the idealized rooflines'})",
-             "Compute-bound above these tokens per GPU per step (a DP/FSDP group spanning the level):",
-             f"  {'level':<16}{'GPUs':>7}{'AR GB/s':>10}{'DP':>9}{'FSDP':>9}{'TP bound':>12}{'max TP':>8}"]
-    for lv in r["levels"]:
-        lines.append(f"  {lv['level']:<16}{lv['gpus']:>7,}{lv['allreduce_bandwidth_gb_per_s']:>10,.0f}"
-                     f"{math.floor(lv['dp_tokens_per_gpu']):>9,}{math.floor(lv['fsdp_tokens_per_gpu']):>9,}"
-                     f"{'F/' + format(lv['tp_bound_divisor'], ',.0f'):>12}{lv['tp_max_degree']:>8.1f}")
+             "Compute-bound above these tokens per GPU per step (a DP/FSDP group spanning the level):"]
+    lines.append(table_text(
+        ["level", ("GPUs", "right"), ("AR GB/s", "right"), ("DP", "right"), ("FSDP", "right"), ("TP bound", "right"),
+         ("max TP", "right")],
+        [[lv["level"], f"{lv['gpus']:,}", f"{lv['allreduce_bandwidth_gb_per_s']:,.0f}",
+          f"{math.floor(lv['dp_tokens_per_gpu']):,}", f"{math.floor(lv['fsdp_tokens_per_gpu']):,}",
+          "F/" + format(lv["tp_bound_divisor"], ",.0f"), f"{lv['tp_max_degree']:.1f}"] for lv in r["levels"]],
+        indent=2).rstrip("\n"))
     lines.append(f"  (TP: compute-bound while TP degree < F / divisor; F = {r['ffn']:,})")
     if r["expert_parallel"]:
         lines.append(f"Expert parallelism (E = {r['num_experts']}, k = {r['experts_per_token']}): tokens per GPU "
                      "above which the expert-gradient all-reduce hides")
-        for e in r["expert_parallel"]:
-            lines.append(f"  EP {e['ep']:>5}: {math.floor(e['tokens_per_gpu']):>9,} tokens/GPU "
-                         f"({e['tokens_per_step'] / 1e6:,.1f}M per step, {e['tokens_per_step_with_fsdp'] / 1e6:,.1f}M "
-                         f"with FSDP), crosses {', '.join(e['levels_crossed']) or 'nothing'}")
+        lines.append(table_text(
+            [("EP", "right"), ("tokens/GPU", "right"), ("per step", "right"), ("with FSDP", "right"), "crosses"],
+            [[e["ep"], f"{math.floor(e['tokens_per_gpu']):,}", f"{e['tokens_per_step'] / 1e6:,.1f}M",
+              f"{e['tokens_per_step_with_fsdp'] / 1e6:,.1f}M", ", ".join(e["levels_crossed"]) or "nothing"]
+             for e in r["expert_parallel"]], indent=2).rstrip("\n"))
     return "\n".join(lines) + "\n"
