@@ -100,7 +100,7 @@ def _takes_bool(cls: type[BaseModel], field: str | None) -> bool:
 class ModelSpec(Strict):
     """A decoder-only transformer, fields named as in Hugging Face config.json."""
 
-    name: str = Field("custom", description=(
+    name: str = Field(default="custom", description=(
         "Label of the model in reports (a preset's name when `model:` names one)."))
     num_hidden_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = Field(description="Transformer layers (blocks).")
     hidden_size: Annotated[int, Field(ge=1, le=MAX_WIDTH)] = Field(description=(
@@ -108,56 +108,57 @@ class ModelSpec(Strict):
     intermediate_size: Annotated[int, Field(ge=1, le=8 * MAX_WIDTH)] = Field(description=(
         "Width of a dense layer's MLP (of each expert's too when `moe_intermediate_size` is not given)."))
     num_attention_heads: Annotated[int, Field(ge=1, le=65536)] = Field(description="Query heads per layer.")
-    num_key_value_heads: Annotated[int, Field(ge=1, le=65536)] | None = Field(None, description=(
+    num_key_value_heads: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
         "Key/value heads per layer (grouped-query attention); None: as many as the query heads."))
     vocab_size: Annotated[int, Field(ge=1, le=1 << 24)] = Field(description=(
         "Vocabulary size: the embedding's and the output layer's rows."))
-    head_dim: Annotated[int, Field(ge=1, le=65536)] | None = Field(None, description=(
+    head_dim: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
         "Size of one attention head; None: hidden_size / num_attention_heads."))
-    tie_word_embeddings: bool = Field(False, description="The output layer shares the input embedding's weights.")
-    hidden_act: HiddenAct = Field("silu", description=(
+    tie_word_embeddings: bool = Field(default=False, description=(
+        "The output layer shares the input embedding's weights."))
+    hidden_act: HiddenAct = Field(default="silu", description=(
         "MLP activation; `silu` and `swiglu` are gated (three matrices), the others two."))
     # Mixture of experts (num_experts = 0: dense).
-    num_experts: Annotated[int, Field(ge=0, le=65536)] = Field(0, description=(
+    num_experts: Annotated[int, Field(ge=0, le=65536)] = Field(default=0, description=(
         "Routed experts per MoE layer; 0: a dense model."))
-    num_experts_per_tok: Annotated[int, Field(ge=0, le=65536)] = Field(0, description=(
+    num_experts_per_tok: Annotated[int, Field(ge=0, le=65536)] = Field(default=0, description=(
         "Experts each token is routed to (top-k)."))
-    moe_intermediate_size: Annotated[int, Field(ge=1, le=8 * MAX_WIDTH)] | None = Field(None, description=(
+    moe_intermediate_size: Annotated[int, Field(ge=1, le=8 * MAX_WIDTH)] | None = Field(default=None, description=(
         "Width of one expert's MLP; None: intermediate_size."))
-    num_shared_experts: Annotated[int, Field(ge=0, le=1024)] = Field(0, description=(
+    num_shared_experts: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, description=(
         "Experts every token passes through besides its routed ones (DeepSeek)."))
-    first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(0, description=(
+    first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
         "Leading layers that are dense in an MoE model (DeepSeek-V3: 3)."))
     # Multi-head latent attention (DeepSeek-V2/V3); all None = standard attention.
-    q_lora_rank: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+    q_lora_rank: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Multi-head latent attention (DeepSeek-V2/V3): rank of the compressed query; None: queries "
         "uncompressed."))
-    kv_lora_rank: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+    kv_lora_rank: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Multi-head latent attention: rank of the compressed key/value latent; all MLA fields None: standard "
         "attention."))
-    qk_nope_head_dim: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+    qk_nope_head_dim: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Multi-head latent attention: query/key head dimension without rotary embedding."))
-    qk_rope_head_dim: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+    qk_rope_head_dim: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Multi-head latent attention: query/key head dimension carrying the rotary embedding."))
-    v_head_dim: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+    v_head_dim: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Multi-head latent attention: value head dimension."))
     # GPT-2/3 style hidden and attention dropout (stores masks; Llama-family models have none).
-    dropout: bool = Field(False, description=(
+    dropout: bool = Field(default=False, description=(
         "GPT-2/3 style hidden and attention dropout, which stores masks (Llama-family models have none)."))
     # Sliding-window attention (Mistral, Gemma 2/3, gpt-oss): each query attends its last
     # `sliding_window` keys on the share `sliding_window_layers` of the layers (HF layer_types: gpt-oss
     # alternates, 0.5; Gemma 3 five in six); None = full causal attention everywhere.
-    sliding_window: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+    sliding_window: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Sliding-window attention (Mistral, Gemma 2/3, gpt-oss): each query attends its last `sliding_window`"
         " keys; None: full causal attention everywhere."))
-    sliding_window_layers: Annotated[float, Field(gt=0.0, le=1.0)] = Field(1.0, description=(
+    sliding_window_layers: Annotated[float, Field(gt=0.0, le=1.0)] = Field(default=1.0, description=(
         "Share of the layers that use the sliding window (gpt-oss alternates: 0.5; Gemma 3 five in six)."))
     # Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed
     # token, outside the grouped GEMM where the framework does not fuse it (cost.layers._mlp_cost).
-    expert_bias: bool = Field(False, description=(
+    expert_bias: bool = Field(default=False, description=(
         "Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed token, "
         "outside the grouped GEMM where the framework does not fuse it."))
-    source: str | None = Field(None, description=(
+    source: str | None = Field(default=None, description=(
         "Where the shape came from (a preset's citation, or the config.json read)."))
 
     @model_validator(mode="after")
@@ -247,30 +248,31 @@ class TrainingSpec(Strict):
     seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ)] = Field(description="Tokens per sequence.")
     global_batch_size: Annotated[int, Field(ge=1, le=1 << 24)] = Field(description=(
         "Sequences per optimizer step (not tokens)."))
-    precision: Precision = Field("bf16", description=(
+    precision: Precision = Field(default="bf16", description=(
         "Training precision recipe as run: bf16, fp16, fp8 (the frameworks' default, delayed scaling), "
         "fp8-delayed, fp8-current, fp8-rowwise, fp8-blockwise, mxfp8, nvfp4. Which GPU runs which: `autoshard"
         " catalog`. Default: bf16, or fp16 on a GPU without bf16."))
-    optimizer: Optimizer = Field("adam", description=(
+    optimizer: Optimizer = Field(default="adam", description=(
         "Optimizer: adam / adamw keep two fp32 moments per parameter, sgd none."))
-    flash_attention: bool = Field(True, description=(
+    flash_attention: bool = Field(default=True, description=(
         "Fused attention (FlashAttention / cuDNN); false materializes the score matrix (see "
         "`softmax_fusion`)."))
     # Fine-tuning: `lora` freezes the base weights (bf16) and trains rank-`lora_rank` adapters on every
     # linear layer (Hu et al. 2021); `qlora` also stores the frozen base in 4-bit NF4 with double
     # quantization, 4.127 bits per parameter (Dettmers et al. 2023, §3), dequantized for each GEMM.
-    finetune: Literal["full", "lora", "qlora"] = Field("full", description=(
+    finetune: Literal["full", "lora", "qlora"] = Field(default="full", description=(
         "`full` trains every weight; `lora` freezes the base (bf16) and trains rank-`lora_rank` adapters on "
         "every linear layer (Hu et al. 2021); `qlora` also stores the frozen base in 4-bit NF4 with double "
         "quantization, 4.127 bits per parameter (Dettmers et al. 2023), dequantized for each GEMM."))
-    lora_rank: Annotated[int, Field(ge=1, le=65536)] = Field(16, description="Rank of the LoRA / QLoRA adapters.")
+    lora_rank: Annotated[int, Field(ge=1, le=65536)] = Field(default=16, description=(
+        "Rank of the LoRA / QLoRA adapters."))
     # MoE routing imbalance: tokens on the busiest expert-parallel rank over the mean (1 = balanced, as
     # Megatron-Bridge benchmarks force; 1.2-1.5 is common without load balancing). Redundant experts
     # (DeepSeek's EPLB) replicate hot experts: one per EP rank removes the imbalance.
-    moe_load_imbalance: Annotated[float, Field(ge=1.0, le=64.0)] = Field(1.0, description=(
+    moe_load_imbalance: Annotated[float, Field(ge=1.0, le=64.0)] = Field(default=1.0, description=(
         "Tokens on the busiest expert-parallel rank over the mean (1 = balanced, as benchmarks force; 1.2-1.5"
         " is common without load balancing); slows the busiest rank's experts and all-to-all."))
-    moe_redundant_experts: Annotated[int, Field(ge=0, le=65536)] = Field(0, description=(
+    moe_redundant_experts: Annotated[int, Field(ge=0, le=65536)] = Field(default=0, description=(
         "Redundant copies of hot experts (DeepSeek's EPLB): one per EP rank removes the imbalance, at the "
         "cost of the copies' weights."))
     # Token dropping (GShard / Switch capacity): each expert takes at most capacity_factor x its mean
@@ -279,7 +281,7 @@ class TrainingSpec(Strict):
     # apply_moe_token_drop: 1.0). Every expert then computes the same padded count, whatever the
     # routing imbalance, and the token counts are known on the host without a device-to-host sync.
     # None = dropless.
-    moe_capacity_factor: Annotated[float, Field(gt=0.0, le=64.0)] | None = Field(None, description=(
+    moe_capacity_factor: Annotated[float, Field(gt=0.0, le=64.0)] | None = Field(default=None, description=(
         "Token dropping (GShard / Switch capacity): each expert takes at most this factor x its mean share of"
         " a micro-batch's routed tokens and is padded up to it (Megatron --moe-expert-capacity-factor with "
         "--moe-pad-expert-input-to-capacity); the token counts are then known on the host without a sync. "
@@ -287,7 +289,7 @@ class TrainingSpec(Strict):
     # Gradient buffers and the data-parallel reduction in fp32 or bf16; None = the framework's default
     # (Megatron-LM: fp32 main grads for bf16 training; --grad-reduce-in-bf16 and Megatron-Bridge's
     # performance recipes: bf16, half the bytes held and reduced; torchtitan: its reduce dtype).
-    main_grads: Literal["fp32", "bf16"] | None = Field(None, description=(
+    main_grads: Literal["fp32", "bf16"] | None = Field(default=None, description=(
         "Gradient buffers and the data-parallel reduction in fp32 or bf16 (Megatron --grad-reduce-in-bf16, as"
         " Megatron-Bridge's performance recipes run: half the bytes held and reduced); None: the framework's "
         "default (Megatron-LM: fp32 main grads)."))
@@ -296,14 +298,14 @@ class TrainingSpec(Strict):
     # (no bf16 copy), the ZeRO / FSDP parameter all-gathers move them, the optimizer keeps fp32 main
     # weights. NVFP4 likewise (--fp4-param-gather, bf16_with_nvfp4_mixed). Needs a low-precision recipe
     # and a framework that runs it.
-    fp8_params: bool = Field(False, description=(
+    fp8_params: bool = Field(default=False, description=(
         "FP8 primary weights (Megatron --fp8-param-gather; NVFP4: --fp4-param-gather): the recipe's low-"
         "precision copies are the model's weights and the parameter all-gathers move them. Needs a low-"
         "precision recipe and a framework that runs it."))
     # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the GPU, so each layer's kernel launches
     # are paid on the critical path once per micro-batch (a workaround for NCCL hangs; BigScience
     # trained BLOOM's benchmarks so). Costs cost.BLOCKING_LAYER_HOST_S per layer and micro-batch.
-    launch_blocking: bool = Field(False, description=(
+    launch_blocking: bool = Field(default=False, description=(
         "CUDA_LAUNCH_BLOCKING=1 (a workaround for NCCL hangs, used for BLOOM's benchmarks): every layer's "
         "kernel launches are paid on the critical path once per micro-batch, about 6 ms per layer."))
     # Materialized attention (flash_attention false): Megatron's FusedScaleMaskSoftmax runs its fused
@@ -313,7 +315,7 @@ class TrainingSpec(Strict):
     # "bigscience-2022": the check of bigscience-workshop/Megatron-DeepSpeed from 2021-10-21 to
     # 2022-03-06 (BLOOM's benchmarks), which sized its batches per block from the heads per GPU
     # instead of the key length; "off": --no-masked-softmax-fusion.
-    softmax_fusion: Literal["megatron", "bigscience-2022", "off"] = Field("megatron", description=(
+    softmax_fusion: Literal["megatron", "bigscience-2022", "off"] = Field(default="megatron", description=(
         "Without FlashAttention, which fused scale + mask + softmax kernel check applies: `megatron` (heads "
         "per GPU x micro-batch a multiple of 4, keys up to 4096), `bigscience-2022` (the Megatron-DeepSpeed "
         "of BLOOM's benchmarks, whose check sized its blocks by the heads per GPU) or `off` (--no-masked-"
@@ -341,29 +343,29 @@ class TopologyLevel(Strict):
     bandwidth_gb_per_s: Annotated[float, Field(ge=0.01, le=1e6)] = Field(description=(
         "Unidirectional egress per GPU into this level, in GB/s (1e9 bytes/s): the NVLink rate, or the NIC "
         "rate per GPU (400 Gb/s = 50 GB/s). At least 0.01."))
-    latency_us: Annotated[float, Field(ge=0, le=1e6)] = Field(5.0, description=(
+    latency_us: Annotated[float, Field(ge=0, le=1e6)] = Field(default=5.0, description=(
         "Latency per algorithm step of a collective that crosses this level, in microseconds."))
-    sharp: bool = Field(False, description=(
+    sharp: bool = Field(default=False, description=(
         "In-network reduction (NVLS on NVLink, SHARP on InfiniBand): an all-reduce sends and receives the "
         "buffer once."))
-    oversubscription: Annotated[float, Field(ge=1.0, le=64.0)] = Field(1.0, description=(
+    oversubscription: Annotated[float, Field(ge=1.0, le=64.0)] = Field(default=1.0, description=(
         "Taper of this level's uplinks: 2 means half the bandwidth per GPU when every GPU sends across it at "
         "once (a 2:1 fat tree). Applies to the traffic that crosses this level only, that is between domains "
         "of the level below."))
-    efficiency: Annotated[float, Field(gt=0, le=1.0)] | None = Field(None, description=(
+    efficiency: Annotated[float, Field(gt=0, le=1.0)] | None = Field(default=None, description=(
         "Achievable share of the link rate; None: the GPU's catalog efficiency for scale-up (innermost level)"
         " or scale-out."))
-    source: str | None = Field(None, description="Where the figures come from.")
+    source: str | None = Field(default=None, description="Where the figures come from.")
 
 
 class ClusterSpec(Strict):
     gpu: str = Field(description=(
         "GPU type: a catalog id or alias (`autoshard catalog`), e.g. h100-sxm, b200, gb200, mi300x."))
     num_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] = Field(description="GPUs in the job.")
-    topology: str | list[TopologyLevel] | None = Field(None, description=(
+    topology: str | list[TopologyLevel] | None = Field(default=None, description=(
         "A topology preset (`autoshard catalog`) or explicit levels, innermost first (see docs/clusters.md); "
         "None: the GPU's default preset."))
-    catalog: str | None = Field(None, description=(
+    catalog: str | None = Field(default=None, description=(
         "A calibrated catalog overlay (`autoshard calibrate -o`), relative to the problem file's folder."))
 
 
@@ -373,36 +375,36 @@ IntChoice = int | list[int]
 class SearchSpec(Strict):
     """Restrictions of the plan space: a value fixes a knob, a list allows only those values."""
 
-    tp: IntChoice | None = Field(None, description=(
+    tp: IntChoice | None = Field(default=None, description=(
         "Tensor-parallel degrees the solver may use (a value fixes it, a list restricts it)."))
-    pp: IntChoice | None = Field(None, description="Pipeline-parallel degrees.")
-    dp: IntChoice | None = Field(None, description="Data-parallel degrees.")
-    cp: IntChoice | None = Field(None, description="Context-parallel degrees.")
-    ep: IntChoice | None = Field(None, description="Expert-parallel degrees.")
-    etp: IntChoice | None = Field(None, description="Expert tensor-parallel degrees (MoE parallel folding).")
-    vpp: IntChoice | None = Field(None, description="Virtual pipeline stages per rank (interleaved schedules).")
-    micro_batch_size: IntChoice | None = Field(None, description="Micro-batch sizes, in sequences.")
-    sequence_parallel: bool | list[bool] | None = Field(None, description=(
+    pp: IntChoice | None = Field(default=None, description="Pipeline-parallel degrees.")
+    dp: IntChoice | None = Field(default=None, description="Data-parallel degrees.")
+    cp: IntChoice | None = Field(default=None, description="Context-parallel degrees.")
+    ep: IntChoice | None = Field(default=None, description="Expert-parallel degrees.")
+    etp: IntChoice | None = Field(default=None, description="Expert tensor-parallel degrees (MoE parallel folding).")
+    vpp: IntChoice | None = Field(default=None, description="Virtual pipeline stages per rank (interleaved schedules).")
+    micro_batch_size: IntChoice | None = Field(default=None, description="Micro-batch sizes, in sequences.")
+    sequence_parallel: bool | list[bool] | None = Field(default=None, description=(
         "Sequence parallelism on or off (with tp > 1)."))
-    zero_stage: IntChoice | None = Field(None, description="ZeRO stages (0-3).")
-    schedule: Schedule | list[Schedule] | None = Field(None, description="Pipeline schedules.")
-    recompute: RecomputeChoice | None = Field(None, description=(
+    zero_stage: IntChoice | None = Field(default=None, description="ZeRO stages (0-3).")
+    schedule: Schedule | list[Schedule] | None = Field(default=None, description="Pipeline schedules.")
+    recompute: RecomputeChoice | None = Field(default=None, description=(
         "Activation recompute: one mode for every layer (none, selective, full, offload, or Megatron "
         "recompute modules joined by `+`), or a list with one mode per layer."))
-    placement: str | list[str] | None = Field(None, description=(
+    placement: str | list[str] | None = Field(default=None, description=(
         "Rank orders of the mesh axes, innermost first (e.g. tp-cp-ep-dp-pp)."))
     # Expert dispatchers the solver may plan with (default: the framework's; it takes the hierarchical
     # one where the framework runs it: never slower, as it moves no more bytes). [alltoall] where
     # DeepEP / HybridEP are not installed.
-    moe_dispatcher: Dispatcher | list[Dispatcher] | None = Field(None, description=(
+    moe_dispatcher: Dispatcher | list[Dispatcher] | None = Field(default=None, description=(
         "Expert dispatchers the solver may plan with (default: the framework's, the hierarchical one where it"
         " runs it); [alltoall] where DeepEP / HybridEP are not installed."))
-    uniform_stages: bool = Field(False, description=(
+    uniform_stages: bool = Field(default=False, description=(
         "Force an even layer split across pipeline stages (for launchers without uneven pipeline stages)."))
     # Recompute lists the solver may plan: what the framework's launcher runs ("framework": Megatron
     # one mode everywhere or full on the first K layers of every virtual stage; the others one mode
     # everywhere), or any mode per layer ("per_layer": for a stack that takes a list).
-    recompute_layout: Literal["framework", "per_layer"] = Field("framework", description=(
+    recompute_layout: Literal["framework", "per_layer"] = Field(default="framework", description=(
         "`framework`: the recompute lists the framework's launcher runs (Megatron one mode everywhere or full"
         " on the first K layers of every virtual stage; the others one mode everywhere); `per_layer`: any "
         "mode per layer, for a stack that takes a list."))
@@ -410,15 +412,15 @@ class SearchSpec(Strict):
     # framework's launcher sets ("framework": Megatron tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with
     # --use-tp-pp-dp-mapping; torchtitan, AutoModel and DeepSpeed their fixed mesh), or every order of
     # the mesh axes ("any": ranks mapped by hand, e.g. a host file ordered to match).
-    placement_layout: Literal["framework", "any"] = Field("framework", description=(
+    placement_layout: Literal["framework", "any"] = Field(default="framework", description=(
         "`framework`: the rank orders the framework's launcher sets (Megatron tp-cp-ep-dp-pp or tp-cp-ep-pp-"
         "dp; torchtitan, AutoModel and DeepSpeed their fixed mesh); `any`: every order of the mesh axes "
         "(ranks mapped by hand)."))
-    max_candidates: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+    max_candidates: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Cap on the configurations the solver enumerates."))
     # HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (`--headroom`):
     # a margin for fragmentation, a larger batch later, or a model the estimate underprices.
-    headroom_gib: Annotated[float, Field(ge=0, le=1024)] = Field(0.0, description=(
+    headroom_gib: Annotated[float, Field(ge=0, le=1024)] = Field(default=0.0, description=(
         "HBM (GiB per GPU) the plan must leave free on top of the 2 GiB reserve (`--headroom`): a margin for "
         "fragmentation, a larger batch later, or a model the estimate underprices."))
 
@@ -478,74 +480,74 @@ class Plan(Strict):
     is carved out of data parallelism: the `dp` axis of the placement is dp / ep.
     """
 
-    tp: Count = Field(1, description="Tensor-parallel degree.")
-    pp: Count = Field(1, description="Pipeline-parallel degree (stages).")
-    dp: Count | None = Field(None, description="Data-parallel degree; None: derived from the world size.")
-    cp: Count = Field(1, description="Context-parallel degree.")
-    ep: Count = Field(1, description=(
+    tp: Count = Field(default=1, description="Tensor-parallel degree.")
+    pp: Count = Field(default=1, description="Pipeline-parallel degree (stages).")
+    dp: Count | None = Field(default=None, description="Data-parallel degree; None: derived from the world size.")
+    cp: Count = Field(default=1, description="Context-parallel degree.")
+    ep: Count = Field(default=1, description=(
         "Expert-parallel degree, carved out of data parallelism (and TP/CP ranks with folding)."))
-    vpp: Count = Field(1, description="Virtual pipeline stages per rank (interleaved schedule).")
-    sequence_parallel: bool | None = Field(None, description="Sequence parallelism; None: on whenever tp > 1.")
-    zero_stage: Literal[0, 1, 2, 3] = Field(1, description=(
+    vpp: Count = Field(default=1, description="Virtual pipeline stages per rank (interleaved schedule).")
+    sequence_parallel: bool | None = Field(default=None, description="Sequence parallelism; None: on whenever tp > 1.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=1, description=(
         "ZeRO stage: 0 none, 1 optimizer states sharded (Megatron's distributed optimizer), 2 also gradients,"
         " 3 also weights (FSDP)."))
-    micro_batch_size: Count = Field(1, description="Sequences per micro-batch.")
-    schedule: Schedule = Field("1f1b", description=(
+    micro_batch_size: Count = Field(default=1, description="Sequences per micro-batch.")
+    schedule: Schedule = Field(default="1f1b", description=(
         "Pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble (ZB-H1) or dualpipev."))
-    recompute: RecomputeChoice = Field("none", description=(
+    recompute: RecomputeChoice = Field(default="none", description=(
         "Activation recompute: none, selective, full, offload (activations to host memory), Megatron "
         "recompute modules joined by `+` (e.g. moe_act+layernorm), or a list with one mode per layer."))
-    stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(None, description=(
+    stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, description=(
         "Transformer layers of each virtual pipeline stage in order (length pp x vpp; uneven allowed); None: "
         "as even as possible."))
-    placement: str = Field(DEFAULT_PLACEMENT, description=(
+    placement: str = Field(default=DEFAULT_PLACEMENT, description=(
         "Mesh axes from innermost (consecutive ranks, inside the NVLink domain) to outermost."))
     # MoE parallel folding (Megatron-Core): experts are laid out over the same ranks of a pipeline
     # stage as etp x ep x edp, independently of attention's tp x cp x dp; None = etp equals tp.
-    etp: Count | None = Field(None, description=(
+    etp: Count | None = Field(default=None, description=(
         "Expert tensor-parallel degree (Megatron-Core MoE parallel folding: experts laid out as etp x ep x "
         "edp over the ranks of a pipeline stage); None: equals tp."))
     # Overlaps a framework can run; None = what the framework profile does by default where the
     # plan allows it (see autoshard/data/frameworks.yaml).
-    tp_comm_overlap: bool | None = Field(None, description=(
+    tp_comm_overlap: bool | None = Field(default=None, description=(
         "TP collectives pipelined with the GEMMs (TE userbuffers / torchtitan AsyncTP); None: what the "
         "framework runs where the plan allows it."))
-    ep_overlap: bool | None = Field(None, description=(
+    ep_overlap: bool | None = Field(default=None, description=(
         "Expert all-to-all hidden under the other micro-batch's compute (Megatron --overlap-moe-expert-"
         "parallel-comm); None: where the framework runs it and it is faster as priced."))
     # Data-parallel overlap (Megatron --overlap-grad-reduce / --overlap-param-gather, FSDP prefetch):
     # gradient buckets reduce under the last backward, updated parameters gather under the next
     # forward. Production recipes run both; off, the whole transfer is exposed (evaluated, not searched).
     # A framework whose engine does not run one exposes it anyway (DeepSpeed: cost.dp_overlaps).
-    overlap_grad_reduce: bool = Field(True, description=(
+    overlap_grad_reduce: bool = Field(default=True, description=(
         "Gradient reduction under the last backward (Megatron --overlap-grad-reduce, FSDP); off, the whole "
         "transfer is exposed (evaluated, not searched)."))
-    overlap_param_gather: bool = Field(True, description=(
+    overlap_param_gather: bool = Field(default=True, description=(
         "Parameter all-gather under the next forward (Megatron --overlap-param-gather, FSDP prefetch); "
         "evaluated, not searched."))
     # Optimizer states (fp32 master weights and moments) in host memory, stepped by the CPU
     # (Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload); evaluated, not searched.
-    optimizer_offload: bool = Field(False, description=(
+    optimizer_offload: bool = Field(default=False, description=(
         "Optimizer states in host memory, stepped by the CPU (Megatron --optimizer-cpu-offload, DeepSpeed "
         "ZeRO-Offload); evaluated, not searched."))
     # How context parallelism exchanges K/V (Megatron --cp-comm-type): p2p ring overlapped with
     # attention (default), allgather of K/V before attention, a2a (DeepSpeed-Ulysses: heads scattered
     # across the CP group by all-to-all), a2a+p2p (hierarchical: a2a among the CP ranks of one NVLink
     # domain, the p2p ring across domains; --hierarchical-context-parallel-sizes); evaluated, not searched.
-    cp_comm_type: Literal["p2p", "allgather", "a2a", "a2a+p2p"] = Field("p2p", description=(
+    cp_comm_type: Literal["p2p", "allgather", "a2a", "a2a+p2p"] = Field(default="p2p", description=(
         "How context parallelism exchanges K/V (Megatron --cp-comm-type): p2p ring overlapped with attention,"
         " allgather, a2a (Ulysses) or a2a+p2p (hierarchical); evaluated, not searched."))
     # Full-iteration CUDA graphs (Megatron --cuda-graph-impl full_iteration): the training step is
     # captured once and replayed, so host-side launch and synchronization costs (dropless MoE's
     # per-expert host work, recompute modules' Python wrappers) vanish; MoE then needs a sync-free
     # dispatcher (HybridEP with paged stashing). Evaluated, not searched.
-    cuda_graphs: bool = Field(False, description=(
+    cuda_graphs: bool = Field(default=False, description=(
         "Full-iteration CUDA graphs (Megatron --cuda-graph-impl full_iteration): no host launch and sync "
         "costs; evaluated, not searched."))
     # Expert token dispatch (Megatron --moe-token-dispatcher-type alltoall, or flex with
     # --moe-flex-dispatcher-backend deepep | hybridep): the hierarchical kernels send a token once per
     # remote node (or NVLink domain) and fan it out over NVLink there; None = the framework's default.
-    moe_dispatcher: Dispatcher | None = Field(None, description=(
+    moe_dispatcher: Dispatcher | None = Field(default=None, description=(
         "Expert token dispatch: alltoall, or Megatron's flex dispatcher with the deepep / hybridep kernels (a"
         " token sent once per remote node); None: the framework's default."))
 
@@ -596,17 +598,17 @@ class Plan(Strict):
 class Problem(Strict):
     """Model + training setup + cluster (+ optional search restrictions)."""
 
-    name: str | None = Field(None, description="Label of the problem in reports and output file names.")
-    description: str | None = Field(None, description="Free text shown at the top of the report.")
+    name: str | None = Field(default=None, description="Label of the problem in reports and output file names.")
+    description: str | None = Field(default=None, description="Free text shown at the top of the report.")
     model: ModelSpec = Field(description=(
         "A preset name (`autoshard catalog`), Hugging Face config.json fields, {hf_config: "
         "path/to/config.json}, or {preset: name, ...overrides}."))
     training: TrainingSpec = Field(description=(
         "Sequence length, batch, precision and the training settings that change the price."))
     cluster: ClusterSpec = Field(description="GPU type, count and network topology.")
-    search: SearchSpec = Field(SearchSpec(), description=(
+    search: SearchSpec = Field(default=SearchSpec(), description=(
         "Optional restrictions of the plan space: a value fixes a knob, a list allows only those values."))
-    framework: Framework = Field("megatron", description=(
+    framework: Framework = Field(default="megatron", description=(
         "The framework whose launcher runs the plan: megatron, torchtitan, automodel (NeMo AutoModel), "
         "deepspeed or maxtext; the solver plans only what it runs (autoshard/data/frameworks.yaml)."))
 
