@@ -5,7 +5,7 @@
                                         [--write-intervals [PATH]]
 
 Run it before and after every cost-model change (about 10 s). It prints, for
-shared/validation/dev_runs.json (2021-2024 Megatron dense runs) and modern_runs_dev.json
+validation/dev_runs.json (the project's copies; $AUTOSHARD_VALIDATION overrides) (2021-2024 Megatron dense runs) and modern_runs_dev.json
 (2024-2026 stacks: MoE, Blackwell, FP8 recipes) the summary (median, p90, worst |error|) and
 the per-source and per-regime tables, and for ablations_dev.json the ranking summary
 (pairwise concordance, blind pairs, top-1, OOM/fit). `--full` adds every run and every group;
@@ -34,10 +34,10 @@ from autoshard.validate import (  # noqa: E402
     format_report,
     korthikanti_check,
     validate,
+    validation_file,
 )
 from autoshard.validate.ablations import format_ablations, summary_line, validate_ablations  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
 
 
 def summary_text(report, title: str) -> str:  # type: ignore[no-untyped-def]
@@ -100,9 +100,10 @@ def markdown(dev, modern, abl) -> str:  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=str(SHARED / "dev_runs.json"), help="dev runs file")
-    ap.add_argument("--modern", default=str(SHARED / "modern_runs_dev.json"), help="modern runs file")
-    ap.add_argument("--ablations", default=str(SHARED / "ablations_dev.json"), help="ablation groups file")
+    ap.add_argument("--runs", default=str(validation_file("dev_runs.json")),
+                    help="dev runs file (default: the project's validation/, or $AUTOSHARD_VALIDATION)")
+    ap.add_argument("--modern", default=str(validation_file("modern_runs_dev.json")), help="modern runs file")
+    ap.add_argument("--ablations", default=str(validation_file("ablations_dev.json")), help="ablation groups file")
     ap.add_argument("--catalog", help="calibrated catalog overlay to apply")
     ap.add_argument("--full", action="store_true", help="every run and every ablation group, not only the summaries")
     ap.add_argument("--calibrate", action="store_true", help="also fit the efficiency factors on dev_runs and re-validate")

@@ -4,7 +4,7 @@
 
 The tables are `docs/performance-summary.md` and `docs/performance-summary-archive.md` of
 NVIDIA-NeMo/Megatron-Bridge (read them from a checkout; nothing is fetched). The dev file
-shared/validation/modern_runs_dev.json holds 48 of their lines, one per configuration (the newest
+validation/modern_runs_dev.json holds 48 of their lines, one per configuration (the newest
 release); this prints the others, the lines the cost model was never compared with while it was
 built. Each line is converted the way `autoshard validate` converts a dev row: the model's shape
 from the dev row of the same model (the tables print only degrees), the GPU system from a dev row
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autoshard.validate import Case, evaluate_case, load_runs, run_to_case  # noqa: E402
 from autoshard.validate.modern import recipe_of  # noqa: E402
 
-DEV = Path(__file__).resolve().parents[2] / "shared" / "validation" / "modern_runs_dev.json"
+DEV = Path(__file__).resolve().parents[1] / "validation" / "modern_runs_dev.json"
 
 
 def base_label(label: str) -> str:

@@ -29,7 +29,7 @@ from autoshard.validate import (
 
 DATA = Path(__file__).parent / "data" / "validation"
 SUBSET = DATA / "runs_subset.json"
-DEV_RUNS = Path(__file__).resolve().parents[2] / "shared" / "validation" / "dev_runs.json"
+DEV_RUNS = Path(__file__).resolve().parents[1] / "validation" / "dev_runs.json"  # the project's copy
 
 
 def rows() -> dict[str, dict]:
@@ -150,7 +150,6 @@ def test_report_summary_consistent():
             "DGXC PaxML GPT-3 175B"} <= groups
 
 
-@pytest.mark.skipif(not DEV_RUNS.is_file(), reason="shared/validation/dev_runs.json not present")
 def test_full_dev_runs_report():
     report = validate()
     _check_report(report)
@@ -465,7 +464,6 @@ def test_old_rows_still_convert_the_old_way():
     assert all(is_modern_row(r) for r in modern_rows().values())
 
 
-@pytest.mark.skipif(not MODERN_DEV.is_file(), reason="shared/validation/modern_runs_dev.json not present")
 def test_modern_dev_report_by_source_and_regime():
     rep = validate(MODERN_DEV)
     assert rep.summary.n + len(rep.skipped) == len(json.loads(MODERN_DEV.read_text()))
@@ -481,7 +479,6 @@ def test_modern_dev_report_by_source_and_regime():
     assert "regime" in format_report(rep)
 
 
-@pytest.mark.skipif(not MODERN_DEV.is_file(), reason="shared/validation/modern_runs_dev.json not present")
 def test_modern_dev_json_has_regimes(capsys):
     from autoshard.cli import main
 
@@ -540,7 +537,6 @@ def test_ablation_rates_become_times_and_knobs_from_notes():
 ABLATIONS_DEV = DEV_RUNS.parent / "ablations_dev.json"
 
 
-@pytest.mark.skipif(not ABLATIONS_DEV.is_file(), reason="shared/validation/ablations_dev.json not present")
 def test_ablations_dev_report(capsys):
     from autoshard.cli import main
     from autoshard.validate.ablations import validate_ablations
@@ -577,7 +573,6 @@ def test_regime_classification_by_hand():
     assert regime({"compute": 9.1, "tp_comm": 0.9}, 10.0, moe=False) == "compute-bound"
 
 
-@pytest.mark.skipif(not MODERN_DEV.is_file() or not DEV_RUNS.is_file(), reason="shared/validation not present")
 def test_intervals_contain_the_stated_fraction_of_dev_residuals():
     from autoshard.intervals import MIN_RUNS, QUANTILES, fit_intervals, residuals
 

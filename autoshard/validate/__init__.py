@@ -1,4 +1,4 @@
-"""Check `evaluate` against published, measured training runs (`shared/validation/dev_runs.json`).
+"""Check `evaluate` against published, measured training runs (`validation/dev_runs.json`).
 
     from autoshard.validate import validate, format_report
     print(format_report(validate()))
@@ -407,20 +407,45 @@ def completed_plan(case: Case) -> Any:
 # ---------------------------------------------------------------------------------------
 
 
+# The project's copies of the validation files (validation/README.md names each source). An editable
+# install (`pip install -e .`) and a clone resolve this folder; a non-editable install does not carry
+# it: pass the file (`autoshard validate RUNS.json`) or set $AUTOSHARD_VALIDATION.
+VALIDATION_DIR = Path(__file__).resolve().parents[2] / "validation"
+RUNS_FILE, MODERN_FILE, ABLATIONS_FILE = "dev_runs.json", "modern_runs_dev.json", "ablations_dev.json"
+
+
+def validation_dir() -> Path:
+    """The folder of the validation files: $AUTOSHARD_VALIDATION when set (a folder, or a runs file:
+    then its folder), else the project's `validation/`."""
+    env = os.environ.get(RUNS_ENV)
+    if env:
+        q = Path(env)
+        return q if q.is_dir() else q.parent
+    return VALIDATION_DIR
+
+
+def validation_file(name: str) -> Path:
+    """One of the validation files (`dev_runs.json`, `modern_runs_dev.json`, `ablations_dev.json`) in
+    `validation_dir()`; whether it exists is for the reader to check (one line naming the path)."""
+    return validation_dir() / name
+
+
 def default_runs_path() -> Path:
-    """`<repo>/../shared/validation/dev_runs.json`, else $AUTOSHARD_VALIDATION."""
-    p = Path(__file__).resolve().parents[3] / "shared" / "validation" / "dev_runs.json"
-    if p.is_file():
-        return p
+    """$AUTOSHARD_VALIDATION (a dev_runs.json, or a folder holding one) when set, else the project's
+    `validation/dev_runs.json`; bad input (one line) when that file is missing."""
     env = os.environ.get(RUNS_ENV)
     if env:
         q = Path(env)
         if q.is_dir():
-            q = q / "dev_runs.json"
+            q = q / RUNS_FILE
         if q.is_file():
             return q
         raise InputError(f"${RUNS_ENV} points to no runs file", source=str(q))
-    raise InputError(f"validation runs not found at {p}; set ${RUNS_ENV} to a dev_runs.json", source=str(p))
+    p = VALIDATION_DIR / RUNS_FILE
+    if p.is_file():
+        return p
+    raise InputError(f"validation runs not found at {p} (a non-editable install does not carry the project's "
+                     f"validation/ folder): pass RUNS.json or set ${RUNS_ENV}", source=str(p))
 
 
 def load_runs(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """Does the model ORDER plans as measured? Groups of measured configurations of one model on one
-cluster (`shared/validation/ablations_dev.json`).
+cluster (`validation/ablations_dev.json`).
 
     from autoshard.validate.ablations import validate_ablations, format_ablations
     print(format_ablations(validate_ablations(path)))

@@ -1,4 +1,4 @@
-"""Rows of `shared/validation/modern_runs_dev.json` (2024-2026 stacks) -> Cases.
+"""Rows of `validation/modern_runs_dev.json` (2024-2026 stacks) -> Cases.
 
 A modern row has the fields of `dev_runs.json` plus `head_dim`, `moe_ffn`, `first_k_dense`,
 `moe_shared_experts`, `etp` and `nvlink_domain_gpus`; `is_modern_row` tells them apart (the old
