@@ -76,10 +76,34 @@ def test_dgxc_gpt3_row_fills_heads_and_ffn_and_says_so():
     assert case.problem.cluster.gpu == "h100-sxm" and case.problem.cluster.topology == "dgx-h100-400g"
 
 
-def test_fill_only_for_gpt3_175b():
-    row = dict(rows()["dgxc_v24.11_gpt3_175b_bf16_128gpu"], model="GPT-NeoX 175B")
-    skip = run_to_case(row)
-    assert isinstance(skip, Skip) and "model dimensions not published" in skip.reason
+def test_model_name_changes_nothing():
+    # Facts come from the row's fields, never from its name: renaming the model (or the source) leaves
+    # the problem and the plan as they were; a row without heads skips, whatever its name.
+    row = rows()["dgxc_v24.11_gpt3_175b_bf16_128gpu"]
+    a = run_to_case(row)
+    b = run_to_case(dict(row, model="GPT-NeoX 175B", source="somebody else, 2030"))
+    assert isinstance(a, Case) and isinstance(b, Case)
+    assert b.problem.model.model_copy(update={"name": a.problem.model.name}) == a.problem.model
+    assert b.problem.training == a.problem.training and b.plan == a.plan
+    assert b.source_group == a.source_group == "DGXC Megatron GPT-3 175B"  # the row's source_group field
+    skip = run_to_case({k: v for k, v in row.items() if k not in ("heads", "filled")})
+    assert isinstance(skip, Skip) and "model dimensions not published (heads null)" in skip.reason
+    # the architecture facts have documented defaults: gated SiLU, untied, no dropout, kv heads = heads
+    bare = run_to_case({k: v for k, v in row.items() if k not in ("hidden_act", "dropout", "tie_word_embeddings")})
+    m = bare.problem.model
+    assert (m.hidden_act, m.tie_word_embeddings, m.dropout, m.kv_heads) == ("silu", False, False, 96)
+
+
+def test_modern_model_name_changes_nothing():
+    from autoshard.validate.modern import modern_row_to_case
+
+    row = next(r for r in modern_rows().values() if r.get("kv_lora_rank"))
+    a = modern_row_to_case(row)
+    b = modern_row_to_case(dict(row, model="a model", id=row["id"] + "-renamed", source="unknown lab, 2031"))
+    assert b.problem.model.model_copy(update={"name": a.problem.model.name, "source": a.problem.model.source}) \
+        == a.problem.model
+    assert b.plan == a.plan and b.framework == a.framework
+    assert a.problem.model.is_mla and a.problem.model.kv_lora_rank == row["kv_lora_rank"]
 
 
 def test_fsdp_llama_row():
@@ -523,15 +547,22 @@ def test_ablation_metrics_on_a_hand_made_group():
     assert (s.oom_agree, s.oom_total) == (8, 10)
 
 
-def test_ablation_rates_become_times_and_knobs_from_notes():
-    from autoshard.validate.ablations import _metric, _overlap_from_notes
+def test_ablation_rates_become_times_and_config_fields_win():
+    from autoshard.validate.ablations import _metric, config_row
 
     cfgs = [{"measured": {"tokens_per_sec_per_gpu": 100, "mfu_pct": 40}}, {"measured": {"status": "OOM"}},
             {"measured": {"tokens_per_sec_per_gpu": 128}}]
     assert _metric(cfgs) == "tokens_per_sec_per_gpu"  # mfu_pct is not in every configuration that ran
-    assert _overlap_from_notes("2D + AsyncTP (TP comm/compute overlap)") == (True, None)
-    assert _overlap_from_notes("vanilla TP") == (False, None)
-    assert _overlap_from_notes("EP overlap off; steady window") == (None, False)
+    # a group's facts hold for every configuration; a configuration's own value of the field wins
+    group = {"id": "g", "source": "x", "model": {"layers": 32, "hidden": 4096, "ffn": 14336, "heads": 32,
+                                                  "vocab": 128256}, "gpu": "H100", "gpu_count": 64, "seq_len": 8192,
+             "global_batch_seqs": 64, "precision": "bf16", "tp_comm_overlap": True, "recompute": "full"}
+    row, _ = config_row(group, {"tp": 8, "dp": 8, "micro_batch": 1}, 0)
+    assert row["tp_comm_overlap"] is True and row["activation_recompute"] == "full" and row["precision"] == "bf16"
+    row, _ = config_row(group, {"tp": 8, "dp": 8, "micro_batch": 1, "tp_comm_overlap": False, "recompute": "none",
+                                "precision": "fp8 tensorwise"}, 1)
+    assert row["tp_comm_overlap"] is False and row["activation_recompute"] == "none"
+    assert row["precision"] == "fp8 tensorwise"  # per-configuration precision in a group
 
 
 ABLATIONS_DEV = DEV_RUNS.parent / "ablations_dev.json"
@@ -695,14 +726,27 @@ def test_bad_ablation_files_are_one_line_errors(tmp_path, capsys):
         assert len(err) == 1 and expect in err[0] and str(f) in err[0]
 
 
-def test_modern_rows_name_their_dispatcher_and_cuda_graphs():
+def test_modern_rows_state_their_dispatcher_and_cuda_graphs():
     from autoshard.validate.modern import cuda_graphs_of, dispatcher_of_row
 
-    row = {"notes": "Recipe at HEAD (helpers it calls: _benchmark_common, _enable_hybridep_full_iteration_mxfp8)"}
+    row = {"id": "r", "moe_dispatcher": "hybridep", "cuda_graphs": True,
+           "notes": "Recipe at HEAD (helpers it calls: _enable_hybridep_full_iteration_mxfp8)"}
     assert dispatcher_of_row(row) == "hybridep" and cuda_graphs_of(row)
-    assert dispatcher_of_row({"other_metrics": {"kernel_optimizations": "TE + DeepEP"}}) == "deepep"
-    plain = {"notes": "MoE footnote: all benchmarks token-dropless."}
+    # notes are text for people: a dispatcher or CUDA graphs named only there are not read
+    plain = {"id": "p", "notes": "TE + DeepEP, full_iteration CUDA graphs"}
     assert dispatcher_of_row(plain) is None and not cuda_graphs_of(plain)
+    with pytest.raises(InputError, match="p.cuda_graphs: expected true or false"):
+        cuda_graphs_of(dict(plain, cuda_graphs="yes"))
+
+
+# What validation/ablations_dev.json states for the BigScience logbook's groups (validation/README.md).
+GPT_MODEL = {"hidden_act": "gelu", "dropout": True, "tie_word_embeddings": True}
+LOGBOOK_FACTS = {"id": "logbook-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
+                 "source_family": "BigScience Megatron-DeepSpeed", "framework": "deepspeed", "gpu": "A100 SXM 80GB",
+                 "topology": "jean-zay-a100", "seq_len": 2048, "global_batch_seqs": 2048, "precision": "fp16",
+                 "flash_attention": False, "sp": False, "launch_blocking": True, "softmax_fusion": "bigscience-2022",
+                 "recompute": "full",
+                 "filled": {"recompute": "full: the tr11 launchers pass --checkpoint-activations"}}
 
 
 def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
@@ -712,11 +756,8 @@ def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
     from autoshard.validate.ablations import config_row
     from autoshard.validate.modern import modern_row_to_case
 
-    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "model": {"name": "BLOOM-candidate 182B (NHIDDEN=13824, NLAYERS=78)", "hidden": 13824, "layers": 78,
-                       "heads": 64},
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 384, "seq_len": 2048,
-             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)"}
+    group = dict(LOGBOOK_FACTS, model={"name": "candidate 182B", "hidden": 13824, "layers": 78, "heads": 64,
+                                       "vocab": 250880, "ffn": 4 * 13824, **GPT_MODEL}, gpu_count=384)
     cases = []
     for mbs in (1, 2):
         row, notes = config_row(group, {"tp": 4, "pp": 12, "dp": 8, "zero_stage": 1, "micro_batch": mbs}, mbs)
@@ -751,10 +792,8 @@ def test_bloom_logbook_configurations_recompute_every_layer():
     from autoshard.validate.ablations import config_row
     from autoshard.validate.modern import modern_row_to_case
 
-    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "model": {"name": "BLOOM-candidate 187B (NHIDDEN=13824, NLAYERS=None)", "hidden": 13824},
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 320, "seq_len": 2048,
-             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)"}
+    # the project's copy of the 02-20 187B group (its filled layers, heads, ffn and vocab)
+    (group,) = [g for g in json.loads(ABLATIONS_DEV.read_text()) if g["id"] == "bloom-0220-187b-320gpu-mbs"]
     peak_gb = {}
     for mbs in (1, 8):
         row, notes = config_row(group, {"tp": 8, "pp": 10, "dp": 4, "zero_stage": 1, "micro_batch": mbs}, mbs)

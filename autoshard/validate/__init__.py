@@ -78,14 +78,6 @@ from ..errors import InputError
 
 RUNS_ENV = "AUTOSHARD_VALIDATION"
 
-GPU_MAP = {
-    "a100-sxm4-80gb": "a100-sxm-80gb",
-    "h100 80gb hbm3": "h100-sxm",
-}
-TOPOLOGY_MAP = {
-    "a100-sxm-80gb": "dgx-a100-superpod",
-    "h100-sxm": "dgx-h100-400g",
-}
 PRECISION_MAP = {
     "fp16 mixed": "bf16",
     "fp16": "bf16",
@@ -93,7 +85,6 @@ PRECISION_MAP = {
     "bf16 mixed": "bf16",
     "fp8": "fp8",
 }
-GPT3_175B = {"heads": 96, "head_dim": 128}
 
 
 # ---------------------------------------------------------------------------------------
@@ -127,52 +118,24 @@ class Skip:
     reason: str
 
 
-def _is_narayanan(row: Mapping[str, Any]) -> bool:
-    return str(row.get("id", "")).startswith("narayanan2021") or str(row.get("source", "")).startswith(
-        "Narayanan et al. 2021")
-
-
-def _is_dgxc(row: Mapping[str, Any]) -> bool:
-    return str(row.get("id", "")).startswith("dgxc") or "DGX Cloud" in str(row.get("source", ""))
-
-
-def _model_short(model: str) -> str:
-    name = model.split("(")[0].strip()
-    name = name.replace("Llama 2", "Llama-2").replace("Llama 3", "Llama-3")
-    if name.endswith(" MoE"):
-        name = name[: -len(" MoE")]
-    return name
-
-
 def source_group(row: Mapping[str, Any]) -> str:
-    """'Narayanan 2021', 'DGXC Megatron GPT-3 175B', 'DGXC MaxText Llama-2 70B', ..."""
-    if _is_narayanan(row):
-        return "Narayanan 2021"
-    model = str(row.get("model") or "")
-    if _is_dgxc(row):
-        low = model.lower()
-        if "maxtext" in low:
-            fw = "MaxText"
-        elif "paxml" in low:
-            fw = "PaxML"
-        else:
-            fw = "Megatron"  # '(NeMo)' and unlabelled DGXC rows: NeMo runs on Megatron-core
-        return f"DGXC {fw} {_model_short(model)}"
-    src = str(row.get("source") or "unknown").split(",")[0].strip()
-    return f"{src} {_model_short(model)}".strip()
+    """The row's `source_group` (the label of its per-source table line), else its `source_family`, else
+    its `source` up to the first comma."""
+    for key in ("source_group", "source_family"):
+        if str(row.get(key) or "").strip():
+            return str(row[key]).strip()
+    return str(row.get("source") or "unknown").split(",")[0].strip() or "unknown"
 
 
-def _is_gpt3_175b(row: Mapping[str, Any]) -> bool:
-    return "gpt-3 175b" in str(row.get("model") or "").lower()
-
-
-def _is_gpt(row: Mapping[str, Any]) -> bool:
-    m = str(row.get("model") or "").lower()
-    return m.startswith("gpt")
-
-
-def _is_llama(row: Mapping[str, Any]) -> bool:
-    return "llama" in str(row.get("model") or "").lower()
+def filled_notes(row: Mapping[str, Any]) -> list[str]:
+    """A row's `filled` (field -> where a value the source did not print comes from) as notes; a flat
+    text (a CSV cell) is one note."""
+    filled = row.get("filled")
+    if not filled:
+        return []
+    if isinstance(filled, Mapping):
+        return [f"{k} filled: {v}" for k, v in sorted(filled.items())]
+    return [f"filled: {filled}"]
 
 
 def narayanan_flops(row: Mapping[str, Any]) -> float:
@@ -185,7 +148,7 @@ def measured_step(row: Mapping[str, Any]) -> tuple[float | None, str]:
     """(measured step time in s, how it was obtained) or (None, why not)."""
     if row.get("step_time_s"):
         return float(row["step_time_s"]), "step_time_s as published"
-    if _is_narayanan(row) and row.get("tflops_per_gpu") and row.get("gpu_count"):
+    if row.get("tflops_formula") == "megatron-eq3" and row.get("tflops_per_gpu") and row.get("gpu_count"):
         if any(row.get(k) in (None, 0) for k in ("global_batch_seqs", "seq_len", "layers", "hidden", "vocab")):
             return None, "eq. (3) needs B, s, l, h, V"
         f = narayanan_flops(row)
@@ -243,11 +206,13 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     Rows of modern_runs_dev.json (with its extra fields) go through `modern.modern_row_to_case`."""
     from ..loader import load_problem  # noqa: PLC0415
     from ..spec import Plan  # noqa: PLC0415
-    from .modern import is_modern_row, modern_row_to_case  # noqa: PLC0415
+    from .modern import _flag, is_modern_row, modern_row_to_case, topology_of  # noqa: PLC0415
 
     if is_modern_row(row):
         try:
             return modern_row_to_case(row)
+        except InputError:
+            raise
         except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:  # a cell of the wrong kind
             return Skip(str(row.get("id") or "?"), source_group(row), f"does not convert: {exc}")
 
@@ -265,10 +230,12 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     notes.append(f"measured step {how}")
 
     # ---- hardware
+    from ..catalog import resolve_gpu_id, unknown_gpu_message  # noqa: PLC0415
+
     gpu_name = str(row.get("gpu") or "").strip()
-    gpu = GPU_MAP.get(gpu_name.lower())
+    gpu = resolve_gpu_id(gpu_name)
     if gpu is None:
-        return skip(f"GPU {gpu_name!r} has no mapping to the catalog")
+        raise InputError(unknown_gpu_message(gpu_name), field=f"{rid}.gpu")
     prec_name = str(row.get("precision") or "").strip()
     precision = PRECISION_MAP.get(prec_name.lower())
     if precision is None:
@@ -278,8 +245,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         return skip("gpu_count not published")
 
     # ---- model
-    if row.get("moe_experts") is None and ("moe" in str(row.get("model") or "").lower()
-                                           or row.get("ep") not in (None, 1)):
+    if row.get("moe_experts") is None and row.get("ep") not in (None, 1):
         return skip("model dimensions not published (MoE expert count / top-k missing)")
     if row.get("moe_experts"):
         return skip("MoE rows are not mapped (expert FFN size not in the row)")
@@ -289,31 +255,19 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     layers, hidden = int(row["layers"]), int(row["hidden"])
     heads, ffn = _int(row.get("heads")), _int(row.get("ffn"))
     if heads is None:
-        if _is_gpt3_175b(row):
-            heads = GPT3_175B["heads"]
-            notes.append(f"heads filled: GPT-3 175B has {heads} heads of {GPT3_175B['head_dim']} (Brown et al. 2020)")
-        else:
-            return skip("model dimensions not published (heads null)")
+        return skip("model dimensions not published (heads null)")
     if ffn is None:
-        if _is_gpt3_175b(row):
-            ffn = 4 * hidden
-            notes.append(f"ffn filled: 4 x hidden = {ffn} (Megatron default, GPT-3 175B)")
-        else:
-            return skip("model dimensions not published (ffn null)")
-    if _is_gpt(row):
-        model = dict(hidden_act="gelu", dropout=True, tie_word_embeddings=True,
-                     num_key_value_heads=_int(row.get("kv_heads"), heads))
-    elif _is_llama(row):
-        model = dict(hidden_act="silu", dropout=False, tie_word_embeddings=False,
-                     num_key_value_heads=_int(row.get("kv_heads"), 8))
-    else:
-        return skip(f"model family of {row.get('model')!r} has no mapping (activation, tying unknown)")
+        return skip("model dimensions not published (ffn null)")
+    notes += filled_notes(row)
+    # The architecture from the row's fields (validation/README.md), never from the model's name.
+    model = dict(hidden_act=str(row.get("hidden_act") or "silu"), dropout=_flag(row, "dropout", False),
+                 tie_word_embeddings=_flag(row, "tie_word_embeddings", False),
+                 num_key_value_heads=_int(row.get("kv_heads"), heads))
     model.update(name=str(row.get("model") or rid), num_hidden_layers=layers, hidden_size=hidden,
                  intermediate_size=ffn, num_attention_heads=heads, vocab_size=int(row["vocab"]),
                  source=f"dev_runs {rid}")
 
     # ---- parallel plan
-    narayanan, dgxc = _is_narayanan(row), _is_dgxc(row)
     fsdp = bool(row.get("fsdp"))
     tp, pp = _int(row.get("tp"), 1), _int(row.get("pp"), 1)
     cp, ep = _int(row.get("cp"), 1), _int(row.get("ep"), 1)
@@ -327,8 +281,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         dp, why = row_dp(row, n, tp, pp, cp, notes)
         if dp is None:
             return skip(why)
-        zs = _int(row.get("zero_stage"))
-        zero = zs if zs is not None else (0 if narayanan else 1 if dgxc else 0)
+        zero = _int(row.get("zero_stage"), 1)  # absent: 1, Megatron's distributed optimizer
     mbs = _int(row.get("micro_batch"), 1)
     gbs = global_batch_seqs(row)
     if gbs is None:
@@ -338,12 +291,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
     vpp = vpp or 1
     schedule = "interleaved" if vpp > 1 else "1f1b"
-    if row.get("sp") is not None:
-        sp = bool(row["sp"])
-    elif narayanan:
-        sp = False
-    else:
-        sp = dgxc and tp > 1
+    sp = _flag(row, "sp", tp > 1)  # absent: on with TP (the Megatron / NeMo recipes)
     rc = _recompute(row.get("activation_recompute"))
     if rc is None:
         return skip(f"activation_recompute {row.get('activation_recompute')!r} has no mapping")
@@ -359,8 +307,8 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         "name": rid,
         "model": model,
         "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
-                     "optimizer": "adam", "flash_attention": not narayanan},
-        "cluster": {"gpu": gpu, "num_gpus": n, "topology": TOPOLOGY_MAP[gpu]},
+                     "optimizer": "adam", "flash_attention": _flag(row, "flash_attention", True)},
+        "cluster": {"gpu": gpu, "num_gpus": n, "topology": str(row.get("topology") or topology_of(gpu))},
     }
     try:
         problem = load_problem(problem_doc)
