@@ -977,3 +977,80 @@ def test_published_table_lines_parse_and_convert():
     assert row["other_metrics"] == {"release": "26.04", "source_model_label": "Qwen3_235B_a22B"}
     llama = bench.line_to_row(lines[1], shape, shape)
     assert llama["precision"] == "FP8-CS" and llama["tokens_per_sec_per_gpu"] == 31508 and llama["ep"] == 1
+
+
+# ---- GPU spellings, measured memory (issue 29) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name,gid", [
+    ("H100 80GB", "h100-sxm"), ("NVIDIA H100 SXM5", "h100-sxm"), ("H100 80GB HBM3", "h100-sxm"),
+    ("A100 40GB", "a100-sxm-40gb"), ("A100-SXM4-80GB", "a100-sxm-80gb"), ("NVIDIA A100 80GB", "a100-sxm-80gb"),
+    ("H800", "h800-sxm"), ("NVIDIA H800 SXM5", "h800-sxm"), ("AMD Instinct MI300X", "mi300x"),
+    ("DGX-B200", "b200"), ("H100 (96GB HBM2e, 500W power limit)", "h100-hbm2e-96gb"),
+])
+def test_gpu_spellings_resolve_through_aliases(name, gid):
+    from autoshard.catalog import resolve_gpu_id
+
+    assert resolve_gpu_id(name) == gid
+    row = dict(rows()["narayanan2021_t1_145.6B"], gpu=name)
+    case = run_to_case(row)
+    assert case.problem.cluster.gpu == gid
+
+
+def test_unknown_gpu_is_one_line_with_close_names(tmp_path, capsys):
+    from autoshard.cli import main
+
+    f = tmp_path / "runs.json"
+    f.write_text(json.dumps([dict(rows()["narayanan2021_t1_145.6B"], gpu="H1OO 80GB")]))
+    assert main(["validate", str(f)]) == 2
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert out.out == "" and len(err) == 1
+    assert str(f) in err[0] and "narayanan2021_t1_145.6B.gpu: unknown GPU 'H1OO 80GB' (closest: h100-80gb" in err[0]
+
+
+def test_measured_peak_memory_is_reported(tmp_path):
+    base = rows()["narayanan2021_t1_145.6B"]
+    a = dict(base, id="a", measured_peak_memory_gib=40.0)
+    b = dict(base, id="b", measured_peak_memory_gb=50.0)  # 50e9 B = 46.566 GiB
+    # the same run storing every activation (no recompute: 164 GiB priced): predicted not to fit, yet it "ran"
+    c = dict(base, id="c", measured_peak_memory_gib=70.0, activation_recompute="none")
+    f = tmp_path / "runs.json"
+    f.write_text(json.dumps([a, b, c]))
+    report = validate(f)
+    res = {r.id: r for r in report.results}
+    assert res["b"].measured_peak_memory_gib == pytest.approx(50e9 / 2**30) == pytest.approx(46.566, abs=1e-3)
+    peak = res["a"].peak_memory_gib
+    assert peak == res["b"].peak_memory_gib  # the same plan
+    assert res["a"].memory_error_pct == pytest.approx((peak - 40.0) / 40.0 * 100)
+    assert res["b"].memory_error_pct == pytest.approx((peak - 46.566) / 46.566 * 100, rel=1e-4)
+    assert not res["c"].fits
+    m = report.memory
+    errs = sorted(abs(r.memory_error_pct) for r in res.values())
+    assert m.n == 3 and m.median_abs_error_pct == pytest.approx(errs[1]) and m.predicted_oom_that_ran == 1
+    assert m.worst_error_pct == max((r.memory_error_pct for r in res.values()), key=abs)
+    text = format_report(report)
+    assert "memory: n=3" in text and "predicted not to fit but ran: 1" in text
+    assert report.to_json()["memory"]["predicted_oom_that_ran"] == 1
+    # no measured peak in the file: no memory summary
+    f.write_text(json.dumps([base]))
+    plain = validate(f)
+    assert plain.memory is None and plain.to_json()["memory"] is None and "memory:" not in format_report(plain)
+    f.write_text(json.dumps([dict(base, measured_peak_memory_gib="40 GB")]))
+    with pytest.raises(InputError, match=r"\[0\].measured_peak_memory_gib: not a number"):
+        validate(f)
+
+
+def test_validation_files_ship_with_the_project(monkeypatch, tmp_path):
+    # validate, the tests and the benchmark read the project's validation/; $AUTOSHARD_VALIDATION overrides
+    from autoshard.validate import RUNS_ENV, VALIDATION_DIR, default_runs_path, validation_file
+
+    monkeypatch.delenv(RUNS_ENV, raising=False)
+    assert default_runs_path() == VALIDATION_DIR / "dev_runs.json" == DEV_RUNS
+    assert VALIDATION_DIR == Path(__file__).resolve().parents[1] / "validation"
+    for name in ("dev_runs.json", "modern_runs_dev.json", "ablations_dev.json", "README.md"):
+        assert (VALIDATION_DIR / name).is_file()
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    assert validation_file("ablations_dev.json") == tmp_path / "ablations_dev.json"
+    with pytest.raises(InputError, match="points to no runs file"):
+        default_runs_path()

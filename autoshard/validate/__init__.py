@@ -109,6 +109,7 @@ class Case:
     recipe: str = ""  # the precision recipe as run (fp8-current, mxfp8, ...); "" = `precision`
     framework: str = "megatron"
     arch: str = ""  # Hopper, Blackwell, ...; "" = from the GPU id
+    measured_peak_memory_gib: float | None = None  # torch.cuda.max_memory_allocated as the row states it
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,23 @@ def filled_notes(row: Mapping[str, Any]) -> list[str]:
     if isinstance(filled, Mapping):
         return [f"{k} filled: {v}" for k, v in sorted(filled.items())]
     return [f"filled: {filled}"]
+
+
+GB_PER_GIB = 2**30 / 1e9
+
+
+def measured_peak_memory_gib(row: Mapping[str, Any]) -> float | None:
+    """A row's measured peak memory per GPU in GiB: `measured_peak_memory_gib`, else
+    `measured_peak_memory_gb` (1e9 bytes) converted; None where the row states neither."""
+    gib, gb = row.get("measured_peak_memory_gib"), row.get("measured_peak_memory_gb")
+    for key, v in (("measured_peak_memory_gib", gib), ("measured_peak_memory_gb", gb)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e5):
+            raise InputError(f"expected a positive number, got {v!r}", field=f"{row.get('id')}.{key}")
+    if gib is not None:
+        return float(gib)
+    if gb is not None:
+        return float(gb) / GB_PER_GIB
+    return None
 
 
 def narayanan_flops(row: Mapping[str, Any]) -> float:
@@ -316,7 +334,8 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
                     zero_stage=zero, micro_batch_size=mbs, recompute=rc)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
-    return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc)
+    return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
+                measured_peak_memory_gib=measured_peak_memory_gib(row))
 
 
 # Plan settings of a run that are not degrees of the search (solve leaves them to the framework).
@@ -440,6 +459,8 @@ class RunResult:
     arch: str = ""
     moe: bool = False
     step_time_interval_s: tuple[float, float] | None = None  # the estimate's prediction interval
+    measured_peak_memory_gib: float | None = None  # as the row states it (torch.cuda.max_memory_allocated)
+    memory_error_pct: float | None = None  # signed: (predicted peak - measured) / measured, in %
 
     @property
     def regimes(self) -> list[str]:
@@ -471,6 +492,29 @@ class Summary:
 
 
 @dataclass
+class MemorySummary:
+    """Predicted peak memory (`Estimate.peak_memory_gib`: allocated tensors, without the runtime reserve,
+    as torch.cuda.max_memory_allocated counts) against the runs that state a measured peak."""
+
+    n: int
+    median_abs_error_pct: float
+    p90_abs_error_pct: float
+    worst_id: str
+    worst_error_pct: float
+    predicted_oom_that_ran: int  # runs with a measured peak whose priced plan is predicted not to fit
+
+
+def summarize_memory(results: list["RunResult"]) -> MemorySummary:
+    rs = [r for r in results if r.memory_error_pct is not None]
+    if not rs:
+        return MemorySummary(0, math.nan, math.nan, "", math.nan, 0)
+    errs = [abs(r.memory_error_pct) for r in rs]  # type: ignore[arg-type]
+    worst = max(rs, key=lambda r: (abs(r.memory_error_pct), r.id))  # type: ignore[arg-type]
+    return MemorySummary(len(rs), statistics.median(errs), p90(errs), worst.id, worst.memory_error_pct,  # type: ignore[arg-type]
+                         sum(not r.fits for r in rs))
+
+
+@dataclass
 class Report:
     runs_path: str
     catalog: str | None
@@ -479,12 +523,14 @@ class Report:
     summary: Summary
     by_source: list[GroupSummary] = field(default_factory=list)
     by_regime: list[GroupSummary] = field(default_factory=list)
+    memory: MemorySummary | None = None  # where some runs state a measured peak memory
 
     def to_json(self) -> dict[str, Any]:
         return {
             "runs_path": self.runs_path,
             "catalog": self.catalog,
             "summary": asdict(self.summary),
+            "memory": asdict(self.memory) if self.memory is not None else None,
             "by_source": [asdict(g) for g in self.by_source],
             "by_regime": [asdict(g) for g in self.by_regime],
             "results": [asdict(r) for r in self.results],
@@ -545,6 +591,7 @@ def evaluate_case(case: Case) -> RunResult | Skip:
     if not est.step_time_s > 0:
         return Skip(case.id, case.source_group, "plan rejected by the cost model: " + "; ".join(est.reasons))
     err = (est.step_time_s - case.measured_step_s) / case.measured_step_s * 100.0
+    mem = case.measured_peak_memory_gib
     return RunResult(
         id=case.id, source_group=case.source_group, gpu=case.gpu, precision=case.precision,
         gpu_count=case.gpu_count, plan=est.plan.short(), measured_step_s=case.measured_step_s,
@@ -552,7 +599,8 @@ def evaluate_case(case: Case) -> RunResult | Skip:
         reasons=list(est.reasons), time_breakdown_s=dict(est.time_breakdown_s),
         peak_memory_gib=est.peak_memory_gib, notes=list(case.notes), recipe=case.recipe or case.precision,
         framework=case.framework, arch=case.arch or gpu_arch(case.gpu), moe=case.problem.model.is_moe,
-        step_time_interval_s=getattr(est, "step_time_interval_s", None))
+        step_time_interval_s=getattr(est, "step_time_interval_s", None), measured_peak_memory_gib=mem,
+        memory_error_pct=None if mem is None else (est.peak_memory_gib - mem) / mem * 100.0)
 
 
 def convert(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Case], list[Skip]]:
@@ -571,8 +619,9 @@ def report_from_cases(cases: list[Case], skipped: list[Skip], *, runs_path: str 
     for case in cases:
         r = evaluate_case(with_catalog(case, catalog))
         (results if isinstance(r, RunResult) else skipped).append(r)  # type: ignore[arg-type]
+    memory = summarize_memory(results)
     return Report(runs_path, catalog, results, skipped, summarize(results), summarize_groups(results),
-                  summarize_regimes(results))
+                  summarize_regimes(results), memory if memory.n else None)
 
 
 def validate(runs_path: str | os.PathLike[str] | None = None, *,
@@ -584,7 +633,10 @@ def validate(runs_path: str | os.PathLike[str] | None = None, *,
     path = Path(runs_path) if runs_path is not None else default_runs_path()
     if catalog is not None and not Path(catalog).is_file():
         raise InputError("calibrated catalog not found", source=str(catalog))
-    cases, skipped = convert(load_runs(path))
+    try:
+        cases, skipped = convert(load_runs(path))
+    except InputError as exc:
+        raise exc.at(str(path)) from None
     return report_from_cases(cases, skipped, runs_path=str(path),
                              catalog=str(catalog) if catalog is not None else None)
 
@@ -631,12 +683,21 @@ def format_report(report: Report) -> str:
     lines.append("")
     lines.append(f"summary: n={s.n}  median |err| {s.median_abs_error_pct:.1f}%  p90 |err| "
                  f"{s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)")
+    if report.memory is not None:
+        lines.append(memory_line(report.memory))
     lines.append("")
     lines += format_groups(report.by_source, "source")
     if report.by_regime:
         lines.append("")
         lines += format_groups(report.by_regime, "regime")
     return "\n".join(lines)
+
+
+def memory_line(m: MemorySummary) -> str:
+    """The memory summary: predicted peak (allocated, without the runtime reserve) vs measured."""
+    return (f"memory: n={m.n} runs with a measured peak  median |err| {m.median_abs_error_pct:.1f}%  p90 |err| "
+            f"{m.p90_abs_error_pct:.1f}%  worst {m.worst_id} ({m.worst_error_pct:+.1f}%)  predicted not to fit "
+            f"but ran: {m.predicted_oom_that_ran}")
 
 
 def format_groups(groups: list[GroupSummary], title: str) -> list[str]:

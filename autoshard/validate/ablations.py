@@ -356,7 +356,10 @@ def validate_ablations(path: str | os.PathLike[str], *, catalog: str | os.PathLi
     """Price every configuration of every group and compare the orders (see the module docstring)."""
     if catalog is not None and not Path(catalog).is_file():
         raise InputError("calibrated catalog not found", source=str(catalog))
-    groups = [group_result(g, catalog) for g in load_groups(path)]
+    try:
+        groups = [group_result(g, catalog) for g in load_groups(path)]
+    except InputError as exc:
+        raise exc.at(str(path)) from None
     return AblationReport(str(path), groups, summarize_ablations(groups))
 
 

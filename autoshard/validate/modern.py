@@ -390,7 +390,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     from ..catalog import get_topology  # noqa: PLC0415
     from ..loader import load_problem  # noqa: PLC0415
     from ..spec import Plan  # noqa: PLC0415
-    from . import Case, Skip, measured_step  # noqa: PLC0415
+    from . import Case, Skip, measured_peak_memory_gib, measured_step  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
     rid = str(row.get("id") or "?")
@@ -579,4 +579,4 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
     return Case(rid, group, gid, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
-                recipe=recipe, framework=framework, arch=arch)
+                recipe=recipe, framework=framework, arch=arch, measured_peak_memory_gib=measured_peak_memory_gib(row))
