@@ -1054,3 +1054,54 @@ def test_validation_files_ship_with_the_project(monkeypatch, tmp_path):
     assert validation_file("ablations_dev.json") == tmp_path / "ablations_dev.json"
     with pytest.raises(InputError, match="points to no runs file"):
         default_runs_path()
+
+
+# ---- leave-one-source-out (autoshard/validate/loso.py) ------------------------------------------
+
+
+def test_loso_fit_finds_the_minimum_of_a_log_quadratic():
+    # Rows whose log step moves as k (log x - log x0): the least-squares factor is x0 exactly, wherever
+    # x0 falls between the grid points (the parabola through the best three is exact for a quadratic).
+    from autoshard.validate.loso import GRID_POINTS, fit_on, grid_of, FACTORS
+
+    f = FACTORS[0]
+    grid = grid_of(f)
+    assert len(grid) == GRID_POINTS and grid[0] == pytest.approx(0.2) and grid[-1] == pytest.approx(1.0)
+    for x0 in (0.3, 0.47, 0.612, 0.9):
+        ks = np.array([0.5, 1.0, -0.8])
+        meas = np.log(np.array([1.0, 2.0, 3.0]))
+        logs = meas[:, None] + ks[:, None] * (np.log(grid)[None, :] - math.log(x0))
+        assert fit_on(grid, logs, meas, True) == pytest.approx(x0, rel=1e-9)
+
+
+def test_loso_leaves_each_family_out(tmp_path):
+    # The dev subset: Narayanan's A100 rows and DGX Cloud's H100 rows share no factor, so leaving
+    # Narayanan out leaves the A100 factor without rows: it takes the prior, the geometric mean of the
+    # other bf16 factors fitted in that fold (here Hopper's alone, fitted on the DGX Cloud rows).
+    from autoshard.cost import evaluate
+    from autoshard.validate.loso import loso
+
+    rep = loso([SUBSET])
+    fams = {f.family: f for f in rep.families}
+    assert set(fams) == {"Narayanan et al. 2021", "NVIDIA DGX Cloud Benchmarking"}
+    fit = {ff.factor.name: ff for ff in rep.factors}
+    a100, hop = fit["a100 matmul.bf16"], fit["hopper matmul.bf16"]
+    assert a100.families == ["Narayanan et al. 2021"] and len(a100.rows) == 3
+    assert a100.loso["Narayanan et al. 2021"] == pytest.approx(hop.refit, rel=1e-12)
+    assert "Narayanan et al. 2021" not in hop.loso  # its rows are not Narayanan's: unchanged
+    # a Narayanan row's LOSO error is its price at the prior factor, the other factors as refitted
+    row = rows()["narayanan2021_t1_145.6B"]
+    case = run_to_case(row)
+    eff = get_gpu("a100-sxm-80gb").efficiency.model_dump()
+    eff["matmul"]["bf16"] = round(a100.loso["Narayanan et al. 2021"], 6)
+    overlay = tmp_path / "prior.yaml"
+    overlay.write_text(yaml.safe_dump({"gpus": {"a100-sxm-80gb": {"efficiency": eff},
+                                                "a100-sxm-40gb": {"efficiency": eff}}}))
+    from autoshard.validate import with_catalog
+
+    est = evaluate(with_catalog(case, overlay).problem, case.plan)
+    assert rep.errors[case.id]["loso"] == pytest.approx((est.step_time_s / case.measured_step_s - 1) * 100, rel=1e-9)
+    assert rep.errors[case.id]["catalog"] == pytest.approx(
+        (evaluate(case.problem, case.plan).step_time_s / case.measured_step_s - 1) * 100, rel=1e-12)
+    assert fams["Narayanan et al. 2021"].loso_median_pct > fams["Narayanan et al. 2021"].catalog_median_pct
+    assert rep.loso["n"] == rep.catalog["n"] == 16  # the Grok-1 row skips
