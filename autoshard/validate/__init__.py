@@ -10,10 +10,14 @@ Groups of measured configurations (`ablations_dev.json`) are ranked by `autoshar
 
 Every row of the runs file becomes a `Case` (a Problem, a Plan and the measured step time)
 or a `Skip` with the reason. We compare **step times** (sources count FLOPs differently,
-so MFU is not comparable): `step_time_s` where the source gives it; for Narayanan et al.
-2021 Table 1, which gives only TFLOP/s per GPU computed with their eq. (3),
-``step = F / (tflops_per_gpu * 1e12 * gpu_count)`` with
-``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))``.
+so MFU is not comparable): `step_time_s` where the source gives it; for a row whose
+`tflops_formula` is `megatron-eq3` (Narayanan et al. 2021 Table 1 gives only TFLOP/s per GPU,
+computed with their eq. (3)), ``step = F / (tflops_per_gpu * 1e12 * gpu_count)`` with
+``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))``. A row that states `measured_peak_memory_gib` (or
+`_gb`) is also checked for memory (`Report.memory`).
+
+Every fact is read from a field of the row (validation/README.md, "Fields that state facts"), never
+from a source's or a model's name; a missing fact takes the documented default.
 
 Mapping of a row to a Problem and a Plan
 ----------------------------------------
@@ -21,40 +25,34 @@ Mapping of a row to a Problem and a Plan
 =========================  ===========================================================================
 row field / situation      autoshard
 =========================  ===========================================================================
-gpu                        'A100-SXM4-80GB' -> a100-sxm-80gb; 'H100 80GB HBM3' -> h100-sxm
-topology                   A100 rows -> dgx-a100-superpod (Selene); H100 rows -> dgx-h100-400g (EOS)
+gpu                        through the catalog's aliases (`catalog.resolve_gpu_id`: 'A100-SXM4-80GB',
+                           'H100 80GB HBM3', 'NVIDIA H100 SXM5'); unknown: bad input, one line with
+                           the closest names
+topology                   `topology` (a preset), else the GPU's default topology
 precision                  'fp16 mixed' -> bf16 (same tensor rate on A100); 'BF16' -> bf16;
                            'FP8' -> fp8
-model (GPT rows)           hidden_act gelu, dropout true, tie_word_embeddings true,
-                           num_key_value_heads = heads
-model (Llama-2 70B)        hidden_act silu, num_key_value_heads from the row (8), untied,
-                           no dropout
-heads / ffn null           filled only when `model` names GPT-3 175B: 96 heads of 128,
-                           ffn = 4 h (Megatron default); the fill is stated in the case notes;
-                           otherwise skipped ("model dimensions not published")
-hidden / vocab null, MoE   skipped ("model dimensions not published"; Grok-1 rows)
-  without experts/top-k
+model                      layers, hidden, ffn, heads, kv_heads (default heads), vocab; hidden_act
+                           (default silu), dropout (false), tie_word_embeddings (false); a value
+                           the source did not print is stated with its origin in `filled` (notes)
+hidden / heads / ffn /     skipped ("model dimensions not published"; Grok-1 rows)
+  vocab null; ep > 1
+  without experts
 training                   seq_len, global_batch_size = global_batch_seqs, optimizer adam;
-                           flash_attention false for Narayanan 2021 (predates FlashAttention,
-                           Megatron's fused softmax materializes the scores), true for DGXC rows
+                           flash_attention (default true)
 tp, pp, cp, ep             as given, null -> 1
 dp                         as given, else gpu_count / (tp pp cp)
 micro_batch                micro_batch_size
 vpp                        vpp_chunks (or (layers/pp) / layers_per_virtual_stage); schedule
                            'interleaved' when vpp > 1, else '1f1b'
-sequence_parallel          `sp` if given; else true when tp > 1 for DGXC rows (NeMo/Megatron
-                           recipes), false for Narayanan 2021 (predates SP)
-zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); else `zero_stage`
-                           if given (Narayanan: 0, no distributed optimizer); else 1 for DGXC
-                           Megatron rows (distributed optimizer)
-recompute                  'full ...' -> full (Narayanan: 'full (uniform, every layer)');
-                           'selective ...' -> selective; null -> none
-measured step              step_time_s; else Narayanan eq. (3) as above; else
+sequence_parallel          `sp`, default on when tp > 1
+zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); else `zero_stage`,
+                           default 1 (Megatron's distributed optimizer)
+recompute                  'full ...' -> full; 'selective ...' -> selective; null -> the least
+                           recompute that fits (solver, every published degree fixed)
+measured step              step_time_s; else eq. (3) where `tflops_formula` says so; else
                            global_batch_tokens / tokens_per_sec
+source group               `source_group`, else `source_family`, else `source` up to the first comma
 =========================  ===========================================================================
-
-Source groups: 'Narayanan 2021', 'DGXC <framework> <model>' with the framework read from
-the model string ('(NeMo)' -> Megatron, '(MaxText/JAX)' -> MaxText, '(PaxML/JAX)' -> PaxML).
 
 `korthikanti_check()` compares the activation memory of the cost model with Korthikanti
 et al. 2022 (Table 2) for a GPT-3 175B layer.

@@ -6,7 +6,11 @@ cluster (`validation/ablations_dev.json`).
 
 Each configuration of a group becomes a modern-style row (the group's model, GPU, sequence length,
 global batch and precision, the configuration's degrees, recompute and overlaps) converted by
-`modern.modern_row_to_case` and priced by `evaluate`. Metrics differ by source (step time,
+`modern.modern_row_to_case` and priced by `evaluate`. Facts come from fields (validation/README.md):
+the group's `model` object and the group's fields (`GROUP_DEFAULTS`: precision, recompute, sp,
+flash_attention, launch_blocking, softmax_fusion, topology, overlaps, framework, ...) hold for every
+configuration, and a configuration's own field of the same name wins; nothing is read from a name or
+from the notes. Metrics differ by source (step time,
 tokens/s/GPU, TFLOP/s/GPU, MFU), so configurations are compared within their group only, on one
 metric per group (the first of step_time_s, tokens_per_sec_per_gpu, tflops_per_gpu, mfu_pct that
 every configuration that ran gives; a rate is turned into a time as its inverse: same GPUs and
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any

@@ -4,61 +4,56 @@ A modern row has the fields of `dev_runs.json` plus `head_dim`, `moe_ffn`, `firs
 `moe_shared_experts`, `etp` and `nvlink_domain_gpus`; `is_modern_row` tells them apart (the old
 conversion of `dev_runs.json` rows is left untouched). What the conversion reads:
 
+Every fact is read from a field (validation/README.md, "Fields that state facts"), never from a
+source's or a model's name.
+
 =========================  ===========================================================================
 row field / situation      autoshard
 =========================  ===========================================================================
-gpu                        vendor / system names to catalog ids (`gpu_id`): DGX-H100, H100-SXM5-80GB,
-                           'H100 (96GB HBM2e, 500W power limit)' -> h100-hbm2e-96gb (Grand Teton,
-                           its own topology); DGX-B200/B200 -> b200;
-                           DGX-GB200/GB200 -> gb200; DGX-B300/B300 -> b300; DGX-GB300/GB300 ->
-                           gb300; MI300 -> mi300x; MI325X -> mi325x; MI355 -> mi355x. A catalog id
-                           that does not exist yet skips the row with that reason.
-topology                   the row's `topology` (a preset: ablations.config_row names Jean Zay's);
-                           h100-sxm -> dgx-h100-400g (DGX H100 / Grand Teton: 8 x 400 Gb/s per node);
-                           else the GPU's default topology; a first level whose size differs from
-                           `nvlink_domain_gpus` is noted
-precision                  `precision_recipe`: BF16 -> bf16; FP8-CS / 'per-tensor, current scaling' /
-                           torchao tensorwise -> fp8-current; 'delayed' -> fp8-delayed; MXFP8 /
-                           FP8-MX / '(parenthesised variant)' on Blackwell -> mxfp8, on Hopper ->
+gpu                        through the catalog's aliases (`catalog.resolve_gpu_id`: DGX-H100,
+                           H100-SXM5-80GB, 'H100 (96GB HBM2e, 500W power limit)', DGX-B200, MI355,
+                           ...); unknown: bad input, one line with the closest names
+topology                   the row's `topology` (a preset), else the GPU's default topology; a first
+                           level whose size differs from `nvlink_domain_gpus` is noted
+precision                  `precision_recipe` where stated, else read from the `precision` text:
+                           BF16 -> bf16; FP8-CS / 'per-tensor, current scaling' / torchao tensorwise
+                           -> fp8-current; 'delayed' -> fp8-delayed; MXFP8 / FP8-MX /
+                           '(parenthesised variant)' on Blackwell -> mxfp8, on Hopper ->
                            fp8-blockwise (128x128 weights, 1x128 activations); torchao rowwise ->
-                           fp8-blockwise (finer-grained current scaling, noted); NVFP4 -> nvfp4;
-                           plain FP8 -> fp8-current where the row's recipe is 'fp8cs' or the notes
-                           say the same configurations are labelled FP8-CS, else `fp8` (the
-                           framework's default recipe). `training.precision` is the recipe when
-                           autoshard.spec accepts it, else its family (`fp8`); the recipe is kept in
-                           `Case.recipe` either way
+                           fp8-rowwise; NVFP4 -> nvfp4; plain FP8 -> `fp8` (the framework's
+                           default recipe). `training.precision` is the recipe when autoshard.spec
+                           accepts it, else its family; the recipe is kept in `Case.recipe`
 model                      layers, hidden, ffn, heads, kv_heads, head_dim, vocab as given; MoE:
-                           moe_experts, moe_top_k, moe_ffn (null -> ffn: Mixtral), moe_shared_experts,
-                           first_k_dense; silu (gated) for Llama/Qwen/DeepSeek/Kimi/Mixtral/gpt-oss,
-                           gelu + tied + dropout for GPT-3, relu2 for Nemotron-4; MLA dims of the
-                           DeepSeek-V2/V3 and Kimi K2 configs (q_lora 1536, kv_lora 512, nope 128,
-                           rope 64, v 128); hybrid Mamba models skipped
-framework                  torchtitan rows and NeMo AutoModel (PyTorch FSDP2) -> torchtitan; Megatron-
-                           Bridge, NeMo, MLPerf (NVIDIA NeMo), SimuMax (Megatron-LM), Primus -> megatron
+                           moe_experts, moe_top_k, moe_ffn (null -> ffn), moe_shared_experts,
+                           first_k_dense; hidden_act (default silu), tie_word_embeddings (false),
+                           dropout; MLA from q_lora_rank / kv_lora_rank / qk_nope_head_dim /
+                           qk_rope_head_dim / v_head_dim (a kv_lora_rank makes it MLA);
+                           sliding_window + sliding_window_layers; expert_bias; mamba_layers > 0:
+                           skipped (hybrid Mamba2/attention not modelled); mtp_layers: noted
+framework                  `framework` (default megatron); `source_family` names the source group
 plan                       tp, pp, cp, ep as given (null -> 1), etp as given (null -> None = tp),
                            dp as given else gpu_count / (tp pp cp); fsdp true -> zero_stage 3 with the
                            given tp/pp (Megatron-FSDP, FSDP2 + TP); else zero_stage as given, else 1
-                           for megatron (distributed optimizer), 0 for torchtitan; sp as given, else on
+                           for megatron (distributed optimizer), 0 for others; sp as given, else on
                            when tp > 1; vpp = vpp_chunks (interleaved when > 1)
 micro_batch                as given; torchtitan rows (no accumulation): the local batch (other_metrics'
-                           local_batch_size, else gbs/dp), split
-                           in pp micro-batches when pp > 1 (torchtitan's default: one per stage)
+                           local_batch_size, else gbs/dp), split in pp micro-batches when pp > 1
+                           (torchtitan's default: one per stage)
 recompute                  'none ...' -> none; 'full ...' -> full; 'selective' / per-op SAC ->
-                           selective; recompute_modules=[] -> none, other module lists -> those modules (Megatron names);
-                           recompute_num_layers=N with pp = 1 -> full for the first N layers;
-                           activation_checkpointing: true -> full; cpu_offloading -> none (noted: not
-                           modelled); null -> the release recipe's (below), else the least recompute
-                           that fits (solver, as dev_runs)
-overlaps                   tp_comm_overlap from the notes ('TP comm overlap on/off/disabled') or
-                           AsyncTP in the technique; ep_overlap where the row says so, else the
-                           release recipe's; None otherwise
+                           selective; recompute_modules=[] -> none, other module lists -> those
+                           modules (Megatron names); recompute_num_layers=N with pp = 1 -> full for
+                           the first N layers; activation_checkpointing: true -> full; cpu_offloading
+                           -> none (noted: not modelled); null -> the release recipe's (below), else
+                           the least recompute that fits (solver, as dev_runs)
+overlaps, graphs,          `tp_comm_overlap`, `ep_overlap`, `cuda_graphs`, `moe_dispatcher`,
+  dispatcher, token drop   `moe_capacity_factor` where the row states them, else the release
+                           recipe's (Megatron rows)
 Megatron-Bridge recipe     `recipe_of`: what the release's perf recipe ran (data/mbridge_recipes.yaml,
-                           read from the Megatron-Bridge history): EP overlap, dispatcher, token drop,
-                           full-iteration CUDA graphs and recompute, each where the row states none
-token drop                 '(tokendrop)' rows or recipes: moe_capacity_factor 1.0, padded to capacity
-                           (Megatron-Bridge apply_moe_token_drop)
-CUDA graphs / dispatcher   'full_iteration' / 'full_iter' in the notes -> cuda_graphs; HybridEP / DeepEP
-                           named in the notes -> moe_dispatcher (else the recipe's)
+                           keyed by the row's id, else its release / model / GPU line): EP overlap,
+                           dispatcher, token drop, full-iteration CUDA graphs and recompute, each
+                           where the row states none
+memory, precision knobs    main_grads, fp8_params, flash_attention (default true), launch_blocking,
+                           softmax_fusion, measured_peak_memory_gib / _gb
 =========================  ===========================================================================
 """
 
