@@ -258,8 +258,9 @@ def _rank(groups: list[dict[str, Any]], overlay: str | None, pricer: Pricer, val
 
 
 def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
-         families: list[str] | None = None) -> LosoReport:
-    """Leave-one-source-out over the runs files and the ablation groups (module docstring)."""
+         families: list[str] | None = None, factors: tuple[Factor, ...] = FACTORS) -> LosoReport:
+    """Leave-one-source-out over the runs files and the ablation groups (module docstring); `factors`:
+    another set of fitted factors to try (e.g. one merged per GPU generation)."""
     rows = [r for p in runs_paths for r in load_runs(p)]
     family_of = {str(r.get("id")): source_family(r) for r in rows}
     cases, _ = convert(rows)
@@ -277,7 +278,7 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
         base = pricer.steps(cases, {})
         # rows of every factor, and their log steps on the factor's grid
         rows_of: dict[Factor, list[int]] = {}
-        for f in FACTORS:
+        for f in factors:
             if f.kind == "matmul":
                 rows_of[f] = [k for k, c in enumerate(cases) if c.gpu in f.targets
                               and precision_family(c.recipe or c.precision).lower() == f.precision]
@@ -286,7 +287,7 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
                 moved = pricer.steps(cases, {f: cv * FD if cv else (f.grid[1] - f.grid[0]) / 10})
                 rows_of[f] = [k for k in range(len(cases)) if abs(math.log(moved[k] / base[k])) > 1e-9]
         grids: dict[Factor, np.ndarray] = {}
-        for f in FACTORS:
+        for f in factors:
             sub = [cases[k] for k in rows_of[f]]
             if not sub:
                 grids[f] = np.zeros((0, GRID_POINTS))
@@ -305,7 +306,7 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
         def fold_values(leave: str | None) -> dict[Factor, float]:
             vals: dict[Factor, float] = {}
             empty = []
-            for f in FACTORS:
+            for f in factors:
                 v = fit(f, leave, vals)
                 if v is None:
                     empty.append(f)
@@ -360,7 +361,7 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
 
     e_cat, e_ref, e_los = err(base), err(refit_steps), err(loso_steps)
     factor_fits = []
-    for f in FACTORS:
+    for f in factors:
         rk = rows_of[f]
         fams = sorted({family_of[ids[k]] for k in rk})
         ff = FactorFit(f, catalog_value(f), [ids[k] for k in rk], fams, refit_vals[f],
