@@ -16,7 +16,8 @@ and prints that file's table again with them.
 source family of the three files every fitted factor is refitted without it (calibrate's objective
 and grid, one sweep, parabolic refinement), its runs and its ablation pairs are predicted, and the
 LOSO median / p90 / worst and pair concordance print beside the in-sample figures, with the table of
-fitted factors. `--markdown` prints docs/fidelity.md (its LOSO tables included).
+fitted factors. `--markdown` prints docs/fidelity.md (its LOSO tables included, and the same check of a
+structure with fewer factors: about a minute).
 `--write-intervals` fits the prediction intervals (measured/predicted quantiles per regime) on
 the dev and modern residuals and writes autoshard/data/intervals.yaml (or PATH).
 """
@@ -42,7 +43,7 @@ from autoshard.validate import (  # noqa: E402
     validation_file,
 )
 from autoshard.validate.ablations import format_ablations, summary_line, validate_ablations  # noqa: E402
-from autoshard.validate.loso import format_loso, loso, markdown_loso  # noqa: E402
+from autoshard.validate.loso import MERGED_BLACKWELL, format_loso, loso, markdown_loso, markdown_trial  # noqa: E402
 
 
 
@@ -93,7 +94,7 @@ def per_file_loso(lo, dev, modern) -> list[str]:  # type: ignore[no-untyped-def]
     return out
 
 
-def markdown(dev, modern, abl, lo=None) -> str:  # type: ignore[no-untyped-def]
+def markdown(dev, modern, abl, lo=None, trial=None) -> str:  # type: ignore[no-untyped-def]
     """docs/fidelity.md: the fidelity tables, from this run."""
     from autoshard.intervals import table  # noqa: PLC0415
 
@@ -109,6 +110,10 @@ def markdown(dev, modern, abl, lo=None) -> str:  # type: ignore[no-untyped-def]
         out += ["", "Per left-out family (catalog = in-sample as shipped; refit = this procedure on every row; LOSO "
                 "= refitted without the family). Ablation pairs: those measured >= 8% apart, ordered right.", ""]
         out += markdown_loso(lo)
+        if trial is not None:
+            out += ["", "Fewer factors, measured (the catalog is unchanged): one matmul factor per precision for the "
+                    "whole Blackwell generation instead of one per GPU.", ""]
+            out += markdown_trial(lo, trial, "one Blackwell factor per precision")
         out += ["", "Fitted factors not refitted here: the GEMM shape constants GEMM_K_OVERHEAD and "
                 "STREAM_K_RECOVERY (autoshard/cost/constants.py, fitted with the matmul efficiencies), held at "
                 "their values; the attention constants are fitted on kernel measurements "
@@ -187,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                   args.ablations if Path(args.ablations).is_file() else None)
         t_loso = time.perf_counter() - t0
     if args.markdown:
-        print(markdown(dev, modern, abl, lo))
+        trial = loso([p for p in (args.runs, args.modern) if Path(p).is_file()],
+                     args.ablations if Path(args.ablations).is_file() else None, factors=MERGED_BLACKWELL)
+        print(markdown(dev, modern, abl, lo, trial))
         return 0
     if args.json:
         print(json.dumps({"dev": dev.to_json(), "modern": modern.to_json() if modern else None,

@@ -409,7 +409,7 @@ def default_runs_path() -> Path:
     p = VALIDATION_DIR / RUNS_FILE
     if p.is_file():
         return p
-    raise InputError(f"validation runs not found at {p} (a non-editable install does not carry the project's "
+    raise InputError(f"validation runs not found (a non-editable install does not carry the project's "
                      f"validation/ folder): pass RUNS.json or set ${RUNS_ENV}", source=str(p))
 
 

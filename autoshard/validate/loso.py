@@ -110,6 +110,17 @@ FACTORS: tuple[Factor, ...] = (
 )
 FRAMEWORK_PRIOR = {"allocator_overhead": 1.0}  # the value without the fitted term; others 0
 
+# A trial structure with fewer factors: one matmul factor per precision for the whole Blackwell generation
+# (B200, B100, GB200, B300, GB300) in place of one per GPU, the rest as FACTORS. Measured beside FACTORS
+# by bench_fidelity --markdown; the catalog is not changed by it.
+BLACKWELL = ("b200", "b100", "gb200", "gb300", "b300")
+MERGED_BLACKWELL: tuple[Factor, ...] = tuple(
+    f for f in FACTORS if not (f.kind == "matmul" and set(f.targets) & set(BLACKWELL))) + (
+    Factor("blackwell matmul.bf16", "matmul", BLACKWELL, "bf16", fitted_on="every Blackwell bf16 row"),
+    Factor("blackwell matmul.fp8", "matmul", BLACKWELL, "fp8", fitted_on="every Blackwell fp8 row"),
+    Factor("blackwell matmul.fp4", "matmul", ("gb200", "gb300", "b200", "b100", "b300"), "fp4",
+           fitted_on="every Blackwell fp4 row"))
+
 
 # ---------------------------------------------------------------------------------------
 # Setting factors
@@ -423,6 +434,12 @@ def format_factors(r: LosoReport) -> str:
     return "\n".join(lines)
 
 
+def worst_factors(r: LosoReport, n: int = 6) -> list[FactorFit]:
+    """The factors whose rows lose most when their family is left out (LOSO minus in-sample median)."""
+    fitted = [ff for ff in r.factors if ff.rows]
+    return sorted(fitted, key=lambda ff: (-(ff.loso_median_pct - ff.in_sample_median_pct), ff.factor.name))[:n]
+
+
 def markdown_loso(r: LosoReport) -> list[str]:
     """The LOSO tables for docs/fidelity.md."""
     out = ["| left-out family | runs | catalog median | refit median | LOSO median | LOSO p90 | LOSO worst | "
@@ -446,4 +463,22 @@ def markdown_loso(r: LosoReport) -> list[str]:
             f"ablation groups of {ff.factor.ablation_family}" if ff.factor.ablation_family else "none")
         eff = f"{_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)}" if ff.rows else "-"
         out.append(f"| `{ff.factor.name}` | {ff.catalog:.4g} | {ff.refit:.4g} | {rows} | {eff} | {vals} |")
+    worst = worst_factors(r)
+    out += ["", "Factors whose rows lose most when their family is left out (LOSO minus in-sample median |err| of "
+            "the rows each prices): " + "; ".join(
+                f"`{ff.factor.name}` {_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)} "
+                f"({len(ff.families)} famil{'y' if len(ff.families) == 1 else 'ies'})" for ff in worst) + ". "
+            "A factor fitted on one family has no data when that family is left out and falls back to its prior."]
     return out
+
+
+def markdown_trial(base: LosoReport, trial: LosoReport, title: str) -> list[str]:
+    """One line comparing a trial factor structure with FACTORS: factor count, refit in-sample, LOSO."""
+    def cells(r: LosoReport, k: int) -> str:
+        return (f"| {k} | {_pct(r.refit['median_abs_pct'])} / {_pct(r.refit['p90_abs_pct'])} | "
+                f"{_pct(r.loso['median_abs_pct'])} / {_pct(r.loso['p90_abs_pct'])} | {r.pairs['loso']} of "
+                f"{r.pairs['compared']} |")
+    return ["| factor structure | fitted factors | refit in-sample median / p90 | LOSO median / p90 | "
+            "LOSO pairs |", "|---|---|---|---|---|",
+            "| as shipped (one matmul factor per GPU and precision) " + cells(base, len(base.factors)),
+            f"| {title} " + cells(trial, len(trial.factors))]
