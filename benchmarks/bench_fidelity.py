@@ -39,6 +39,7 @@ from autoshard.validate import (  # noqa: E402
     format_korthikanti,
     format_report,
     korthikanti_check,
+    memory_line,
     validate,
     validation_file,
 )
@@ -51,7 +52,10 @@ def summary_text(report, title: str) -> str:  # type: ignore[no-untyped-def]
     s = report.summary
     lines = [f"== {title}: {report.runs_path}",
              f"summary: n={s.n} (skipped {len(report.skipped)})  median |err| {s.median_abs_error_pct:.1f}%  "
-             f"p90 |err| {s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)", ""]
+             f"p90 |err| {s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)"]
+    if report.memory is not None:
+        lines.append(memory_line(report.memory))
+    lines.append("")
     lines += format_groups(report.by_source, "source")
     lines.append("")
     lines += format_groups(report.by_regime, "regime")
@@ -124,6 +128,12 @@ def markdown(dev, modern, abl, lo=None, trial=None) -> str:  # type: ignore[no-u
         out += ["", f"Modern runs (`modern_runs_dev.json`, {modern.summary.n} priced, {len(modern.skipped)} "
                 "skipped with the reason in the report):", ""]
         out += _md_groups(modern, "source")
+        if modern.memory is not None:
+            m = modern.memory
+            out += ["", f"Peak memory of the {m.n} modern runs that state it (the allocator's peak, against the "
+                    f"model's allocated peak without the runtime reserve): median |err| {m.median_abs_error_pct:.1f}%, "
+                    f"p90 {m.p90_abs_error_pct:.1f}%, worst {m.worst_error_pct:+.1f}% ({m.worst_id}); predicted not to "
+                    f"fit but ran: {m.predicted_oom_that_ran}."]
     if abl:
         s = abl.summary
         out += ["", f"Ranking (`ablations_dev.json`, {s.groups} groups): concordance {s.pairs_concordant}/"

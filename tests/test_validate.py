@@ -501,6 +501,14 @@ def test_modern_dev_report_by_source_and_regime():
         assert g.runs == len(members) and g.median_abs_error_pct == pytest.approx(statistics.median(errs))
         assert g.p90_abs_error_pct == pytest.approx(float(np.percentile(errs, 90)))
     assert "regime" in format_report(rep)
+    # SimuMax's 16 rows state the allocator's peak (real_alloc_gib, max_memory_allocated): every run that
+    # ran is predicted to fit, and each error is measured against the row's own figure
+    rows = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
+    m = [r for r in rep.results if r.measured_peak_memory_gib is not None]
+    assert rep.memory.n == len(m) == 16 and rep.memory.predicted_oom_that_ran == 0
+    for r in m:
+        assert r.measured_peak_memory_gib == rows[r.id]["other_metrics"]["real_alloc_gib"]
+        assert r.memory_error_pct == pytest.approx((r.peak_memory_gib / r.measured_peak_memory_gib - 1) * 100)
 
 
 def test_modern_dev_json_has_regimes(capsys):

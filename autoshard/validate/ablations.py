@@ -113,8 +113,7 @@ def _check_count(v: Any, where: str, src: str, required: bool = False) -> None:
 # Facts a group states once for every configuration; a configuration's own value of the same field wins.
 GROUP_DEFAULTS = ("precision", "precision_recipe", "recompute", "sp", "flash_attention", "launch_blocking",
                   "softmax_fusion", "topology", "tp_comm_overlap", "ep_overlap", "main_grads", "fp8_params",
-                  "cuda_graphs", "moe_dispatcher", "moe_capacity_factor", "local_batch", "framework",
-                  "measured_peak_memory_gib", "measured_peak_memory_gb")
+                  "cuda_graphs", "moe_dispatcher", "moe_capacity_factor", "local_batch", "framework")
 # Model fields a group's `model` object carries into the row (validation/README.md, "Model fields").
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "moe_experts", "moe_ffn",
                 "moe_shared_experts", "first_k_dense", "hidden_act", "dropout", "tie_word_embeddings",

@@ -51,11 +51,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ..calibrate import GRID_POINTS, HI, LO  # calibrate's search range and grid
 from . import Case, completed_plan, convert, load_runs, p90, with_catalog
 from .ablations import group_result, load_groups, summarize_ablations
 from .modern import precision_family, source_family
 
-LO, HI, GRID_POINTS = 0.2, 1.0, 17  # calibrate's search range and grid
 FD = 1.1  # finite-difference step that finds the rows a framework factor moves
 
 
