@@ -109,7 +109,18 @@ def markdown(dev, modern, abl, lo=None, trial=None) -> str:  # type: ignore[no-u
            "factor refitted without the family, autoshard/validate/loso.py). A cost-model change is adopted "
            "when LOSO improves, never on the in-sample figures alone.", ""]
     if lo is not None:
-        out += ["## Leave-one-source-out", ""]
+        out += ["## Leave-one-source-out", "",
+                "A source family is a row's `source_family` (validation/README.md: the publication series, e.g. "
+                "Megatron-Bridge's performance summaries of every release, torchtitan's benchmarks and docs). For each "
+                "family, every fitted factor is refitted on its rows outside the family and the family's runs and "
+                "ablation pairs are priced with them. Fit: calibrate's objective (sum of squared log errors) on its "
+                "17-point grid over [0.2, 1] (framework factors: a linear grid over their range), a parabola through "
+                "the best three points instead of the golden-section steps, one sweep, each factor with the others at "
+                "their catalog values. A factor whose rows all belong to the left-out family takes its prior: for a "
+                "matmul efficiency the geometric mean of the same precision's other fitted factors in that fold, for "
+                "a framework factor the value without the term. Factors fitted on ablation groups (allocator "
+                "overhead, recompute-module host time) keep their value unless their family is the one left out. "
+                "'refit' is the same procedure on every row (in-sample), 'catalog' the values as shipped.", ""]
         out += [f"- {line}" for line in per_file_loso(lo, dev, modern)]
         out += ["", "Per left-out family (catalog = in-sample as shipped; refit = this procedure on every row; LOSO "
                 "= refitted without the family). Ablation pairs: those measured >= 8% apart, ordered right.", ""]
