@@ -98,22 +98,20 @@ def gpu_id(name: str) -> str | None:
     return resolve_gpu_id(name) if name.strip() else None
 
 
+# The catalog's `arch` of a GPU (gpus.yaml) -> the architecture family the regime tables use.
+ARCH_FAMILIES = {"volta": "Volta", "ampere": "Ampere", "hopper": "Hopper", "blackwell": "Blackwell",
+                 "blackwell-ultra": "Blackwell", "cdna3": "CDNA3", "cdna4": "CDNA4"}
+
+
 def gpu_arch(gid: str) -> str:
-    """'Hopper', 'Blackwell', 'Ampere', 'CDNA3', 'CDNA4', ... of a catalog id."""
-    g = gid.lower()
-    if g.startswith(("h100", "h200", "h800", "gh200")):
-        return "Hopper"
-    if g.startswith(("b100", "b200", "b300", "gb200", "gb300")):
-        return "Blackwell"
-    if g.startswith("a100"):
-        return "Ampere"
-    if g.startswith("mi355"):
-        return "CDNA4"
-    if g.startswith("mi3"):
-        return "CDNA3"
-    if g.startswith("v100"):
-        return "Volta"
-    return "other"
+    """'Hopper', 'Blackwell', 'Ampere', 'CDNA3', 'CDNA4', ... of a catalog id: its catalog `arch`
+    (`ARCH_FAMILIES`; Blackwell Ultra counts as Blackwell), 'other' for the rest."""
+    from ..catalog import get_gpu  # noqa: PLC0415
+
+    try:
+        return ARCH_FAMILIES.get(get_gpu(gid).arch, "other")
+    except InputError:
+        return "other"
 
 
 def precision_family(precision: str) -> str:
