@@ -25,6 +25,7 @@ the dev and modern residuals and writes autoshard/data/intervals.yaml (or PATH).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -219,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.json:
         print(json.dumps({"dev": dev.to_json(), "modern": modern.to_json() if modern else None,
-                          "ablations": abl.to_json() if abl else None}, indent=2, sort_keys=True, default=str))
+                          "ablations": abl.to_json() if abl else None,
+                          "loso": dataclasses.asdict(lo) if lo is not None else None},
+                         indent=2, sort_keys=True, default=str))
         return 0
 
     if args.full:
