@@ -1,6 +1,6 @@
 """Fit the catalog's efficiency factors to measured runs: `calibrate(measurements, out)`.
 
-The runs file has the shape of `shared/validation/dev_runs.json` (a JSON list of rows) or
+The runs file has the shape of `validation/dev_runs.json` (a JSON list of rows) or
 is a CSV with the same column names; rows become cases through `validate.run_to_case`.
 The result is a catalog overlay (YAML `gpus: {<gpu id>: {efficiency: {...}}}`) that a
 problem uses with `cluster: {catalog: my-catalog.yaml}`.

@@ -205,11 +205,44 @@ def model_ids() -> list[str]:
     return list(_models())
 
 
+# Words people put before a GPU's name ("NVIDIA H100 SXM5", "AMD Instinct MI300X") and after it
+# ("H100 80GB HBM3 GPU"): dropped before the alias table is asked a second time.
+GPU_NAME_PREFIXES = ("nvidia-", "amd-", "instinct-", "tesla-")
+GPU_NAME_SUFFIXES = ("-gpu", "-gpus")
+
+
+def resolve_gpu_id(name: str) -> str | None:
+    """The catalog id a GPU spelling means, through the alias table (gpus.yaml `aliases`), or None:
+    case, spaces and underscores do not matter, and a vendor prefix (GPU_NAME_PREFIXES) or a trailing
+    'GPU' is dropped when the spelling as written is not in the table."""
+    key = _norm(name)
+    table = _aliases()
+    if key in table:
+        return table[key]
+    stripped = key
+    changed = True
+    while changed:
+        changed = False
+        for pre in GPU_NAME_PREFIXES:
+            if stripped.startswith(pre):
+                stripped, changed = stripped[len(pre):], True
+        for suf in GPU_NAME_SUFFIXES:
+            if stripped.endswith(suf):
+                stripped, changed = stripped[: -len(suf)], True
+    return table.get(stripped)
+
+
+def unknown_gpu_message(name: str) -> str:
+    """`unknown GPU 'X' (closest: a, b, c)`: the one line for a spelling the alias table lacks."""
+    return f"unknown GPU {name!r} ({closest(_norm(name), _aliases())})"
+
+
 def get_gpu(name: str, catalog: str | None = None) -> GPU:
-    """The catalog entry of a GPU by id or alias (case-insensitive), with calibration applied."""
-    gid = _aliases().get(_norm(name))
+    """The catalog entry of a GPU by id or alias (case-insensitive, `resolve_gpu_id`), with calibration
+    applied."""
+    gid = resolve_gpu_id(name)
     if gid is None:
-        raise InputError(f"unknown GPU {name!r} ({closest(_norm(name), _aliases())})", field="cluster.gpu")
+        raise InputError(unknown_gpu_message(name), field="cluster.gpu")
     gpu = _gpus()[gid]
     if catalog:
         overlay = load_overlay(catalog).get(gid)

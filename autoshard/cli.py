@@ -775,7 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = add("validate", cmd_validate, "Compare predicted step times with published measured runs.")
     v.add_argument("runs", nargs="?", default=None, metavar="RUNS.json",
-                   help="measured runs (dev_runs / modern_runs shape; default shared/validation/dev_runs.json); "
+                   help="measured runs (dev_runs / modern_runs shape; default: the project's validation/dev_runs.json, or $AUTOSHARD_VALIDATION); "
                         "a file of ablation groups is detected and ranked as with --ablations")
     v.add_argument("--ablations", metavar="FILE", help="groups of measured configurations of one model on one "
                    "cluster: measured vs predicted order, pairwise concordance, top-1 and OOM/fit agreement")

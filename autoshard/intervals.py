@@ -2,7 +2,7 @@
 
 Every `Estimate` that `evaluate` returns carries `step_time_interval_s = (low, high)`:
 the predicted step time times the 10th and 90th percentiles of measured / predicted over the
-published runs of the same regime (`shared/validation/dev_runs.json` and
+published runs of the same regime (`validation/dev_runs.json` and
 `modern_runs_dev.json`), so about 80% of such runs measured inside it. The quantiles live in
 `autoshard/data/intervals.yaml`, written by `python benchmarks/bench_fidelity.py
 --write-intervals` with the date and the files they came from; re-run it after every cost-model

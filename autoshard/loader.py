@@ -681,11 +681,12 @@ RUN_INT_COLUMNS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq
                    "zero_stage", "vpp_chunks", "layers_per_virtual_stage", "micro_batch", "global_batch_seqs",
                    "global_batch_tokens", "grad_accum")
 RUN_FLOAT_COLUMNS = ("params_b", "active_params_b", "peak_tflops_for_mfu", "tflops_per_gpu", "step_time_s",
-                     "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu_pct", "hfu_pct", "aggregate_pflops")
+                     "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu_pct", "hfu_pct", "aggregate_pflops",
+                     "measured_peak_memory_gib", "measured_peak_memory_gb")
 # Plausible ranges of the measured figures (outside: a typo or a unit mix-up, not a run):
 # a step between 0.1 ms and a day, throughput up to 10^12 tokens/s, up to 10^5 TFLOP/s per GPU.
 RUN_RANGES = {"step_time_s": (1e-4, 86_400.0), "tokens_per_sec": (1e-3, 1e12), "tflops_per_gpu": (1e-3, 1e5),
-              "gpu_count": (1, 2**20)}
+              "gpu_count": (1, 2**20), "measured_peak_memory_gib": (1e-3, 1e5), "measured_peak_memory_gb": (1e-3, 1e5)}
 RUN_REQUIRED_COLUMNS = ("id", "model", "gpu", "gpu_count", "precision", "layers", "hidden", "vocab", "seq_len",
                         "global_batch_seqs")
 RUN_STEP_COLUMNS = ("step_time_s", "tokens_per_sec", "tflops_per_gpu")

@@ -84,6 +84,17 @@ def logbook_rows(text: str) -> tuple[list[dict], int]:
     return rows, skipped
 
 
+# What validation/ablations_dev.json states for the logbook's groups (validation/README.md): Megatron-DeepSpeed
+# of Feb 2022 on Jean Zay (fused softmax with that month's check, no FlashAttention, no sequence parallelism,
+# CUDA_LAUNCH_BLOCKING=1, --checkpoint-activations in every tr11 launcher); GPT-style models with BLOOM's
+# 250,880-token vocabulary; bf16 runs on BF16_Optimizer (gradients accumulated and reduced in fp32).
+LOGBOOK_FACTS = {"source_family": "BigScience Megatron-DeepSpeed", "framework": "deepspeed", "gpu": "A100 SXM 80GB",
+                 "gpu_as_published": "A100 SXM 80GB (Jean Zay), 8 per node", "topology": "jean-zay-a100",
+                 "flash_attention": False, "sp": False, "launch_blocking": True, "softmax_fusion": "bigscience-2022",
+                 "recompute": "full"}
+GPT_MODEL = {"hidden_act": "gelu", "dropout": True, "tie_word_embeddings": True}
+
+
 def precision_of(date: str) -> str:
     """fp16 until 02-27; from 02-28 bf16 with Megatron-DeepSpeed's BF16_Optimizer ("from now on the
     testing is happening with BF16 optimizer that was just written to accumulate gradients in fp32",
@@ -94,12 +105,13 @@ def precision_of(date: str) -> str:
 def price(r: dict) -> tuple[float, bool | None, float | None]:
     """The line's predicted step, whether it fits and its peak memory (GiB): a one-configuration
     ablation group, through `validate --ablations`'s own conversion (ablations.group_result)."""
+    precision = precision_of(r["date"])
     group = {"id": "bloom-logbook", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node",
              "interconnect": "NVLink within node; 4 Omni-Path (OPA) links per node", "seq_len": 2048,
-             "precision": precision_of(r["date"]), "gpu_count": 8 * r["nodes"], "global_batch_seqs": r["gbs"],
+             "precision": precision, "gpu_count": 8 * r["nodes"], "global_batch_seqs": r["gbs"],
              "model": {"name": "BLOOM-candidate", "hidden": r["hidden"], "layers": r["layers"], "heads": r["heads"],
-                       "kv_heads": r["heads"]},
+                       "kv_heads": r["heads"], "ffn": 4 * r["hidden"], "vocab": 250880, **GPT_MODEL},
+             **LOGBOOK_FACTS, **({"main_grads": "fp32"} if precision == "bf16" else {}),
              "configs": [{"tp": r["tp"], "pp": r["pp"], "dp": r["dp"], "zero_stage": r["zero"], "micro_batch": r["mbs"],
                           "measured": {"step_time_s": r["measured_s"]} if r["measured_s"] else {"status": "OOM"}}]}
     res = group_result(group).configs[0]

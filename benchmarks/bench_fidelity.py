@@ -1,17 +1,23 @@
 """Fidelity: predicted vs measured step times and plan orders on the three validation files.
 
-    python benchmarks/bench_fidelity.py [--full] [--json] [--catalog OVERLAY] [--calibrate]
-                                        [--runs PATH] [--modern PATH] [--ablations PATH]
+    python benchmarks/bench_fidelity.py [--full] [--json] [--markdown] [--loso] [--catalog OVERLAY]
+                                        [--calibrate] [--runs PATH] [--modern PATH] [--ablations PATH]
                                         [--write-intervals [PATH]]
 
 Run it before and after every cost-model change (about 10 s). It prints, for
-shared/validation/dev_runs.json (2021-2024 Megatron dense runs) and modern_runs_dev.json
+validation/dev_runs.json (the project's copies; $AUTOSHARD_VALIDATION overrides) (2021-2024 Megatron dense runs) and modern_runs_dev.json
 (2024-2026 stacks: MoE, Blackwell, FP8 recipes) the summary (median, p90, worst |error|) and
 the per-source and per-regime tables, and for ablations_dev.json the ranking summary
 (pairwise concordance, blind pairs, top-1, OOM/fit). `--full` adds every run and every group;
 the activation-memory check against Korthikanti et al. 2022 closes the output.
 `--calibrate` also fits the catalog's efficiency factors on dev_runs (into a temporary overlay)
 and prints that file's table again with them.
+`--loso` adds leave-one-source-out (autoshard/validate/loso.py, about 30 s on two cores): for each
+source family of the three files every fitted factor is refitted without it (calibrate's objective
+and grid, one sweep, parabolic refinement), its runs and its ablation pairs are predicted, and the
+LOSO median / p90 / worst and pair concordance print beside the in-sample figures, with the table of
+fitted factors. `--markdown` prints docs/fidelity.md (its LOSO tables included, and the same check of a
+structure with fewer factors: about a minute).
 `--write-intervals` fits the prediction intervals (measured/predicted quantiles per regime) on
 the dev and modern residuals and writes autoshard/data/intervals.yaml (or PATH).
 """
@@ -19,6 +25,7 @@ the dev and modern residuals and writes autoshard/data/intervals.yaml (or PATH).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -33,18 +40,23 @@ from autoshard.validate import (  # noqa: E402
     format_korthikanti,
     format_report,
     korthikanti_check,
+    memory_line,
     validate,
+    validation_file,
 )
 from autoshard.validate.ablations import format_ablations, summary_line, validate_ablations  # noqa: E402
+from autoshard.validate.loso import MERGED_BLACKWELL, format_loso, loso, markdown_loso, markdown_trial  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
 
 
 def summary_text(report, title: str) -> str:  # type: ignore[no-untyped-def]
     s = report.summary
     lines = [f"== {title}: {report.runs_path}",
              f"summary: n={s.n} (skipped {len(report.skipped)})  median |err| {s.median_abs_error_pct:.1f}%  "
-             f"p90 |err| {s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)", ""]
+             f"p90 |err| {s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)"]
+    if report.memory is not None:
+        lines.append(memory_line(report.memory))
+    lines.append("")
     lines += format_groups(report.by_source, "source")
     lines.append("")
     lines += format_groups(report.by_regime, "regime")
@@ -65,16 +77,75 @@ def _md_groups(report, title: str) -> list[str]:  # type: ignore[no-untyped-def]
     return rows
 
 
-def markdown(dev, modern, abl) -> str:  # type: ignore[no-untyped-def]
-    """The README's fidelity tables, from this run."""
+def per_file_loso(lo, dev, modern) -> list[str]:  # type: ignore[no-untyped-def]
+    """LOSO median / p90 / worst per runs file, beside its in-sample (catalog) figures."""
+    import statistics  # noqa: PLC0415
+
+    from autoshard.validate import p90  # noqa: PLC0415
+
+    out = []
+    for name, rep in (("dev", dev), ("modern", modern)):
+        if rep is None:
+            continue
+        ids = [r.id for r in rep.results if r.id in lo.errors]
+        if not ids:
+            continue
+        e = [lo.errors[i]["loso"] for i in ids]
+        a = [abs(x) for x in e]
+        s = rep.summary
+        out.append(f"{name}: in-sample median {s.median_abs_error_pct:.1f}% p90 {s.p90_abs_error_pct:.1f}%  ->  LOSO "
+                   f"median {statistics.median(a):.1f}% p90 {p90(a):.1f}% worst {max(e, key=abs):+.1f}% "
+                   f"(n={len(ids)})")
+    return out
+
+
+def markdown(dev, modern, abl, lo=None, trial=None) -> str:  # type: ignore[no-untyped-def]
+    """docs/fidelity.md: the fidelity tables, from this run."""
     from autoshard.intervals import table  # noqa: PLC0415
 
-    out = [f"Dev runs (`dev_runs.json`, {dev.summary.n} priced, {len(dev.skipped)} skipped):", ""]
+    out = ["# Fidelity", "",
+           "Generated by `python benchmarks/bench_fidelity.py --markdown` (do not edit by hand): predicted vs "
+           "measured step times and plan orders on the project's `validation/` files, in-sample (the catalog "
+           "as shipped, whose factors were fitted on these rows) and leave-one-source-out (LOSO: every fitted "
+           "factor refitted without the family, autoshard/validate/loso.py). A cost-model change is adopted "
+           "when LOSO improves, never on the in-sample figures alone.", ""]
+    if lo is not None:
+        out += ["## Leave-one-source-out", "",
+                "A source family is a row's `source_family` (validation/README.md: the publication series, e.g. "
+                "Megatron-Bridge's performance summaries of every release, torchtitan's benchmarks and docs). For each "
+                "family, every fitted factor is refitted on its rows outside the family and the family's runs and "
+                "ablation pairs are priced with them. Fit: calibrate's objective (sum of squared log errors) on its "
+                "17-point grid over [0.2, 1] (framework factors: a linear grid over their range), a parabola through "
+                "the best three points instead of the golden-section steps, one sweep, each factor with the others at "
+                "their catalog values. A factor whose rows all belong to the left-out family takes its prior: for a "
+                "matmul efficiency the geometric mean of the same precision's other fitted factors in that fold, for "
+                "a framework factor the value without the term. Factors fitted on ablation groups (allocator "
+                "overhead, recompute-module host time) keep their value unless their family is the one left out. "
+                "'refit' is the same procedure on every row (in-sample), 'catalog' the values as shipped.", ""]
+        out += [f"- {line}" for line in per_file_loso(lo, dev, modern)]
+        out += ["", "Per left-out family (catalog = in-sample as shipped; refit = this procedure on every row; LOSO "
+                "= refitted without the family). Ablation pairs: those measured >= 8% apart, ordered right.", ""]
+        out += markdown_loso(lo)
+        if trial is not None:
+            out += ["", "Fewer factors, measured (the catalog is unchanged): one matmul factor per precision for the "
+                    "whole Blackwell generation instead of one per GPU.", ""]
+            out += markdown_trial(lo, trial, "one Blackwell factor per precision")
+        out += ["", "Fitted factors not refitted here: the GEMM shape constants GEMM_K_OVERHEAD and "
+                "STREAM_K_RECOVERY (autoshard/cost/constants.py, fitted with the matmul efficiencies), held at "
+                "their values; the attention constants are fitted on kernel measurements "
+                "(autoshard/data/kernel_measurements.json), not on these rows.", "", "## In-sample", ""]
+    out += [f"Dev runs (`dev_runs.json`, {dev.summary.n} priced, {len(dev.skipped)} skipped):", ""]
     out += _md_groups(dev, "source")
     if modern:
         out += ["", f"Modern runs (`modern_runs_dev.json`, {modern.summary.n} priced, {len(modern.skipped)} "
                 "skipped with the reason in the report):", ""]
         out += _md_groups(modern, "source")
+        if modern.memory is not None:
+            m = modern.memory
+            out += ["", f"Peak memory of the {m.n} modern runs that state it (the allocator's peak, against the "
+                    f"model's allocated peak without the runtime reserve): median |err| {m.median_abs_error_pct:.1f}%, "
+                    f"p90 {m.p90_abs_error_pct:.1f}%, worst {m.worst_error_pct:+.1f}% ({m.worst_id}); predicted not to "
+                    f"fit but ran: {m.predicted_oom_that_ran}."]
     if abl:
         s = abl.summary
         out += ["", f"Ranking (`ablations_dev.json`, {s.groups} groups): concordance {s.pairs_concordant}/"
@@ -100,15 +171,18 @@ def markdown(dev, modern, abl) -> str:  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=str(SHARED / "dev_runs.json"), help="dev runs file")
-    ap.add_argument("--modern", default=str(SHARED / "modern_runs_dev.json"), help="modern runs file")
-    ap.add_argument("--ablations", default=str(SHARED / "ablations_dev.json"), help="ablation groups file")
+    ap.add_argument("--runs", default=str(validation_file("dev_runs.json")),
+                    help="dev runs file (default: the project's validation/, or $AUTOSHARD_VALIDATION)")
+    ap.add_argument("--modern", default=str(validation_file("modern_runs_dev.json")), help="modern runs file")
+    ap.add_argument("--ablations", default=str(validation_file("ablations_dev.json")), help="ablation groups file")
     ap.add_argument("--catalog", help="calibrated catalog overlay to apply")
     ap.add_argument("--full", action="store_true", help="every run and every ablation group, not only the summaries")
     ap.add_argument("--calibrate", action="store_true", help="also fit the efficiency factors on dev_runs and re-validate")
     ap.add_argument("--json", action="store_true", help="print the three reports as one JSON document")
     ap.add_argument("--markdown", action="store_true", help="print the README's fidelity tables (per source, "
                     "per regime, ranking, intervals) from this run")
+    ap.add_argument("--loso", action="store_true", help="also leave-one-source-out: refit every fitted factor "
+                    "without each source family and predict its runs and ablation pairs (about 30 s)")
     ap.add_argument("--write-intervals", nargs="?", const="", default=None, metavar="PATH",
                     help="write the prediction intervals fitted on the dev and modern residuals "
                          "(default autoshard/data/intervals.yaml)")
@@ -133,12 +207,22 @@ def main(argv: list[str] | None = None) -> int:
                                            for k, v in doc["regimes"].items()))
         return 0
 
+    lo = None
+    if args.loso or args.markdown:
+        t0 = time.perf_counter()
+        lo = loso([p for p in (args.runs, args.modern) if Path(p).is_file()],
+                  args.ablations if Path(args.ablations).is_file() else None)
+        t_loso = time.perf_counter() - t0
     if args.markdown:
-        print(markdown(dev, modern, abl))
+        trial = loso([p for p in (args.runs, args.modern) if Path(p).is_file()],
+                     args.ablations if Path(args.ablations).is_file() else None, factors=MERGED_BLACKWELL)
+        print(markdown(dev, modern, abl, lo, trial))
         return 0
     if args.json:
         print(json.dumps({"dev": dev.to_json(), "modern": modern.to_json() if modern else None,
-                          "ablations": abl.to_json() if abl else None}, indent=2, sort_keys=True, default=str))
+                          "ablations": abl.to_json() if abl else None,
+                          "loso": dataclasses.asdict(lo) if lo is not None else None},
+                         indent=2, sort_keys=True, default=str))
         return 0
 
     if args.full:
@@ -159,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== ablations: {abl.path}")
         print(summary_line(abl.summary))
         print()
-    print(f"(dev {t_dev:.1f} s, modern {t_mod:.1f} s, ablations {t_abl:.1f} s)")
+    if lo is not None:
+        print(format_loso(lo))
+        print("\n".join(per_file_loso(lo, dev, modern)))
+        print()
+    print(f"(dev {t_dev:.1f} s, modern {t_mod:.1f} s, ablations {t_abl:.1f} s"
+          + (f", LOSO {t_loso:.1f} s)" if lo is not None else ")"))
     if args.full:
         print("\nActivation memory per layer vs Korthikanti et al. 2022 (GPT-3 175B layer, s=2048, b=1, t=8, "
               "no FlashAttention):")

@@ -4,7 +4,7 @@
 
 The tables are `docs/performance-summary.md` and `docs/performance-summary-archive.md` of
 NVIDIA-NeMo/Megatron-Bridge (read them from a checkout; nothing is fetched). The dev file
-shared/validation/modern_runs_dev.json holds 48 of their lines, one per configuration (the newest
+validation/modern_runs_dev.json holds 48 of their lines, one per configuration (the newest
 release); this prints the others, the lines the cost model was never compared with while it was
 built. Each line is converted the way `autoshard validate` converts a dev row: the model's shape
 from the dev row of the same model (the tables print only degrees), the GPU system from a dev row
@@ -33,9 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoshard.validate import Case, evaluate_case, load_runs, run_to_case  # noqa: E402
-from autoshard.validate.modern import recipe_of  # noqa: E402
+from autoshard.validate.modern import gpu_arch, gpu_id, precision_recipe, recipe_of  # noqa: E402
 
-DEV = Path(__file__).resolve().parents[2] / "shared" / "validation" / "modern_runs_dev.json"
+DEV = Path(__file__).resolve().parents[1] / "validation" / "modern_runs_dev.json"
 
 
 def base_label(label: str) -> str:
@@ -101,8 +101,23 @@ def line_to_row(d: dict[str, str], shape: dict, system: dict) -> dict | None:
     vp = None if vp in (None, "", "n/a", "1") else int(_num(vp))
     precision = re.sub(r"\s*\(.*\)", "", d.get("Precision") or "").strip() or "FP8"  # 25.09: no column
     row = copy.deepcopy(shape)
-    for k in ("gpu", "gpus_per_node", "nvlink_domain_gpus", "interconnect"):
-        row[k] = system[k]
+    # the shape row's architecture fields stay; its run's facts go (the line states its own system and
+    # precision; the release recipe, `modern.recipe_of`, gives overlaps, graphs, dispatcher and recompute)
+    for k in ("topology", "precision_recipe", "tp_comm_overlap", "ep_overlap", "cuda_graphs", "moe_dispatcher",
+              "moe_capacity_factor", "fp8_params", "measured_peak_memory_gib", "measured_peak_memory_gb"):
+        row.pop(k, None)
+    for k in ("gpu", "gpus_per_node", "nvlink_domain_gpus", "interconnect", "topology"):
+        if k in system:
+            row[k] = system[k]
+    # every Megatron-Bridge performance recipe: grad_reduce_in_fp32 false; its FP8 / FP4 mixed-precision
+    # configs keep low-precision primary weights (mixed_precision.py bf16_with_fp8_{delayed,current}_scaling_mixed
+    # / bf16_with_mxfp8_mixed: fp8_param_gather True; bf16_with_nvfp4_mixed: fp4_param_gather True;
+    # subchannel, the blockwise recipe FP8-MX runs on Hopper: False)
+    recipe, _ = precision_recipe({"precision": precision}, gpu_arch(gpu_id(system["gpu"]) or ""))
+    row.update(framework="megatron", source_family="Megatron-Bridge", main_grads="bf16",
+               fp8_params=recipe in ("fp8", "fp8-delayed", "fp8-current", "mxfp8", "nvfp4"))
+    if re.search(r"token[-_ ]?drop(?!less)", d["model"].lower()):  # the table's '(tokendrop)' label
+        row["moe_capacity_factor"] = 1.0
     row.update(
         id=f"table_{d['release']}_{base_label(d['model'])}_{d['System']}_{precision}_{n}gpu_tp{tp}pp{pp}cp{cp}vp{vp}ep{ep}mbs{mbs}",
         source="NVIDIA NeMo Megatron-Bridge performance summary", source_ref="", notes="",

@@ -12,12 +12,11 @@ def _bloom(hidden, layers, heads, tp, pp, dp, mbs, gbs=2048, precision="fp16 (in
     from autoshard.validate.ablations import config_row
     from autoshard.validate.modern import modern_row_to_case
 
-    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": tp * pp * dp, "seq_len": 2048,
-             "global_batch_seqs": gbs, "precision": precision,
-             "model": {"name": "BLOOM-candidate", "hidden": hidden, "layers": layers, "heads": heads, "kv_heads": heads}}
+    from validation_facts import logbook_group
+
+    group = logbook_group({"name": "BLOOM-candidate", "hidden": hidden, "layers": layers, "heads": heads},
+                          tp * pp * dp, gbs, precision)
     row, _ = config_row(group, {"tp": tp, "pp": pp, "dp": dp, "zero_stage": 1, "micro_batch": mbs}, 0)
-    row.pop("_tp_overlap"), row.pop("_ep_overlap")
     row["step_time_s"] = 100.0
     case = modern_row_to_case(row)
     return case, cost.evaluate(case.problem, completed_plan(case))

@@ -95,12 +95,10 @@ def _bloom_step(hidden, layers, heads, tp, pp, mbs):
     from autoshard.validate.ablations import config_row
     from autoshard.validate.modern import modern_row_to_case
 
-    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 384, "seq_len": 2048,
-             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)",
-             "model": {"name": "BLOOM-candidate", "hidden": hidden, "layers": layers, "heads": heads, "kv_heads": heads}}
+    from validation_facts import logbook_group
+
+    group = logbook_group({"name": "BLOOM-candidate", "hidden": hidden, "layers": layers, "heads": heads}, 384)
     row, _ = config_row(group, {"tp": tp, "pp": pp, "dp": 384 // (tp * pp), "zero_stage": 1, "micro_batch": mbs}, 0)
-    row.pop("_tp_overlap"), row.pop("_ep_overlap")
     row["step_time_s"] = 100.0
     case = modern_row_to_case(row)
     assert case.problem.training.softmax_fusion == "bigscience-2022"
@@ -152,14 +150,15 @@ def test_feb20_groups_take_the_head_count_of_the_logbooks_probes():
     from autoshard.validate.ablations import config_row
     from autoshard.validate.modern import modern_row_to_case
 
-    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 320, "seq_len": 2048,
-             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)",
-             "model": {"name": "BLOOM-candidate 187B (NHIDDEN=13824, NLAYERS=None)", "hidden": 13824}}
+    import json
+
+    from validation_facts import ABLATIONS
+
+    # the project's copy of the 02-20 187B group, whose `filled` states the heads and where they come from
+    (group,) = [g for g in json.loads(ABLATIONS.read_text()) if g["id"] == "bloom-0220-187b-320gpu-mbs"]
     steps = {}
     for mbs in (2, 4):
         row, notes = config_row(group, {"tp": 8, "pp": 10, "dp": 4, "zero_stage": 1, "micro_batch": mbs}, 0)
-        row.pop("_tp_overlap"), row.pop("_ep_overlap")
         assert row["heads"] == 32 and any("Feb-17" in n for n in notes)
         row["step_time_s"] = 100.0
         case = modern_row_to_case(row)

@@ -29,7 +29,7 @@ from autoshard.validate import (
 
 DATA = Path(__file__).parent / "data" / "validation"
 SUBSET = DATA / "runs_subset.json"
-DEV_RUNS = Path(__file__).resolve().parents[2] / "shared" / "validation" / "dev_runs.json"
+DEV_RUNS = Path(__file__).resolve().parents[1] / "validation" / "dev_runs.json"  # the project's copy
 
 
 def rows() -> dict[str, dict]:
@@ -76,10 +76,34 @@ def test_dgxc_gpt3_row_fills_heads_and_ffn_and_says_so():
     assert case.problem.cluster.gpu == "h100-sxm" and case.problem.cluster.topology == "dgx-h100-400g"
 
 
-def test_fill_only_for_gpt3_175b():
-    row = dict(rows()["dgxc_v24.11_gpt3_175b_bf16_128gpu"], model="GPT-NeoX 175B")
-    skip = run_to_case(row)
-    assert isinstance(skip, Skip) and "model dimensions not published" in skip.reason
+def test_model_name_changes_nothing():
+    # Facts come from the row's fields, never from its name: renaming the model (or the source) leaves
+    # the problem and the plan as they were; a row without heads skips, whatever its name.
+    row = rows()["dgxc_v24.11_gpt3_175b_bf16_128gpu"]
+    a = run_to_case(row)
+    b = run_to_case(dict(row, model="GPT-NeoX 175B", source="somebody else, 2030"))
+    assert isinstance(a, Case) and isinstance(b, Case)
+    assert b.problem.model.model_copy(update={"name": a.problem.model.name}) == a.problem.model
+    assert b.problem.training == a.problem.training and b.plan == a.plan
+    assert b.source_group == a.source_group == "DGXC Megatron GPT-3 175B"  # the row's source_group field
+    skip = run_to_case({k: v for k, v in row.items() if k not in ("heads", "filled")})
+    assert isinstance(skip, Skip) and "model dimensions not published (heads null)" in skip.reason
+    # the architecture facts have documented defaults: gated SiLU, untied, no dropout, kv heads = heads
+    bare = run_to_case({k: v for k, v in row.items() if k not in ("hidden_act", "dropout", "tie_word_embeddings")})
+    m = bare.problem.model
+    assert (m.hidden_act, m.tie_word_embeddings, m.dropout, m.kv_heads) == ("silu", False, False, 96)
+
+
+def test_modern_model_name_changes_nothing():
+    from autoshard.validate.modern import modern_row_to_case
+
+    row = next(r for r in modern_rows().values() if r.get("kv_lora_rank"))
+    a = modern_row_to_case(row)
+    b = modern_row_to_case(dict(row, model="a model", id=row["id"] + "-renamed", source="unknown lab, 2031"))
+    assert b.problem.model.model_copy(update={"name": a.problem.model.name, "source": a.problem.model.source}) \
+        == a.problem.model
+    assert b.plan == a.plan and b.framework == a.framework
+    assert a.problem.model.is_mla and a.problem.model.kv_lora_rank == row["kv_lora_rank"]
 
 
 def test_fsdp_llama_row():
@@ -150,7 +174,6 @@ def test_report_summary_consistent():
             "DGXC PaxML GPT-3 175B"} <= groups
 
 
-@pytest.mark.skipif(not DEV_RUNS.is_file(), reason="shared/validation/dev_runs.json not present")
 def test_full_dev_runs_report():
     report = validate()
     _check_report(report)
@@ -465,7 +488,6 @@ def test_old_rows_still_convert_the_old_way():
     assert all(is_modern_row(r) for r in modern_rows().values())
 
 
-@pytest.mark.skipif(not MODERN_DEV.is_file(), reason="shared/validation/modern_runs_dev.json not present")
 def test_modern_dev_report_by_source_and_regime():
     rep = validate(MODERN_DEV)
     assert rep.summary.n + len(rep.skipped) == len(json.loads(MODERN_DEV.read_text()))
@@ -479,9 +501,16 @@ def test_modern_dev_report_by_source_and_regime():
         assert g.runs == len(members) and g.median_abs_error_pct == pytest.approx(statistics.median(errs))
         assert g.p90_abs_error_pct == pytest.approx(float(np.percentile(errs, 90)))
     assert "regime" in format_report(rep)
+    # SimuMax's 16 rows state the allocator's peak (real_alloc_gib, max_memory_allocated): every run that
+    # ran is predicted to fit, and each error is measured against the row's own figure
+    rows = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
+    m = [r for r in rep.results if r.measured_peak_memory_gib is not None]
+    assert rep.memory.n == len(m) == 16 and rep.memory.predicted_oom_that_ran == 0
+    for r in m:
+        assert r.measured_peak_memory_gib == rows[r.id]["other_metrics"]["real_alloc_gib"]
+        assert r.memory_error_pct == pytest.approx((r.peak_memory_gib / r.measured_peak_memory_gib - 1) * 100)
 
 
-@pytest.mark.skipif(not MODERN_DEV.is_file(), reason="shared/validation/modern_runs_dev.json not present")
 def test_modern_dev_json_has_regimes(capsys):
     from autoshard.cli import main
 
@@ -526,21 +555,27 @@ def test_ablation_metrics_on_a_hand_made_group():
     assert (s.oom_agree, s.oom_total) == (8, 10)
 
 
-def test_ablation_rates_become_times_and_knobs_from_notes():
-    from autoshard.validate.ablations import _metric, _overlap_from_notes
+def test_ablation_rates_become_times_and_config_fields_win():
+    from autoshard.validate.ablations import _metric, config_row
 
     cfgs = [{"measured": {"tokens_per_sec_per_gpu": 100, "mfu_pct": 40}}, {"measured": {"status": "OOM"}},
             {"measured": {"tokens_per_sec_per_gpu": 128}}]
     assert _metric(cfgs) == "tokens_per_sec_per_gpu"  # mfu_pct is not in every configuration that ran
-    assert _overlap_from_notes("2D + AsyncTP (TP comm/compute overlap)") == (True, None)
-    assert _overlap_from_notes("vanilla TP") == (False, None)
-    assert _overlap_from_notes("EP overlap off; steady window") == (None, False)
+    # a group's facts hold for every configuration; a configuration's own value of the field wins
+    group = {"id": "g", "source": "x", "model": {"layers": 32, "hidden": 4096, "ffn": 14336, "heads": 32,
+                                                  "vocab": 128256}, "gpu": "H100", "gpu_count": 64, "seq_len": 8192,
+             "global_batch_seqs": 64, "precision": "bf16", "tp_comm_overlap": True, "recompute": "full"}
+    row, _ = config_row(group, {"tp": 8, "dp": 8, "micro_batch": 1}, 0)
+    assert row["tp_comm_overlap"] is True and row["activation_recompute"] == "full" and row["precision"] == "bf16"
+    row, _ = config_row(group, {"tp": 8, "dp": 8, "micro_batch": 1, "tp_comm_overlap": False, "recompute": "none",
+                                "precision": "fp8 tensorwise"}, 1)
+    assert row["tp_comm_overlap"] is False and row["activation_recompute"] == "none"
+    assert row["precision"] == "fp8 tensorwise"  # per-configuration precision in a group
 
 
 ABLATIONS_DEV = DEV_RUNS.parent / "ablations_dev.json"
 
 
-@pytest.mark.skipif(not ABLATIONS_DEV.is_file(), reason="shared/validation/ablations_dev.json not present")
 def test_ablations_dev_report(capsys):
     from autoshard.cli import main
     from autoshard.validate.ablations import validate_ablations
@@ -577,7 +612,6 @@ def test_regime_classification_by_hand():
     assert regime({"compute": 9.1, "tp_comm": 0.9}, 10.0, moe=False) == "compute-bound"
 
 
-@pytest.mark.skipif(not MODERN_DEV.is_file() or not DEV_RUNS.is_file(), reason="shared/validation not present")
 def test_intervals_contain_the_stated_fraction_of_dev_residuals():
     from autoshard.intervals import MIN_RUNS, QUANTILES, fit_intervals, residuals
 
@@ -700,14 +734,27 @@ def test_bad_ablation_files_are_one_line_errors(tmp_path, capsys):
         assert len(err) == 1 and expect in err[0] and str(f) in err[0]
 
 
-def test_modern_rows_name_their_dispatcher_and_cuda_graphs():
+def test_modern_rows_state_their_dispatcher_and_cuda_graphs():
     from autoshard.validate.modern import cuda_graphs_of, dispatcher_of_row
 
-    row = {"notes": "Recipe at HEAD (helpers it calls: _benchmark_common, _enable_hybridep_full_iteration_mxfp8)"}
+    row = {"id": "r", "moe_dispatcher": "hybridep", "cuda_graphs": True,
+           "notes": "Recipe at HEAD (helpers it calls: _enable_hybridep_full_iteration_mxfp8)"}
     assert dispatcher_of_row(row) == "hybridep" and cuda_graphs_of(row)
-    assert dispatcher_of_row({"other_metrics": {"kernel_optimizations": "TE + DeepEP"}}) == "deepep"
-    plain = {"notes": "MoE footnote: all benchmarks token-dropless."}
+    # notes are text for people: a dispatcher or CUDA graphs named only there are not read
+    plain = {"id": "p", "notes": "TE + DeepEP, full_iteration CUDA graphs"}
     assert dispatcher_of_row(plain) is None and not cuda_graphs_of(plain)
+    with pytest.raises(InputError, match="p.cuda_graphs: expected true or false"):
+        cuda_graphs_of(dict(plain, cuda_graphs="yes"))
+
+
+# What validation/ablations_dev.json states for the BigScience logbook's groups (validation/README.md).
+GPT_MODEL = {"hidden_act": "gelu", "dropout": True, "tie_word_embeddings": True}
+LOGBOOK_FACTS = {"id": "logbook-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
+                 "source_family": "BigScience Megatron-DeepSpeed", "framework": "deepspeed", "gpu": "A100 SXM 80GB",
+                 "topology": "jean-zay-a100", "seq_len": 2048, "global_batch_seqs": 2048, "precision": "fp16",
+                 "flash_attention": False, "sp": False, "launch_blocking": True, "softmax_fusion": "bigscience-2022",
+                 "recompute": "full",
+                 "filled": {"recompute": "full: the tr11 launchers pass --checkpoint-activations"}}
 
 
 def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
@@ -717,11 +764,8 @@ def test_bloom_logbook_configurations_run_as_megatron_deepspeed_did():
     from autoshard.validate.ablations import config_row
     from autoshard.validate.modern import modern_row_to_case
 
-    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "model": {"name": "BLOOM-candidate 182B (NHIDDEN=13824, NLAYERS=78)", "hidden": 13824, "layers": 78,
-                       "heads": 64},
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 384, "seq_len": 2048,
-             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)"}
+    group = dict(LOGBOOK_FACTS, model={"name": "candidate 182B", "hidden": 13824, "layers": 78, "heads": 64,
+                                       "vocab": 250880, "ffn": 4 * 13824, **GPT_MODEL}, gpu_count=384)
     cases = []
     for mbs in (1, 2):
         row, notes = config_row(group, {"tp": 4, "pp": 12, "dp": 8, "zero_stage": 1, "micro_batch": mbs}, mbs)
@@ -756,10 +800,8 @@ def test_bloom_logbook_configurations_recompute_every_layer():
     from autoshard.validate.ablations import config_row
     from autoshard.validate.modern import modern_row_to_case
 
-    group = {"id": "bloom-test", "source": "BigScience BLOOM-176B pre-training logbook ('chronicles-prequel')",
-             "model": {"name": "BLOOM-candidate 187B (NHIDDEN=13824, NLAYERS=None)", "hidden": 13824},
-             "gpu": "A100 SXM 80GB (Jean Zay), 8 per node", "gpu_count": 320, "seq_len": 2048,
-             "global_batch_seqs": 2048, "precision": "fp16 (inferred, see notes)"}
+    # the project's copy of the 02-20 187B group (its filled layers, heads, ffn and vocab)
+    (group,) = [g for g in json.loads(ABLATIONS_DEV.read_text()) if g["id"] == "bloom-0220-187b-320gpu-mbs"]
     peak_gb = {}
     for mbs in (1, 8):
         row, notes = config_row(group, {"tp": 8, "pp": 10, "dp": 4, "zero_stage": 1, "micro_batch": mbs}, mbs)
@@ -943,3 +985,131 @@ def test_published_table_lines_parse_and_convert():
     assert row["other_metrics"] == {"release": "26.04", "source_model_label": "Qwen3_235B_a22B"}
     llama = bench.line_to_row(lines[1], shape, shape)
     assert llama["precision"] == "FP8-CS" and llama["tokens_per_sec_per_gpu"] == 31508 and llama["ep"] == 1
+
+
+# ---- GPU spellings, measured memory (issue 29) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name,gid", [
+    ("H100 80GB", "h100-sxm"), ("NVIDIA H100 SXM5", "h100-sxm"), ("H100 80GB HBM3", "h100-sxm"),
+    ("A100 40GB", "a100-sxm-40gb"), ("A100-SXM4-80GB", "a100-sxm-80gb"), ("NVIDIA A100 80GB", "a100-sxm-80gb"),
+    ("H800", "h800-sxm"), ("NVIDIA H800 SXM5", "h800-sxm"), ("AMD Instinct MI300X", "mi300x"),
+    ("DGX-B200", "b200"), ("H100 (96GB HBM2e, 500W power limit)", "h100-hbm2e-96gb"),
+])
+def test_gpu_spellings_resolve_through_aliases(name, gid):
+    from autoshard.catalog import resolve_gpu_id
+
+    assert resolve_gpu_id(name) == gid
+    row = dict(rows()["narayanan2021_t1_145.6B"], gpu=name)
+    case = run_to_case(row)
+    assert case.problem.cluster.gpu == gid
+
+
+def test_unknown_gpu_is_one_line_with_close_names(tmp_path, capsys):
+    from autoshard.cli import main
+
+    f = tmp_path / "runs.json"
+    f.write_text(json.dumps([dict(rows()["narayanan2021_t1_145.6B"], gpu="H1OO 80GB")]))
+    assert main(["validate", str(f)]) == 2
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert out.out == "" and len(err) == 1
+    assert str(f) in err[0] and "narayanan2021_t1_145.6B.gpu: unknown GPU 'H1OO 80GB' (closest: h100-80gb" in err[0]
+
+
+def test_measured_peak_memory_is_reported(tmp_path):
+    base = rows()["narayanan2021_t1_145.6B"]
+    a = dict(base, id="a", measured_peak_memory_gib=40.0)
+    b = dict(base, id="b", measured_peak_memory_gb=50.0)  # 50e9 B = 46.566 GiB
+    # the same run storing every activation (no recompute: 164 GiB priced): predicted not to fit, yet it "ran"
+    c = dict(base, id="c", measured_peak_memory_gib=70.0, activation_recompute="none")
+    f = tmp_path / "runs.json"
+    f.write_text(json.dumps([a, b, c]))
+    report = validate(f)
+    res = {r.id: r for r in report.results}
+    assert res["b"].measured_peak_memory_gib == pytest.approx(50e9 / 2**30) == pytest.approx(46.566, abs=1e-3)
+    peak = res["a"].peak_memory_gib
+    assert peak == res["b"].peak_memory_gib  # the same plan
+    assert res["a"].memory_error_pct == pytest.approx((peak - 40.0) / 40.0 * 100)
+    assert res["b"].memory_error_pct == pytest.approx((peak - 46.566) / 46.566 * 100, rel=1e-4)
+    assert not res["c"].fits
+    m = report.memory
+    errs = sorted(abs(r.memory_error_pct) for r in res.values())
+    assert m.n == 3 and m.median_abs_error_pct == pytest.approx(errs[1]) and m.predicted_oom_that_ran == 1
+    assert m.worst_error_pct == max((r.memory_error_pct for r in res.values()), key=abs)
+    text = format_report(report)
+    assert "memory: n=3" in text and "predicted not to fit but ran: 1" in text
+    assert report.to_json()["memory"]["predicted_oom_that_ran"] == 1
+    # no measured peak in the file: no memory summary
+    f.write_text(json.dumps([base]))
+    plain = validate(f)
+    assert plain.memory is None and plain.to_json()["memory"] is None and "memory:" not in format_report(plain)
+    f.write_text(json.dumps([dict(base, measured_peak_memory_gib="40 GB")]))
+    with pytest.raises(InputError, match=r"\[0\].measured_peak_memory_gib: not a number"):
+        validate(f)
+
+
+def test_validation_files_ship_with_the_project(monkeypatch, tmp_path):
+    # validate, the tests and the benchmark read the project's validation/; $AUTOSHARD_VALIDATION overrides
+    from autoshard.validate import RUNS_ENV, VALIDATION_DIR, default_runs_path, validation_file
+
+    monkeypatch.delenv(RUNS_ENV, raising=False)
+    assert default_runs_path() == VALIDATION_DIR / "dev_runs.json" == DEV_RUNS
+    assert VALIDATION_DIR == Path(__file__).resolve().parents[1] / "validation"
+    for name in ("dev_runs.json", "modern_runs_dev.json", "ablations_dev.json", "README.md"):
+        assert (VALIDATION_DIR / name).is_file()
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    assert validation_file("ablations_dev.json") == tmp_path / "ablations_dev.json"
+    with pytest.raises(InputError, match="points to no runs file"):
+        default_runs_path()
+
+
+# ---- leave-one-source-out (autoshard/validate/loso.py) ------------------------------------------
+
+
+def test_loso_fit_finds_the_minimum_of_a_log_quadratic():
+    # Rows whose log step moves as k (log x - log x0): the least-squares factor is x0 exactly, wherever
+    # x0 falls between the grid points (the parabola through the best three is exact for a quadratic).
+    from autoshard.validate.loso import GRID_POINTS, fit_on, grid_of, FACTORS
+
+    f = FACTORS[0]
+    grid = grid_of(f)
+    assert len(grid) == GRID_POINTS and grid[0] == pytest.approx(0.2) and grid[-1] == pytest.approx(1.0)
+    for x0 in (0.3, 0.47, 0.612, 0.9):
+        ks = np.array([0.5, 1.0, -0.8])
+        meas = np.log(np.array([1.0, 2.0, 3.0]))
+        logs = meas[:, None] + ks[:, None] * (np.log(grid)[None, :] - math.log(x0))
+        assert fit_on(grid, logs, meas, True) == pytest.approx(x0, rel=1e-9)
+
+
+def test_loso_leaves_each_family_out(tmp_path):
+    # The dev subset: Narayanan's A100 rows and DGX Cloud's H100 rows share no factor, so leaving
+    # Narayanan out leaves the A100 factor without rows: it takes the prior, the geometric mean of the
+    # other bf16 factors fitted in that fold (here Hopper's alone, fitted on the DGX Cloud rows).
+    from autoshard.cost import evaluate
+    from autoshard.validate.loso import loso
+
+    rep = loso([SUBSET])
+    fams = {f.family: f for f in rep.families}
+    assert set(fams) == {"Narayanan et al. 2021", "NVIDIA DGX Cloud Benchmarking"}
+    fit = {ff.factor.name: ff for ff in rep.factors}
+    a100, hop = fit["a100 matmul.bf16"], fit["hopper matmul.bf16"]
+    assert a100.families == ["Narayanan et al. 2021"] and len(a100.rows) == 3
+    assert a100.loso["Narayanan et al. 2021"] == pytest.approx(hop.refit, rel=1e-12)
+    assert "Narayanan et al. 2021" not in hop.loso  # its rows are not Narayanan's: unchanged
+    # a Narayanan row's LOSO error is its price at the prior factor, the other factors as refitted
+    row = rows()["narayanan2021_t1_145.6B"]
+    case = run_to_case(row)
+    eff = get_gpu("a100-sxm-80gb").efficiency.model_dump()
+    eff["matmul"]["bf16"] = round(a100.loso["Narayanan et al. 2021"], 6)
+    overlay = tmp_path / "prior.yaml"
+    overlay.write_text(yaml.safe_dump({"gpus": {"a100-sxm-80gb": {"efficiency": eff},
+                                                "a100-sxm-40gb": {"efficiency": eff}}}))
+    from autoshard.validate import with_catalog
+
+    est = evaluate(with_catalog(case, overlay).problem, case.plan)
+    assert rep.errors[case.id]["loso"] == pytest.approx((est.step_time_s / case.measured_step_s - 1) * 100, rel=1e-9)
+    assert rep.errors[case.id]["catalog"] == pytest.approx(
+        (evaluate(case.problem, case.plan).step_time_s / case.measured_step_s - 1) * 100, rel=1e-12)
+    assert fams["Narayanan et al. 2021"].loso_median_pct > fams["Narayanan et al. 2021"].catalog_median_pct
+    assert rep.loso["n"] == rep.catalog["n"] == 16  # the Grok-1 row skips

@@ -1,4 +1,4 @@
-"""Check `evaluate` against published, measured training runs (`shared/validation/dev_runs.json`).
+"""Check `evaluate` against published, measured training runs (`validation/dev_runs.json`).
 
     from autoshard.validate import validate, format_report
     print(format_report(validate()))
@@ -10,10 +10,14 @@ Groups of measured configurations (`ablations_dev.json`) are ranked by `autoshar
 
 Every row of the runs file becomes a `Case` (a Problem, a Plan and the measured step time)
 or a `Skip` with the reason. We compare **step times** (sources count FLOPs differently,
-so MFU is not comparable): `step_time_s` where the source gives it; for Narayanan et al.
-2021 Table 1, which gives only TFLOP/s per GPU computed with their eq. (3),
-``step = F / (tflops_per_gpu * 1e12 * gpu_count)`` with
-``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))``.
+so MFU is not comparable): `step_time_s` where the source gives it; for a row whose
+`tflops_formula` is `megatron-eq3` (Narayanan et al. 2021 Table 1 gives only TFLOP/s per GPU,
+computed with their eq. (3)), ``step = F / (tflops_per_gpu * 1e12 * gpu_count)`` with
+``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))``. A row that states `measured_peak_memory_gib` (or
+`_gb`) is also checked for memory (`Report.memory`).
+
+Every fact is read from a field of the row (validation/README.md, "Fields that state facts"), never
+from a source's or a model's name; a missing fact takes the documented default.
 
 Mapping of a row to a Problem and a Plan
 ----------------------------------------
@@ -21,40 +25,34 @@ Mapping of a row to a Problem and a Plan
 =========================  ===========================================================================
 row field / situation      autoshard
 =========================  ===========================================================================
-gpu                        'A100-SXM4-80GB' -> a100-sxm-80gb; 'H100 80GB HBM3' -> h100-sxm
-topology                   A100 rows -> dgx-a100-superpod (Selene); H100 rows -> dgx-h100-400g (EOS)
+gpu                        through the catalog's aliases (`catalog.resolve_gpu_id`: 'A100-SXM4-80GB',
+                           'H100 80GB HBM3', 'NVIDIA H100 SXM5'); unknown: bad input, one line with
+                           the closest names
+topology                   `topology` (a preset), else the GPU's default topology
 precision                  'fp16 mixed' -> bf16 (same tensor rate on A100); 'BF16' -> bf16;
                            'FP8' -> fp8
-model (GPT rows)           hidden_act gelu, dropout true, tie_word_embeddings true,
-                           num_key_value_heads = heads
-model (Llama-2 70B)        hidden_act silu, num_key_value_heads from the row (8), untied,
-                           no dropout
-heads / ffn null           filled only when `model` names GPT-3 175B: 96 heads of 128,
-                           ffn = 4 h (Megatron default); the fill is stated in the case notes;
-                           otherwise skipped ("model dimensions not published")
-hidden / vocab null, MoE   skipped ("model dimensions not published"; Grok-1 rows)
-  without experts/top-k
+model                      layers, hidden, ffn, heads, kv_heads (default heads), vocab; hidden_act
+                           (default silu), dropout (false), tie_word_embeddings (false); a value
+                           the source did not print is stated with its origin in `filled` (notes)
+hidden / heads / ffn /     skipped ("model dimensions not published"; Grok-1 rows)
+  vocab null; ep > 1
+  without experts
 training                   seq_len, global_batch_size = global_batch_seqs, optimizer adam;
-                           flash_attention false for Narayanan 2021 (predates FlashAttention,
-                           Megatron's fused softmax materializes the scores), true for DGXC rows
+                           flash_attention (default true)
 tp, pp, cp, ep             as given, null -> 1
 dp                         as given, else gpu_count / (tp pp cp)
 micro_batch                micro_batch_size
 vpp                        vpp_chunks (or (layers/pp) / layers_per_virtual_stage); schedule
                            'interleaved' when vpp > 1, else '1f1b'
-sequence_parallel          `sp` if given; else true when tp > 1 for DGXC rows (NeMo/Megatron
-                           recipes), false for Narayanan 2021 (predates SP)
-zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); else `zero_stage`
-                           if given (Narayanan: 0, no distributed optimizer); else 1 for DGXC
-                           Megatron rows (distributed optimizer)
-recompute                  'full ...' -> full (Narayanan: 'full (uniform, every layer)');
-                           'selective ...' -> selective; null -> none
-measured step              step_time_s; else Narayanan eq. (3) as above; else
+sequence_parallel          `sp`, default on when tp > 1
+zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); else `zero_stage`,
+                           default 1 (Megatron's distributed optimizer)
+recompute                  'full ...' -> full; 'selective ...' -> selective; null -> the least
+                           recompute that fits (solver, every published degree fixed)
+measured step              step_time_s; else eq. (3) where `tflops_formula` says so; else
                            global_batch_tokens / tokens_per_sec
+source group               `source_group`, else `source_family`, else `source` up to the first comma
 =========================  ===========================================================================
-
-Source groups: 'Narayanan 2021', 'DGXC <framework> <model>' with the framework read from
-the model string ('(NeMo)' -> Megatron, '(MaxText/JAX)' -> MaxText, '(PaxML/JAX)' -> PaxML).
 
 `korthikanti_check()` compares the activation memory of the cost model with Korthikanti
 et al. 2022 (Table 2) for a GPT-3 175B layer.
@@ -78,14 +76,6 @@ from ..errors import InputError
 
 RUNS_ENV = "AUTOSHARD_VALIDATION"
 
-GPU_MAP = {
-    "a100-sxm4-80gb": "a100-sxm-80gb",
-    "h100 80gb hbm3": "h100-sxm",
-}
-TOPOLOGY_MAP = {
-    "a100-sxm-80gb": "dgx-a100-superpod",
-    "h100-sxm": "dgx-h100-400g",
-}
 PRECISION_MAP = {
     "fp16 mixed": "bf16",
     "fp16": "bf16",
@@ -93,7 +83,6 @@ PRECISION_MAP = {
     "bf16 mixed": "bf16",
     "fp8": "fp8",
 }
-GPT3_175B = {"heads": 96, "head_dim": 128}
 
 
 # ---------------------------------------------------------------------------------------
@@ -118,6 +107,7 @@ class Case:
     recipe: str = ""  # the precision recipe as run (fp8-current, mxfp8, ...); "" = `precision`
     framework: str = "megatron"
     arch: str = ""  # Hopper, Blackwell, ...; "" = from the GPU id
+    measured_peak_memory_gib: float | None = None  # torch.cuda.max_memory_allocated as the row states it
 
 
 @dataclass(frozen=True)
@@ -127,52 +117,41 @@ class Skip:
     reason: str
 
 
-def _is_narayanan(row: Mapping[str, Any]) -> bool:
-    return str(row.get("id", "")).startswith("narayanan2021") or str(row.get("source", "")).startswith(
-        "Narayanan et al. 2021")
-
-
-def _is_dgxc(row: Mapping[str, Any]) -> bool:
-    return str(row.get("id", "")).startswith("dgxc") or "DGX Cloud" in str(row.get("source", ""))
-
-
-def _model_short(model: str) -> str:
-    name = model.split("(")[0].strip()
-    name = name.replace("Llama 2", "Llama-2").replace("Llama 3", "Llama-3")
-    if name.endswith(" MoE"):
-        name = name[: -len(" MoE")]
-    return name
-
-
 def source_group(row: Mapping[str, Any]) -> str:
-    """'Narayanan 2021', 'DGXC Megatron GPT-3 175B', 'DGXC MaxText Llama-2 70B', ..."""
-    if _is_narayanan(row):
-        return "Narayanan 2021"
-    model = str(row.get("model") or "")
-    if _is_dgxc(row):
-        low = model.lower()
-        if "maxtext" in low:
-            fw = "MaxText"
-        elif "paxml" in low:
-            fw = "PaxML"
-        else:
-            fw = "Megatron"  # '(NeMo)' and unlabelled DGXC rows: NeMo runs on Megatron-core
-        return f"DGXC {fw} {_model_short(model)}"
-    src = str(row.get("source") or "unknown").split(",")[0].strip()
-    return f"{src} {_model_short(model)}".strip()
+    """The row's `source_group` (the label of its per-source table line), else its `source_family`, else
+    its `source` up to the first comma."""
+    for key in ("source_group", "source_family"):
+        if str(row.get(key) or "").strip():
+            return str(row[key]).strip()
+    return str(row.get("source") or "unknown").split(",")[0].strip() or "unknown"
 
 
-def _is_gpt3_175b(row: Mapping[str, Any]) -> bool:
-    return "gpt-3 175b" in str(row.get("model") or "").lower()
+def filled_notes(row: Mapping[str, Any]) -> list[str]:
+    """A row's `filled` (field -> where a value the source did not print comes from) as notes; a flat
+    text (a CSV cell) is one note."""
+    filled = row.get("filled")
+    if not filled:
+        return []
+    if isinstance(filled, Mapping):
+        return [f"{k} filled: {v}" for k, v in sorted(filled.items())]
+    return [f"filled: {filled}"]
 
 
-def _is_gpt(row: Mapping[str, Any]) -> bool:
-    m = str(row.get("model") or "").lower()
-    return m.startswith("gpt")
+GB_PER_GIB = 2**30 / 1e9
 
 
-def _is_llama(row: Mapping[str, Any]) -> bool:
-    return "llama" in str(row.get("model") or "").lower()
+def measured_peak_memory_gib(row: Mapping[str, Any]) -> float | None:
+    """A row's measured peak memory per GPU in GiB: `measured_peak_memory_gib`, else
+    `measured_peak_memory_gb` (1e9 bytes) converted; None where the row states neither."""
+    gib, gb = row.get("measured_peak_memory_gib"), row.get("measured_peak_memory_gb")
+    for key, v in (("measured_peak_memory_gib", gib), ("measured_peak_memory_gb", gb)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e5):
+            raise InputError(f"expected a positive number, got {v!r}", field=f"{row.get('id')}.{key}")
+    if gib is not None:
+        return float(gib)
+    if gb is not None:
+        return float(gb) / GB_PER_GIB
+    return None
 
 
 def narayanan_flops(row: Mapping[str, Any]) -> float:
@@ -185,7 +164,7 @@ def measured_step(row: Mapping[str, Any]) -> tuple[float | None, str]:
     """(measured step time in s, how it was obtained) or (None, why not)."""
     if row.get("step_time_s"):
         return float(row["step_time_s"]), "step_time_s as published"
-    if _is_narayanan(row) and row.get("tflops_per_gpu") and row.get("gpu_count"):
+    if row.get("tflops_formula") == "megatron-eq3" and row.get("tflops_per_gpu") and row.get("gpu_count"):
         if any(row.get(k) in (None, 0) for k in ("global_batch_seqs", "seq_len", "layers", "hidden", "vocab")):
             return None, "eq. (3) needs B, s, l, h, V"
         f = narayanan_flops(row)
@@ -243,11 +222,13 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     Rows of modern_runs_dev.json (with its extra fields) go through `modern.modern_row_to_case`."""
     from ..loader import load_problem  # noqa: PLC0415
     from ..spec import Plan  # noqa: PLC0415
-    from .modern import is_modern_row, modern_row_to_case  # noqa: PLC0415
+    from .modern import _flag, is_modern_row, modern_row_to_case, topology_of  # noqa: PLC0415
 
     if is_modern_row(row):
         try:
             return modern_row_to_case(row)
+        except InputError:
+            raise
         except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:  # a cell of the wrong kind
             return Skip(str(row.get("id") or "?"), source_group(row), f"does not convert: {exc}")
 
@@ -265,10 +246,12 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     notes.append(f"measured step {how}")
 
     # ---- hardware
+    from ..catalog import resolve_gpu_id, unknown_gpu_message  # noqa: PLC0415
+
     gpu_name = str(row.get("gpu") or "").strip()
-    gpu = GPU_MAP.get(gpu_name.lower())
+    gpu = resolve_gpu_id(gpu_name)
     if gpu is None:
-        return skip(f"GPU {gpu_name!r} has no mapping to the catalog")
+        raise InputError(unknown_gpu_message(gpu_name), field=f"{rid}.gpu")
     prec_name = str(row.get("precision") or "").strip()
     precision = PRECISION_MAP.get(prec_name.lower())
     if precision is None:
@@ -278,8 +261,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         return skip("gpu_count not published")
 
     # ---- model
-    if row.get("moe_experts") is None and ("moe" in str(row.get("model") or "").lower()
-                                           or row.get("ep") not in (None, 1)):
+    if row.get("moe_experts") is None and row.get("ep") not in (None, 1):
         return skip("model dimensions not published (MoE expert count / top-k missing)")
     if row.get("moe_experts"):
         return skip("MoE rows are not mapped (expert FFN size not in the row)")
@@ -289,31 +271,19 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     layers, hidden = int(row["layers"]), int(row["hidden"])
     heads, ffn = _int(row.get("heads")), _int(row.get("ffn"))
     if heads is None:
-        if _is_gpt3_175b(row):
-            heads = GPT3_175B["heads"]
-            notes.append(f"heads filled: GPT-3 175B has {heads} heads of {GPT3_175B['head_dim']} (Brown et al. 2020)")
-        else:
-            return skip("model dimensions not published (heads null)")
+        return skip("model dimensions not published (heads null)")
     if ffn is None:
-        if _is_gpt3_175b(row):
-            ffn = 4 * hidden
-            notes.append(f"ffn filled: 4 x hidden = {ffn} (Megatron default, GPT-3 175B)")
-        else:
-            return skip("model dimensions not published (ffn null)")
-    if _is_gpt(row):
-        model = dict(hidden_act="gelu", dropout=True, tie_word_embeddings=True,
-                     num_key_value_heads=_int(row.get("kv_heads"), heads))
-    elif _is_llama(row):
-        model = dict(hidden_act="silu", dropout=False, tie_word_embeddings=False,
-                     num_key_value_heads=_int(row.get("kv_heads"), 8))
-    else:
-        return skip(f"model family of {row.get('model')!r} has no mapping (activation, tying unknown)")
+        return skip("model dimensions not published (ffn null)")
+    notes += filled_notes(row)
+    # The architecture from the row's fields (validation/README.md), never from the model's name.
+    model = dict(hidden_act=str(row.get("hidden_act") or "silu"), dropout=_flag(row, "dropout", False),
+                 tie_word_embeddings=_flag(row, "tie_word_embeddings", False),
+                 num_key_value_heads=_int(row.get("kv_heads"), heads))
     model.update(name=str(row.get("model") or rid), num_hidden_layers=layers, hidden_size=hidden,
                  intermediate_size=ffn, num_attention_heads=heads, vocab_size=int(row["vocab"]),
                  source=f"dev_runs {rid}")
 
     # ---- parallel plan
-    narayanan, dgxc = _is_narayanan(row), _is_dgxc(row)
     fsdp = bool(row.get("fsdp"))
     tp, pp = _int(row.get("tp"), 1), _int(row.get("pp"), 1)
     cp, ep = _int(row.get("cp"), 1), _int(row.get("ep"), 1)
@@ -327,8 +297,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         dp, why = row_dp(row, n, tp, pp, cp, notes)
         if dp is None:
             return skip(why)
-        zs = _int(row.get("zero_stage"))
-        zero = zs if zs is not None else (0 if narayanan else 1 if dgxc else 0)
+        zero = _int(row.get("zero_stage"), 1)  # absent: 1, Megatron's distributed optimizer
     mbs = _int(row.get("micro_batch"), 1)
     gbs = global_batch_seqs(row)
     if gbs is None:
@@ -338,12 +307,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
     vpp = vpp or 1
     schedule = "interleaved" if vpp > 1 else "1f1b"
-    if row.get("sp") is not None:
-        sp = bool(row["sp"])
-    elif narayanan:
-        sp = False
-    else:
-        sp = dgxc and tp > 1
+    sp = _flag(row, "sp", tp > 1)  # absent: on with TP (the Megatron / NeMo recipes)
     rc = _recompute(row.get("activation_recompute"))
     if rc is None:
         return skip(f"activation_recompute {row.get('activation_recompute')!r} has no mapping")
@@ -359,8 +323,8 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         "name": rid,
         "model": model,
         "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
-                     "optimizer": "adam", "flash_attention": not narayanan},
-        "cluster": {"gpu": gpu, "num_gpus": n, "topology": TOPOLOGY_MAP[gpu]},
+                     "optimizer": "adam", "flash_attention": _flag(row, "flash_attention", True)},
+        "cluster": {"gpu": gpu, "num_gpus": n, "topology": str(row.get("topology") or topology_of(gpu))},
     }
     try:
         problem = load_problem(problem_doc)
@@ -368,7 +332,8 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
                     zero_stage=zero, micro_batch_size=mbs, recompute=rc)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
-    return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc)
+    return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
+                measured_peak_memory_gib=measured_peak_memory_gib(row))
 
 
 # Plan settings of a run that are not degrees of the search (solve leaves them to the framework).
@@ -407,20 +372,45 @@ def completed_plan(case: Case) -> Any:
 # ---------------------------------------------------------------------------------------
 
 
+# The project's copies of the validation files (validation/README.md names each source). An editable
+# install (`pip install -e .`) and a clone resolve this folder; a non-editable install does not carry
+# it: pass the file (`autoshard validate RUNS.json`) or set $AUTOSHARD_VALIDATION.
+VALIDATION_DIR = Path(__file__).resolve().parents[2] / "validation"
+RUNS_FILE, MODERN_FILE, ABLATIONS_FILE = "dev_runs.json", "modern_runs_dev.json", "ablations_dev.json"
+
+
+def validation_dir() -> Path:
+    """The folder of the validation files: $AUTOSHARD_VALIDATION when set (a folder, or a runs file:
+    then its folder), else the project's `validation/`."""
+    env = os.environ.get(RUNS_ENV)
+    if env:
+        q = Path(env)
+        return q if q.is_dir() else q.parent
+    return VALIDATION_DIR
+
+
+def validation_file(name: str) -> Path:
+    """One of the validation files (`dev_runs.json`, `modern_runs_dev.json`, `ablations_dev.json`) in
+    `validation_dir()`; whether it exists is for the reader to check (one line naming the path)."""
+    return validation_dir() / name
+
+
 def default_runs_path() -> Path:
-    """`<repo>/../shared/validation/dev_runs.json`, else $AUTOSHARD_VALIDATION."""
-    p = Path(__file__).resolve().parents[3] / "shared" / "validation" / "dev_runs.json"
-    if p.is_file():
-        return p
+    """$AUTOSHARD_VALIDATION (a dev_runs.json, or a folder holding one) when set, else the project's
+    `validation/dev_runs.json`; bad input (one line) when that file is missing."""
     env = os.environ.get(RUNS_ENV)
     if env:
         q = Path(env)
         if q.is_dir():
-            q = q / "dev_runs.json"
+            q = q / RUNS_FILE
         if q.is_file():
             return q
         raise InputError(f"${RUNS_ENV} points to no runs file", source=str(q))
-    raise InputError(f"validation runs not found at {p}; set ${RUNS_ENV} to a dev_runs.json", source=str(p))
+    p = VALIDATION_DIR / RUNS_FILE
+    if p.is_file():
+        return p
+    raise InputError(f"validation runs not found (a non-editable install does not carry the project's "
+                     f"validation/ folder): pass RUNS.json or set ${RUNS_ENV}", source=str(p))
 
 
 def load_runs(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
@@ -467,6 +457,8 @@ class RunResult:
     arch: str = ""
     moe: bool = False
     step_time_interval_s: tuple[float, float] | None = None  # the estimate's prediction interval
+    measured_peak_memory_gib: float | None = None  # as the row states it (torch.cuda.max_memory_allocated)
+    memory_error_pct: float | None = None  # signed: (predicted peak - measured) / measured, in %
 
     @property
     def regimes(self) -> list[str]:
@@ -498,6 +490,29 @@ class Summary:
 
 
 @dataclass
+class MemorySummary:
+    """Predicted peak memory (`Estimate.peak_memory_gib`: allocated tensors, without the runtime reserve,
+    as torch.cuda.max_memory_allocated counts) against the runs that state a measured peak."""
+
+    n: int
+    median_abs_error_pct: float
+    p90_abs_error_pct: float
+    worst_id: str
+    worst_error_pct: float
+    predicted_oom_that_ran: int  # runs with a measured peak whose priced plan is predicted not to fit
+
+
+def summarize_memory(results: list["RunResult"]) -> MemorySummary:
+    rs = [r for r in results if r.memory_error_pct is not None]
+    if not rs:
+        return MemorySummary(0, math.nan, math.nan, "", math.nan, 0)
+    errs = [abs(r.memory_error_pct) for r in rs]  # type: ignore[arg-type]
+    worst = max(rs, key=lambda r: (abs(r.memory_error_pct), r.id))  # type: ignore[arg-type]
+    return MemorySummary(len(rs), statistics.median(errs), p90(errs), worst.id, worst.memory_error_pct,  # type: ignore[arg-type]
+                         sum(not r.fits for r in rs))
+
+
+@dataclass
 class Report:
     runs_path: str
     catalog: str | None
@@ -506,12 +521,14 @@ class Report:
     summary: Summary
     by_source: list[GroupSummary] = field(default_factory=list)
     by_regime: list[GroupSummary] = field(default_factory=list)
+    memory: MemorySummary | None = None  # where some runs state a measured peak memory
 
     def to_json(self) -> dict[str, Any]:
         return {
             "runs_path": self.runs_path,
             "catalog": self.catalog,
             "summary": asdict(self.summary),
+            "memory": asdict(self.memory) if self.memory is not None else None,
             "by_source": [asdict(g) for g in self.by_source],
             "by_regime": [asdict(g) for g in self.by_regime],
             "results": [asdict(r) for r in self.results],
@@ -572,6 +589,7 @@ def evaluate_case(case: Case) -> RunResult | Skip:
     if not est.step_time_s > 0:
         return Skip(case.id, case.source_group, "plan rejected by the cost model: " + "; ".join(est.reasons))
     err = (est.step_time_s - case.measured_step_s) / case.measured_step_s * 100.0
+    mem = case.measured_peak_memory_gib
     return RunResult(
         id=case.id, source_group=case.source_group, gpu=case.gpu, precision=case.precision,
         gpu_count=case.gpu_count, plan=est.plan.short(), measured_step_s=case.measured_step_s,
@@ -579,7 +597,8 @@ def evaluate_case(case: Case) -> RunResult | Skip:
         reasons=list(est.reasons), time_breakdown_s=dict(est.time_breakdown_s),
         peak_memory_gib=est.peak_memory_gib, notes=list(case.notes), recipe=case.recipe or case.precision,
         framework=case.framework, arch=case.arch or gpu_arch(case.gpu), moe=case.problem.model.is_moe,
-        step_time_interval_s=getattr(est, "step_time_interval_s", None))
+        step_time_interval_s=getattr(est, "step_time_interval_s", None), measured_peak_memory_gib=mem,
+        memory_error_pct=None if mem is None else (est.peak_memory_gib - mem) / mem * 100.0)
 
 
 def convert(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Case], list[Skip]]:
@@ -598,8 +617,9 @@ def report_from_cases(cases: list[Case], skipped: list[Skip], *, runs_path: str 
     for case in cases:
         r = evaluate_case(with_catalog(case, catalog))
         (results if isinstance(r, RunResult) else skipped).append(r)  # type: ignore[arg-type]
+    memory = summarize_memory(results)
     return Report(runs_path, catalog, results, skipped, summarize(results), summarize_groups(results),
-                  summarize_regimes(results))
+                  summarize_regimes(results), memory if memory.n else None)
 
 
 def validate(runs_path: str | os.PathLike[str] | None = None, *,
@@ -611,7 +631,10 @@ def validate(runs_path: str | os.PathLike[str] | None = None, *,
     path = Path(runs_path) if runs_path is not None else default_runs_path()
     if catalog is not None and not Path(catalog).is_file():
         raise InputError("calibrated catalog not found", source=str(catalog))
-    cases, skipped = convert(load_runs(path))
+    try:
+        cases, skipped = convert(load_runs(path))
+    except InputError as exc:
+        raise exc.at(str(path)) from None
     return report_from_cases(cases, skipped, runs_path=str(path),
                              catalog=str(catalog) if catalog is not None else None)
 
@@ -658,12 +681,21 @@ def format_report(report: Report) -> str:
     lines.append("")
     lines.append(f"summary: n={s.n}  median |err| {s.median_abs_error_pct:.1f}%  p90 |err| "
                  f"{s.p90_abs_error_pct:.1f}%  worst {s.worst_id} ({s.worst_error_pct:+.1f}%)")
+    if report.memory is not None:
+        lines.append(memory_line(report.memory))
     lines.append("")
     lines += format_groups(report.by_source, "source")
     if report.by_regime:
         lines.append("")
         lines += format_groups(report.by_regime, "regime")
     return "\n".join(lines)
+
+
+def memory_line(m: MemorySummary) -> str:
+    """The memory summary: predicted peak (allocated, without the runtime reserve) vs measured."""
+    return (f"memory: n={m.n} runs with a measured peak  median |err| {m.median_abs_error_pct:.1f}%  p90 |err| "
+            f"{m.p90_abs_error_pct:.1f}%  worst {m.worst_id} ({m.worst_error_pct:+.1f}%)  predicted not to fit "
+            f"but ran: {m.predicted_oom_that_ran}")
 
 
 def format_groups(groups: list[GroupSummary], title: str) -> list[str]:

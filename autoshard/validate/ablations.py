@@ -1,12 +1,16 @@
 """Does the model ORDER plans as measured? Groups of measured configurations of one model on one
-cluster (`shared/validation/ablations_dev.json`).
+cluster (`validation/ablations_dev.json`).
 
     from autoshard.validate.ablations import validate_ablations, format_ablations
     print(format_ablations(validate_ablations(path)))
 
 Each configuration of a group becomes a modern-style row (the group's model, GPU, sequence length,
 global batch and precision, the configuration's degrees, recompute and overlaps) converted by
-`modern.modern_row_to_case` and priced by `evaluate`. Metrics differ by source (step time,
+`modern.modern_row_to_case` and priced by `evaluate`. Facts come from fields (validation/README.md):
+the group's `model` object and the group's fields (`GROUP_DEFAULTS`: precision, recompute, sp,
+flash_attention, launch_blocking, softmax_fusion, topology, overlaps, framework, ...) hold for every
+configuration, and a configuration's own field of the same name wins; nothing is read from a name or
+from the notes. Metrics differ by source (step time,
 tokens/s/GPU, TFLOP/s/GPU, MFU), so configurations are compared within their group only, on one
 metric per group (the first of step_time_s, tokens_per_sec_per_gpu, tflops_per_gpu, mfu_pct that
 every configuration that ran gives; a rate is turned into a time as its inverse: same GPUs and
@@ -26,12 +30,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from . import filled_notes
 
 APART = 0.08  # pairs measured at least this far apart (relative) must be ordered right
 BLIND = 0.04  # pairs measured at least this far apart that the model predicts equal are reported
@@ -106,69 +110,33 @@ def _check_count(v: Any, where: str, src: str, required: bool = False) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _overlap_from_notes(notes: str) -> tuple[bool | None, bool | None]:
-    low = notes.lower()
-    tp = None
-    if re.search(r"async[- ]?tp", low):
-        tp = True
-    elif "vanilla tp" in low:
-        tp = False
-    ep = None
-    m = re.search(r"ep overlap (on|off)", low)
-    if m:
-        ep = m.group(1) == "on"
-    return tp, ep
-
-
-def _bloom_fill(model: dict[str, Any], pp: int) -> tuple[dict[str, Any], list[str]]:
-    """BLOOM candidates: the logbook gives NHIDDEN and the size label, not always layers or heads."""
-    out, notes = dict(model), []
-    h = int(out["hidden"])
-    vocab = out.get("vocab") or 250880
-    if not out.get("vocab"):
-        notes.append("vocab 250880 (BLOOM tokenizer, '~250k' in the logbook)")
-    out["vocab"] = vocab
-    if not out.get("ffn"):
-        out["ffn"] = 4 * h
-        notes.append(f"ffn = 4 h = {4 * h} (Megatron GPT default)")
-    if not out.get("layers"):
-        size = re.search(r"(\d+(?:\.\d+)?)B", str(out.get("name") or ""))
-        params = float(size.group(1)) * 1e9 if size else float(out.get("params_b") or 0) * 1e9
-        layers = max(pp, round((params - vocab * h) / (12 * h * h) / pp) * pp)
-        out["layers"] = layers
-        notes.append(f"layers = {layers}: from the size label (12 L h^2 + V h), rounded to a multiple of pp={pp}")
-    if not out.get("heads"):
-        # The Feb-20 tables do not give NHEADS. The logbook's Feb-17 probes of the same 14400-wide
-        # model ran NHEADS=32 (its 20B "Best TFLOPs" config), and 32 is what the Feb-20 micro-batch
-        # sweeps show: under that month's fused-softmax check (cost.unfused_softmax_reason) 8-16
-        # heads per GPU would have run micro-batch 4 fused and 2 unfused, a 7-12% step the sweeps do
-        # not have; 4 heads per GPU run every micro-batch up to 8 unfused.
-        heads = 32
-        out["heads"] = out["kv_heads"] = heads
-        notes.append(f"heads = {heads} (head dim {h // heads}: NHEADS of the logbook's Feb-17 probes; the Feb-20 tables give none)")
-    return out, notes
-
-
-# Clusters the groups name (in `gpu` or `interconnect`) whose network is not their GPU's default system.
-NAMED_CLUSTERS = {"jean zay": "jean-zay-a100"}
+# Facts a group states once for every configuration; a configuration's own value of the same field wins.
+GROUP_DEFAULTS = ("precision", "precision_recipe", "recompute", "sp", "flash_attention", "launch_blocking",
+                  "softmax_fusion", "topology", "tp_comm_overlap", "ep_overlap", "main_grads", "fp8_params",
+                  "cuda_graphs", "moe_dispatcher", "moe_capacity_factor", "local_batch", "framework")
+# Model fields a group's `model` object carries into the row (validation/README.md, "Model fields").
+MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "moe_experts", "moe_ffn",
+                "moe_shared_experts", "first_k_dense", "hidden_act", "dropout", "tie_word_embeddings",
+                "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "sliding_window", "sliding_window_layers", "expert_bias", "mamba_layers", "mtp_layers")
 
 
 def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[dict[str, Any], list[str]]:
-    """A modern_runs-shaped row for one configuration of a group (measured step: a placeholder)."""
+    """A modern_runs-shaped row for one configuration of a group (measured step: a placeholder).
+
+    Every fact is read from a field: the group's `model` object, the group's fields (GROUP_DEFAULTS) and
+    the configuration's, which win; `filled` (a mapping field -> where a value the source did not print
+    comes from) becomes notes. Nothing is read from a name or from free-text notes."""
     model = dict(group.get("model") or {})
-    notes: list[str] = []
+    notes: list[str] = filled_notes(group)
     name = str(model.get("name") or group.get("id"))
     pp = cfg.get("pp") or 1
-    if name.lower().startswith("bloom"):
-        model, notes = _bloom_fill(model, pp)
     if model.get("moe_experts") and not model.get("ffn"):
         model["ffn"] = model.get("moe_ffn")
-    first_k = 0
-    m = re.search(r"(\d+) dense \+", str(model.get("notes") or ""))
-    if m:
-        first_k = int(m.group(1))
-    tp_ov, ep_ov = _overlap_from_notes(str(cfg.get("notes") or ""))
-    group_tp_ov, _ = _overlap_from_notes(str(group.get("precision") or ""))
+    if cfg.get("layers"):  # a configuration of another depth than the group's model
+        model["layers"] = cfg["layers"]
+    facts = {k: group.get(k) for k in GROUP_DEFAULTS if group.get(k) is not None}
+    facts.update({k: cfg[k] for k in GROUP_DEFAULTS if cfg.get(k) is not None})
     schedule = str(cfg.get("schedule") or "").lower()
     vpp = cfg.get("vpp")
     if "interleaved" in schedule and not vpp:
@@ -176,56 +144,27 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
         notes.append("interleaved schedule, virtual stages not stated: vpp 2 (torchtitan's interleaved default)")
     mbs = cfg.get("micro_batch")
     if mbs is None:
-        local = re.search(r"local batch (\d+)", str(group.get("notes") or "").lower())
         dp = cfg.get("dp") or 1
-        local_b = int(local.group(1)) if local else max(1, int(group["global_batch_seqs"]) // dp)
+        local_b = int(facts["local_batch"]) if facts.get("local_batch") else max(1, int(group["global_batch_seqs"]) // dp)
         mbs = max(1, local_b // pp)
         notes.append(f"micro_batch {mbs}: local batch {local_b}" + (f" in {pp} micro-batches (one per stage)" if pp > 1 else ""))
     gpu = str(group.get("gpu") or "")
-    src = str(group.get("source") or "")
     row = {
-        "id": f"{group.get('id')}#{index}", "source": src, "model": name,
-        "layers": model.get("layers"), "hidden": model.get("hidden"), "ffn": model.get("ffn"),
-        "heads": model.get("heads"), "kv_heads": model.get("kv_heads") or model.get("heads"),
-        "head_dim": model.get("head_dim"), "vocab": model.get("vocab"),
-        "moe_experts": model.get("moe_experts"), "moe_top_k": model.get("moe_topk") or model.get("moe_top_k"),
-        "moe_ffn": model.get("moe_ffn"), "moe_shared_experts": model.get("moe_shared_experts"),
-        "first_k_dense": first_k, "gpu": gpu, "gpu_count": group.get("gpu_count"), "nvlink_domain_gpus": 8,
-        "precision": group.get("precision"), "seq_len": group.get("seq_len"),
-        "global_batch_seqs": group.get("global_batch_seqs"), "tp": cfg.get("tp"), "pp": cfg.get("pp"),
-        "dp": cfg.get("dp"), "cp": cfg.get("cp"), "ep": cfg.get("ep"), "etp": cfg.get("etp"),
-        "sp": cfg.get("sp"), "zero_stage": cfg.get("zero_stage"), "fsdp": cfg.get("fsdp"),
-        "vpp_chunks": vpp, "micro_batch": mbs, "activation_recompute": cfg.get("recompute"),
+        "id": f"{group.get('id')}#{index}", "source": str(group.get("source") or ""), "model": name,
+        "source_family": group.get("source_family"),
+        **{k: model.get(k) for k in MODEL_FIELDS if k in model},
+        "kv_heads": model.get("kv_heads") or model.get("heads"),
+        "moe_top_k": model.get("moe_topk") or model.get("moe_top_k"),
+        "gpu": gpu, "gpu_count": group.get("gpu_count"), "nvlink_domain_gpus": 8,
+        "seq_len": group.get("seq_len"), "global_batch_seqs": group.get("global_batch_seqs"),
+        "tp": cfg.get("tp"), "pp": cfg.get("pp"), "dp": cfg.get("dp"), "cp": cfg.get("cp"), "ep": cfg.get("ep"),
+        "etp": cfg.get("etp"), "zero_stage": cfg.get("zero_stage"), "fsdp": cfg.get("fsdp"),
+        "vpp_chunks": vpp, "micro_batch": mbs,
         "step_time_s": 1.0,  # placeholder: only the order is compared
         "notes": "",
     }
-    where = f"{gpu} {group.get('interconnect') or ''}".lower()
-    for site, topo in NAMED_CLUSTERS.items():
-        if site in where:
-            row["topology"] = topo
-            notes.append(f"topology {topo} ({site.title()}: its network, not the {gpu.split()[0]}'s default system)")
-            break
-    if name.lower().startswith("bloom"):
-        row["flash_attention"] = False  # 2022 Megatron-DeepSpeed: fused softmax, no FlashAttention
-        row["sp"] = False  # sequence parallelism reached Megatron-LM later in 2022 (Korthikanti et al.)
-        # The logbook's benchmarks from 02-17 on ran with CUDA_LAUNCH_BLOCKING=1 ("dealing with JZ
-        # hanging on the large model": asynchronous launches always hung at 320 GPUs).
-        row["launch_blocking"] = True
-        notes.append("CUDA_LAUNCH_BLOCKING=1 (the logbook's workaround for NCCL hangs at 320+ GPUs)")
-        # Its Megatron-DeepSpeed of Feb 2022 (before 1cb76a64, 2022-03-06) checked the fused softmax
-        # kernel with swapped arguments (cost.unfused_softmax_reason).
-        row["softmax_fusion"] = "bigscience-2022"
-        if row["activation_recompute"] is None:
-            # Every tr11 launcher passes --checkpoint-activations (tr11-176B-ml.slurm:122,
-            # setup-test-n2.slurm:123): Megatron-DeepSpeed's full recompute of every layer. The
-            # logbook's memory column agrees: 30-39 GB at micro-batch 1, growing ~6 GB per extra
-            # sequence, where storing the activations would need the 80 GB.
-            row["activation_recompute"] = "full"
-            notes.append("recompute full: BLOOM's tr11 launchers pass --checkpoint-activations")
-    if "torchtitan" in src.lower():
-        row["other_metrics"] = {"local_batch_size": mbs * pp}
-    row["_tp_overlap"] = tp_ov if tp_ov is not None else group_tp_ov
-    row["_ep_overlap"] = ep_ov
+    row.update({k: v for k, v in facts.items() if k not in ("recompute", "local_batch")})
+    row["activation_recompute"] = cfg.get("recompute") if cfg.get("recompute") is not None else facts.get("recompute")
     return row, notes
 
 
@@ -358,7 +297,7 @@ def group_result(group: dict[str, Any], catalog: str | os.PathLike[str] | None =
         mtime = None if value is None else (float(value) if metric == "step_time_s" else 1.0 / float(value))
         knobs = {k: cfg.get(k) for k in KNOB_FIELDS}
         row, notes = config_row(group, cfg, i)
-        tp_ov, ep_ov = row.pop("_tp_overlap"), row.pop("_ep_overlap")
+        tp_ov, ep_ov = row.get("tp_comm_overlap"), row.get("ep_overlap")
         knobs["tp_comm_overlap"], knobs["ep_overlap"] = tp_ov, ep_ov
         res = ConfigResult(i, str(cfg.get("notes") or ""), knobs, status, value, mtime, None, None, notes=notes)
         case = modern_row_to_case(row)
@@ -419,7 +358,10 @@ def validate_ablations(path: str | os.PathLike[str], *, catalog: str | os.PathLi
     """Price every configuration of every group and compare the orders (see the module docstring)."""
     if catalog is not None and not Path(catalog).is_file():
         raise InputError("calibrated catalog not found", source=str(catalog))
-    groups = [group_result(g, catalog) for g in load_groups(path)]
+    try:
+        groups = [group_result(g, catalog) for g in load_groups(path)]
+    except InputError as exc:
+        raise exc.at(str(path)) from None
     return AblationReport(str(path), groups, summarize_ablations(groups))
 
 

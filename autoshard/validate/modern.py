@@ -1,64 +1,59 @@
-"""Rows of `shared/validation/modern_runs_dev.json` (2024-2026 stacks) -> Cases.
+"""Rows of `validation/modern_runs_dev.json` (2024-2026 stacks) -> Cases.
 
 A modern row has the fields of `dev_runs.json` plus `head_dim`, `moe_ffn`, `first_k_dense`,
 `moe_shared_experts`, `etp` and `nvlink_domain_gpus`; `is_modern_row` tells them apart (the old
 conversion of `dev_runs.json` rows is left untouched). What the conversion reads:
 
+Every fact is read from a field (validation/README.md, "Fields that state facts"), never from a
+source's or a model's name.
+
 =========================  ===========================================================================
 row field / situation      autoshard
 =========================  ===========================================================================
-gpu                        vendor / system names to catalog ids (`gpu_id`): DGX-H100, H100-SXM5-80GB,
-                           'H100 (96GB HBM2e, 500W power limit)' -> h100-hbm2e-96gb (Grand Teton,
-                           its own topology); DGX-B200/B200 -> b200;
-                           DGX-GB200/GB200 -> gb200; DGX-B300/B300 -> b300; DGX-GB300/GB300 ->
-                           gb300; MI300 -> mi300x; MI325X -> mi325x; MI355 -> mi355x. A catalog id
-                           that does not exist yet skips the row with that reason.
-topology                   the row's `topology` (a preset: ablations.config_row names Jean Zay's);
-                           h100-sxm -> dgx-h100-400g (DGX H100 / Grand Teton: 8 x 400 Gb/s per node);
-                           else the GPU's default topology; a first level whose size differs from
-                           `nvlink_domain_gpus` is noted
-precision                  `precision_recipe`: BF16 -> bf16; FP8-CS / 'per-tensor, current scaling' /
-                           torchao tensorwise -> fp8-current; 'delayed' -> fp8-delayed; MXFP8 /
-                           FP8-MX / '(parenthesised variant)' on Blackwell -> mxfp8, on Hopper ->
+gpu                        through the catalog's aliases (`catalog.resolve_gpu_id`: DGX-H100,
+                           H100-SXM5-80GB, 'H100 (96GB HBM2e, 500W power limit)', DGX-B200, MI355,
+                           ...); unknown: bad input, one line with the closest names
+topology                   the row's `topology` (a preset), else the GPU's default topology; a first
+                           level whose size differs from `nvlink_domain_gpus` is noted
+precision                  `precision_recipe` where stated, else read from the `precision` text:
+                           BF16 -> bf16; FP8-CS / 'per-tensor, current scaling' / torchao tensorwise
+                           -> fp8-current; 'delayed' -> fp8-delayed; MXFP8 / FP8-MX /
+                           '(parenthesised variant)' on Blackwell -> mxfp8, on Hopper ->
                            fp8-blockwise (128x128 weights, 1x128 activations); torchao rowwise ->
-                           fp8-blockwise (finer-grained current scaling, noted); NVFP4 -> nvfp4;
-                           plain FP8 -> fp8-current where the row's recipe is 'fp8cs' or the notes
-                           say the same configurations are labelled FP8-CS, else `fp8` (the
-                           framework's default recipe). `training.precision` is the recipe when
-                           autoshard.spec accepts it, else its family (`fp8`); the recipe is kept in
-                           `Case.recipe` either way
+                           fp8-rowwise; NVFP4 -> nvfp4; plain FP8 -> `fp8` (the framework's
+                           default recipe). `training.precision` is the recipe when autoshard.spec
+                           accepts it, else its family; the recipe is kept in `Case.recipe`
 model                      layers, hidden, ffn, heads, kv_heads, head_dim, vocab as given; MoE:
-                           moe_experts, moe_top_k, moe_ffn (null -> ffn: Mixtral), moe_shared_experts,
-                           first_k_dense; silu (gated) for Llama/Qwen/DeepSeek/Kimi/Mixtral/gpt-oss,
-                           gelu + tied + dropout for GPT-3, relu2 for Nemotron-4; MLA dims of the
-                           DeepSeek-V2/V3 and Kimi K2 configs (q_lora 1536, kv_lora 512, nope 128,
-                           rope 64, v 128); hybrid Mamba models skipped
-framework                  torchtitan rows and NeMo AutoModel (PyTorch FSDP2) -> torchtitan; Megatron-
-                           Bridge, NeMo, MLPerf (NVIDIA NeMo), SimuMax (Megatron-LM), Primus -> megatron
+                           moe_experts, moe_top_k, moe_ffn (null -> ffn), moe_shared_experts,
+                           first_k_dense; hidden_act (default silu), tie_word_embeddings (false),
+                           dropout; MLA from q_lora_rank / kv_lora_rank / qk_nope_head_dim /
+                           qk_rope_head_dim / v_head_dim (a kv_lora_rank makes it MLA);
+                           sliding_window + sliding_window_layers; expert_bias; mamba_layers > 0:
+                           skipped (hybrid Mamba2/attention not modelled); mtp_layers: noted
+framework                  `framework` (default megatron); `source_family` names the source group
 plan                       tp, pp, cp, ep as given (null -> 1), etp as given (null -> None = tp),
                            dp as given else gpu_count / (tp pp cp); fsdp true -> zero_stage 3 with the
                            given tp/pp (Megatron-FSDP, FSDP2 + TP); else zero_stage as given, else 1
-                           for megatron (distributed optimizer), 0 for torchtitan; sp as given, else on
+                           for megatron (distributed optimizer), 0 for others; sp as given, else on
                            when tp > 1; vpp = vpp_chunks (interleaved when > 1)
 micro_batch                as given; torchtitan rows (no accumulation): the local batch (other_metrics'
-                           local_batch_size, else gbs/dp), split
-                           in pp micro-batches when pp > 1 (torchtitan's default: one per stage)
+                           local_batch_size, else gbs/dp), split in pp micro-batches when pp > 1
+                           (torchtitan's default: one per stage)
 recompute                  'none ...' -> none; 'full ...' -> full; 'selective' / per-op SAC ->
-                           selective; recompute_modules=[] -> none, other module lists -> those modules (Megatron names);
-                           recompute_num_layers=N with pp = 1 -> full for the first N layers;
-                           activation_checkpointing: true -> full; cpu_offloading -> none (noted: not
-                           modelled); null -> the release recipe's (below), else the least recompute
-                           that fits (solver, as dev_runs)
-overlaps                   tp_comm_overlap from the notes ('TP comm overlap on/off/disabled') or
-                           AsyncTP in the technique; ep_overlap where the row says so, else the
-                           release recipe's; None otherwise
+                           selective; recompute_modules=[] -> none, other module lists -> those
+                           modules (Megatron names); recompute_num_layers=N with pp = 1 -> full for
+                           the first N layers; activation_checkpointing: true -> full; cpu_offloading
+                           -> none (noted: not modelled); null -> the release recipe's (below), else
+                           the least recompute that fits (solver, as dev_runs)
+overlaps, graphs,          `tp_comm_overlap`, `ep_overlap`, `cuda_graphs`, `moe_dispatcher`,
+  dispatcher, token drop   `moe_capacity_factor` where the row states them, else the release
+                           recipe's (Megatron rows)
 Megatron-Bridge recipe     `recipe_of`: what the release's perf recipe ran (data/mbridge_recipes.yaml,
-                           read from the Megatron-Bridge history): EP overlap, dispatcher, token drop,
-                           full-iteration CUDA graphs and recompute, each where the row states none
-token drop                 '(tokendrop)' rows or recipes: moe_capacity_factor 1.0, padded to capacity
-                           (Megatron-Bridge apply_moe_token_drop)
-CUDA graphs / dispatcher   'full_iteration' / 'full_iter' in the notes -> cuda_graphs; HybridEP / DeepEP
-                           named in the notes -> moe_dispatcher (else the recipe's)
+                           keyed by the row's id, else its release / model / GPU line): EP overlap,
+                           dispatcher, token drop, full-iteration CUDA graphs and recompute, each
+                           where the row states none
+memory, precision knobs    main_grads, fp8_params, flash_attention (default true), launch_blocking,
+                           softmax_fusion, measured_peak_memory_gib / _gb
 =========================  ===========================================================================
 """
 
@@ -79,8 +74,7 @@ from . import _int, global_batch_seqs, row_dp
 USE_RECIPES = True
 
 RECIPES = ("bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4")
-MLA_DIMS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-            "v_head_dim": 128}  # deepseek-ai/DeepSeek-V2, DeepSeek-V3, moonshotai/Kimi-K2 config.json
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 MODERN_KEYS = ("nvlink_domain_gpus", "moe_ffn", "first_k_dense", "etp")
 
@@ -96,39 +90,28 @@ def is_modern_row(row: Mapping[str, Any]) -> bool:
 
 
 def gpu_id(name: str) -> str | None:
-    """A row's GPU / system name -> the catalog id it means (which may not exist yet)."""
-    low = name.strip().lower()
-    low = re.sub(r"^(nvidia\s+|dgx[-\s]|hgx[-\s]|amd\s+|instinct\s+)+", "", low)
-    for pat, gid in ((r"gb300", "gb300"), (r"gb200", "gb200"), (r"\bb300", "b300"), (r"\bb200", "b200"),
-                     (r"\bb100", "b100"), (r"\bh200", "h200-sxm"), (r"\bh800", "h800-sxm"),
-                     (r"\bmi355", "mi355x"), (r"\bmi325", "mi325x"), (r"\bmi300", "mi300x")):
-        if re.search(pat, low):
-            return gid
-    if re.search(r"\bh100", low):
-        if "96gb" in low.replace(" ", "") or "hbm2e" in low:
-            return "h100-hbm2e-96gb"  # Meta Grand Teton: 96 GB HBM2e, 500 W limit
-        return "h100-pcie" if "pcie" in low else "h100-sxm"
-    if re.search(r"\ba100", low):
-        return "a100-sxm-40gb" if "40gb" in low else "a100-sxm-80gb"
-    return None
+    """A row's GPU / system name -> its catalog id through the catalog's alias table
+    (`catalog.resolve_gpu_id`: 'DGX-B200', 'H100-SXM5-80GB', 'NVIDIA H100 SXM5', 'MI355' ...); None
+    where the table has no such spelling."""
+    from ..catalog import resolve_gpu_id  # noqa: PLC0415
+
+    return resolve_gpu_id(name) if name.strip() else None
+
+
+# The catalog's `arch` of a GPU (gpus.yaml) -> the architecture family the regime tables use.
+ARCH_FAMILIES = {"volta": "Volta", "ampere": "Ampere", "hopper": "Hopper", "blackwell": "Blackwell",
+                 "blackwell-ultra": "Blackwell", "cdna3": "CDNA3", "cdna4": "CDNA4"}
 
 
 def gpu_arch(gid: str) -> str:
-    """'Hopper', 'Blackwell', 'Ampere', 'CDNA3', 'CDNA4', ... of a catalog id."""
-    g = gid.lower()
-    if g.startswith(("h100", "h200", "h800", "gh200")):
-        return "Hopper"
-    if g.startswith(("b100", "b200", "b300", "gb200", "gb300")):
-        return "Blackwell"
-    if g.startswith("a100"):
-        return "Ampere"
-    if g.startswith("mi355"):
-        return "CDNA4"
-    if g.startswith("mi3"):
-        return "CDNA3"
-    if g.startswith("v100"):
-        return "Volta"
-    return "other"
+    """'Hopper', 'Blackwell', 'Ampere', 'CDNA3', 'CDNA4', ... of a catalog id: its catalog `arch`
+    (`ARCH_FAMILIES`; Blackwell Ultra counts as Blackwell), 'other' for the rest."""
+    from ..catalog import get_gpu  # noqa: PLC0415
+
+    try:
+        return ARCH_FAMILIES.get(get_gpu(gid).arch, "other")
+    except InputError:
+        return "other"
 
 
 def precision_family(precision: str) -> str:
@@ -145,6 +128,12 @@ def precision_recipe(row: Mapping[str, Any], arch: str) -> tuple[str | None, str
     """(recipe, how it was read) from the row's precision text (and recipe names in its notes)."""
     text = str(row.get("precision") or "").strip()
     low = text.lower()
+    stated = row.get("precision_recipe")
+    if stated:
+        if str(stated) not in RECIPES + ("fp8-rowwise",):
+            raise InputError(f"precision_recipe {stated!r}: expected one of {', '.join(RECIPES + ('fp8-rowwise',))}",
+                             field=f"{row.get('id')}.precision_recipe")
+        return str(stated), f"{text}: recipe {stated} (the row's precision_recipe)"
     if not low:
         return None, "precision not published"
     blackwell = arch == "Blackwell"
@@ -165,10 +154,6 @@ def precision_recipe(row: Mapping[str, Any], arch: str) -> tuple[str | None, str
     if "delayed" in low:
         return "fp8-delayed", text
     if low.startswith("fp8"):
-        ctx = " ".join(str(row.get(k) or "") for k in ("activation_recompute", "notes", "id")).lower()
-        other = str(row.get("other_metrics") or "").lower()
-        if re.search(r"fp8[-_]?cs", ctx + other) or "labels the same configurations fp8-cs" in ctx:
-            return "fp8-current", f"{text}: the row's recipe / table label is FP8-CS (current scaling)"
         return "fp8", f"{text}: recipe not stated (the framework's default fp8 recipe)"
     if low.startswith("bf16") or low.startswith("fp16"):
         return "bf16", text
@@ -188,44 +173,27 @@ def spec_precision(recipe: str) -> str:
     return "fp8"
 
 
-# (words in the source or starting the id, framework profile, source family), first match wins.
-SOURCE_FRAMEWORKS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("bigscience", "megatron-deepspeed"), "deepspeed", "BigScience Megatron-DeepSpeed"),
-    (("automodel",), "automodel", "NeMo AutoModel"),
-    (("torchtitan",), "torchtitan", "torchtitan"),
-    (("mlperf",), "megatron", "MLPerf Training"),
-    (("simumax",), "megatron", "SimuMax B200"),
-    (("primus",), "megatron", "AMD Primus"),
-    (("megatron-bridge", "mbridge"), "megatron", "Megatron-Bridge"),
-    (("nemo",), "megatron", "NeMo 25.0x"),
-)
+def source_family(row: Mapping[str, Any]) -> str:
+    """The row's `source_family` (the publication series it comes from: validation/README.md), else its
+    `source` up to the first comma; the unit left out as a whole by the leave-one-source-out check."""
+    fam = str(row.get("source_family") or "").strip()
+    return fam or str(row.get("source") or "").split(",")[0].strip()[:32] or "unknown"
 
 
 def framework_of(row: Mapping[str, Any]) -> tuple[str, str]:
-    """(Problem.framework, source family) of a modern row."""
-    src = str(row.get("source") or "")
-    rid = str(row.get("id") or "")
-    low = src.lower()
-    for words, framework, family in SOURCE_FRAMEWORKS:
-        if any(w in low or rid.startswith(w) for w in words):
-            return framework, family
-    return "megatron", src.split(",")[0].strip()[:32] or "unknown"
+    """(Problem.framework, source family) of a modern row: its `framework` field (default megatron) and
+    `source_family`."""
+    return str(row.get("framework") or "megatron"), source_family(row)
 
 
-def _model_family(model: str) -> str:
-    m = model.lower()
-    for key in ("mamba", "nemotron 3", "nemotron-h", "hybrid"):
-        if key in m:
-            return "hybrid"
-    if m.startswith("gpt-3") or m.startswith("gpt3") or m.startswith("bloom"):
-        return "gpt3"
-    if "nemotron-4" in m or "nemotron4" in m or "nemotron 15b" in m:
-        return "nemotron4"
-    if "deepseek" in m or "kimi" in m or "moonlight" in m:
-        return "mla"
-    if any(k in m for k in ("llama", "qwen", "mixtral", "mistral", "gpt-oss")):
-        return "gated"
-    return "unknown"
+def _flag(row: Mapping[str, Any], key: str, default: bool | None) -> bool | None:
+    """A true/false field of a row (absent or null: `default`); anything else is bad input."""
+    v = row.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise InputError(f"expected true or false, got {v!r}", field=f"{row.get('id')}.{key}")
+    return v
 
 
 # ---------------------------------------------------------------------------------------
@@ -294,23 +262,8 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
 
 
 def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[str]]:
-    """(tp_comm_overlap, ep_overlap, notes) where the row states them; None otherwise."""
-    notes_text = " ".join(str(row.get(k) or "") for k in ("notes", "precision"))
-    other = row.get("other_metrics") or {}
-    technique = str(other.get("technique") or "") if isinstance(other, Mapping) else ""
-    low = notes_text.lower()
-    tp_ov: bool | None = None
-    m = re.search(r"tp comm(?:unication)? overlap (on|off|disabled|enabled)", low)
-    if m:
-        tp_ov = m.group(1) in ("on", "enabled")
-    if re.search(r"async[- ]?tp", technique.lower() + " " + str(row.get("precision") or "").lower()):
-        tp_ov = True
-    elif re.search(r"vanilla tp", technique.lower()):  # torchtitan's plain DTensor TP: collectives exposed
-        tp_ov = False
-    ep_ov: bool | None = None
-    m = re.search(r"(?:ep|moe expert[- ]parallel comm(?:unication)?) overlap (on|off|disabled|enabled)", low)
-    if m:
-        ep_ov = m.group(1) in ("on", "enabled")
+    """(tp_comm_overlap, ep_overlap, notes) from the row's fields of those names; None where absent."""
+    tp_ov, ep_ov = _flag(row, "tp_comm_overlap", None), _flag(row, "ep_overlap", None)
     found = []
     if tp_ov is not None:
         found.append(f"tp_comm_overlap={tp_ov} (stated)")
@@ -319,18 +272,12 @@ def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[
     return tp_ov, ep_ov, found
 
 
-def _notes_text(row: Mapping[str, Any]) -> str:
-    return " ".join(str(row.get(k) or "") for k in ("notes", "other_metrics")).lower()
-
-
 def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
-    """Whether the row says the step ran as a full-iteration CUDA graph (MLPerf's config_common_cg.sh,
-    Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8 or
+    """Whether the row states the step ran as a full-iteration CUDA graph (`cuda_graphs: true`: MLPerf's
+    config_common_cg.sh, Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8 or
     _apply_gpt_oss_120b_full_iter_fp8mx_configs, cuda_graph_impl full_iteration)."""
-    return bool(re.search(r"full[-_ ]iter", _notes_text(row)))
+    return bool(_flag(row, "cuda_graphs", False))
 
-
-MBRIDGE_FP8_PARAMS = {"fp8": True, "fp8-delayed": True, "fp8-current": True, "mxfp8": True, "nvfp4": True}
 
 RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
                 "offload_layers", "layout")
@@ -401,38 +348,28 @@ def recipe_stage_layers(layers: int, chunks: int, layout: str | None) -> list[in
 
 
 def token_drop_of(row: Mapping[str, Any]) -> float | None:
-    """The expert capacity factor of a token-drop run (None: dropless). Megatron-Bridge labels its
-    token-drop benchmarks '(tokendrop)' and runs them through apply_moe_token_drop: capacity factor
-    1.0, inputs padded to the capacity (src/megatron/bridge/training/utils/moe_token_drop.py)."""
-    label = f"{row.get('id', '')} {row.get('model', '')}".lower()
-    return 1.0 if re.search(r"token[-_ ]?drop(?!less)", label) else None
+    """The expert capacity factor of a token-drop run (`moe_capacity_factor`; None: dropless).
+    Megatron-Bridge's '(tokendrop)' benchmarks run through apply_moe_token_drop: capacity factor 1.0,
+    inputs padded to the capacity (src/megatron/bridge/training/utils/moe_token_drop.py)."""
+    v = row.get("moe_capacity_factor")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise InputError(f"expected a positive number, got {v!r}", field=f"{row.get('id')}.moe_capacity_factor")
+    return float(v)
 
 
 def dispatcher_of_row(row: Mapping[str, Any]) -> str | None:
-    """The expert dispatcher a row names (HybridEP / DeepEP flex backends), None where it names none."""
-    text = _notes_text(row)
-    if re.search(r"hybrid[-_]?ep", text):
-        return "hybridep"
-    if "deepep" in text:
-        return "deepep"
-    return None
-
-
-def _exists(gid: str) -> bool:
-    from ..catalog import get_gpu  # noqa: PLC0415
-
-    try:
-        get_gpu(gid)
-    except InputError:
-        return False
-    return True
+    """The expert dispatcher a row states (`moe_dispatcher`: alltoall, allgather, deepep, hybridep), None
+    where it states none."""
+    v = row.get("moe_dispatcher")
+    return str(v) if v else None
 
 
 def topology_of(gid: str) -> str:
+    """The GPU's default topology (a row's `topology` field names another)."""
     from ..catalog import get_gpu  # noqa: PLC0415
 
-    if gid == "h100-sxm":
-        return "dgx-h100-400g"
     return get_gpu(gid).default_topology
 
 
@@ -446,7 +383,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     from ..catalog import get_topology  # noqa: PLC0415
     from ..loader import load_problem  # noqa: PLC0415
     from ..spec import Plan  # noqa: PLC0415
-    from . import Case, Skip, measured_step  # noqa: PLC0415
+    from . import Case, Skip, measured_peak_memory_gib, measured_step  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
     rid = str(row.get("id") or "?")
@@ -468,9 +405,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     gpu_name = str(row.get("gpu") or "").strip()
     gid = gpu_id(gpu_name)
     if gid is None:
-        return skip(f"GPU {gpu_name!r} has no mapping to the catalog")
-    if not _exists(gid):
-        return skip(f"GPU {gpu_name!r} -> catalog entry {gid!r}, not in the catalog yet")
+        from ..catalog import unknown_gpu_message  # noqa: PLC0415
+
+        raise InputError(unknown_gpu_message(gpu_name), field=f"{rid}.gpu")
     arch = gpu_arch(gid)
     recipe, prec_how = precision_recipe(row, arch)
     if recipe is None:
@@ -494,11 +431,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
 
     # ---- model
     model_name = str(row.get("model") or rid)
-    fam = _model_family(model_name)
-    if fam == "hybrid":
-        return skip(f"{model_name}: hybrid Mamba2/attention layers are not modelled")
-    if fam == "unknown":
-        return skip(f"model family of {model_name!r} has no mapping (activation, tying unknown)")
+    if _int(row.get("mamba_layers"), 0):
+        return skip(f"{model_name}: {row['mamba_layers']} Mamba2 layers (mamba_layers): hybrid Mamba2/attention "
+                    "layers are not modelled")
     missing = [k for k in ("layers", "hidden", "ffn", "heads", "vocab", "seq_len") if row.get(k) in (None, "")]
     if missing:
         return skip(f"model dimensions not published ({', '.join(missing)} null)")
@@ -507,26 +442,26 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         intermediate_size=int(row["ffn"]), num_attention_heads=int(row["heads"]),
         num_key_value_heads=_int(row.get("kv_heads"), int(row["heads"])), vocab_size=int(row["vocab"]),
         source=f"modern_runs {rid}")
-    if row.get("head_dim"):
+    # The architecture from the row's config fields (validation/README.md): never from the model's name.
+    model.update(hidden_act=str(row.get("hidden_act") or "silu"),
+                 tie_word_embeddings=_flag(row, "tie_word_embeddings", False))
+    if row.get("dropout") is not None:
+        model["dropout"] = _flag(row, "dropout", False)
+    if row.get("kv_lora_rank"):  # multi-head latent attention: its dims replace head_dim
+        model.update({k: _int(row.get(k)) for k in MLA_KEYS})
+        notes.append("MLA dims from the row (q_lora " + str(row.get("q_lora_rank")) + f", kv_lora {row['kv_lora_rank']}, "
+                     f"nope {row.get('qk_nope_head_dim')}, rope {row.get('qk_rope_head_dim')}, v {row.get('v_head_dim')})")
+    elif row.get("head_dim"):
         model["head_dim"] = int(row["head_dim"])
-    if fam == "gpt3":
-        model.update(hidden_act="gelu", dropout=True, tie_word_embeddings=True)
-    elif fam == "nemotron4":
-        model.update(hidden_act="relu2", tie_word_embeddings=False)
-    else:
-        model.update(hidden_act="silu", tie_word_embeddings=False)
-    if fam == "mla":
-        model.update(MLA_DIMS)
-        if "moonlight" in model_name.lower():
-            model["q_lora_rank"] = None  # moonshotai/Moonlight-16B-A3B config.json: q_lora_rank null
-        model.pop("head_dim", None)
-        notes.append("MLA dims of the DeepSeek-V2/V3 / Kimi K2 config.json (q_lora 1536, kv_lora 512, nope 128, rope 64, v 128)")
-        if "mtp" not in model_name.lower():
-            notes.append("multi-token prediction (if the run used it) not modelled")
-    if "gpt-oss" in model_name.lower() or "gptoss" in rid:
-        # openai/gpt-oss config.json: sliding_window 128, layer_types alternating sliding / full
-        model.update(sliding_window=128, sliding_window_layers=0.5, expert_bias=True)
-        notes.append("gpt-oss: every other layer attends a 128-token sliding window (HF layer_types); experts have biases")
+    if _int(row.get("mtp_layers"), 0):
+        notes.append(f"{row['mtp_layers']} multi-token-prediction layer(s) not priced")
+    if row.get("sliding_window"):
+        model.update(sliding_window=int(row["sliding_window"]),
+                     sliding_window_layers=float(row.get("sliding_window_layers") or 1.0))
+        notes.append(f"sliding window of {row['sliding_window']} tokens on a share "
+                     f"{model['sliding_window_layers']:g} of the layers")
+    if _flag(row, "expert_bias", False):
+        model["expert_bias"] = True
     if row.get("moe_experts"):
         if not row.get("moe_top_k"):
             return skip("MoE top-k not published")
@@ -614,21 +549,15 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         problem = load_problem({
             "name": rid, "model": model, "framework": framework,
             "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
-                         "optimizer": "adam", "flash_attention": bool(row.get("flash_attention", True)),
-                         "launch_blocking": bool(row.get("launch_blocking", False)),
+                         "optimizer": "adam", "flash_attention": _flag(row, "flash_attention", True),
+                         "launch_blocking": _flag(row, "launch_blocking", False),
                          "softmax_fusion": row.get("softmax_fusion") or "megatron",
                          "moe_capacity_factor": capacity,
-                         # every Megatron-Bridge performance recipe: grad_reduce_in_fp32 false, and its
-                         # FP8 mixed-precision configs keep FP8 primary weights (mixed_precision.py
-                         # bf16_with_fp8_{delayed,current}_scaling_mixed / bf16_with_mxfp8_mixed:
-                         # fp8_param_gather True; bf16_with_nvfp4_mixed: fp4_param_gather True;
-                         # subchannel: False)
-                         # BigScience's bf16 runs: Megatron-DeepSpeed's BF16_Optimizer (ZeRO stage 0,
-                         # its own sharded fp32 state) accumulates and reduces the gradients in fp32
-                         "main_grads": ("bf16" if group == "Megatron-Bridge" else
-                                        "fp32" if group == "BigScience Megatron-DeepSpeed"
-                                        and "bf16" in str(row.get("precision")).lower() else None),
-                         "fp8_params": group == "Megatron-Bridge" and MBRIDGE_FP8_PARAMS.get(precision, False)},
+                         # stated per row (validation/README.md): e.g. every Megatron-Bridge performance
+                         # recipe runs grad_reduce_in_fp32 false and keeps FP8 primary weights in its FP8
+                         # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
+                         "main_grads": row.get("main_grads"),
+                         "fp8_params": _flag(row, "fp8_params", False)},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
@@ -642,7 +571,5 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                     tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs, moe_dispatcher=dispatcher)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
-    if fam == "gpt3" and model_name.lower().startswith("bloom"):
-        notes.append("BLOOM candidate: gelu, tied embeddings, dropout (Megatron-DeepSpeed GPT)")
     return Case(rid, group, gid, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
-                recipe=recipe, framework=framework, arch=arch)
+                recipe=recipe, framework=framework, arch=arch, measured_peak_memory_gib=measured_peak_memory_gib(row))
