@@ -590,6 +590,16 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from .calibrate import calibrate, network_warnings  # noqa: PLC0415
     from .progress import TerminalLine, wanted  # noqa: PLC0415
 
+    if a.logs:
+        if a.measurements:
+            raise InputError("give either MEASUREMENTS (a runs file) or --logs, not both", field="calibrate")
+        return _calibrate_artifacts(a)
+    if a.measurements is None:
+        raise InputError("give MEASUREMENTS (a runs file) or --logs DIR|FILES", field="calibrate")
+    extra = [f for f in ("traces", "nccl_tests", "config", "problem", "model", "gpu", "topology", "catalog")
+             if getattr(a, f)]
+    if extra or a.json:
+        raise InputError(f"--{(extra or ['json'])[0].replace('_', '-')} goes with --logs", field="calibrate")
     line = TerminalLine() if wanted(a.quiet) else None  # a live line on a terminal (as solve), else nothing
 
     def progress(text: str) -> None:
@@ -605,6 +615,46 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     summary = getattr(res, "summary", None)
     sys.stdout.write(summary() if callable(summary) else f"wrote {a.output}\n")
     for w in network_warnings(res):
+        print(f"warning: {w}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _calibrate_artifacts(a: argparse.Namespace) -> int:
+    """`calibrate --logs ...`: training logs, traces and nccl-tests output -> a calibrated overlay."""
+    from .artifacts.profile import calibrate_artifacts, load_inputs, to_json  # noqa: PLC0415
+    from .artifacts.runs import RunContext  # noqa: PLC0415
+    from .loader import load_problem  # noqa: PLC0415
+    from .progress import TerminalLine, wanted  # noqa: PLC0415
+
+    if a.catalog is not None and not Path(a.catalog).is_file():
+        raise InputError("no such file", source=a.catalog, field="--catalog")
+    ctx = RunContext(problem=load_problem(a.problem) if a.problem else None,
+                     model=_model_arg(a.model) if a.model else None, gpu=a.gpu, topology=a.topology)
+    if a.gpu is not None:
+        from .catalog import get_gpu  # noqa: PLC0415
+
+        get_gpu(a.gpu)  # an unknown id: one line naming the valid ones
+    if a.topology is not None:
+        from .catalog import get_topology  # noqa: PLC0415
+
+        get_topology(a.topology)
+    runs, traces, tests, inputs = load_inputs(a.logs, a.traces or [], a.nccl_tests or [], a.config or [], ctx)
+    line = TerminalLine() if wanted(a.quiet) else None
+
+    def progress(text: str) -> None:
+        line.show(f"calibrate: {text}")
+
+    try:
+        res = calibrate_artifacts(runs, traces, tests, a.output, inputs=inputs, base_catalog=a.catalog,
+                                  loo=not a.no_loo, progress=progress if line is not None else None)
+    finally:
+        if line is not None:
+            line.close(erase=True)
+    if a.json:
+        _print_json(to_json(res))
+    else:
+        sys.stdout.write(res.summary())
+    for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return EXIT_OK
 
@@ -776,9 +826,30 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--catalog", metavar="CATALOG", help="calibrated catalog overlay to apply")
     v.add_argument("--json", action="store_true")
 
-    cal = add("calibrate", cmd_calibrate, "Fit the catalog's efficiency factors to your own measured runs.")
-    cal.add_argument("measurements", metavar="MEASUREMENTS", help="runs as JSON (dev_runs shape) or CSV")
+    cal = add("calibrate", cmd_calibrate, "Fit the catalog's efficiency factors to your own measured runs: a runs "
+              "file, or the training logs, profiler traces and nccl-tests output of your cluster (docs/calibration.md).")
+    cal.add_argument("measurements", nargs="?", default=None, metavar="MEASUREMENTS",
+                     help="runs as JSON (dev_runs shape) or CSV (or give --logs instead)")
     cal.add_argument("-o", "--output", required=True, metavar="CATALOG.yaml")
+    cal.add_argument("--logs", nargs="+", metavar="DIR|FILE", help="training logs (Megatron-LM, Megatron-DeepSpeed, "
+                     "torchtitan, DeepSpeed), one run per file; a directory: its *.log, *.txt, *.out, *.err files")
+    cal.add_argument("--traces", nargs="+", metavar="DIR|FILE", help="PyTorch profiler Chrome traces (.json, "
+                     ".json.gz) of those runs: each belongs to the log in its folder (or to the only log)")
+    cal.add_argument("--nccl-tests", nargs="+", metavar="DIR|FILE", help="nccl-tests output (all_reduce_perf, "
+                     "all_gather_perf, reduce_scatter_perf, alltoall_perf): the topology's level efficiencies")
+    cal.add_argument("--config", nargs="+", metavar="TOML", help="torchtitan job configs (one for all torchtitan "
+                     "logs, or one per log folder; a .toml next to the log is not read unless named)")
+    cal.add_argument("--problem", metavar="PROBLEM", help="a problem file: its cluster (GPU, topology), and its model "
+                     "and batch where a log does not give them")
+    cal.add_argument("--model", metavar="MODEL", help="the model of logs that do not give its dimensions (torchtitan): "
+                     "a preset name or a Hugging Face config.json")
+    cal.add_argument("--gpu", metavar="ID", help="the GPU of the runs (catalog id; default: the problem file's, else "
+                     "the one the log names)")
+    cal.add_argument("--topology", metavar="PRESET", help="the cluster's topology preset (default: the problem "
+                     "file's, else the GPU's)")
+    cal.add_argument("--catalog", metavar="CATALOG", help="start from this overlay instead of the built-in catalog")
+    cal.add_argument("--no-loo", action="store_true", help="skip the leave-one-run-out check (one refit per run)")
+    cal.add_argument("--json", action="store_true", help="print the result as JSON (with --logs)")
     cal.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
     return p
 

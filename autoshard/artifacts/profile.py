@@ -318,6 +318,10 @@ def load_inputs(logs: list[str], traces: list[str], nccl: list[str], configs: li
         if pick:
             ctx.configs[lr.path] = cfgs[pick[0]]
     runs = [measured_run(lr, ctx, i + 1) for i, lr in enumerate(logs_read)]
+    stems = [Path(r.log.path).stem for r in runs]
+    if len(set(stems)) < len(stems):  # train.log in a folder per run: name the runs by their folders
+        for r in runs:
+            r.id = f"{r.id[:2]}-{Path(r.log.path).parent.name}-{Path(r.log.path).stem}"
     by_run: dict[str, list[TraceSummary]] = {}
     for p in trace_files:
         t = read_trace(p)

@@ -257,9 +257,21 @@ def _torchtitan_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], d
     finish_torchtitan(run, gbs, seq, world)
     ac = cfg.get("activation_checkpoint", {}) if isinstance(cfg.get("activation_checkpoint"), dict) else {}
     mode = str(ac.get("mode", "selective"))
-    recompute = {"selective": "selective", "full": "full", "none": "none"}.get(mode)
+    recompute: Any = {"selective": "selective", "full": "full", "none": "none"}.get(mode)
     if recompute is None:
         raise InputError(f"activation_checkpoint.mode {mode!r} has no mapping (selective, full, none)", source=path)
+    option = str(ac.get("selective_ac_option", "2"))
+    if recompute == "selective" and option.isdigit() and int(option) > 0 and run.settings.get("layers") is None:
+        # torchtitan layer SAC (_apply_ac_to_transformer_block): a running count of blocks, from 1; a block
+        # is wrapped in full checkpointing when count % N == 0
+        n = int(option)
+        layers = ctx.model.num_hidden_layers if ctx.model is not None else (
+            ctx.problem.model.num_hidden_layers if ctx.problem is not None else None)
+        if layers:
+            recompute = ["full" if (i + 1) % n == 0 else "none" for i in range(layers)]
+            notes.append(f"selective_ac_option {n}: every {n}th block fully recomputed (torchtitan layer SAC)")
+    elif recompute == "selective":
+        notes.append("selective_ac_option op (per-op SAC): priced as selective recompute")
     if not cfg:
         notes.append("no TOML job config: activation checkpointing taken as torchtitan's default (selective), "
                      "precision bf16")
