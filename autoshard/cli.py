@@ -533,8 +533,12 @@ def cmd_export(a: argparse.Namespace) -> int:
 def cmd_batch(a: argparse.Namespace) -> int:
     from .batch import ProgressBar, run_batch, summary_table  # noqa: PLC0415
 
+    if a.scheduler and a.executor == "local":
+        raise InputError("a scheduler address needs --executor dask", field="--scheduler")
+    executor = a.executor or ("dask" if a.scheduler else "local")
     result = run_batch(a.inputs, a.output, jobs=a.jobs, time_limit_s=a.time_limit, force=a.force, top_k=a.top,
-                       gap_limit=a.gap, progress=None if a.quiet else ProgressBar(), headroom_gib=a.headroom)
+                       gap_limit=a.gap, progress=None if a.quiet else ProgressBar(), headroom_gib=a.headroom,
+                       executor=executor, scheduler=a.scheduler)
     sys.stdout.write(summary_table(result))
     return result.exit_code
 
@@ -799,6 +803,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--executor", choices=["local", "dask"], default=None,
+                   help="local: this process or a process pool (default); dask: a Dask cluster solves the problems "
+                        "and this process writes the records (needs pip install 'autoshard[dask]'; the workers read "
+                        "the problem files at the same paths: a shared filesystem)")
+    b.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask; default: a local "
+                        "cluster of --jobs workers started for the run)")
     b.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: each problem's `search: {headroom_gib: X}`, else 0)")
 
     w = add("whatif", cmd_whatif, "What-if study of hardware options: time, money, energy, Pareto front, report.")
