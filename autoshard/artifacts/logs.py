@@ -155,10 +155,10 @@ def _megatron(path: str, lines: list[str]) -> LogRun | None:
             gbs_logged.add(int(g.group(1)))
         samples.append(Sample(prev, it, value / 1000.0, no))
         prev = it
-    if not samples:
-        return None
     if in_args:
         raise at_line(path, len(lines), "the arguments dump has no 'end of arguments' line (truncated log?)")
+    if not samples:
+        return None
     steady, med = _steady(path, samples)
     run = LogRun(path, "megatron", samples, steady, med, args=args)
     if len(gbs_logged) > 1:

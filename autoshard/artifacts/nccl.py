@@ -122,10 +122,10 @@ def read_nccl_tests(path: str | os.PathLike[str]) -> NcclTest:
             count = int(cells[1])
         except ValueError:
             raise at_line(src, no, f"count is not an integer: {cells[1]!r}") from None
-        wrong = oop[3]
-        if wrong not in ("N/A", "0") and _num(src, no, wrong, "#wrong") > 0:
-            raise at_line(src, no, f"#wrong = {wrong}: the collective returned wrong data; its timing is not a "
-                                   "measurement")
+        for wrong in (oop[3], *inp[3:4]):  # out-of-place and in-place #wrong
+            if wrong not in ("N/A", "0") and _num(src, no, wrong, "#wrong") > 0:
+                raise at_line(src, no, f"#wrong = {wrong}: the collective returned wrong data; its timing is not a "
+                                       "measurement")
         rows.append(NcclRow(size, count, cells[2], cells[3], _num(src, no, oop[0], "time"),
                             _num(src, no, oop[1], "algbw"), _num(src, no, oop[2], "busbw"),
                             _num(src, no, inp[2], "in-place busbw") if len(inp) >= 3 else None, no))

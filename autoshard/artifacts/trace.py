@@ -53,8 +53,8 @@ class Collective:
     kind: str  # all_reduce, all_gather, reduce_scatter, alltoall, ...
     bytes: int  # the larger of the input and output message (the gathered / full size)
     group_size: int
-    calls: int = 0
-    time_s: float = 0.0
+    calls: float = 0.0  # per step
+    time_s: float = 0.0  # per step
 
 
 @dataclass
@@ -183,6 +183,7 @@ def read_trace(path: str | os.PathLike[str]) -> TraceSummary:
     device = str(props[0].get("name")) if props and isinstance(props[0], dict) and props[0].get("name") else None
     for c in colls.values():
         c.time_s *= per
+        c.calls *= per
     return TraceSummary(
         path=src, steps=nsteps, device=device,
         rank=dist.get("rank") if isinstance(dist.get("rank"), int) else None,
