@@ -187,6 +187,20 @@ def test_calibration_is_used_by_problems(calibrated, tmp_path):
         k: v for k, v in rec["plan"].items() if k in Plan.model_fields})).step_time_s, rel=1e-9)
 
 
+def test_calibration_is_used_by_whatif(calibrated, tmp_path):
+    _, out = calibrated
+    from autoshard.whatif import run_study  # noqa: PLC0415
+
+    study = {"name": "cal", "workloads": [{"model": "llama3-8b", "training": {"seq_len": 2048, "global_batch_size": 64},
+                                           "tokens": 1.0e10, "search": {"tp": [1, 2], "pp": [1], "cp": 1}}],
+             "options": [{"gpu": "a100-sxm-80gb", "num_gpus": 16, "topology": "dgx-a100-superpod"},
+                         {"gpu": "a100-sxm-80gb", "num_gpus": 16, "topology": "dgx-a100-superpod", "catalog": str(out)}],
+             "pricing": {"mode": "cloud", "usd_per_gpu_hour": {"a100": 1.5}}, "sensitivity": "off", "time_limit_s": 30.0}
+    res = run_study(study, tmp_path / "w", report=False)
+    steps = sorted(r["step_time_s"] for r in res.rows)
+    assert len(steps) == 2 and steps[0] != steps[1]  # the calibrated option is priced with its overlay
+
+
 def test_calibration_is_deterministic(calibrated, tmp_path):
     _, out = calibrated
     again = tmp_path / "again.yaml"

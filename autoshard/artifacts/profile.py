@@ -342,7 +342,6 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
     check_output_file(out_path)
     if not runs:
         raise InputError("no training runs to calibrate on", field="--logs")
-    ids = [r.id for r in runs]
     with tempfile.TemporaryDirectory(prefix="autoshard-artifacts-") as d:
         tmp = Path(d)
         scratch_out = tmp / "fit.yaml"
@@ -369,6 +368,11 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
         warnings.extend(f"{g}: {w}" for w in m.warnings)
     for fit in res.fits:
         warnings.extend(f"{fit.gpu}: {w}" for w in fit.warnings)
+        capped = [name for name, why in fit.kept.items() if "identify at most" in why]
+        if capped:
+            warnings.append(f"{fit.gpu}: {len(fit.runs)} run(s) fit at most {max(1, len(fit.runs) // 2)} factor(s); "
+                            f"kept at their base values: {', '.join(capped)} (more runs, differing in size, layout or "
+                            "node count, let the fit tell them apart)")
         for name, why in fit.kept.items():
             if why.startswith("not identified"):
                 warnings.append(f"{fit.gpu}: the runs cannot tell {name} apart from the factors before it ({why}); it "
@@ -389,7 +393,6 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
         in_sample_before_pct=before, in_sample_after_pct=after, loo_before_pct=loo_before, loo_after_pct=loo_after,
         warnings=warnings, inputs=inputs)
     _write(out_path, _header(result) + text)
-    del ids
     return result
 
 
