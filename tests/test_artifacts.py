@@ -100,6 +100,16 @@ def test_deepspeed_log_step_from_samples_per_sec():
     assert run.step_s == pytest.approx(2.5, rel=1e-12)
 
 
+def test_megatron_deepspeed_log():
+    """Megatron-DeepSpeed prints both formats: Megatron's iteration lines give the step, DeepSpeed's engine
+    configuration the ZeRO stage and the framework."""
+    run = read_log(DATA / "megatron-deepspeed" / "train.log")
+    assert run.format == "megatron" and run.step_s == pytest.approx(eq3_step_s(*TABLE1["gpt-1.7b"]), abs=0.05e-3)
+    m = measured_run(run, RunContext(gpu="a100-sxm-80gb"), 1)
+    assert m.plan.zero_stage == 1 and m.problem.framework == "deepspeed"
+    assert any("DeepSpeed throughput lines ignored" in n for n in m.notes)
+
+
 # ---- profiler trace ------------------------------------------------------------------------------
 
 
@@ -236,11 +246,13 @@ def test_trace_gives_the_gemm_factor(tmp_path):
     (tdir / "rank0.json").write_text(json.dumps(doc))
     trace = read_trace(tdir / "rank0.json")
     res = calibrate_artifacts(runs, {run.id: [trace]}, tests, str(tmp_path / "o.yaml"), inputs=inputs, loo=False)
-    key = next(iter(res.measured["a100-sxm-80gb"]))
-    assert key == "matmul.fp16"
     assert res.measured["a100-sxm-80gb"]["matmul.fp16"]["value"] == pytest.approx(0.5, abs=1e-4)
     assert load_overlay(str(tmp_path / "o.yaml"))["a100-sxm-80gb"].matmul["fp16"] == pytest.approx(0.5, abs=1e-4)
     assert "matmul.fp16" not in res.fitted["a100-sxm-80gb"]
+    # no nccl-tests: the trace's 256 MiB reduce-scatter over 8 GPUs (one NVLink domain) gives scaleup,
+    # 268,435,456 B / 1.5 ms x 7/8 over NVLink3's 300 GB/s, flagged as a lower bound
+    assert res.measured["a100-sxm-80gb"]["scaleup"]["value"] == round(268435456 / 1.5e-3 * 7 / 8 / 300e9, 4)
+    assert any("scaleup" in w and "lower bound" in w for w in res.warnings)
 
 
 # ---- bad input: one line, exit 2, nothing written ------------------------------------------------

@@ -225,7 +225,9 @@ def _megatron_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], dic
     if tp > 1:
         plan["tp_comm_overlap"] = _flag(a, "tp_comm_overlap")
     return ({"model": model, "training": training, "num_gpus": world,
-             "framework": "deepspeed" if run.format == "deepspeed" else "megatron"}, plan, notes)
+             # Megatron-DeepSpeed: a DeepSpeed engine configuration in the log -> the DeepSpeed profile
+             "framework": "deepspeed" if run.format == "deepspeed" or any(k.startswith("deepspeed.") for k in a)
+             else "megatron"}, plan, notes)
 
 
 def _torchtitan_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any], list[str]]:

@@ -394,6 +394,15 @@ def main() -> None:
     dsd = HERE / "deepspeed"
     dsd.mkdir(exist_ok=True)
     (dsd / "train.log").write_text(deepspeed_log(2.5, 512, 4), encoding="utf-8")
+    # Megatron-DeepSpeed prints Megatron's arguments and iteration lines and DeepSpeed's engine config and
+    # throughput lines in one log: the 1.7B run with ZeRO stage 1 from the DeepSpeed config
+    mds = HERE / "megatron-deepspeed"
+    mds.mkdir(exist_ok=True)
+    meg_lines = megatron_log(*NARAYANAN[0]).splitlines()
+    ds_lines = deepspeed_log(narayanan_step_s(24, 2304, 512, 32, 137), 512, 16).splitlines()
+    at = meg_lines.index("training ...")
+    (mds / "train.log").write_text("\n".join(meg_lines[:at] + ds_lines[:10] + meg_lines[at:] + ds_lines[10:]) + "\n",
+                                   encoding="utf-8")
     nc = HERE / "nccl"
     nc.mkdir(exist_ok=True)
     # A100 SXM4 80GB: NVLink3 300 GB/s per GPU, HDR 25 GB/s per GPU (topology dgx-a100-superpod)
