@@ -600,8 +600,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         return _calibrate_artifacts(a)
     if a.measurements is None:
         raise InputError("give MEASUREMENTS (a runs file) or --logs DIR|FILES", field="calibrate")
-    extra = [f for f in ("traces", "nccl_tests", "config", "problem", "model", "gpu", "topology", "catalog")
-             if getattr(a, f)]
+    extra = [f for f in ("traces", "nccl_tests", "config", "problem", "model", "gpu", "topology", "catalog",
+                         "no_loo") if getattr(a, f)]
     if extra or a.json:
         raise InputError(f"--{(extra or ['json'])[0].replace('_', '-')} goes with --logs", field="calibrate")
     line = TerminalLine() if wanted(a.quiet) else None  # a live line on a terminal (as solve), else nothing
@@ -611,13 +611,22 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
         line.show(f"calibrate {time.monotonic() - line.t0:.0f}s: {text}")
 
+    loo_text = ""
     try:
         res = calibrate(a.measurements, a.output, progress=progress if line is not None else None)
+        if a.loo:
+            from .artifacts.profile import format_loo, leave_one_out  # noqa: PLC0415
+            from .validate import convert, load_runs  # noqa: PLC0415
+
+            cases, _ = convert(load_runs(a.measurements))
+            loo_text = format_loo(*leave_one_out(cases, list(res.runs_used),
+                                                 progress=progress if line is not None else None))
     finally:
         if line is not None:
             line.close(erase=True)  # the summary and warnings follow
     summary = getattr(res, "summary", None)
     sys.stdout.write(summary() if callable(summary) else f"wrote {a.output}\n")
+    sys.stdout.write(loo_text)
     for w in network_warnings(res):
         print(f"warning: {w}", file=sys.stderr)
     return EXIT_OK
@@ -642,6 +651,8 @@ def _calibrate_artifacts(a: argparse.Namespace) -> int:
         from .catalog import get_topology  # noqa: PLC0415
 
         get_topology(a.topology)
+    if a.loo:
+        raise InputError("--loo goes with a runs file (with --logs it is on; --no-loo turns it off)", field="--loo")
     runs, traces, tests, inputs = load_inputs(a.logs, a.traces or [], a.nccl_tests or [], a.config or [], ctx)
     line = TerminalLine() if wanted(a.quiet) else None
 
@@ -859,7 +870,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--topology", metavar="PRESET", help="the cluster's topology preset (default: the problem "
                      "file's, else the GPU's)")
     cal.add_argument("--catalog", metavar="CATALOG", help="start from this overlay instead of the built-in catalog")
-    cal.add_argument("--no-loo", action="store_true", help="skip the leave-one-run-out check (one refit per run)")
+    cal.add_argument("--no-loo", action="store_true", help="with --logs: skip the leave-one-run-out check (one refit "
+                     "per run; on by default)")
+    cal.add_argument("--loo", action="store_true", help="with a runs file: add the leave-one-run-out check (each run "
+                     "predicted by a fit on the others, before -> after)")
     cal.add_argument("--json", action="store_true", help="print the result as JSON (with --logs)")
     cal.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
     return p

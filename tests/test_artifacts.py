@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -226,6 +227,23 @@ def test_loo_before_after_printed(tmp_path, capsys):
     assert "leave-one-run-out:" in out and "in-sample:" in out
     for name in TABLE1:
         assert f"-{name}: " in out  # one before -> after line per held-out run
+
+
+def test_loo_same_from_logs_as_from_the_runs_file(tmp_path, capsys):
+    """The four Megatron logs and the four dev_runs rows of the same runs: the same leave-one-run-out
+    figures, one path through the logs' arguments, the other through validate's row conversion."""
+    rows = [r for r in load_runs() if r["id"].startswith("narayanan2021_t1_")][:4]
+    (tmp_path / "runs.json").write_text(json.dumps(rows))
+    assert cli_main(["calibrate", str(tmp_path / "runs.json"), "-o", str(tmp_path / "a.yaml"), "--loo", "--quiet"]) == 0
+    from_rows = capsys.readouterr().out
+    assert cli_main(["calibrate", "--logs", str(MEG), *A100, "-o", str(tmp_path / "b.yaml"), "--quiet"]) == 0
+    from_logs = capsys.readouterr().out
+    def pick(text: str) -> list[str]:  # the "  <run>: +2.9% -> +0.4%" lines after the LOO heading
+        return sorted(m.group(1) for m in re.finditer(r"^ +\S+: ([+-]\d+\.\d% -> [+-]\d+\.\d%)$", text, re.M))
+
+    loo_rows = pick(from_rows.split("leave-one-run-out", 1)[1])
+    loo_logs = pick(from_logs.split("leave-one-run-out:", 1)[1])
+    assert len(loo_rows) == 4 and loo_rows == loo_logs
 
 
 def test_trace_gives_the_gemm_factor(tmp_path):

@@ -428,3 +428,41 @@ def _write(path: str, text: str) -> None:
 
 def to_json(r: ArtifactCalibration) -> dict[str, Any]:
     return dataclasses.asdict(r)
+
+
+def leave_one_out(cases: list[Any], ids: list[str], base_catalog: str | None = None,
+                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Leave-one-run-out of `calibrate()` on converted runs (a runs file): for each run of `ids`, fit on
+    the others and predict it. Returns (before, after): signed errors % under the base catalog and under
+    the fit without the run."""
+    from ..calibrate import calibrate  # noqa: PLC0415
+
+    by_id = {c.id: c for c in cases}
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="autoshard-loo-") as d:
+        for i, rid in enumerate(ids):
+            if progress:
+                progress(f"leave-one-run-out {i + 1}/{len(ids)}: without {rid}")
+            rest = [c for c in cases if c.id != rid and c.id in ids]
+            held = by_id[rid]
+            before[rid] = _errors([held], base_catalog)[rid]
+            if not rest:
+                continue
+            out = Path(d) / f"loo-{i}.yaml"
+            try:
+                calibrate(f"without {rid}", out, base_catalog=base_catalog, cases=rest)
+            except InputError:  # nothing left to fit on for this GPU: the base catalog predicts it
+                after[rid] = before[rid]
+                continue
+            after[rid] = _errors([held], str(out))[rid]
+    return before, after
+
+
+def format_loo(before: dict[str, float], after: dict[str, float]) -> str:
+    if not after:
+        return "leave-one-run-out: needs at least 2 runs\n"
+    lines = [f"leave-one-run-out, median |error|: {_med(before)} -> {_med(after)}"]
+    lines += [f"  {rid}: {before[rid]:+.1f}% -> {after[rid]:+.1f}%" for rid in sorted(after)]
+    return "\n".join(lines) + "\n"
+
