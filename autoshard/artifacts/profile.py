@@ -313,8 +313,8 @@ def load_inputs(logs: list[str], traces: list[str], nccl: list[str], configs: li
     for lr in logs_read:
         if lr.format != "torchtitan":
             continue
-        near = [c for c in cfgs if Path(c).parent == Path(lr.path).parent]
-        pick = near if len(near) == 1 else list(cfgs) if len(cfgs) == 1 else []
+        near_cfg = [c for c in cfgs if Path(c).parent == Path(lr.path).parent]
+        pick = near_cfg if len(near_cfg) == 1 else list(cfgs) if len(cfgs) == 1 else []
         if pick:
             ctx.configs[lr.path] = cfgs[pick[0]]
     runs = [measured_run(lr, ctx, i + 1) for i, lr in enumerate(logs_read)]

@@ -151,13 +151,13 @@ def _megatron_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], dic
     heads = _int(_need(a, "num_attention_heads", path), "num_attention_heads", path)
     ffn = _int(_need(a, "ffn_hidden_size", path), "ffn_hidden_size", path)
     vocab = _int(_need(a, "padded_vocab_size", path, "vocab_size"), "padded_vocab_size", path)
-    kv = _opt_int(a, "num_query_groups") if _flag(a, "group_query_attention") else heads
+    kv = (_opt_int(a, "num_query_groups") or heads) if _flag(a, "group_query_attention") else heads
     act = "silu" if _flag(a, "swiglu") else "relu2" if _flag(a, "squared_relu") else "gelu"
-    dropout = any(isinstance(a.get(k), (int, float)) and not isinstance(a.get(k), bool) and a.get(k) > 0
-                  for k in ("hidden_dropout", "attention_dropout"))
+    rates = [a.get(k) for k in ("hidden_dropout", "attention_dropout")]
+    dropout = any(isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in rates)
     model: dict[str, Any] = dict(name=f"{layers}x{hidden} (from {Path(path).name})", num_hidden_layers=layers,
                                  hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads,
-                                 num_key_value_heads=kv or heads, vocab_size=vocab, hidden_act=act,
+                                 num_key_value_heads=kv, vocab_size=vocab, hidden_act=act,
                                  tie_word_embeddings=not _flag(a, "untie_embeddings_and_output_weights"),
                                  dropout=dropout, source=f"Megatron arguments dump in {Path(path).name}")
     kvc = _opt_int(a, "kv_channels")
@@ -203,7 +203,7 @@ def _megatron_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], dic
         vpp = max(1, layers // pp // per_v)
     vpp = vpp or 1
     gran = str(a.get("recompute_granularity") or "None")
-    recompute = {"full": "full", "selective": "selective", "None": "none"}.get(gran)
+    recompute: Any = {"full": "full", "selective": "selective", "None": "none"}.get(gran)
     if recompute is None:
         raise InputError(f"recompute_granularity {gran!r} has no mapping (full, selective, None)", source=path)
     if recompute == "full" and a.get("recompute_method") == "block" and _opt_int(a, "recompute_num_layers"):
@@ -317,6 +317,8 @@ def measured_run(run: LogRun, ctx: RunContext, index: int) -> MeasuredRun:
         model = m.model_dump(exclude_none=True)
     training = parts.get("training") or (base.training.model_dump(exclude_none=True) if base is not None else None)
     num_gpus = parts.get("num_gpus") or (base.cluster.num_gpus if base is not None else None)
+    if not num_gpus or training is None:
+        raise InputError("the log gives neither the number of GPUs nor the batch: give --problem FILE", source=run.path)
     doc = {"name": Path(run.path).stem, "model": model, "training": training,
            "framework": parts.get("framework") or (base.framework if base is not None else "megatron"),
            "cluster": _cluster(ctx, run, num_gpus)}

@@ -110,7 +110,7 @@ def read_trace(path: str | os.PathLike[str]) -> TraceSummary:
             raise at_line(src, None, f"traceEvents[{i}] ({name!r}): 'ts' / 'dur' missing or not a number") from None
         if dur < 0:
             raise at_line(src, None, f"traceEvents[{i}] ({name!r}): negative duration {dur}")
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        args: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
         if cat in ("cpu_op", "user_annotation") and STEP.match(name):
             steps.append((ts, ts + dur))
         elif cat == "cpu_op":
@@ -148,15 +148,15 @@ def read_trace(path: str | os.PathLike[str]) -> TraceSummary:
     unsized = 0
     for k in kernels:
         name, dur, args = k["name"], k["dur"] * 1e-6, k["args"]
-        op = ops.get(args.get("External id"), {})
+        op: dict[str, Any] = ops.get(args.get("External id"), {})
         if NCCL.search(name):
             by["nccl"] += dur
             meta = args if "Collective name" in args else op
             if "Collective name" in meta:
                 nbytes = max(int(meta.get("In msg nelems") or 0), int(meta.get("Out msg nelems") or 0)) * \
                     DTYPE_BYTES.get(str(meta.get("dtype")), 0)
-                key = (collective_kind(str(meta["Collective name"])), nbytes, int(meta.get("Group size") or 0))
-                c = colls.setdefault(key, Collective(*key))
+                ckey = (collective_kind(str(meta["Collective name"])), nbytes, int(meta.get("Group size") or 0))
+                c = colls.setdefault(ckey, Collective(*ckey))
                 c.calls += 1
                 c.time_s += dur
             else:
@@ -178,8 +178,10 @@ def read_trace(path: str | os.PathLike[str]) -> TraceSummary:
     span = (t1 - t0) * 1e-6
     by["host_gap"] = max(0.0, span - _union_length(device_iv) * 1e-6)
     per = 1.0 / nsteps
-    dist = doc.get("distributedInfo") if isinstance(doc, dict) and isinstance(doc.get("distributedInfo"), dict) else {}
-    props = doc.get("deviceProperties") if isinstance(doc, dict) and isinstance(doc.get("deviceProperties"), list) else []
+    dist: dict[str, Any] = doc["distributedInfo"] if isinstance(doc, dict) and isinstance(doc.get("distributedInfo"),
+                                                                                          dict) else {}
+    props: list[Any] = doc["deviceProperties"] if isinstance(doc, dict) and isinstance(doc.get("deviceProperties"),
+                                                                                       list) else []
     device = str(props[0].get("name")) if props and isinstance(props[0], dict) and props[0].get("name") else None
     for c in colls.values():
         c.time_s *= per
