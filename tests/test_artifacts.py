@@ -60,6 +60,22 @@ def test_megatron_log_steady_step_is_the_published_one(name):
     assert a["fp16"] is True and a["recompute_granularity"] == "full" and a["fp8"] is None
 
 
+def test_launcher_prefixes_and_encoding(tmp_path):
+    """torchrun --tee / srun --label put a rank prefix before every line: read the same; a byte that is not
+    UTF-8 is one line naming the line it is on."""
+    plain = read_log(MEG / "gpt-1.7b.log")
+    pref = tmp_path / "pref.log"
+    pref.write_text("".join(f"[default0]:{ln}\n" for ln in (MEG / "gpt-1.7b.log").read_text().splitlines()))
+    run = read_log(pref)
+    assert run.step_s == plain.step_s and run.args == plain.args
+    raw = (MEG / "gpt-1.7b.log").read_bytes().split(b"\n")
+    raw[5] = raw[5] + b"\xff"
+    bad = tmp_path / "bad.log"
+    bad.write_bytes(b"\n".join(raw))
+    with pytest.raises(InputError, match=rf"{bad}:6: not UTF-8 text"):
+        read_log(bad)
+
+
 def test_megatron_run_prices_as_the_validation_row():
     """Two independent paths to the same run: the log's arguments dump, and the dev_runs row that
     `autoshard validate` converts. Same plan, same predicted step (the log says fp16, the row fp16 mixed,
