@@ -159,6 +159,24 @@ def test_nccl_tests_table():
     assert (t2.collective, t2.ranks, t2.nodes) == ("all_reduce", 16, 2)
 
 
+def test_nccl_tests_older_releases_and_mpi_prefixes(tmp_path):
+    """Releases before 2.13 print no root column; Open MPI's --tag-output prefixes every line with
+    "[1,0]<stdout>:" (as in the EKS / AzureML samples that publish nccl-tests output)."""
+    lines = (DATA / "nccl" / "all_gather_perf-1node.txt").read_text().splitlines()
+    old = []
+    for ln in lines:
+        if ln.startswith("#       size") or ln.startswith("#        (B)"):
+            ln = ln[:46] + ln[54:]  # drop the 8-character root column of the two header lines
+        elif ln[:1] != "#":
+            ln = ln[:46] + ln[54:]  # and of each row
+        old.append("[1,0]<stdout>:" + ln)
+    p = tmp_path / "all_gather_perf.out"
+    p.write_text("\n".join(old) + "\n")
+    t, ref = read_nccl_tests(p), read_nccl_tests(DATA / "nccl" / "all_gather_perf-1node.txt")
+    assert (t.collective, t.ranks, t.nodes) == ("all_gather", 8, 1)
+    assert [(r.size_bytes, r.busbw_gb_per_s) for r in t.rows] == [(r.size_bytes, r.busbw_gb_per_s) for r in ref.rows]
+
+
 # ---- calibrate --logs ----------------------------------------------------------------------------
 
 

@@ -22,7 +22,9 @@ from .files import MAX_NCCL_BYTES, at_line, read_text
 
 STARTING = re.compile(r"^# Collective test (?:starting|concluded): (\S+)")
 RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$")
-HEADER = re.compile(r"^#\s+size\s+count\s+type\s+redop\s+root\s+(\S+)")
+HEADER = re.compile(r"^#\s+size\s+count\s+type\s+redop\s+(root\s+)?(\S+)")
+# what launchers put before each line: Open MPI --tag-output "[1,0]<stdout>:", srun --label "0: "
+PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+: )")
 AVG = re.compile(r"^# Avg bus bandwidth\s*:\s*(\S+)")
 KIND = re.compile(r"(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|hypercube)")
 
@@ -81,9 +83,10 @@ def read_nccl_tests(path: str | os.PathLike[str]) -> NcclTest:
     rows: list[NcclRow] = []
     header_at = None
     per_iter = False
+    has_root = True
     avg = None
     for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
+        line = PREFIX.sub("", raw.rstrip())
         m = STARTING.match(line)
         if m:
             name = name or m.group(1)
@@ -98,6 +101,7 @@ def read_nccl_tests(path: str | os.PathLike[str]) -> NcclTest:
         if m:
             header_at = no
             per_iter = "i_min" in line
+            has_root = m.group(1) is not None  # releases before 2.13 print no root column
             continue
         m = AVG.match(line)
         if m:
@@ -108,15 +112,16 @@ def read_nccl_tests(path: str | os.PathLike[str]) -> NcclTest:
         if header_at is None:
             continue  # text before the table (launcher output)
         cells = line.split()
-        if not cells[0].isdigit():
+        if not cells or not cells[0].isdigit():
             continue  # a warning or a launcher line inside the output
         # size count type redop root | time algbw busbw #wrong [i_min i_max i_p99 i_cv%] | same in-place
         block = 8 if per_iter else 4
-        if len(cells) < 5 + block:
-            raise at_line(src, no, f"a table row with {len(cells)} columns, expected at least {5 + block} "
-                                   "(size count type redop root time algbw busbw #wrong)")
-        oop = cells[5:5 + block]
-        inp = cells[5 + block:5 + 2 * block]
+        first = 5 if has_root else 4
+        if len(cells) < first + block:
+            raise at_line(src, no, f"a table row with {len(cells)} columns, expected at least {first + block} "
+                                   "(size count type redop [root] time algbw busbw #wrong)")
+        oop = cells[first:first + block]
+        inp = cells[first + block:first + 2 * block]
         size = int(cells[0])
         try:
             count = int(cells[1])
