@@ -68,6 +68,9 @@ def test_launcher_prefixes_and_encoding(tmp_path):
     pref.write_text("".join(f"[default0]:{ln}\n" for ln in (MEG / "gpt-1.7b.log").read_text().splitlines()))
     run = read_log(pref)
     assert run.step_s == plain.step_s and run.args == plain.args
+    ds = tmp_path / "ds.log"
+    ds.write_text("".join(f"0: {ln}\n" for ln in (DATA / "deepspeed" / "train.log").read_text().splitlines()))
+    assert read_log(ds).step_s == read_log(DATA / "deepspeed" / "train.log").step_s
     raw = (MEG / "gpt-1.7b.log").read_bytes().split(b"\n")
     raw[5] = raw[5] + b"\xff"
     bad = tmp_path / "bad.log"

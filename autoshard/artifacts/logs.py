@@ -63,7 +63,7 @@ TITAN_DEVICE = re.compile(r"\b[A-Z]+ capacity: (.+?) with ([0-9.]+)GiB memory")
 DS_TPUT = re.compile(r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=(\S+), "
                      r"CurrSamplesPerSec=([^,\s]+)")
 DS_CONFIG_START = re.compile(r"DeepSpeedEngine configuration:\s*$")
-DS_CONFIG_LINE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*\s*([A-Za-z_][A-Za-z0-9_]*) \.{2,} (.*?)\s*$")
+DS_CONFIG_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.{2,} (.*?)\s*$")  # after any log prefix
 
 
 @dataclass
@@ -226,7 +226,7 @@ def _deepspeed(path: str, lines: list[str]) -> LogRun | None:
             in_cfg = True
             continue
         if in_cfg:
-            m = DS_CONFIG_LINE.match(line)
+            m = DS_CONFIG_LINE.search(line)
             if m:
                 cfg[m.group(1)] = _value(m.group(2))
                 continue
