@@ -389,6 +389,14 @@ def test_warnings_one_run_and_out_of_range(tmp_path, capsys):
     assert "outside the NCCL-like range" not in err
 
 
+def test_output_that_is_an_input_is_refused(tmp_path, capsys):
+    log = tmp_path / "run.log"
+    log.write_bytes((MEG / "gpt-1.7b.log").read_bytes())
+    rc = cli_main(["calibrate", "--logs", str(log), *A100, "-o", str(log), "--quiet"])
+    assert rc == 2 and "the output is one of the inputs" in capsys.readouterr().err
+    assert log.read_bytes() == (MEG / "gpt-1.7b.log").read_bytes()
+
+
 def test_which_gpu_is_asked(tmp_path, capsys):
     err = _err(capsys, ["calibrate", "--logs", str(MEG / "gpt-1.7b.log"), "-o", str(tmp_path / "o.yaml")], tmp_path)
     assert "which GPU ran it?" in err and "--gpu" in err

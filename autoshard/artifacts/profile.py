@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -340,6 +341,11 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
                         out_path: str, *, inputs: list[str], base_catalog: str | None = None, loo: bool = True,
                         progress: Callable[[str], None] | None = None) -> ArtifactCalibration:
     check_output_file(out_path)
+    out_real = os.path.realpath(out_path)
+    for p in inputs:
+        if os.path.realpath(p) == out_real:
+            raise InputError("the output is one of the inputs: it would be replaced", source=str(out_path),
+                             field="--output")
     if not runs:
         raise InputError("no training runs to calibrate on", field="--logs")
     with tempfile.TemporaryDirectory(prefix="autoshard-artifacts-") as d:
