@@ -24,6 +24,12 @@ as soon as it finishes, then `<out>/summary.csv`.
   KeyboardInterrupt is installed and restored after), cancels what has not finished,
   stops the workers, writes `summary.csv` of what finished and re-raises. Outputs are
   written atomically: no partial or temporary files are left behind.
+- **Executors.** `executor="local"` (default): in this process (`jobs` 1) or a process pool;
+  `executor="dask"`: a Dask cluster (the scheduler at `scheduler`, else a LocalCluster of `jobs`
+  workers started for the run) runs the same `solve_task` per problem and this process writes
+  each record as it arrives, so the records are those of the local executor, the incremental
+  skip and the interruption behave the same, and the workers need the problem files at the
+  same paths (a shared filesystem; docs/calibration.md shows Slurm and Kubernetes set-ups).
 - **Exit code** (`BatchResult.exit_code`): the largest over the problems: 0 solved, 1
   infeasible, 2 bad input (an input number too large for the solver's integers included), 3 an
   internal error (a bug: its record says so).
@@ -36,6 +42,7 @@ import errno
 import glob
 import io
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -44,6 +51,7 @@ import stat
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -601,7 +609,8 @@ def _result_of(record: dict[str, Any]) -> str:
 
 def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.PathLike[str], *, jobs: int = 1,
               time_limit_s: float = 30, force: bool = False, top_k: int = 3, gap_limit: float = DEFAULT_GAP_LIMIT,
-              progress: ProgressFn | None = None, headroom_gib: float | None = None) -> BatchResult:
+              progress: ProgressFn | None = None, headroom_gib: float | None = None, executor: str = "local",
+              scheduler: str | None = None) -> BatchResult:
     """Solve every problem of `inputs` into `out_dir` (see the module docstring).
 
     `jobs`: worker processes (1: in this process; 0: one per CPU). `time_limit_s`, `top_k`,
@@ -614,6 +623,14 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
     `batch_result` attribute).
     """
     t0 = time.perf_counter()
+    if executor not in ("local", "dask"):
+        raise InputError(f"unknown executor {executor!r} (local, dask)", field="executor")
+    if scheduler and executor != "dask":
+        raise InputError("a scheduler address needs the dask executor", field="scheduler")
+    if executor == "dask":
+        from .whatif.runner import _import_distributed  # noqa: PLC0415
+
+        _import_distributed()  # a missing extra: one line, before anything is written
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     if not inputs:
@@ -675,7 +692,9 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
                                      str(jp), str(mp)))
                 continue
             tasks.append(_Task(name, path, key, float(time_limit_s), int(top_k), float(gap_limit), headroom_gib))
-        if jobs <= 1 or len(tasks) <= 1:
+        if executor == "dask" and tasks:
+            _run_dask(tasks, jobs, finish, scheduler)
+        elif jobs <= 1 or len(tasks) <= 1:
             with _CpSatKeepsSigint():
                 for t in tasks:
                     step = getattr(progress, "step", None)  # the bar advances within a problem too
@@ -722,6 +741,74 @@ def _run_pool(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
         _stop_pool(ex)
         raise
     ex.shutdown(wait=True)
+
+
+def _solve_task_on_worker(task: _Task) -> tuple[str, dict[str, Any], str]:
+    """`solve_task` on a Dask worker, with CP-SAT leaving SIGINT alone (the client handles Ctrl-C)."""
+    with _CpSatKeepsSigint():
+        return solve_task(task)
+
+
+def _run_dask(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[str, Any], str], None],
+              scheduler: str | None) -> None:
+    """Solve the tasks on a Dask cluster (the scheduler at `scheduler`, else a LocalCluster of `jobs`
+    single-threaded worker processes started for the run): each worker runs the same `solve_task` as the
+    local pool and returns the record; this process writes it (atomically, as the local executor does)
+    as each completes. The workers read the problem files (and the catalogs / HF configs they name) at
+    the paths this process sees them: a shared filesystem. On an interrupt the pending tasks are
+    cancelled, the client (and a cluster started here) closed; the records written stay."""
+    from .whatif.runner import _import_distributed, _local_cluster, _sigint_deferred  # noqa: PLC0415
+
+    distributed = _import_distributed()
+    cluster = client = None
+    futures: list[Any] = []
+    by_key: dict[str, _Task] = {}
+    level = None
+    try:
+        if scheduler:
+            try:
+                client = distributed.Client(scheduler, set_as_default=False)
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
+                                 source=scheduler) from None
+        else:
+            with _sigint_deferred():
+                cluster = _local_cluster(distributed, max(1, min(jobs, len(tasks))))
+            client = distributed.Client(cluster, set_as_default=False)
+        run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other batches too
+        for i, t in enumerate(tasks):
+            key = f"autoshard-batch-{run_id}-{i}"
+            by_key[key] = t
+            futures.append(client.submit(_solve_task_on_worker, t, key=key, pure=False, priority=len(tasks) - i))
+        for fut in distributed.as_completed(futures, loop=client.loop):
+            t = by_key[fut.key]
+            try:
+                _, rec, md = fut.result()
+            except Exception as exc:  # noqa: BLE001  (a lost worker, autoshard missing on a worker: its record says so)
+                rec = error_record(t.path, "internal", f"dask: {type(exc).__name__}: {exc}".splitlines()[0][:500],
+                                   input_sha256=t.key, settings=_settings(t.time_limit_s, t.top_k, t.gap_limit,
+                                                                          t.headroom_gib), name=t.name)
+                md = error_markdown(rec)
+            finish(t.name, t.path, rec, md)
+    except BaseException:
+        quiet = logging.getLogger("distributed")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)  # cancelled keys vanishing are expected, not errors
+        if client is not None and futures:
+            try:
+                client.cancel(futures)
+            except Exception:  # noqa: BLE001, S110  (closing below releases them anyway)
+                pass
+        raise
+    finally:
+        for closable in (client, cluster):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:  # noqa: BLE001, S110
+                    pass
+        if level is not None:
+            logging.getLogger("distributed").setLevel(level)
 
 
 # =============================================================================================

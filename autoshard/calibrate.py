@@ -291,10 +291,14 @@ def network_warnings(result: CalibrationResult) -> list[str]:
 
 def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
               base_catalog: str | os.PathLike[str] | None = None, verbose: bool = False,
-              progress: Callable[[str], None] | None = None) -> CalibrationResult:
+              progress: Callable[[str], None] | None = None, cases: list[Case] | None = None,
+              keep_factors: tuple[str, ...] = ()) -> CalibrationResult:
     """Fit per-GPU efficiency factors to measured step times and write a catalog overlay.
     `progress(text)`: called at each stage of the fit (pricing the runs, each factor of each sweep per
-    GPU, measuring the result), for a live line on a terminal."""
+    GPU, measuring the result), for a live line on a terminal.
+    `cases`: runs already converted (autoshard.artifacts reads them from training logs); then
+    `measurements_path` only names them. `keep_factors`: factors measured elsewhere (nccl-tests,
+    traces) that keep their base value, whatever the runs identify."""
     from .cost import evaluate  # noqa: PLC0415
 
     def say(text: str) -> None:
@@ -303,9 +307,13 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
 
     base_path = str(base_catalog) if base_catalog is not None else None
     base = _base_efficiencies(base_path)
-    rows = load_runs(measurements_path)
-    check_output_file(out_path)  # a read-only or impossible -o fails before the fit, not after
-    cases, skipped = convert(rows)
+    if cases is None:
+        rows = load_runs(measurements_path)
+        check_output_file(out_path)  # a read-only or impossible -o fails before the fit, not after
+        cases, skipped = convert(rows)
+    else:
+        check_output_file(out_path)
+        skipped = []
     say(f"pricing {len(cases)} runs under the base catalog")
     # Runs that do not publish their recompute get it chosen once, under the base catalog;
     # the fit then prices those fixed plans.
@@ -344,6 +352,8 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
             precisions = {c.precision for c in gcases}
             candidates = []
             for name in FACTOR_ORDER:
+                if name in keep_factors:
+                    continue
                 if name.startswith("matmul."):
                     if name.split(".", 1)[1] not in precisions and name != "matmul.bf16":
                         continue
@@ -352,7 +362,9 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
                 candidates.append(name)
             chosen, kept, rms = _identify(trials, gpu, eff0, candidates)
             for name in FACTOR_ORDER:
-                if name not in candidates:
+                if name in keep_factors:
+                    kept[name] = "measured from the artifacts (kept as given)"
+                elif name not in candidates:
                     kept[name] = "no runs of this precision" if name.startswith("matmul.") else "not a candidate"
             eff = _copy(eff0)
             obj0 = trials.objective(gpu, eff, measured)

@@ -538,8 +538,12 @@ def cmd_export(a: argparse.Namespace) -> int:
 def cmd_batch(a: argparse.Namespace) -> int:
     from .batch import ProgressBar, run_batch, summary_table  # noqa: PLC0415
 
+    if a.scheduler and a.executor == "local":
+        raise InputError("a scheduler address needs --executor dask", field="--scheduler")
+    executor = a.executor or ("dask" if a.scheduler else "local")
     result = run_batch(a.inputs, a.output, jobs=a.jobs, time_limit_s=a.time_limit, force=a.force, top_k=a.top,
-                       gap_limit=a.gap, progress=None if a.quiet else ProgressBar(), headroom_gib=a.headroom)
+                       gap_limit=a.gap, progress=None if a.quiet else ProgressBar(), headroom_gib=a.headroom,
+                       executor=executor, scheduler=a.scheduler)
     sys.stdout.write(summary_table(result))
     return result.exit_code
 
@@ -595,6 +599,16 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from .calibrate import calibrate, network_warnings  # noqa: PLC0415
     from .progress import TerminalLine, wanted  # noqa: PLC0415
 
+    if a.logs:
+        if a.measurements:
+            raise InputError("give either MEASUREMENTS (a runs file) or --logs, not both", field="calibrate")
+        return _calibrate_artifacts(a)
+    if a.measurements is None:
+        raise InputError("give MEASUREMENTS (a runs file) or --logs DIR|FILES", field="calibrate")
+    extra = [f for f in ("traces", "nccl_tests", "config", "problem", "model", "gpu", "topology", "catalog",
+                         "no_loo") if getattr(a, f)]
+    if extra or a.json:
+        raise InputError(f"--{(extra or ['json'])[0].replace('_', '-')} goes with --logs", field="calibrate")
     line = TerminalLine() if wanted(a.quiet) else None  # a live line on a terminal (as solve), else nothing
 
     def progress(text: str) -> None:
@@ -603,14 +617,65 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         if line is not None:
             line.show(f"calibrate {time.monotonic() - line.t0:.0f}s: {text}")
 
+    loo_text = ""
     try:
         res = calibrate(a.measurements, a.output, progress=progress if line is not None else None)
+        if a.loo:
+            from .artifacts.profile import format_loo, leave_one_out  # noqa: PLC0415
+            from .validate import convert, load_runs  # noqa: PLC0415
+
+            cases, _ = convert(load_runs(a.measurements))
+            loo_text = format_loo(*leave_one_out(cases, list(res.runs_used),
+                                                 progress=progress if line is not None else None))
     finally:
         if line is not None:
             line.close(erase=True)  # the summary and warnings follow
     summary = getattr(res, "summary", None)
     sys.stdout.write(summary() if callable(summary) else f"wrote {a.output}\n")
+    sys.stdout.write(loo_text)
     for w in network_warnings(res):
+        print(f"warning: {w}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _calibrate_artifacts(a: argparse.Namespace) -> int:
+    """`calibrate --logs ...`: training logs, traces and nccl-tests output -> a calibrated overlay."""
+    from .artifacts.profile import calibrate_artifacts, load_inputs, to_json  # noqa: PLC0415
+    from .artifacts.runs import RunContext  # noqa: PLC0415
+    from .loader import load_problem  # noqa: PLC0415
+    from .progress import TerminalLine, wanted  # noqa: PLC0415
+
+    if a.catalog is not None and not Path(a.catalog).is_file():
+        raise InputError("no such file", source=a.catalog, field="--catalog")
+    ctx = RunContext(problem=load_problem(a.problem) if a.problem else None,
+                     model=_model_arg(a.model) if a.model else None, gpu=a.gpu, topology=a.topology)
+    if a.gpu is not None:
+        from .catalog import get_gpu  # noqa: PLC0415
+
+        get_gpu(a.gpu)  # an unknown id: one line naming the valid ones
+    if a.topology is not None:
+        from .catalog import get_topology  # noqa: PLC0415
+
+        get_topology(a.topology)
+    if a.loo:
+        raise InputError("--loo goes with a runs file (with --logs it is on; --no-loo turns it off)", field="--loo")
+    runs, traces, tests, inputs = load_inputs(a.logs, a.traces or [], a.nccl_tests or [], a.config or [], ctx)
+    line = TerminalLine() if wanted(a.quiet) else None
+
+    def progress(text: str) -> None:
+        line.show(f"calibrate: {text}")
+
+    try:
+        res = calibrate_artifacts(runs, traces, tests, a.output, inputs=inputs, base_catalog=a.catalog,
+                                  loo=not a.no_loo, progress=progress if line is not None else None)
+    finally:
+        if line is not None:
+            line.close(erase=True)
+    if a.json:
+        _print_json(to_json(res))
+    else:
+        sys.stdout.write(res.summary())
+    for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return EXIT_OK
 
@@ -755,6 +820,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
     b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--executor", choices=["local", "dask"], default=None,
+                   help="local: this process or a process pool (default); dask: a Dask cluster solves the problems "
+                        "and this process writes the records (needs pip install 'autoshard[dask]'; the workers read "
+                        "the problem files at the same paths: a shared filesystem)")
+    b.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask; default: a local "
+                        "cluster of --jobs workers started for the run)")
     b.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: each problem's `search: {headroom_gib: X}`, else 0)")
 
     w = add("whatif", cmd_whatif, "What-if study of hardware options: time, money, energy, Pareto front, report.")
@@ -782,9 +854,33 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--catalog", metavar="CATALOG", help="calibrated catalog overlay to apply")
     v.add_argument("--json", action="store_true")
 
-    cal = add("calibrate", cmd_calibrate, "Fit the catalog's efficiency factors to your own measured runs.")
-    cal.add_argument("measurements", metavar="MEASUREMENTS", help="runs as JSON (dev_runs shape) or CSV")
+    cal = add("calibrate", cmd_calibrate, "Fit the catalog's efficiency factors to your own measured runs: a runs "
+              "file, or the training logs, profiler traces and nccl-tests output of your cluster (docs/calibration.md).")
+    cal.add_argument("measurements", nargs="?", default=None, metavar="MEASUREMENTS",
+                     help="runs as JSON (dev_runs shape) or CSV (or give --logs instead)")
     cal.add_argument("-o", "--output", required=True, metavar="CATALOG.yaml")
+    cal.add_argument("--logs", nargs="+", metavar="DIR|FILE", help="training logs (Megatron-LM, Megatron-DeepSpeed, "
+                     "torchtitan, DeepSpeed), one run per file; a directory: its *.log, *.txt, *.out, *.err files")
+    cal.add_argument("--traces", nargs="+", metavar="DIR|FILE", help="PyTorch profiler Chrome traces (.json, "
+                     ".json.gz) of those runs: each belongs to the log in its folder (or to the only log)")
+    cal.add_argument("--nccl-tests", nargs="+", metavar="DIR|FILE", help="nccl-tests output (all_reduce_perf, "
+                     "all_gather_perf, reduce_scatter_perf, alltoall_perf): the topology's level efficiencies")
+    cal.add_argument("--config", nargs="+", metavar="TOML", help="torchtitan job configs (one for all torchtitan "
+                     "logs, or one per log folder; a .toml next to the log is not read unless named)")
+    cal.add_argument("--problem", metavar="PROBLEM", help="a problem file: its cluster (GPU, topology), and its model "
+                     "and batch where a log does not give them")
+    cal.add_argument("--model", metavar="MODEL", help="the model of logs that do not give its dimensions (torchtitan): "
+                     "a preset name or a Hugging Face config.json")
+    cal.add_argument("--gpu", metavar="ID", help="the GPU of the runs (catalog id; default: the problem file's, else "
+                     "the one the log names)")
+    cal.add_argument("--topology", metavar="PRESET", help="the cluster's topology preset (default: the problem "
+                     "file's, else the GPU's)")
+    cal.add_argument("--catalog", metavar="CATALOG", help="start from this overlay instead of the built-in catalog")
+    cal.add_argument("--no-loo", action="store_true", help="with --logs: skip the leave-one-run-out check (one refit "
+                     "per run; on by default)")
+    cal.add_argument("--loo", action="store_true", help="with a runs file: add the leave-one-run-out check (each run "
+                     "predicted by a fit on the others, before -> after)")
+    cal.add_argument("--json", action="store_true", help="print the result as JSON (with --logs)")
     cal.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
     return p
 

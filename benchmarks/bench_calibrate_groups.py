@@ -1,0 +1,158 @@
+"""Calibrate on two plans of a group, rank the rest: the way a team would use `autoshard calibrate`.
+
+On the published ablation groups (`shared/validation/ablations_dev.json`: several measured plans of one
+model on one cluster), for every group with at least three measured configurations that price:
+
+* calibrate (`autoshard.calibrate.calibrate`, the same fit as `autoshard calibrate --logs`) on two of
+  its configurations: the first two listed ("first two", what a team running two trial jobs does),
+  and, separately, every pair of them ("every pair", averaged by pooling);
+* price every configuration of the group with and without the calibrated overlay
+  (`validate.ablations.group_result`, the same pricing as `autoshard validate --ablations`);
+* score only what the calibration did not see: the step-time error of each held-out configuration
+  (|predicted - measured| / measured, the median over all held-out evaluations) and the pair
+  concordance over the pairs with at least one held-out member that were measured at least 8 % apart
+  (the validate rule).
+
+    PYTHONPATH=. python benchmarks/bench_calibrate_groups.py [--groups FILE] [--every-pair] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from autoshard.calibrate import calibrate
+from autoshard.validate import Case, completed_plan
+from autoshard.validate.ablations import APART, config_row, group_result, load_groups
+from autoshard.validate.modern import modern_row_to_case
+
+DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "validation" / "ablations_dev.json"
+
+
+def measured_step_s(group: dict[str, Any], measured: dict[str, Any]) -> float | None:
+    """The published step time, else global batch x sequence / (tokens per second per GPU x GPUs)."""
+    if isinstance(measured.get("step_time_s"), (int, float)) and measured["step_time_s"] > 0:
+        return float(measured["step_time_s"])
+    tps = measured.get("tokens_per_sec_per_gpu")
+    if isinstance(tps, (int, float)) and tps > 0:
+        return group["global_batch_seqs"] * group["seq_len"] / (tps * group["gpu_count"])
+    return None
+
+
+def group_cases(group: dict[str, Any]) -> dict[int, Case]:
+    """The configurations that ran and convert, as cases with the plan `group_result` prices and the
+    measured step time (config_row's is a placeholder: the ablation check compares orders only)."""
+    out = {}
+    for i, cfg in enumerate(group["configs"]):
+        step = measured_step_s(group, cfg["measured"])
+        if str(cfg["measured"].get("status", "ok")).upper() == "OOM" or step is None:
+            continue
+        row, _ = config_row(group, cfg, i)
+        tp_ov, ep_ov = row.pop("_tp_overlap"), row.pop("_ep_overlap")
+        case = modern_row_to_case(row)
+        if not isinstance(case, Case):
+            continue
+        plan = completed_plan(case)
+        upd = {}
+        if tp_ov is not None:
+            upd["tp_comm_overlap"] = tp_ov and plan.tp > 1 and plan.sp
+        if ep_ov is not None:
+            upd["ep_overlap"] = ep_ov and plan.ep > 1
+        out[i] = case.__class__(**{**case.__dict__, "id": f"{group['id']}#{i}", "plan": plan.model_copy(update=upd),
+                                   "recompute_published": True, "measured_step_s": step})
+    return out
+
+
+def score(group: dict[str, Any], cases: dict[int, Case], held: set[int], catalog: str | None) -> tuple[list[float], int, int]:
+    """(|errors| % of the held-out configurations, pairs compared, pairs concordant) under `catalog`."""
+    res = group_result(group, catalog=catalog)
+    errs = []
+    for c in res.configs:
+        if c.index in held and c.index in cases and c.predicted_step_s:
+            m = cases[c.index].measured_step_s
+            errs.append(abs(c.predicted_step_s - m) / m * 100.0)
+    pairs = [p for p in res.pairs if (p.a in held or p.b in held) and p.measured_apart_pct >= 100 * APART]
+    return errs, len(pairs), sum(p.concordant for p in pairs)
+
+
+def run(path: Path, every_pair: bool) -> list[dict[str, Any]]:
+    rows = []
+    for group in load_groups(path):
+        cases = group_cases(group)
+        if len(cases) < 3:
+            continue
+        idx = sorted(cases)
+        choices = list(itertools.combinations(idx, 2)) if every_pair else [tuple(idx[:2])]
+        acc = {"before_err": [], "after_err": [], "before_pairs": [0, 0], "after_pairs": [0, 0], "fitted": set()}
+        for pick in choices:
+            held = set(idx) - set(pick)
+            with tempfile.TemporaryDirectory(prefix="bench-cal-") as d:
+                out = Path(d) / "overlay.yaml"
+                res = calibrate(f"{group['id']} configs {pick}", out, cases=[cases[i] for i in pick])
+                acc["fitted"].update(n for f in res.fits for n in f.fitted)
+                eb, nb, cb = score(group, cases, held, None)
+                ea, na, ca = score(group, cases, held, str(out))
+            acc["before_err"] += eb
+            acc["after_err"] += ea
+            acc["before_pairs"][0] += nb
+            acc["before_pairs"][1] += cb
+            acc["after_pairs"][0] += na
+            acc["after_pairs"][1] += ca
+        rows.append({"group": group["id"], "configs": len(cases), "calibrations": len(choices), **acc})
+    return rows
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * b / a:.0f}% ({b}/{a})" if a else "n/a"
+
+
+def table(rows: list[dict[str, Any]], markdown: bool) -> str:
+    head = ["group", "plans", "fits", "fitted", "held-out median err before", "after",
+            "held-out pairs concordant before", "after"]
+    lines = []
+    for r in rows:
+        lines.append([r["group"], str(r["configs"]), str(r["calibrations"]), ", ".join(sorted(r["fitted"])) or "-",
+                      f"{statistics.median(r['before_err']):.1f}%" if r["before_err"] else "n/a",
+                      f"{statistics.median(r['after_err']):.1f}%" if r["after_err"] else "n/a",
+                      _pct(*r["before_pairs"]), _pct(*r["after_pairs"])])
+    eb = [e for r in rows for e in r["before_err"]]
+    ea = [e for r in rows for e in r["after_err"]]
+    pb = [sum(r["before_pairs"][0] for r in rows), sum(r["before_pairs"][1] for r in rows)]
+    pa = [sum(r["after_pairs"][0] for r in rows), sum(r["after_pairs"][1] for r in rows)]
+    lines.append(["all", str(sum(r["configs"] for r in rows)), str(sum(r["calibrations"] for r in rows)), "",
+                  f"{statistics.median(eb):.1f}%" if eb else "n/a", f"{statistics.median(ea):.1f}%" if ea else "n/a",
+                  _pct(*pb), _pct(*pa)])
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(x) + " |" for x in lines]
+        return "\n".join(out) + "\n"
+    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*x) for x in [head, *lines]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", type=Path, default=DEFAULT)
+    ap.add_argument("--every-pair", action="store_true", help="calibrate on every pair of each group, not the first two")
+    ap.add_argument("--markdown", action="store_true")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    for every in ([False, True] if a.every_pair else [False]):
+        rows = run(a.groups, every)
+        print(f"calibrated on {'every pair' if every else 'the first two'} of each group's measured plans; "
+              "scored on the others")
+        sys.stdout.write(table(rows, a.markdown))
+        print()
+    print(f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
