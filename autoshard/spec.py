@@ -262,6 +262,12 @@ class TrainingSpec(Strict):
     # 2022-03-06 (BLOOM's benchmarks), which sized its batches per block from the heads per GPU
     # instead of the key length; "off": --no-masked-softmax-fusion.
     softmax_fusion: Literal["megatron", "bigscience-2022", "off"] = "megatron"
+    # The run's total training tokens (e.g. 15e12). With it `evaluate`, `solve` and the reports give the
+    # training FLOP budget (Estimate.flop_budget): model FLOPs per token x tokens under the named
+    # convention (6 N + causal attention), the plain 6 N T, hardware FLOPs with recompute, the steps
+    # and the compute time without failures. None: the per-token and per-step figures only.
+    tokens: Annotated[float, Field(ge=1, le=1e16, description=(
+        "total training tokens of the run (e.g. 15e12; at most 1e16); sets the FLOP budget's totals"))] | None = None
 
     @property
     def tokens_per_step(self) -> int:
@@ -318,6 +324,10 @@ class SearchSpec(Strict):
     # one where the framework runs it: never slower, as it moves no more bytes). [alltoall] where
     # DeepEP / HybridEP are not installed.
     moe_dispatcher: Dispatcher | list[Dispatcher] | None = None
+    # CPU optimizer offload (Plan.optimizer_offload): None (default) plans it where the framework runs it
+    # (frameworks.yaml optimizer_offload_zero_stages) and no plan fits without it; false never; true
+    # only with it; [false, true] both, the faster kept.
+    optimizer_offload: bool | list[bool] | None = None
     uniform_stages: bool = False  # force an even layer split (e.g. for launchers without uneven PP)
     # Recompute lists the solver may plan: what the framework's launcher runs ("framework": Megatron
     # one mode everywhere or full on the first K layers of every virtual stage; the others one mode
@@ -466,6 +476,8 @@ class Plan(Strict):
                  self.moe_dispatcher if self.moe_dispatcher and self.moe_dispatcher != "alltoall" else "",
                  f"pp{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""), f"dp{self.dp}",
                  f"zero{self.zero_stage}", f"mbs{self.micro_batch_size}", self.schedule]
+        if self.optimizer_offload:
+            parts.insert(parts.index(f"zero{self.zero_stage}") + 1, "optimizer-offload")
         if self.cuda_graphs:
             parts.append("cuda-graphs")
         rc = self.recompute

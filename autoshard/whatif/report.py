@@ -670,6 +670,12 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
         t = w["training"]
         d.p(f"Model `{w['model']}`, {_fmt_tokens(w['tokens'])} tokens, sequence {t['seq_len']}, global batch "
             f"{t['global_batch_size']} sequences, {t['precision']}.")
+        if fb := w.get("flop_budget"):
+            d.p(f"FLOP budget: {fb['model_flops']:.3g} model FLOPs ({fb['model_flops_per_token']:.3g} per token: "
+                f"{fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N + causal attention, the convention MFU "
+                f"counts; the plain {fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N T alone is "
+                f"{fb['weight_flops']:.3g}); each option's hardware FLOPs, with its plan's recompute, are in "
+                f"results.csv (`hardware_flops`).")
         feas = [r for r in rows if r.get("feasible")]
         infeasible = [r for r in rows if not r.get("feasible")]
         if feas:
