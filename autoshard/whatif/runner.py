@@ -28,6 +28,7 @@ from ..progress import TerminalLine
 from ..render import json_safe
 from .report import money, power
 from ..spec import Problem
+from .fleet import fleet_answer
 from .goodput import goodput, reliability_defaults
 from .pricing import price_option
 from .purchase import Candidate, explain_decision, optimize_purchase, pareto_front, violations
@@ -662,6 +663,7 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         "constraints": cons.model_dump(exclude_none=True),
         "assumptions": list(study.notes),
         "rows": rows,
+        "fleet": fleet_answer(study, rows) if study.pools and complete else None,
         "warnings": warnings,
         "pareto": pareto,
         "recommended": recommended,
