@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, Discriminator, Tag, ConfigDict, 
 Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-rowwise", "fp8-blockwise", "mxfp8",
                     "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
-Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext"]
+Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext", "deepseek"]
 Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
@@ -132,6 +132,12 @@ class ModelSpec(Strict):
     # Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed
     # token, outside the grouped GEMM where the framework does not fuse it (cost.layers._mlp_cost).
     expert_bias: bool = False
+    # Node-limited (group-limited) routing, as config.json names it (DeepSeek-V3: n_group 8, topk_group 4;
+    # Megatron --moe-router-num-groups / --moe-router-group-topk): the experts form n_group groups and a
+    # token is routed within its topk_group best groups, so with a group per node it reaches at most
+    # topk_group nodes (DeepSeek-V3 report §2.1.2: "at most 4 nodes"). None: unrestricted routing.
+    n_group: Annotated[int, Field(ge=1, le=65536)] | None = None
+    topk_group: Annotated[int, Field(ge=1, le=65536)] | None = None
     source: str | None = None
 
     @model_validator(mode="after")
