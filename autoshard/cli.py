@@ -457,7 +457,7 @@ def cmd_rooflines(a: argparse.Namespace) -> int:
 
 def cmd_serve_memory(a: argparse.Namespace) -> int:
     from .catalog import get_gpu  # noqa: PLC0415
-    from .serving import render, serve_memory  # noqa: PLC0415
+    from .serving import disaggregated, render, render_disaggregated, serve_memory  # noqa: PLC0415
 
     if (a.model is None) == (a.params is None):
         raise InputError("give either MODEL or --params (not both)", field="MODEL")
@@ -480,10 +480,25 @@ def cmd_serve_memory(a: argparse.Namespace) -> int:
     r = serve_memory(get_gpu(gpu_name), model=model, params=params, batch=a.batch, context=a.context,
                      precision=a.precision, kv_precision=a.kv_precision, prefill_tokens=a.prefill_tokens,
                      memory_utilization=a.memory_utilization, gpus_per_node=a.gpus_per_node)
+    if a.request_rate is not None:
+        if model is None or params is not None:
+            raise InputError("disaggregated sizing needs a model (its KV cache and FLOPs), not --params",
+                             field="--request-rate")
+        prompt = a.prompt_tokens if a.prompt_tokens is not None else a.context
+        output = a.output_tokens if a.output_tokens is not None else 256
+        r["disaggregated"] = disaggregated(
+            get_gpu(gpu_name), model, request_rate=a.request_rate, prompt_tokens=prompt, output_tokens=output,
+            precision=a.precision, kv_precision=a.kv_precision, tpot_ms=a.tpot_ms,
+            memory_utilization=a.memory_utilization, gpus_per_node=a.gpus_per_node)
+    elif a.prompt_tokens is not None or a.output_tokens is not None or a.tpot_ms is not None:
+        raise InputError("--prompt-tokens, --output-tokens and --tpot-ms size disaggregated serving: give "
+                         "--request-rate too", field="--request-rate")
     if a.json:
         _print_json(r)
     else:
         sys.stdout.write(render(r))
+        if "disaggregated" in r:
+            sys.stdout.write(render_disaggregated(r["disaggregated"]))
     return EXIT_OK
 
 
@@ -796,6 +811,13 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--memory-utilization", type=float, default=0.9, metavar="F",
                     help="share of usable HBM the server may use (vLLM's gpu_memory_utilization; default 0.9)")
     sm.add_argument("--gpus-per-node", type=int, default=8, metavar="N", help="largest TP degree (default 8)")
+    sm.add_argument("--request-rate", type=float, metavar="R",
+                    help="disaggregated prefill/decode sizing for R requests/s: each pool's GPUs and the KV "
+                         "transfer between them")
+    sm.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens per request (default: --context)")
+    sm.add_argument("--output-tokens", type=int, metavar="O", help="output tokens per request (default 256)")
+    sm.add_argument("--tpot-ms", type=float, metavar="MS",
+                    help="time-per-output-token target: decode batches no larger than meet it")
     sm.add_argument("--json", action="store_true")
 
     x = add("export", cmd_export, "Write a plan as launcher configuration (megatron, torchtitan, deepspeed, "

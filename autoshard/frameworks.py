@@ -97,6 +97,10 @@ class FrameworkProfile:
     # HBM bytes per local parameter that each micro-batch's backward moves to fold its gradients into
     # the accumulator, beyond the backward itself (DeepSpeed BF16_Optimizer's update_hp_grads)
     grad_accum_bytes_per_param: float = 0.0
+    # ZeRO stages with which it can keep the optimizer states in host memory, stepped by the CPU
+    # (Plan.optimizer_offload; Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload); () = none
+    optimizer_offload_zero_stages: tuple[int, ...] = ()
+    optimizer_offload_name: str = ""  # what its users call it (the flag or feature)
 
     def with_main_grads(self, kind: str | None) -> "FrameworkProfile":
         """This profile with its gradient buffer and reduction in `kind` (fp32 / bf16; None: the
@@ -190,6 +194,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),
             allocator_overhead=_overhead(name, row.get("allocator_overhead", 1.0)),
+            optimizer_offload_zero_stages=tuple(int(z) for z in row.get("optimizer_offload_zero_stages") or ()),
+            optimizer_offload_name=str(row.get("optimizer_offload_name", "")),
             main_grads=tuple((str(k), float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
                              for k, v in (row.get("main_grads") or {}).items()))
     return out

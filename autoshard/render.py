@@ -402,6 +402,24 @@ def _interval_source(problem: Any, est: Any) -> str:
     return interval_source(est, moe) or "the validation runs"
 
 
+def flop_budget_lines(est: Any) -> list[str]:
+    """The training FLOP budget in words: per token (model under the named convention, hardware
+    with recompute) and, with `training.tokens`, over the run. [] when the estimate has none."""
+    b = getattr(est, "flop_budget", None)
+    if b is None:
+        return []
+    k = b.flops_per_param_per_token
+    out = [f"FLOP budget ({k} N + causal attention per token, the convention MFU counts): model "
+           f"{b.model_flops_per_token:.3g} FLOP/token ({k}N {b.weight_flops_per_token:.3g} + attention "
+           f"{b.attention_flops_per_token:.3g}; N = {b.matmul_params:.4g} matmul weights per token), hardware "
+           f"{b.hardware_flops_per_token:.3g} with recompute (x{b.recompute_factor:.3f})"]
+    if b.tokens is not None:
+        out.append(f"over {b.tokens:.4g} tokens: model {b.model_flops:.3g} FLOP ({k} N T alone {b.weight_flops:.3g}), "
+                   f"hardware {b.hardware_flops:.3g}; {b.steps:,} steps, {b.compute_days:,.1f} days of compute "
+                   f"({b.gpu_hours:,.0f} GPU-hours, before failures and restarts)")
+    return out
+
+
 def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
     out: list[str] = []
     out += ["## Performance", ""]
@@ -415,6 +433,7 @@ def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
         ["HFU", fmt_pct(est.hfu)],
         ["model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:.1f}"],
         ["micro-batches per step", str(est.num_microbatches)],
+        *([["FLOP budget", " ".join(flop_budget_lines(est))]] if getattr(est, "flop_budget", None) else []),
         ["peak memory", f"{est.peak_memory_gib:.2f} GiB of {est.memory_capacity_gib:.2f} GiB usable "
                         f"({fmt_pct(est.peak_memory_gib / est.memory_capacity_gib if est.memory_capacity_gib else 0)})"
                         f"{capacity_note(problem)}"],
@@ -617,6 +636,7 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
         out.append(f"peak memory {est.peak_memory_gib:.1f} / {est.memory_capacity_gib:.1f} GiB usable{capacity_note(problem)}")
         parts = [f"{label} {fmt_pct(share)}" for label, _, share in sorted(_time_rows(est), key=lambda r: -r[1])]
         out.append("time: " + ", ".join(parts))
+        out += flop_budget_lines(est)
         out.append(binding_text(est))
         if len(est.stages) > 1:
             out.append("stages: rank layers(dense/moe) recompute  fwd/bwd ms per micro-batch  in-flight  peak GiB  "

@@ -16,6 +16,22 @@
   usable HBM (vLLM's `gpu_memory_utilization`, default 0.9), with tensor parallelism inside a node
   (at most `gpus_per_node`) and pipeline stages beyond; KV heads are replicated where TP exceeds the
   KV head count (the MLA latent is replicated on every TP rank).
+
+Disaggregated serving (`disaggregated`; DistServe, Zhong et al. OSDI 2024; Splitwise, Patel et al.
+ISCA 2024): prefill and decode run on separate pools, the prompt's KV cache sent from one to the other.
+For a request rate R, prompt P and output O tokens, at full utilization (queueing not modelled):
+- Prefill is compute-bound: 2 x (matmul weights a token passes, LM head aside) x P + the LM head for the
+  last position + causal attention L x heads x (d_qk + d_v) x P^2 FLOPs per request, at the catalog's
+  achievable matmul rate (peak x the GPU's fitted matmul efficiency, the rate training is priced at).
+  GPU-seconds per request x R = the pool's GPUs, in instances of the smallest layout that holds the
+  weights and one prefill chunk.
+- Decode is HBM-bound: one step of a batch of B sequences reads the weights (all experts of an MoE:
+  a large batch touches every one) and the B sequences' KV at their mean length P + O/2, at HBM
+  bandwidth x the GPU's HBM efficiency. B is the most the instance's memory holds at the full length
+  P + O (or fewer, to meet a time-per-output-token target); instance tokens/s = B / step time; the pool
+  serves R x O tokens/s.
+- KV transfer: P x layers x KV values per token x KV bytes per request, over the prefill instance's
+  scale-out NICs (the GPU's default topology beyond its NVLink domain, at its scale-out efficiency).
 """
 
 from __future__ import annotations
@@ -23,8 +39,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .catalog import GPU, check_precision
-from .cost import total_params
+from .catalog import GPU, attention_flops_per_s, check_precision, gemm_flops_per_s, get_topology
+from .cost import active_matmul_params, total_params
 from .errors import InputError
 from .spec import ModelSpec
 
@@ -121,6 +137,148 @@ def serve_memory(gpu: GPU, *, model: ModelSpec | None = None, params: float | No
         "min_gpus_to_serve": serve["gpus"] if serve else None, "serve_layout": serve,
         "min_gpus_to_serve_unrounded": math.ceil(total / budget),
     }
+
+
+def prefill_flops(m: ModelSpec, prompt: int) -> tuple[float, float]:
+    """(matmul FLOPs, causal attention FLOPs) of prefilling one prompt of `prompt` tokens: every token
+    through every matmul weight but the LM head, the LM head for the last position only; attention
+    over the causal half, forward only (the training convention's attention term / 3 x P)."""
+    head = m.vocab_size * m.hidden_size
+    matmul = 2.0 * (active_matmul_params(m) - head) * prompt + 2.0 * head
+    if m.is_mla:
+        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    else:
+        d_qk = d_v = m.head_size
+    attn = float(m.num_hidden_layers * m.num_attention_heads * (d_qk + d_v)) * prompt * prompt \
+        * m.attention_key_share(prompt)
+    return matmul, attn
+
+
+def scaleout_bytes_per_s(gpu: GPU) -> tuple[float, str]:
+    """Per-GPU bandwidth between instances (the first level of the GPU's default topology beyond its
+    NVLink domain, at the GPU's scale-out efficiency) and that level's name."""
+    levels = get_topology(gpu.default_topology).levels
+    lv = levels[1] if len(levels) > 1 else levels[0]
+    return lv.bandwidth_gb_per_s * 1e9 * gpu.efficiency.scaleout, f"{gpu.default_topology} {lv.name}"
+
+
+def disaggregated(gpu: GPU, model: ModelSpec, *, request_rate: float, prompt_tokens: int, output_tokens: int,
+                  precision: str = "bf16", kv_precision: str = "bf16", tpot_ms: float | None = None,
+                  memory_utilization: float = DEFAULT_MEMORY_UTILIZATION, gpus_per_node: int = 8) -> dict[str, Any]:
+    """Prefill and decode pools for `request_rate` requests/s of `prompt_tokens` in, `output_tokens`
+    out: each pool's instance layout and GPU count, and the KV transfer between them (module
+    docstring). JSON-ready dict."""
+    if not (math.isfinite(request_rate) and request_rate > 0):
+        raise InputError(f"must be a positive number of requests per second, got {request_rate!r}",
+                         field="--request-rate")
+    for name, v in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens)):
+        if not isinstance(v, int) or v < 1:
+            raise InputError(f"must be a whole number >= 1, got {v!r}", field=name)
+    if tpot_ms is not None and not (math.isfinite(tpot_ms) and tpot_ms > 0):
+        raise InputError(f"must be a positive number of milliseconds, got {tpot_ms!r}", field="--tpot-ms")
+    common = dict(precision=precision, kv_precision=kv_precision, memory_utilization=memory_utilization,
+                  gpus_per_node=gpus_per_node)
+    # Prefill: compute-bound, one prompt (a chunk of it) at a time per instance.
+    pre = serve_memory(gpu, model=model, batch=1, context=prompt_tokens,
+                       prefill_tokens=min(prompt_tokens, DEFAULT_PREFILL_TOKENS), **common)
+    if pre["serve_layout"] is None:
+        raise InputError(f"{model.name} does not fit on any power-of-two count of {gpu.id} up to 2^20",
+                         field="--gpu")
+    n_pre = pre["serve_layout"]["gpus"]
+    mm, attn = prefill_flops(model, prompt_tokens)
+    gemm, attn_rate = gemm_flops_per_s(gpu, precision), attention_flops_per_s(gpu)
+    gpu_s = mm / gemm + attn / attn_rate  # GPU-seconds of one prefill
+    pre_gpus_exact = request_rate * gpu_s
+    pre_instances = max(1, math.ceil(pre_gpus_exact / n_pre - 1e-9))
+    # Decode: HBM-bound; the batch the instance holds at the full length, or fewer for a TPOT target.
+    full = prompt_tokens + output_tokens
+    dec = serve_memory(gpu, model=model, batch=1, context=full, prefill_tokens=1, **common)
+    if dec["serve_layout"] is None:
+        raise InputError(f"{model.name} does not fit on any power-of-two count of {gpu.id} up to 2^20",
+                         field="--gpu")
+    weights, act = dec["weights_bytes"], dec["activations_bytes"]
+    kv_token = model.num_hidden_layers * kv_values_per_token_layer(model) * KV_BYTES[kv_precision]
+    split = 1 if model.is_mla else model.kv_heads
+    mean_ctx = prompt_tokens + output_tokens / 2
+    need_tokens_s = request_rate * output_tokens
+    # Every power-of-two instance from the smallest that holds one sequence up to a node (TP inside it):
+    # a larger one holds a larger batch per weight read; the fewest decode GPUs win (ties: the smaller).
+    options = []
+    n = dec["serve_layout"]["gpus"]
+    while True:
+        tp = min(n, gpus_per_node)
+        rep = max(1.0, tp / split)
+        room = gpu.hbm_bytes * memory_utilization * n - weights - act * (n // tp)  # (act / tp on n GPUs)
+        batch_mem = math.floor(room / (kv_token * full * rep))
+        bw = gpu.hbm_bytes_per_s * gpu.efficiency.hbm * n  # the instance's HBM, at the GPU's efficiency
+        if batch_mem >= 1:
+            batch, meets = batch_mem, True
+            if tpot_ms is not None:  # the largest batch whose step meets the target
+                most = math.floor((tpot_ms / 1e3 * bw - weights) / (kv_token * mean_ctx * rep))
+                meets = most >= 1
+                batch = max(1, min(batch_mem, most))
+            t_step = (weights + batch * kv_token * mean_ctx * rep) / bw
+            inst = batch / t_step
+            count = max(1, math.ceil(need_tokens_s / inst - 1e-9))
+            options.append({"instance_gpus": n, "tp": tp, "pp": n // tp, "kv_replication": rep,
+                            "batch_by_memory": batch_mem, "batch": batch, "meets_tpot": meets, "step_s": t_step,
+                            "tokens_per_s_per_instance": inst, "instances": count, "gpus": count * n})
+        if n >= gpus_per_node:
+            break
+        n *= 2
+    if not options:
+        raise InputError(f"no instance of up to {max(n, gpus_per_node)} {gpu.id} holds one {full:,}-token sequence "
+                         f"of {model.name} beside its weights", field="--gpu")
+    met = [o for o in options if o["meets_tpot"]] or options
+    dec_best = min(met, key=lambda o: (o["gpus"], o["instance_gpus"]))
+    # KV transfer: the prompt's cache from a prefill instance to a decode instance.
+    kv_req = prompt_tokens * kv_token
+    link, link_name = scaleout_bytes_per_s(gpu)
+    out = {
+        "request_rate_per_s": request_rate, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+        "tpot_ms_target": tpot_ms,
+        "prefill": {
+            "instance_gpus": n_pre, "tp": pre["serve_layout"]["tp"], "pp": pre["serve_layout"]["pp"],
+            "matmul_flops_per_request": mm, "attention_flops_per_request": attn,
+            "matmul_flops_per_s_per_gpu": gemm, "attention_flops_per_s_per_gpu": attn_rate,
+            "gpu_seconds_per_request": gpu_s, "gpus_exact": pre_gpus_exact, "instances": pre_instances,
+            "gpus": pre_instances * n_pre, "seconds_per_prompt": gpu_s / n_pre,
+            "utilization": pre_gpus_exact / (pre_instances * n_pre)},
+        "decode": {
+            **dec_best, "kv_bytes_per_token": kv_token, "tokens_per_s_needed": need_tokens_s,
+            "hbm_bytes_per_s_per_gpu": gpu.hbm_bytes_per_s * gpu.efficiency.hbm,
+            "utilization": need_tokens_s / (dec_best["instances"] * dec_best["tokens_per_s_per_instance"]),
+            "instance_options": options},
+        "kv_transfer": {
+            "bytes_per_request": kv_req, "gib_per_request": kv_req / GIB, "link": link_name,
+            "bytes_per_s_per_gpu": link, "seconds_per_request": kv_req / (link * n_pre),
+            "bytes_per_s_total": request_rate * kv_req,
+            "link_utilization": request_rate * kv_req / (link * pre_instances * n_pre)},
+    }
+    out["total_gpus"] = out["prefill"]["gpus"] + out["decode"]["gpus"]
+    return out
+
+
+def render_disaggregated(d: dict[str, Any]) -> str:
+    p, dc, k = d["prefill"], d["decode"], d["kv_transfer"]
+    lines = [f"Disaggregated serving: {d['request_rate_per_s']:g} requests/s, {d['prompt_tokens']:,} prompt + "
+             f"{d['output_tokens']:,} output tokens (full utilization; queueing not modelled)",
+             f"  prefill pool: {p['gpus']:,} GPUs = {p['instances']:,} x (TP {p['tp']} x PP {p['pp']}); "
+             f"{p['matmul_flops_per_request'] + p['attention_flops_per_request']:.3g} FLOP per prompt "
+             f"({p['attention_flops_per_request']:.3g} attention), {p['gpu_seconds_per_request']:.3g} GPU-s each at "
+             f"{p['matmul_flops_per_s_per_gpu'] / 1e12:,.0f} TFLOP/s achievable; {p['seconds_per_prompt'] * 1e3:,.0f} ms "
+             f"per prompt per instance; {p['gpus_exact']:.3g} GPUs busy ({p['utilization']:.0%})",
+             f"  decode pool:  {dc['gpus']:,} GPUs = {dc['instances']:,} x (TP {dc['tp']} x PP {dc['pp']}); batch "
+             f"{dc['batch']:,} per instance (memory holds {dc['batch_by_memory']:,}), {dc['step_s'] * 1e3:.1f} ms per "
+             f"step = {dc['tokens_per_s_per_instance']:,.0f} tokens/s per instance for {dc['tokens_per_s_needed']:,.0f} "
+             f"needed ({dc['utilization']:.0%})"
+             + ("" if dc["meets_tpot"] else f"; the {d['tpot_ms_target']:g} ms TPOT target is out of reach even at batch 1"),
+             f"  KV transfer:  {k['gib_per_request'] * 1024:,.1f} MiB per request, "
+             f"{k['seconds_per_request'] * 1e3:,.1f} ms over the prefill instance's {k['link']} links "
+             f"({k['bytes_per_s_per_gpu'] / 1e9:,.1f} GB/s per GPU); {k['bytes_per_s_total'] / 1e9:,.2f} GB/s in all "
+             f"({k['link_utilization']:.1%} of the prefill pool's links)",
+             f"  total: {d['total_gpus']:,} GPUs"]
+    return "\n".join(lines) + "\n"
 
 
 def render(r: dict[str, Any]) -> str:

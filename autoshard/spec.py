@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, Discriminator, Tag, ConfigDict, 
 Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-rowwise", "fp8-blockwise", "mxfp8",
                     "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
-Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext"]
+Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext", "deepseek"]
 Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
@@ -158,6 +158,16 @@ class ModelSpec(Strict):
     expert_bias: bool = Field(default=False, description=(
         "Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed token, "
         "outside the grouped GEMM where the framework does not fuse it."))
+    # Node-limited (group-limited) routing, as config.json names it (DeepSeek-V3: n_group 8, topk_group 4;
+    # Megatron --moe-router-num-groups / --moe-router-group-topk): the experts form n_group groups and a
+    # token is routed within its topk_group best groups, so with a group per node it reaches at most
+    # topk_group nodes (DeepSeek-V3 report §2.1.2: "at most 4 nodes"). None: unrestricted routing.
+    n_group: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
+        "Node-limited (group-limited) routing, config.json's n_group (DeepSeek-V3: 8; Megatron "
+        "--moe-router-num-groups): the experts form n_group groups; None: unrestricted routing."))
+    topk_group: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
+        "Groups a token is routed within (config.json topk_group, DeepSeek-V3: 4; Megatron "
+        "--moe-router-group-topk): with a group per node a token reaches at most topk_group nodes."))
     source: str | None = Field(default=None, description=(
         "Where the shape came from (a preset's citation, or the config.json read)."))
 
@@ -320,6 +330,13 @@ class TrainingSpec(Strict):
         "per GPU x micro-batch a multiple of 4, keys up to 4096), `bigscience-2022` (the Megatron-DeepSpeed "
         "of BLOOM's benchmarks, whose check sized its blocks by the heads per GPU) or `off` (--no-masked-"
         "softmax-fusion); shapes the check refuses run PyTorch's fp32 softmax."))
+    # The run's total training tokens (e.g. 15e12). With it `evaluate`, `solve` and the reports give the
+    # training FLOP budget (Estimate.flop_budget): model FLOPs per token x tokens under the named
+    # convention (6 N + causal attention), the plain 6 N T, hardware FLOPs with recompute, the steps
+    # and the compute time without failures. None: the per-token and per-step figures only.
+    tokens: Annotated[float, Field(ge=1, le=1e16)] | None = Field(default=None, description=(
+        "Total training tokens of the run (e.g. 15e12; at most 1e16): sets the FLOP budget's totals "
+        "(6 N + causal attention per token, the plain 6 N T beside it, hardware FLOPs with recompute)."))
 
     @property
     def tokens_per_step(self) -> int:
@@ -399,6 +416,12 @@ class SearchSpec(Strict):
     moe_dispatcher: Dispatcher | list[Dispatcher] | None = Field(default=None, description=(
         "Expert dispatchers the solver may plan with (default: the framework's, the hierarchical one where it"
         " runs it); [alltoall] where DeepEP / HybridEP are not installed."))
+    # CPU optimizer offload (Plan.optimizer_offload): None (default) plans it where the framework runs it
+    # (frameworks.yaml optimizer_offload_zero_stages) and no plan fits without it; false never; true
+    # only with it; [false, true] both, the faster kept.
+    optimizer_offload: bool | list[bool] | None = Field(default=None, description=(
+        "CPU optimizer offload: None (default) plans it where the framework runs it and no plan fits "
+        "without it; false never; true only with it; [false, true] both, the faster kept."))
     uniform_stages: bool = Field(default=False, description=(
         "Force an even layer split across pipeline stages (for launchers without uneven pipeline stages)."))
     # Recompute lists the solver may plan: what the framework's launcher runs ("framework": Megatron
@@ -584,6 +607,8 @@ class Plan(Strict):
                  self.moe_dispatcher if self.moe_dispatcher and self.moe_dispatcher != "alltoall" else "",
                  f"pp{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""), f"dp{self.dp}",
                  f"zero{self.zero_stage}", f"mbs{self.micro_batch_size}", self.schedule]
+        if self.optimizer_offload:
+            parts.insert(parts.index(f"zero{self.zero_stage}") + 1, "optimizer-offload")
         if self.cuda_graphs:
             parts.append("cuda-graphs")
         rc = self.recompute

@@ -429,14 +429,20 @@ def all_reduce_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -
     return t + _latency(levels, prof, 2)
 
 
-def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float, dedup_copies: int = 0) -> float:
+def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float, dedup_copies: int = 0,
+                 group_limit: tuple[int, int] | None = None) -> float:
     """AllToAll where every GPU sends `bytes_per_gpu` spread evenly over the group.
 
     `dedup_copies` = k: the bytes are k copies of each token bound for k uniformly spread
     destinations, and a hierarchical dispatcher (DeepEP, HybridEP) sends a token once to each
     remote domain beyond the first level that hosts any of its destinations, fanning it out over the
     first level (NVLink) there: of a domain's n peers at that level, a token reaches
-    (n - 1)(1 - (1 - 1/n)^k) on average instead of k (n - 1)/n copies."""
+    (n - 1)(1 - (1 - 1/n)^k) on average instead of k (n - 1)/n copies.
+
+    `group_limit` = (n_group, topk_group): node-limited routing. The experts form n_group groups and a
+    token's k experts lie in its topk_group groups, so of the n domains it reaches at most
+    M = min(n, topk_group x max(1, n / n_group)), chosen among the n: (n - 1)/n x M (1 - (1 - 1/M)^k)
+    remote copies on average (M = n: the unrestricted figure)."""
     g = prof.size
     if g <= 1 or bytes_per_gpu <= 0:
         return 0.0
@@ -448,6 +454,8 @@ def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float,
             elif dedup_copies > 1:
                 n = g / inner
                 share = (n - 1) * (1 - (1 - 1 / n) ** dedup_copies) / dedup_copies
+                if group_limit is not None and (cap := group_limit[1] * max(1.0, n / group_limit[0])) < n:
+                    share = (n - 1) / n * cap * (1 - (1 - 1 / cap) ** dedup_copies) / dedup_copies
             else:
                 share = 1 - inner / g
             t = max(t, bytes_per_gpu * share / lv.bytes_per_s)

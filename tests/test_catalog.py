@@ -260,14 +260,14 @@ def test_top_level_need_not_divide_for_users_as_for_presets():
 def test_nvl576_is_one_full_bandwidth_domain_of_576():
     # seed001: NVL576 makes 576 GPUs one full-bandwidth domain through two switch layers. An all-to-all
     # over 576 GPUs (expert parallelism) then sends the 7/8 of its bytes bound for other racks at
-    # 900 GB/s; between NVL72 racks they leave at 100 GB/s (REFERENCE §4 level by level).
+    # 900 GB/s; between NVL72 racks they leave at 50 GB/s (REFERENCE §3: 3.6 TB/s per rack of 72).
     def a2a(topo):
         cl = ClusterSpec(gpu="gb200", num_gpus=576, topology=topo)
         lv = tuple(lvl.__class__(**{**lvl.__dict__, "bytes_per_s": lvl.link_bytes_per_s, "latency_s": 0.0})
                    for lvl in resolve_levels(cl, get_gpu("gb200")))
         return all_to_all_s(lv, contiguous_profile(cluster_graph(lv, 576), 576), 1e9)
     assert a2a("nvl576") == pytest.approx(1e9 * (1 - 72 / 576) / 900e9)
-    assert a2a("gb200-nvl72") == pytest.approx(1e9 * (1 - 72 / 576) / 100e9)
+    assert a2a("gb200-nvl72") == pytest.approx(1e9 * (1 - 72 / 576) / 50e9)
 
 
 def test_h800_reduces_in_the_network_and_h100_pcie_is_a_gen5_server():
@@ -332,3 +332,17 @@ def test_catalog_command_lists_units_and_precisions():
     assert (b200["hbm_gb"], b200["hbm_usable_gib"]) == (192, 179.06) and "nvfp4" in b200["precisions"]
     assert {r["id"] for r in doc["precisions"]} == set(precision_ids()) - {"fp8"}
     assert any(t["id"] == "gb200-nvl576" for t in doc["topologies"])
+
+
+def test_gb200_nvl72_scale_out_is_the_seeds_3_6_tb_per_rack():
+    # seed000 / REF §3: a GB200 NVL72 rack's scale-out egress is 4 x 18 x 400 Gb/s / 8 = 3.6 TB/s
+    # (4 NICs on each of 18 compute trays, 400 Gb/s each, 8 bits per byte) for 72 GPUs: 50 GB/s per GPU
+    # (the preset had 100 GB/s, calling 3.6 TB/s a 4-GPU tray's egress, which does not compute).
+    rack_bytes_per_s = 4 * 18 * 400e9 / 8
+    assert rack_bytes_per_s == 3.6e12
+    for topo in ("gb200-nvl72", "gb200-nvl576"):
+        levels = get_topology(topo).levels
+        assert levels[0].size == 72 and levels[0].bandwidth_gb_per_s == 900
+        beyond = [lv for lv in levels if lv.bandwidth_gb_per_s < 900]
+        assert beyond and all(lv.bandwidth_gb_per_s * 1e9 == rack_bytes_per_s / 72 for lv in beyond), topo
+    assert "3.6 TB/s per rack of 72 GPUs = 3,600 / 72 = 50 GB/s per GPU" in get_topology("gb200-nvl72").source

@@ -85,3 +85,90 @@ def test_problem_file_gives_model_and_gpu():
     doc = json.loads(proc.stdout)
     assert (doc["model"], doc["gpu"]) == ("llama3-70b", "h100-sxm")
     assert doc["kv_cache_bytes"] == 32 * 8192 * 327_680
+
+
+# ---- disaggregated prefill / decode (issue 34) ---------------------------------------------------------
+# Hand-worked for Llama 3 70B on H100 SXM (989 TFLOP/s bf16 x fitted matmul efficiency 0.64; 3.35 TB/s HBM
+# x 0.85; dgx-h100-superpod leaf 50 GB/s per GPU x scale-out efficiency 0.85), 10 requests/s of 2,048
+# prompt + 256 output tokens. Llama 3 70B: L 80, d 8192, 64 heads and 8 KV heads of 128, FFN 28,672,
+# vocab 128,256, 70,553,706,496 parameters.
+L70, D70, V70 = 80, 8192, 128256
+MATMUL_NO_HEAD = 80 * (8192 * 128 * (2 * 64 + 2 * 8) + 3 * 8192 * 28672)  # 68,451,041,280
+KV_TOKEN = 80 * 2 * 8 * 128 * 2  # 327,680 B per token in bf16
+
+
+def _disagg(**kw):
+    from autoshard.serving import disaggregated
+
+    args = dict(request_rate=10.0, prompt_tokens=2048, output_tokens=256)
+    return disaggregated(get_gpu("h100"), get_model("llama3-70b"), **{**args, **kw})
+
+
+def test_disaggregated_prefill_pool_by_hand():
+    d = _disagg()
+    p = d["prefill"]
+    assert MATMUL_NO_HEAD == 68_451_041_280
+    # every prompt token through every matmul weight but the LM head; the LM head for the last position
+    assert p["matmul_flops_per_request"] == 2 * MATMUL_NO_HEAD * 2048 + 2 * V70 * D70 == 280_377_566_429_184
+    # causal attention, forward: L x heads x (128 + 128) x P^2
+    assert p["attention_flops_per_request"] == 80 * 64 * 256 * 2048**2 == 5_497_558_138_880
+    rate = 989e12 * 0.64
+    gpu_s = (280_377_566_429_184 + 5_497_558_138_880) / rate  # 0.4517 GPU-s per prompt
+    assert p["gpu_seconds_per_request"] == pytest.approx(gpu_s, rel=1e-12)
+    # 141 GB of bf16 weights need 2 H100 per instance; 10 x 0.4517 = 4.52 GPUs busy -> 3 instances, 6 GPUs
+    assert p["instance_gpus"] == 2 and p["gpus_exact"] == pytest.approx(10 * gpu_s)
+    assert (p["instances"], p["gpus"]) == (3, 6)
+    assert p["seconds_per_prompt"] == pytest.approx(gpu_s / 2)
+
+
+def test_disaggregated_decode_pool_by_hand():
+    dc = _disagg()["decode"]
+    weights = 70_553_706_496 * 2
+    act = 2 * (2 * 8192 + 8192 + 2 * 8 * 128 + 2 * 28672) + 4 * V70  # one decode token's working set + logits
+    bw4 = 3.35e12 * 0.85 * 4
+    # TP4: 4 x 90% of 79.65 GiB less the weights and working set, over 2,304-token sequences' KV
+    room = 4 * 0.9 * 79.65 * 2**30 - weights - act
+    batch = int(room // (KV_TOKEN * 2304))
+    assert batch == 220
+    step = (weights + batch * KV_TOKEN * (2048 + 128)) / bw4  # KV at the mean length P + O/2
+    assert step == pytest.approx(0.02616, abs=1e-5)
+    # 220 / 26.2 ms = 8,409 tokens/s per instance >= 10 x 256 = 2,560 needed: one TP4 instance. TP2 holds
+    # only 16 sequences (597 tokens/s, 5 instances = 10 GPUs), TP8 one instance of 8: TP4 is the fewest.
+    assert (dc["tp"], dc["instance_gpus"], dc["instances"], dc["gpus"]) == (4, 4, 1, 4)
+    assert dc["batch"] == batch and dc["step_s"] == pytest.approx(step, rel=1e-12)
+    assert dc["tokens_per_s_per_instance"] == pytest.approx(batch / step) and dc["tokens_per_s_needed"] == 2560
+    tp2 = next(o for o in dc["instance_options"] if o["tp"] == 2)
+    assert tp2["batch"] == 16 and tp2["gpus"] == 10
+
+
+def test_tpot_target_caps_the_decode_batch():
+    # 20 ms per output token on TP4: (0.020 x bw - weights) / (KV per token x 2,176) = 121 sequences
+    dc = _disagg(tpot_ms=20.0)["decode"]
+    bw4 = 3.35e12 * 0.85 * 4
+    assert dc["tp"] == 4 and dc["batch"] == int((0.020 * bw4 - 70_553_706_496 * 2) // (KV_TOKEN * 2176)) == 121
+    assert dc["step_s"] <= 0.020 and dc["meets_tpot"]
+    # 5 ms is below even the weights' read time (141 GB / 11.4 TB/s = 12.4 ms on TP4, 6.2 ms on TP8)
+    assert not _disagg(tpot_ms=5.0)["decode"]["meets_tpot"]
+
+
+def test_kv_transfer_by_hand():
+    k = _disagg()["kv_transfer"]
+    assert k["bytes_per_request"] == 2048 * KV_TOKEN == 671_088_640  # 640 MiB
+    # over the prefill instance's 2 GPUs' leaf NICs at 50 GB/s x 0.85
+    assert k["seconds_per_request"] == pytest.approx(671_088_640 / (2 * 42.5e9))  # 7.9 ms
+    assert k["bytes_per_s_total"] == pytest.approx(10 * 671_088_640)
+    assert k["link_utilization"] == pytest.approx(10 * 671_088_640 / (6 * 42.5e9))
+
+
+def test_disaggregated_cli():
+    base = [sys.executable, "-m", "autoshard.cli", "serve-memory", "llama3-70b", "--gpu", "h100",
+            "--request-rate", "10", "--prompt-tokens", "2048", "--output-tokens", "256"]
+    out = subprocess.run(base, capture_output=True, text=True, check=True).stdout
+    assert "prefill pool: 6 GPUs = 3 x (TP 2 x PP 1)" in out and "decode pool:  4 GPUs = 1 x (TP 4 x PP 1)" in out
+    assert "KV transfer:  640.0 MiB per request, 7.9 ms" in out and "total: 10 GPUs" in out
+    doc = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, check=True).stdout)
+    assert doc["disaggregated"]["total_gpus"] == 10
+    bad = subprocess.run(base[:7] + ["--output-tokens", "256"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--request-rate" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = subprocess.run(base[:7] + ["--request-rate", "-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--request-rate" in bad.stderr

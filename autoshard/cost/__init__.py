@@ -108,14 +108,17 @@ from .moe import (  # noqa: F401
     routed_tokens,
 )
 from .params import (  # noqa: F401
+    FLOP_CONVENTION,
     QLORA_BYTES_PER_PARAM,
     ZERO3_GATHERED_LAYERS,
     active_matmul_params,
     active_params,
+    flops_per_token_parts,
     gathered_weight_bytes,
     layer_params,
     lora_fraction,
     model_flops_per_step,
+    model_flops_per_token_parts,
     param_bytes,
     total_params,
     zero3_bytes_per_param,
@@ -124,6 +127,7 @@ from .params import (  # noqa: F401
 )
 from .step import (  # noqa: F401
     Estimate,
+    FlopBudget,
     RankTotals,
     StageEstimate,
     TailModel,
@@ -139,6 +143,7 @@ from .step import (  # noqa: F401
     ep_overlap_priced,
     ep_overlap_state,
     evaluate,
+    flop_budget,
     inflight_microbatches,
     invalid_estimate,
     pipeline_time,

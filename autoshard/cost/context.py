@@ -294,6 +294,10 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
     if plan.moe_dispatcher and plan.moe_dispatcher not in fw.moe_dispatchers:
         bad("moe_dispatcher", f"{problem.framework} has no {plan.moe_dispatcher} expert dispatcher "
             f"(it runs {', '.join(fw.moe_dispatchers)})")
+    if plan.optimizer_offload and plan.zero_stage not in fw.optimizer_offload_zero_stages:
+        bad("optimizer_offload", f"{problem.framework} offloads the optimizer to the CPU only with ZeRO stage "
+            f"{' or '.join(map(str, fw.optimizer_offload_zero_stages))}, not {plan.zero_stage}"
+            if fw.optimizer_offload_zero_stages else f"{problem.framework} has no CPU optimizer offload")
     if plan.cuda_graphs and not fw.cuda_graphs:
         bad("cuda_graphs", f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
     if why := fw.main_grads_reason(t.main_grads):

@@ -188,7 +188,8 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         if cfg.ep > 1:
             send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
             dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
-            a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send, dedup)  # dispatch + combine
+            limit = (m.n_group, m.topk_group) if m.n_group and m.topk_group else None  # node-limited routing
+            a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send, dedup, limit)  # dispatch + combine
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
     fwd["compute"] += t_mlp + elem
     t_b, t_w = _frozen_adjust(ctx, t_mlp)

@@ -151,11 +151,19 @@ def active_matmul_params(m) -> float:
     return total
 
 
-def model_flops_per_step(problem: Problem) -> float:
-    """Model FLOPs per step: PaLM's 6 N + attention, with attention counted **causal** (half the
-    score matrix; what a causal kernel must compute), no recompute. PaLM and NVIDIA count it
-    non-causal, which overstates long-context MFU (past 100% at 128k tokens)."""
-    m, t = problem.model, problem.training
+FLOP_CONVENTION = ("PaLM's 6 N + attention per token (4 N with frozen LoRA weights), N = the matmul weights a "
+                   "token passes through (active experts and the LM head; the input embedding excluded), "
+                   "attention over the causal half of the score matrix, no recompute")
+
+
+def model_flops_per_token_parts(problem: Problem) -> tuple[int, float, float]:
+    """(FLOPs per weight per token: 6, or 4 for frozen LoRA weights; N, the matmul weights a token
+    passes through; attention FLOPs per token) of `model_flops_per_step` (FLOP_CONVENTION)."""
+    return flops_per_token_parts(problem.model, problem.training)
+
+
+def flops_per_token_parts(m: Any, t: Any) -> tuple[int, float, float]:
+    """`model_flops_per_token_parts` of a model and a training setup (ModelSpec, TrainingSpec)."""
     s = t.seq_len
     if m.is_mla:
         d_qk, d_v = mla_dim(m.qk_nope_head_dim) + mla_dim(m.qk_rope_head_dim), mla_dim(m.v_head_dim)
@@ -164,5 +172,13 @@ def model_flops_per_step(problem: Problem) -> float:
     # Frozen weights (LoRA) need no weight gradients: forward + input gradients, 4 N per token.
     per_n = 6 if t.finetune == "full" else 4
     attn = 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v) * m.attention_key_share(s)
-    per_token = per_n * active_matmul_params(m) + attn  # (a sliding window: the keys it attends)
-    return per_token * t.tokens_per_step
+    return per_n, active_matmul_params(m), attn  # (a sliding window: the keys it attends)
+
+
+def model_flops_per_step(problem: Problem) -> float:
+    """Model FLOPs per step: PaLM's 6 N + attention, with attention counted **causal** (half the
+    score matrix; what a causal kernel must compute), no recompute. PaLM and NVIDIA count it
+    non-causal, which overstates long-context MFU (past 100% at 128k tokens)."""
+    per_n, n, attn = model_flops_per_token_parts(problem)
+    per_token = per_n * n + attn
+    return per_token * problem.training.tokens_per_step

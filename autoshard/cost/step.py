@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +27,11 @@ from .kernels import Shapes, unfused_softmax_reason
 from .layers import Cost, Table, layer_table
 from .moe import ep_overlap_on, priced_config
 from .params import (
+    FLOP_CONVENTION,
     gathered_weight_bytes,
     lora_fraction,
     model_flops_per_step,
+    model_flops_per_token_parts,
     param_bytes,
     zero3_gathered_for,
 )
@@ -298,6 +301,47 @@ class StageEstimate(BaseModel):
     peak_memory_gib: float
 
 
+class FlopBudget(BaseModel):
+    """The training FLOP budget of a plan: FLOPs per token (model, under `convention`, and the
+    hardware's with recompute), per step, and over `tokens` (None: `training.tokens` not given)."""
+
+    model_config = ConfigDict(frozen=True)
+    convention: str
+    matmul_params: float  # N: the matmul weights a token passes through
+    flops_per_param_per_token: int  # 6 (full training) or 4 (frozen LoRA weights)
+    weight_flops_per_token: float  # 6 N (the "6 N T" rule's term)
+    attention_flops_per_token: float
+    model_flops_per_token: float  # weight + attention terms: what MFU counts
+    recompute_factor: float  # executed / model FLOPs (>= 1): what HFU counts over MFU
+    hardware_flops_per_token: float
+    model_flops_per_step: float
+    tokens: float | None = None
+    steps: int | None = None  # ceil(tokens / tokens per step)
+    weight_flops: float | None = None  # 6 N T
+    model_flops: float | None = None  # model FLOPs per token x T
+    hardware_flops: float | None = None
+    compute_days: float | None = None  # steps x step time, no failures or restarts
+    gpu_hours: float | None = None
+
+
+def flop_budget(problem: Problem, recompute_factor: float, step_time_s: float, num_gpus: int) -> FlopBudget:
+    """The FLOP budget (FlopBudget) of a run with `training.tokens` (totals) or without (per token)."""
+    per_n, n, attn = model_flops_per_token_parts(problem)
+    per_token = per_n * n + attn
+    t = problem.training
+    out: dict[str, Any] = dict(
+        convention=FLOP_CONVENTION, matmul_params=float(n), flops_per_param_per_token=per_n,
+        weight_flops_per_token=float(per_n * n), attention_flops_per_token=float(attn),
+        model_flops_per_token=float(per_token), recompute_factor=recompute_factor,
+        hardware_flops_per_token=recompute_factor * per_token, model_flops_per_step=model_flops_per_step(problem))
+    if t.tokens is not None:
+        steps = math.ceil(t.tokens / t.tokens_per_step)
+        out.update(tokens=t.tokens, steps=steps, weight_flops=per_n * n * t.tokens, model_flops=per_token * t.tokens,
+                   hardware_flops=recompute_factor * per_token * t.tokens,
+                   compute_days=steps * step_time_s / 86400, gpu_hours=steps * step_time_s * num_gpus / 3600)
+    return FlopBudget(**out)
+
+
 class Estimate(BaseModel):
     """What a plan costs. `fits` is False with every reason when the plan is invalid or
     does not fit in HBM; times are per training step."""
@@ -322,6 +366,8 @@ class Estimate(BaseModel):
     # predicted step time x the 10th/90th percentile of measured/predicted of the validation runs of its
     # regime (autoshard/intervals.py, autoshard/data/intervals.yaml); None: no step time
     step_time_interval_s: tuple[float, float] | None = None
+    # The training FLOP budget (None for an invalid plan); its totals need `training.tokens`.
+    flop_budget: FlopBudget | None = None
 
 
 def invalid_estimate(plan: Plan, reasons: Sequence[str], ctx: Context | None) -> Estimate:
@@ -414,7 +460,8 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         hfu=recompute_ratio * mflops / (step * peak_all), model_tflops_per_gpu=mflops / step / ctx.num_gpus / 1e12,
         num_microbatches=M, peak_memory_gib=peak_stage.peak_memory_gib,
         memory_capacity_gib=cap / GIB, time_breakdown_s=bd, memory_breakdown_gib=memory_bd,
-        stages=stages, bottleneck=bottleneck)
+        stages=stages, bottleneck=bottleneck,
+        flop_budget=flop_budget(ctx.problem, recompute_ratio, step, ctx.num_gpus))
 
 
 def placement_warnings(table: Table) -> list[str]:

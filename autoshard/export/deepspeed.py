@@ -134,6 +134,8 @@ def _deepspeed(ctx: _Ctx) -> str:
         zero["contiguous_gradients"] = True
     if p.zero_stage == 2:
         zero["reduce_scatter"] = True
+    if p.optimizer_offload:  # ZeRO-Offload: fp32 states on the host, stepped by DeepSpeedCPUAdam
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg["zero_optimization"] = zero
     if p.tp > 1 and p.pp == 1 and not m.is_moe:
         cfg["tensor_parallel"] = {"autotp_size": p.tp}

@@ -155,6 +155,7 @@ def _megatron(ctx: _Ctx) -> str:
     if p.optimizer_offload:  # Megatron-Core HybridDeviceOptimizer: the whole optimizer on the CPU
         add("--optimizer-cpu-offload")
         add("--optimizer-offload-fraction", 1.0)
+        add("--use-precision-aware-optimizer")  # validate_args requires it with --optimizer-cpu-offload
         add("--overlap-cpu-optimizer-d2h-h2d")
     if p.cuda_graphs:  # the whole step captured once and replayed
         # megatron-core <= 0.16 spells it impl local + scope full_iteration; Megatron-LM d98e8a64dd

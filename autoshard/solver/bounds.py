@@ -130,7 +130,11 @@ def _bounds(ctx: Context, cands: list[Config],
     def per(nb: float, sharded: np.ndarray) -> np.ndarray:
         return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
 
-    static = per(w_b, zero >= 3) + per(g_b, zero >= 2) + per(opt_b, zero >= 1)
+    from .candidates import Candidates  # noqa: PLC0415
+
+    # (optimizer states in host memory: Candidates share one setting, a list says per configuration)
+    offload = cands.opt_offload if isinstance(cands, Candidates) else np.array([c.opt_offload for c in cands], bool)
+    static = per(w_b, zero >= 3) + per(g_b, zero >= 2) + np.where(offload, 0.0, per(opt_b, zero >= 1))
     # The data-parallel tail includes the optimizer step of the rank holding the most
     # parameters, at least the mean rank's (see `cost.tail_model`).
     from ..cost import OPT_TRAFFIC_BYTES  # noqa: PLC0415

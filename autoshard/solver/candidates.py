@@ -86,8 +86,9 @@ class Candidates(Sequence):
 
     ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp", "ep_overlap")
 
-    def __init__(self, rows: list[tuple], dispatcher: str | None, cp_comm: str = "p2p"):
+    def __init__(self, rows: list[tuple], dispatcher: str | None, cp_comm: str = "p2p", opt_offload: bool = False):
         self.rows, self.dispatcher, self.cp_comm = rows, dispatcher, cp_comm
+        self.opt_offload = opt_offload  # every configuration with the optimizer in host memory, or none
         self._built: dict[int, Config] = {}
 
     def __len__(self) -> int:
@@ -101,14 +102,37 @@ class Candidates(Sequence):
         if cfg is None:
             row = self.rows[i]
             cfg = self._built[i] = Config(*row[:12], ep_overlap=row[12], dispatcher=self.dispatcher,
-                                          cp_comm=self.cp_comm if row[1] > 1 else "p2p")
+                                          cp_comm=self.cp_comm if row[1] > 1 else "p2p", opt_offload=self.opt_offload)
         return cfg
 
 
-def candidates(problem: Problem, ctx: Context) -> Candidates:
+def offload_passes(problem: Problem, ctx: Context) -> tuple[list[bool], bool]:
+    """(the optimizer-offload settings to search, whether offload is the fallback when none fits):
+    `search.optimizer_offload` false -> ([False], False); true -> ([True], False); a list -> that list;
+    None (default) -> ([False], True) where the framework offloads (frameworks.yaml
+    optimizer_offload_zero_stages), else ([False], False)."""
+    v = problem.search.optimizer_offload
+    runs = bool(ctx.framework.optimizer_offload_zero_stages)
+    if v is None:
+        return [False], runs
+    choice = list(dict.fromkeys(v if isinstance(v, list) else [v]))
+    if not choice:
+        raise InputError("an empty list allows nothing", field="search.optimizer_offload")
+    if True in choice and not runs:
+        raise InputError(f"{problem.framework} has no CPU optimizer offload", field="search.optimizer_offload")
+    return choice, False
+
+
+def candidates(problem: Problem, ctx: Context, opt_offload: bool = False) -> Candidates:
     """Every global configuration allowed by `search:` and the divisibility rules, in a
-    fixed order (placement left as the canonical order; placements are expanded later)."""
+    fixed order (placement left as the canonical order; placements are expanded later).
+    `opt_offload`: every one with the optimizer in host memory, at the ZeRO stages the framework
+    offloads with."""
     sp_ = _space(problem, ctx)
+    if opt_offload:
+        sp_["zero_stage"] = [z for z in sp_["zero_stage"] if z in ctx.framework.optimizer_offload_zero_stages]
+        if not sp_["zero_stage"]:
+            return Candidates([], None, "p2p", True)
     n = problem.cluster.num_gpus
     gbs = problem.training.global_batch_size
     rows: list[tuple] = []
@@ -168,7 +192,7 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                     rows.append((*row, None))
                     if overlap_twin and ep_overlap_allowed(ep, pp, vpp, mb):
                         rows.append((*row, False))  # right after its twin: the numpy bound groups read the first
-    return Candidates(rows, dispatcher, cp_comm)
+    return Candidates(rows, dispatcher, cp_comm, opt_offload)
 
 
 def _with_placement(cfg: Config, placement: str) -> Config:

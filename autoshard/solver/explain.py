@@ -92,6 +92,50 @@ def explain_infeasible(problem: Problem, ctx: Context, cands: list[Config], m_lb
     mem = est.memory_breakdown_gib if est.stages else {}
     if mem.get("activations", 0) > 0.3 * need_gib:
         fixes.append(f"a shorter sequence (seq_len {problem.training.seq_len // 2})")
+    if not getattr(cands, "opt_offload", False) and (offload := offload_fix(problem, cap_gib)):
+        fixes.insert(0, offload)  # the smallest fix: the same GPUs, the optimizer states in host memory
     if problem.search.model_dump(exclude_defaults=True):
         fixes.append("relax the `search:` restrictions")
     return reason, fixes
+
+
+OFFLOAD_TRIES = 8  # offload configurations evaluated (leanest memory bound first) for the suggestion
+
+
+def offload_fix(problem: Problem, cap_gib: float) -> str | None:
+    """Where no plan fits: whether keeping the optimizer states in host memory, stepped by the CPU
+    (Plan.optimizer_offload; Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload), makes one fit,
+    on this framework or, where it has no offload, on the first one that has (frameworks.yaml). The
+    fix names the plan and its memory; None where offload alone does not make one fit."""
+    from ..cost import context, with_modes  # noqa: PLC0415
+    from ..frameworks import profiles  # noqa: PLC0415
+    from .bounds import _bounds  # noqa: PLC0415
+    from .candidates import candidates  # noqa: PLC0415
+    from .layouts import search_modes  # noqa: PLC0415
+
+    names = [problem.framework] + [n for n in profiles() if n != problem.framework]
+    target = next((n for n in names if profiles()[n].optimizer_offload_zero_stages), None)
+    if target is None:
+        return None
+    search = problem.search.model_copy(update={"optimizer_offload": None})
+    alt = problem.model_copy(update={"framework": target, "search": search})
+    try:
+        ctx = context(alt)
+        ctx = with_modes(ctx, search_modes(alt, ctx))
+        cands = candidates(alt, ctx, opt_offload=True)
+        if not cands:
+            return None
+        _, m_lb, could_fit = _bounds(ctx, cands)
+    except Exception:  # noqa: BLE001  (a suggestion never turns an infeasible answer into an error)
+        return None
+    order = sorted(np.flatnonzero(could_fit).tolist(), key=lambda i: (m_lb[i], i))
+    for i in order[:OFFLOAD_TRIES]:
+        plan = cands[i].plan("full")
+        est = _evaluate(alt, plan)
+        if est.fits:
+            how = ("search: {optimizer_offload: true}" if target == problem.framework
+                   else f"framework: {target}, which has it")
+            return (f"CPU optimizer offload (the optimizer states in host memory, stepped by the CPU; "
+                    f"{profiles()[target].optimizer_offload_name or target}): {est.plan.short()} then needs {est.peak_memory_gib:.1f} GiB "
+                    f"of {cap_gib:.1f} at {est.step_time_s:.3g} s per step ({how})")
+    return None

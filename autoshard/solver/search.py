@@ -36,7 +36,7 @@ from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, Plan, Problem
 from .bounds import _bounds, _optimistic_table, _table_bound
-from .candidates import _placements, candidates
+from .candidates import _placements, candidates, offload_passes
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
 from .families import Family, Named, family_key, family_name, named
 from .layouts import search_modes
@@ -538,8 +538,35 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     work_limit = DEFAULT_WORK_LIMIT if work_limit is None else work_limit
     if not (math.isfinite(work_limit) and work_limit > 0):
         raise InputError(f"must be a positive amount of work, got {work_limit:g}", field="--work-limit")
+    passes, fallback = offload_passes(problem, ctx)
+    found: list[Solution] = []
+    failed: InfeasibleError | None = None
+    for offload in passes:  # (CPU optimizer offload: searched where asked, or where nothing fits without it)
+        try:
+            found.append(_solve_space(problem, ctx, modes, requests, work_limit, t0, time_limit_s, top_k, gap_limit,
+                                      alternatives, progress, jobs, offload))
+        except InfeasibleError as exc:
+            failed = failed or exc
+    if not found and fallback:
+        offload_cands = candidates(problem, ctx, opt_offload=True)
+        if offload_cands:
+            try:
+                found.append(_solve_space(problem, ctx, modes, requests, work_limit, t0, time_limit_s, top_k,
+                                          gap_limit, alternatives, progress, jobs, True))
+            except InfeasibleError:
+                pass  # the plain search's reason stands (it names offload where offload alone would not do)
+    if not found:
+        assert failed is not None
+        raise failed
+    return min(found, key=lambda s: s.estimate.step_time_s)  # (ties: the first pass, without offload)
+
+
+def _solve_space(problem: Problem, ctx: Context, modes: list[str], requests: list[Named], work_limit: float,
+                 t0: float, time_limit_s: float, top_k: int, gap_limit: float, alternatives: Sequence[str],
+                 progress: ProgressFn | None, jobs: int | None, opt_offload: bool) -> Solution:
+    """`solve` over the configurations with the optimizer in host memory (`opt_offload`) or without."""
     budget = _Budget(work_limit, t0 + time_limit_s)
-    cands = candidates(problem, ctx)
+    cands = candidates(problem, ctx, opt_offload=opt_offload)
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below

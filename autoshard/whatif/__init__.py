@@ -31,7 +31,7 @@ Assumptions (all overridable in the study file, all written into results.json):
   same less `spot_discount` (default 70%, seed 003).
   Owned cost = capex x training days / (amortization years x 365) + energy x $/kWh, with capex =
   GPUs x purchase price (catalog: per GPU incl. its server share) + nodes x $/node + scale-out
-  ports x $/port. One purchase: a mix of GPU types is not modelled.
+  ports x $/port. One purchase per option; a mix of GPU types is a `fleet:` of pools (`fleet`).
 
 Public API: `load_study`, `run_study`, `optimize_purchase`, `pareto_front`, `goodput`,
 `young_daly_interval_s`, `solve_option`, `sensitivities`.

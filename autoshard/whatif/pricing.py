@@ -164,5 +164,10 @@ def default_notes(spec: StudySpec, options: Sequence[Option]) -> list[str]:
     if loss:
         notes.append(f"other losses outside the cost model (input stalls, stragglers, congestion): {100 * loss:g}% "
                      "of wall time (study)")
-    notes.append("one purchase per decision: a mix of GPU types is not modelled")
+    if spec.fleet:
+        notes.append("fleet: each job runs on one pool (no job spans GPU generations or networks); a pool runs "
+                     "its jobs one after another; owned pools' running cost is energy + amortized capex for the "
+                     "time used; a candidate pool's capex counts once in the scenarios that buy it")
+    else:
+        notes.append("one purchase per decision: a mix of GPU types is a `fleet:` of pools")
     return notes

@@ -617,6 +617,29 @@ def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
         return _write_report(doc, out_dir)
 
 
+def _fleet_section(d: "_Doc", fleet: dict[str, Any]) -> None:
+    """The fleet: its pools, each scenario's assignment of jobs to pools, and what to buy next."""
+    d.h(2, "Fleet: which pool runs each job, and what to buy next")
+    rec = fleet["recommendation"]
+    d.p(f"**{rec['reason']}** (objective: minimize {fleet['objective']}).")
+    d.table(["pool", "hardware", "owned", "capex", "power"],
+            [[p["name"], f"{p['gpu']} x{p['num_gpus']} ({p['topology']})", "yes" if p["owned"] else "candidate",
+              money(p["capex_usd"]) if p["capex_usd"] else "-", power(p["power_mw"]) if p["power_mw"] else "-"]
+             for p in fleet["pools"]])
+    d.p("Each job runs on one pool; a pool runs its jobs one after another; the makespan is the busiest "
+        "pool's time. Running cost: energy + amortized capex for the time used; capex: the pools bought.")
+    rows = []
+    for s in fleet["scenarios"]:
+        if not s.get("feasible"):
+            rows.append([s["scenario"], "-", "-", "-", "-", s.get("reason", ""), ""])
+            continue
+        where = "; ".join(f"{j['job']} -> {j['pool']} ({j['time_to_train_days']:.1f} d)" for j in s["jobs"])
+        rows.append([s["scenario"], f"{s['makespan_days']:.1f}", money(s["running_cost_usd"]),
+                     money(s["capex_usd"]) if s["capex_usd"] else "-", f"{s['energy_mwh']:,.0f}", where,
+                     "yes" if not s["violations"] else "; ".join(s["violations"])])
+    d.table(["scenario", "makespan days", "running cost", "capex", "MWh", "jobs -> pool", "meets"], rows)
+
+
 def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     out = Path(out_dir)
     rows_all: list[dict] = doc["rows"]
@@ -647,7 +670,9 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
             d.p(f"Power figure: this study uses `{used}`; under `{f}` the answer would be {what}{why}")
     d.p("Decision made with OR-Tools CP-SAT over the options' solved plans (one boolean per option, exactly one "
         "chosen, budget / capex / power / deadline as linear constraints on values in cents, watts and seconds); "
-        "one hardware purchase, not a mix of GPU types.")
+        "one hardware purchase per option (a mix of GPU types is a `fleet:` of pools).")
+    if fleet := doc.get("fleet"):
+        _fleet_section(d, fleet)
     if doc.get("warnings"):
         d.h(2, "Warnings")
         d.ul(doc["warnings"])
@@ -670,6 +695,12 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
         t = w["training"]
         d.p(f"Model `{w['model']}`, {_fmt_tokens(w['tokens'])} tokens, sequence {t['seq_len']}, global batch "
             f"{t['global_batch_size']} sequences, {t['precision']}.")
+        if fb := w.get("flop_budget"):
+            d.p(f"FLOP budget: {fb['model_flops']:.3g} model FLOPs ({fb['model_flops_per_token']:.3g} per token: "
+                f"{fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N + causal attention, the convention MFU "
+                f"counts; the plain {fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N T alone is "
+                f"{fb['weight_flops']:.3g}); each option's hardware FLOPs, with its plan's recompute, are in "
+                f"results.csv (`hardware_flops`).")
         feas = [r for r in rows if r.get("feasible")]
         infeasible = [r for r in rows if not r.get("feasible")]
         if feas:

@@ -28,6 +28,7 @@ from ..progress import TerminalLine
 from ..render import json_safe
 from .report import money, power
 from ..spec import Problem
+from .fleet import fleet_answer
 from .goodput import goodput, reliability_defaults
 from .pricing import price_option
 from .purchase import Candidate, explain_decision, optimize_purchase, pareto_front, violations
@@ -47,6 +48,7 @@ from .sensitivity import sensitivities, solve_option
 CSV_COLUMNS = (
     "workload", "option", "gpu", "num_gpus", "topology", "mode", "feasible", "meets_constraints", "pareto",
     "recommended", "plan", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "ideal_days",
+    "model_flops", "hardware_flops",
     "goodput", "goodput_efficiency", "time_to_train_days", "cost_usd", "capex_usd", "energy_mwh", "power_mw", "tokens_per_usd",
     "mtbf_h", "checkpoint_s", "checkpoint_interval_s", "binding", "gain_internode_2x_pct",
     "gain_nvlink_2x_pct", "gain_hbm_plus_pct", "gain_fp8_pct", "violations", "reason", "solver_status",
@@ -141,7 +143,8 @@ def run_task(task: Task) -> dict[str, Any]:
             step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, mfu=est.mfu,
             peak_memory_gib=est.peak_memory_gib, memory_capacity_gib=est.memory_capacity_gib,
             time_breakdown_s=dict(est.time_breakdown_s), bottleneck=est.bottleneck,
-            solver_status=solved.status, solve_time_s=solved.solve_time_s)
+            solver_status=solved.status, solve_time_s=solved.solve_time_s,
+            recompute_factor=est.flop_budget.recompute_factor if est.flop_budget else 1.0)
         try:
             out["sensitivity"] = sensitivities(task.problem, solved, mode=task.sensitivity,
                                                time_limit_s=task.time_limit_s, scratch=scratch)
@@ -422,6 +425,18 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
             logging.getLogger("distributed").setLevel(level)
 
 
+def workload_flops(w: Workload) -> dict[str, Any]:
+    """A workload's training FLOP budget under the cost model's convention (cost.FLOP_CONVENTION):
+    model FLOPs per token x its tokens, and the plain 6 N T (4 N T for LoRA) beside it."""
+    from ..cost import FLOP_CONVENTION, flops_per_token_parts  # noqa: PLC0415
+
+    per_n, n, attn = flops_per_token_parts(w.model, w.training)
+    per_token = per_n * n + attn
+    return {"convention": FLOP_CONVENTION, "matmul_params": float(n), "model_flops_per_token": float(per_token),
+            "weight_flops_per_token": float(per_n * n), "attention_flops_per_token": float(attn),
+            "model_flops": per_token * w.tokens, "weight_flops": per_n * n * w.tokens}
+
+
 def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> dict[str, Any]:
     from ..cost import total_params  # noqa: PLC0415
 
@@ -442,6 +457,12 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
     row.update({k: res[k] for k in ("plan", "plan_short", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
                                     "memory_capacity_gib", "time_breakdown_s", "bottleneck", "solver_status",
                                     "solve_time_s")})
+    # The FLOP budget: the workload's model FLOPs (the same on every option) and this plan's hardware
+    # FLOPs, its recompute included.
+    flops = workload_flops(w)
+    factor = float(res.get("recompute_factor", 1.0))
+    row.update(model_flops=flops["model_flops"], recompute_factor=factor,
+               hardware_flops=factor * flops["model_flops"])
     sens = res.get("sensitivity") or {}
     gains = sens.get("gains_pct", {})
     row.update(binding=sens.get("binding"), resource_shares=sens.get("shares", {}),
@@ -636,11 +657,13 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         "combine": study.spec.combine,
         "sensitivity_mode": study.spec.sensitivity,
         "workloads": [{"name": w.name, "model": w.model.name, "tokens": w.tokens,
-                       "training": w.training.model_dump(mode="json")} for w in study.workloads],
+                       "training": w.training.model_dump(mode="json"), "flop_budget": workload_flops(w)}
+                      for w in study.workloads],
         "options": [o.id for o in study.options],
         "constraints": cons.model_dump(exclude_none=True),
         "assumptions": list(study.notes),
         "rows": rows,
+        "fleet": fleet_answer(study, rows) if study.pools and complete else None,
         "warnings": warnings,
         "pareto": pareto,
         "recommended": recommended,

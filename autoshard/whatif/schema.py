@@ -185,6 +185,18 @@ class OptionSpec(Strict):
         return _gpu_counts(v)
 
 
+class PoolSpec(Strict):
+    """A pool of one GPU type of a fleet: owned already, or a candidate purchase (`owned: false`).
+    Each training job runs on one pool (no job spans two generations or networks)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=80)]
+    gpu: str
+    num_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    topology: str | None = None  # catalog preset or a study `networks:` name; default: the GPU's
+    owned: bool = True  # false: to be bought (its capex counts once, in the scenarios that buy it)
+    catalog: str | None = None  # calibrated catalog overlay
+
+
 # Sanity bounds of prices and reliability inputs: far beyond any real figure (an H100 rents for ~$2-3/h,
 # a GPU costs $10-70k, a restart takes minutes), they keep every derived figure finite and readable.
 def _between(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
@@ -264,7 +276,10 @@ class StudySpec(Strict):
     name: str | None = None
     description: str | None = None
     workloads: list[WorkloadSpec] = Field(min_length=1)
-    options: list[OptionSpec] = Field(min_length=1)
+    options: list[OptionSpec] = []  # at least one option or one fleet pool
+    # A fleet: pools owned and to be bought; the study also answers which pool each job (workload)
+    # runs on, the job mix's time, cost and energy, and what to buy next (whatif/fleet.py).
+    fleet: list[PoolSpec] = []
     networks: dict[str, NetworkSpec] = {}
     pricing: PricingSpec = PricingSpec()
     reliability: ReliabilitySpec = ReliabilitySpec()
@@ -277,6 +292,16 @@ class StudySpec(Strict):
     @classmethod
     def _yaml_off(cls, v: Any) -> Any:
         return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _something_to_price(self) -> "StudySpec":
+        if not self.options and not self.fleet:
+            raise ValueError("give `options` or a `fleet` of pools: the study has no hardware to price")
+        names = [p.name for p in self.fleet]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise ValueError(f"two fleet pools are named {dup!r}; give each a distinct name")
+        return self
 
 
 # ---- expanded study -----------------------------------------------------------------------------
@@ -327,12 +352,20 @@ class Option:
 
 
 @dataclasses.dataclass(frozen=True)
+class Pool:
+    name: str
+    option: Option  # priced as owned hardware (mode own)
+    owned: bool  # False: a candidate purchase
+
+
+@dataclasses.dataclass(frozen=True)
 class Study:
     spec: StudySpec
     workloads: tuple[Workload, ...]
     options: tuple[Option, ...]
     source: str | None
     notes: tuple[str, ...]  # which documented defaults were used
+    pools: tuple[Pool, ...] = ()  # the fleet, in the study's order
 
     @property
     def name(self) -> str:
@@ -380,6 +413,9 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
         if folder is not None and isinstance(data, dict) and isinstance(data.get("options"), list):
             data = {**data, "options": [{**o, "catalog": resolve_path(o["catalog"], folder)}
                                         if isinstance(o, dict) and "catalog" in o else o for o in data["options"]]}
+        if folder is not None and isinstance(data, dict) and isinstance(data.get("fleet"), list):
+            data = {**data, "fleet": [{**o, "catalog": resolve_path(o["catalog"], folder)}
+                                      if isinstance(o, dict) and "catalog" in o else o for o in data["fleet"]]}
         spec = validate(StudySpec, data, source=src)
 
     # Workloads: one per token budget.
@@ -456,6 +492,23 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                     raise InputError(f"the study expands to more than {MAX_OPTIONS:,} hardware options (GPU x count x "
                                      "topology x pricing mode): split it, or sweep with a larger step or factor",
                                      source=src, field=f"options.{i}")
+    pools: list[Pool] = []
+    for i, ps in enumerate(spec.fleet):  # each pool is an owned option; the fleet answer reads its rows
+        gid = _norm_gpu(ps.gpu, f"fleet.{i}.gpu", src)
+        t = ps.topology or get_gpu(gid).default_topology
+        if t not in spec.networks:
+            try:
+                t = get_topology(t).id
+            except InputError as exc:
+                raise InputError(exc.message, source=src, field=f"fleet.{i}.topology") from None
+        if ps.catalog:
+            try:
+                load_overlay(ps.catalog)
+            except InputError as exc:
+                raise InputError(exc.message, source=src, field=f"fleet.{i}.catalog") from None
+        opt = Option(gid, ps.num_gpus, t, "own", ps.catalog)
+        options.setdefault(opt.id, opt)
+        pools.append(Pool(ps.name, opt, ps.owned))
     opts = tuple(sorted(options.values(), key=Option.sort_key))
     figures = power_figures([Option(g, 1, "", "cloud") for g in gpu_ids()])  # any the catalog has; a GPU
     if spec.pricing.power_figure not in figures:                           # without it uses `catalog`
@@ -463,7 +516,7 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                          source=src, field="pricing.power_figure")
     from .pricing import default_notes  # noqa: PLC0415  (pricing imports this module)
 
-    return Study(spec, tuple(workloads), opts, src, tuple(default_notes(spec, opts)))
+    return Study(spec, tuple(workloads), opts, src, tuple(default_notes(spec, opts)), tuple(pools))
 
 
 def power_figures(options: Sequence[Option]) -> list[str]:
