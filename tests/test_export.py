@@ -298,10 +298,10 @@ def check_deepspeed(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> No
     assert (a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]) == (plan.tp, plan.pp, plan.cp, plan.ep, dp)
     micro, gas = doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]
     assert micro * gas * dp == GBS == a["global_batch_size"]
-    if plan.tp * plan.pp * plan.cp == 1:
-        assert doc["train_batch_size"] == GBS
-    else:  # left to DeepSpeed: micro x GAS x the mpu's data-parallel size
-        assert "train_batch_size" not in doc
+    # pinned always: DeepSpeed asserts it equals micro x GAS x the data-parallel world it counts
+    assert doc["train_batch_size"] == GBS
+    if plan.tp * plan.pp * plan.cp > 1:
+        assert "dp = " in a["note"] and f"= {dp}" in a["note"] and "mpu" in a["note"]
     assert doc["zero_optimization"]["stage"] == plan.zero_stage
     assert doc["bf16"]["enabled"] is True
     assert "pipeline" not in doc  # DeepSpeed never reads pipeline.stages / partition
