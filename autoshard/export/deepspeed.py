@@ -115,7 +115,6 @@ def _deepspeed(ctx: _Ctx) -> str:
                     "contiguous_memory_optimization": False, "number_checkpoints": None,
                     "synchronize_checkpoint_boundary": False, "profile": False}
 
-    model_parallel = p.tp * p.pp * p.cp
     cfg["autoshard"] = {
         "version": autoshard_version(),
         "target": TARGETS["deepspeed"],
