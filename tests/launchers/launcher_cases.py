@@ -25,8 +25,20 @@ def _problem(model: str, num_gpus: int, gbs: int, seq: int = 4096, gpu: str = "h
 
 
 LLAMA = _problem("llama3-70b", 640, 1280)
+# priced for a stack that takes any per-layer recompute list (`search: {recompute_layout: per_layer}`)
+LLAMA_LISTS = LLAMA.model_copy(update={"search": LLAMA.search.model_copy(update={"recompute_layout": "per_layer"})})
 FULL2 = (["full"] * 2 + ["none"] * 18) * 4  # full recompute on the first 2 layers of each of 4 stages
 IRREGULAR = ["full"] * 3 + ["none"] * 17 + ["full"] + ["none"] * 19 + ["selective"] * 5 + ["none"] * 35
+UNEVEN_VPP = [8, 10, 10, 10, 10, 11, 11, 10]
+# --recompute-method block --recompute-num-layers 9 over UNEVEN_VPP: the 8-layer chunk recomputes all 8
+BLOCK9_UNEVEN_VPP = [m for n in UNEVEN_VPP for m in ["full"] * min(9, n) + ["none"] * (n - min(9, n))]
+DSV3_SPLIT = [7, 8, 8, 8, 8, 8, 8, 6]
+DSV3 = _problem("deepseek-v3", 640, 1280)
+DSV3_LISTS = DSV3.model_copy(update={"search": DSV3.search.model_copy(update={"recompute_layout": "per_layer"})})
+# The issue's shape of plan: full recompute where the deepest pipeline queue is (stage 0 all, stage 1
+# half), none elsewhere; a per-layer stack runs it, Megatron does not (refused, never exported as block).
+DSV3_STAGE0 = ["full"] * 7 + ["full"] * 4 + ["none"] * 4 + ["none"] * 46
+DSV3_BLOCK2 = [m for n in DSV3_SPLIT for m in ["full", "full"] + ["none"] * (n - 2)]
 
 FURTHER: dict[str, tuple[Problem, Plan]] = {
     "interleaved-vpp2": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved")),
@@ -38,7 +50,16 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
     "zero3-fsdp-full-recompute": (LLAMA, Plan(tp=8, zero_stage=3, micro_batch_size=2, recompute="full")),
     "zero2-fsdp-selective": (LLAMA, Plan(tp=8, pp=4, zero_stage=2, recompute="selective")),
     "recompute-block-prefix": (LLAMA, Plan(tp=8, pp=4, recompute=FULL2)),
-    "recompute-irregular": (LLAMA, Plan(tp=8, pp=4, recompute=IRREGULAR)),
+    "recompute-irregular": (LLAMA_LISTS, Plan(tp=8, pp=4, recompute=IRREGULAR)),
+    "recompute-block-uneven-interleaved": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved",
+                                                       stage_layers=UNEVEN_VPP, recompute=BLOCK9_UNEVEN_VPP)),
+    "recompute-offload-first-layers": (_problem("llama3-8b", 64, 256), Plan(tp=2, recompute=["offload"] * 12
+                                                                             + ["none"] * 20)),
+    "recompute-modules-moe": (_problem("qwen3-30b-a3b", 16, 512), Plan(tp=1, pp=2, ep=8, etp=1,
+                                                                       recompute="layernorm+moe_act")),
+    "deepseek-v3-block-recompute": (DSV3, Plan(tp=2, pp=8, ep=8, stage_layers=DSV3_SPLIT, recompute=DSV3_BLOCK2)),
+    "deepseek-v3-per-layer-recompute": (DSV3_LISTS, Plan(tp=2, pp=8, ep=8, stage_layers=DSV3_SPLIT,
+                                                         recompute=DSV3_STAGE0)),
     "no-sp-cp-pp-first-order": (LLAMA, Plan(tp=4, sequence_parallel=False, cp=2, pp=2,
                                             placement="tp-cp-ep-pp-dp")),
     "pp-before-dp-order": (LLAMA, Plan(tp=8, pp=4, placement="tp-cp-ep-pp-dp")),
@@ -98,6 +119,10 @@ def all_cases() -> dict[str, tuple[Problem, Plan]]:
 
 
 CASE_IDS = sorted([*(f"bundled:{p.stem}" for p in (REPO / "solutions").glob("*.json")), *FURTHER])
+# Plans whose recompute list Megatron cannot run (solver/layouts.py megatron_reason): the Megatron
+# export refuses them (InputError, exit 2 on the CLI) rather than write another plan's flags.
+MEGATRON_REFUSED = {"recompute-irregular", "deepseek-v3-per-layer-recompute"}
+MEGATRON_CASES = [c for c in CASE_IDS if c not in MEGATRON_REFUSED]
 
 
 @functools.cache
