@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from autoshard import load_plan, load_problem
+from autoshard.cost import Config
 from autoshard.export import export_plan
 from autoshard.spec import Plan, Problem
 
@@ -94,6 +95,10 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
     "qwen3-folded-interleaved": (_problem("qwen3-235b-a22b", 512, 1024),
                                  Plan(tp=4, pp=4, vpp=2, schedule="interleaved", ep=16, etp=1,
                                       stage_layers=[11, 12, 12, 12, 12, 12, 12, 11])),
+    # expert TP different from TP (MoE parallel folding): experts over etp x ep x edp of each stage
+    "qwen3-etp2-tp1": (_problem("qwen3-30b-a3b", 64, 512), Plan(tp=1, pp=2, ep=8, etp=2)),
+    "qwen3-folded-cp-pp-before-dp": (_problem("qwen3-30b-a3b", 64, 512),
+                                     Plan(tp=4, cp=2, pp=2, ep=8, etp=1, placement="tp-cp-ep-pp-dp")),
     "llama3-8b-pure-dp": (_problem("llama3-8b", 64, 512), Plan(zero_stage=0, micro_batch_size=2)),
     "llama3-8b-zero-bubble": (_problem("llama3-8b", 64, 512), Plan(tp=2, pp=4, schedule="zero_bubble")),
     # precision recipes (autoshard/data/precisions.yaml), on GPUs that run them (gpus.yaml)
@@ -139,8 +144,11 @@ def full_plan(case: str) -> tuple[Problem, Plan, int]:
 
 def plan_groups(plan: Plan, dp: int, axes: tuple[str, ...]) -> list[list[int]]:
     """The plan's own process groups (autoshard.spec.Plan: placement innermost first, EP carved out of
-    DP): ranks that differ only in the coordinates of `axes`, sorted."""
-    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": dp // plan.ep, "pp": plan.pp}
+    DP; under MoE parallel folding no EP axis of its own): ranks that differ only in the coordinates
+    of `axes`, sorted."""
+    folded = plan.ep > 1 and Config.of(plan, dp).folded
+    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": 1 if folded else plan.ep, "dp": dp if folded else dp // plan.ep,
+             "pp": plan.pp}
     order = plan.axes
     world = int(np.prod([sizes[a] for a in order]))
     coords = np.array(list(itertools.product(*[range(sizes[a]) for a in reversed(order)])))[:, ::-1]
