@@ -735,3 +735,35 @@ def test_solver_plans_only_what_megatron_runs_and_exports_it_exactly() -> None:
         k = got.num_layers
         assert rc == [m for n in split for m in ["full"] * min(k, n) + ["none"] * (n - min(k, n))]
     assert "--cpu-offloading" not in f
+
+
+# ---------------------------------------------------------------------------------------
+# torchtitan: the flavor is the priced shape (issue 31 item 18)
+# ---------------------------------------------------------------------------------------
+
+
+def test_torchtitan_preset_with_shape_overrides_is_not_the_preset_flavor() -> None:
+    def titan(model) -> tuple[dict, Export]:
+        prob = Problem(model=model, cluster={"gpu": "h100-sxm", "num_gpus": 8},
+                       training={"seq_len": 2048, "global_batch_size": 64})
+        out = export_plan(prob, Plan(tp=2, pp=2), "torchtitan")
+        return tomllib.loads(out.text), out
+
+    doc, _ = titan("llama3-8b")  # the preset's own shape: torchtitan's 8B flavor
+    assert doc["model"] == {"name": "llama3", "flavor": "8B"} and "experimental" not in doc
+    # The issue's override: 6 layers, width 256, the preset's 32 heads of 128. Not 8B; torchtitan's llama3
+    # (head_dim = dim / n_heads = 8) cannot build it: a flavor registered nowhere, and the warning says so.
+    doc, out = titan({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256})
+    assert doc["model"]["flavor"] != "8B" and doc["model"]["flavor"].startswith("autoshard-llama3-8b-6L-256d-")
+    assert any("registered nowhere" in w and "head_dim 128" in w for w in out.warnings)
+    # A llama3 shape: registered by the module the job imports ([experimental] custom_import), whose text
+    # the export carries; FFN 512 below int(2 * 4 * 256 / 3) = 682: ffn_dim_multiplier (512.5 / 682).
+    doc, out = titan({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 16,
+                      "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 512})
+    module = doc["experimental"]["custom_import"]
+    assert f"# --- save as {module}.py" in out.text
+    line = next(x for x in out.text.splitlines() if "llama3_args[" in x)
+    assert f"llama3_args[{doc['model']['flavor']!r}] = TransformerModelArgs(dim=256, n_layers=6, n_heads=16, " \
+           "n_kv_heads=4, vocab_size=128256, multiple_of=1, ffn_dim_multiplier=" in line
+    mult = float(re.search(r"ffn_dim_multiplier=([0-9.e-]+)", line).group(1))
+    assert int(mult * int(2 * 4 * 256 / 3)) == 512  # torchtitan FeedForward's sizing, multiple_of 1

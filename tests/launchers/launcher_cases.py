@@ -20,7 +20,7 @@ from autoshard.spec import Plan, Problem
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _problem(model: str, num_gpus: int, gbs: int, seq: int = 4096, gpu: str = "h100-sxm", **training) -> Problem:
+def _problem(model: str | dict, num_gpus: int, gbs: int, seq: int = 4096, gpu: str = "h100-sxm", **training) -> Problem:
     return Problem(model=model, cluster={"gpu": gpu, "num_gpus": num_gpus},
                    training={"seq_len": seq, "global_batch_size": gbs, **training})
 
@@ -99,6 +99,17 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
     "qwen3-etp2-tp1": (_problem("qwen3-30b-a3b", 64, 512), Plan(tp=1, pp=2, ep=8, etp=2)),
     "qwen3-folded-cp-pp-before-dp": (_problem("qwen3-30b-a3b", 64, 512),
                                      Plan(tp=4, cp=2, pp=2, ep=8, etp=1, placement="tp-cp-ep-pp-dp")),
+    # presets with shape overrides: not the preset's torchtitan flavor. Registrable in torchtitan's llama3
+    # (head_dim = dim / heads): a custom flavor; FFN 512 < int(2 * 4 * 256 / 3) = 682 takes the
+    # ffn_dim_multiplier path. The override (6 layers, width 256, the preset's 32 x 128 heads)
+    # is no llama3 shape: an unregistered flavor name and a warning, never the 8B flavor.
+    "llama3-8b-override-registrable": (
+        _problem({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 16,
+                  "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 512}, 8, 64, seq=2048),
+        Plan(tp=2, pp=2)),
+    "llama3-8b-override-width-only": (
+        _problem({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256}, 8, 64, seq=2048),
+        Plan(tp=2, pp=2)),
     "llama3-8b-pure-dp": (_problem("llama3-8b", 64, 512), Plan(zero_stage=0, micro_batch_size=2)),
     "llama3-8b-zero-bubble": (_problem("llama3-8b", 64, 512), Plan(tp=2, pp=4, schedule="zero_bubble")),
     # precision recipes (autoshard/data/precisions.yaml), on GPUs that run them (gpus.yaml)
