@@ -39,6 +39,7 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatr
 from autoshard.export import model_family  # noqa: E402
 from autoshard.topology import _expert_groups  # noqa: E402
 
+from autoshard import evaluate  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.export import export_plan  # noqa: E402
 from autoshard.solver.layouts import megatron_recompute  # noqa: E402
@@ -322,22 +323,44 @@ def test_layers_per_rank_and_recompute(case: str, fake_world) -> None:
         vpp = cfg.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size or 1
     assert vpp == plan.vpp
     fake_world(prob.cluster.num_gpus)
-    ps.initialize_model_parallel(tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
-                                 context_parallel_size=plan.cp, create_gloo_process_groups=False,
+    moe = prob.model.is_moe
+    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tensor_model_parallel_size,
+                                 pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
+                                 context_parallel_size=cfg.context_parallel_size, create_gloo_process_groups=False,
                                  virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-                                 expert_model_parallel_size=plan.ep if prob.model.is_moe else 1,
-                                 expert_tensor_parallel_size=plan.expert_tp if prob.model.is_moe else plan.tp)
+                                 expert_model_parallel_size=cfg.expert_model_parallel_size if moe else 1,
+                                 expert_tensor_parallel_size=cfg.expert_tensor_parallel_size if moe
+                                 else cfg.tensor_model_parallel_size)
     planned = plan.recompute_per_layer(L)
     recomputed: list[str] = []
-    for c in range(plan.pp * vpp):
+    read_stages: list[int] = []
+    for c in range(cfg.pipeline_model_parallel_size * vpp):
         r, v = c % plan.pp, c // plan.pp
         ps.set_pipeline_model_parallel_rank(r)  # the layout reads the rank from parallel_state
         n = get_num_layers_to_build(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
         off = get_transformer_layer_offset(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
         assert (off, n) == (sum(stages[:c]), stages[c]), (r, v)
+        read_stages.append(n)
         recomputed += megatron_runs(cfg, n, first_layer=off)
     assert recomputed == planned  # exactly the priced list, layer by layer: never the closest setting
     assert not any("recompute" in w and "not" in w and "expressible" in w for w in out.warnings)
+    # Re-priced from what Megatron will run: degrees from its config and parallel_state, layers per virtual
+    # stage from get_num_layers_to_build, recompute per layer from _checkpointed_forward, batch from its
+    # micro-batch calculator; the rest of the plan (placement, overlaps, dispatcher: checked by the tests
+    # above) as planned. The estimate equals the priced one.
+    read_dp = ps.get_data_parallel_world_size()
+    calc = ConstantNumMicroBatchesCalculator(int(f["--global-batch-size"]), int(f["--micro-batch-size"]), read_dp,
+                                            False, 0)
+    assert calc.get_current_global_batch_size() == prob.training.global_batch_size
+    back = plan.model_copy(update={
+        "tp": cfg.tensor_model_parallel_size, "pp": cfg.pipeline_model_parallel_size,
+        "cp": cfg.context_parallel_size, "dp": read_dp, "vpp": vpp, "stage_layers": read_stages,
+        "recompute": recomputed, "micro_batch_size": int(f["--micro-batch-size"]),
+        "sequence_parallel": bool(cfg.sequence_parallel) or (plan.sp and plan.tp == 1),
+        **({"ep": cfg.expert_model_parallel_size, "etp": cfg.expert_tensor_parallel_size} if moe else {})})
+    priced, rerun = evaluate(prob, plan), evaluate(prob, back)
+    assert rerun.step_time_s == priced.step_time_s and rerun.fits == priced.fits
+    assert [s.peak_memory_gib for s in rerun.stages] == [s.peak_memory_gib for s in priced.stages]
 
 
 def megatron_runs(cfg, n: int, first_layer: int = 0) -> list[str]:
