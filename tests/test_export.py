@@ -734,7 +734,7 @@ def test_solver_plans_only_what_megatron_runs_and_exports_it_exactly() -> None:
         # Megatron's block rule (transformer_block.py): the first K layers of every virtual stage
         k = got.num_layers
         assert rc == [m for n in split for m in ["full"] * min(k, n) + ["none"] * (n - min(k, n))]
-    assert "--cpu-offloading" not in f
+    assert "--cpu-offloading-num-layers" not in f
 
 
 # ---------------------------------------------------------------------------------------

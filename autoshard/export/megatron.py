@@ -333,7 +333,8 @@ def _megatron_recompute(ctx: _Ctx, add) -> None:
                          "give one mode for every layer or full recompute on the first K layers of every "
                          "virtual stage", field="plan.recompute")
     if rc.offload_layers:  # TE offloads the activations of the first N layers (TransformerConfig)
-        add("--cpu-offloading")
+        # (--cpu-offloading is no flag: arguments.py validate_args turns it on for N > 0, core_v0.16.1 and
+        # d98e8a64dd; the field is in its list of config fields without a CLI argument)
         add("--cpu-offloading-num-layers", rc.offload_layers)
     if rc.granularity is None:
         return

@@ -127,6 +127,8 @@ def megatron_config(f: dict):
             continue
         assert name in TC_FIELDS, f"{flag} is no Megatron config field"
         kw[name] = _value(value)
+    if kw.get("cpu_offloading_num_layers", 0) > 0:  # arguments.py validate_args: N > 0 turns cpu_offloading on
+        kw["cpu_offloading"] = True
     if isinstance(kw.get("recompute_modules"), str):  # arguments.py nargs='*': a list even of one
         kw["recompute_modules"] = [kw["recompute_modules"]]
     if "window_size" in kw:  # arguments.py tuple_type: "left,right" -> (left, right)
