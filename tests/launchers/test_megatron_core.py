@@ -511,3 +511,42 @@ def test_ast_of_moe_layer_freq_is_a_list_expression() -> None:
     prob_case = next(c for c in MEGATRON_CASES if "deepseek" in c)
     f = flags_of(exported(prob_case, "megatron").text)
     assert isinstance(ast.parse(str(f["--moe-layer-freq"]), mode="eval").body, ast.BinOp)
+
+
+SOLVED = [  # small Megatron problems whose memory makes the solver choose recompute per layer
+    {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+     "search": {"tp": [2], "cp": [1], "pp": [2], "zero_stage": [1], "micro_batch_size": [1],
+                "recompute": ["none", "selective", "full", "offload"]}},
+    {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+     "search": {"tp": [2], "cp": [4], "pp": [1], "zero_stage": [1], "micro_batch_size": [1],
+                "recompute": ["none", "selective", "full", "offload"]}},
+    {"model": "llama3-70b", "training": {"seq_len": 16384, "global_batch_size": 64},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 64},
+     "search": {"tp": [8], "pp": [4], "vpp": [1, 2], "zero_stage": [1], "micro_batch_size": [1]}},
+    {"model": "qwen3-30b-a3b", "training": {"seq_len": 4096, "global_batch_size": 256},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16},
+     "search": {"tp": [1], "pp": [2], "ep": [8], "zero_stage": [1], "micro_batch_size": [1],
+                "recompute": ["none", "full", "moe_act", "offload"]}},
+]
+
+
+@pytest.mark.parametrize("doc", SOLVED, ids=[f"{d['model']}-{d['cluster']['num_gpus']}" for d in SOLVED])
+def test_solved_recompute_is_what_megatron_runs(doc: dict) -> None:
+    # Every plan the solver returns for Megatron (the best and its alternatives) carries a recompute list
+    # Megatron has flags for, the export writes them, and megatron-core's _checkpointed_forward, re-reading
+    # the exported flags, recomputes exactly the priced layers.
+    from autoshard import load_problem, solve  # noqa: PLC0415
+    from autoshard.cost import even_split  # noqa: PLC0415
+
+    prob = load_problem(doc)
+    sol = solve(prob, top_k=3, time_limit_s=60)
+    L = prob.model.num_hidden_layers
+    for plan in [sol.plan, *(a.plan for a in sol.alternatives)]:
+        split = list(plan.stage_layers or even_split(L, plan.pp * plan.vpp))
+        rc = list(plan.recompute_per_layer(L))
+        assert megatron_recompute(split, rc, plan.pp) is not None, (plan.short(), rc)
+        cfg = megatron_config(flags_of(export_plan(prob, plan, "megatron").text))
+        ran = [m for c, n in enumerate(split) for m in megatron_runs(cfg, n, first_layer=sum(split[:c]))]
+        assert ran == rc, plan.short()
