@@ -12,6 +12,7 @@ import tomllib
 import pytest
 import yaml
 
+from autoshard import evaluate
 from autoshard.errors import InputError
 from autoshard.export import FORMATS, Export, export_plan, megatron_layout, recompute_runs
 from autoshard.spec import Plan, Problem
@@ -69,15 +70,18 @@ NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
 NARGS_FLAGS = ("--hierarchical-context-parallel-sizes",)  # nargs='+' in Megatron-LM arguments.py
 
 
-def problem(model, **training) -> Problem:
+def problem(model, search: dict | None = None, **training) -> Problem:
     return Problem(**{
         "model": model,
         "cluster": {"gpu": "h100-sxm", "num_gpus": WORLD},
         "training": {"seq_len": 4096, "global_batch_size": GBS, **training},
+        **({"search": search} if search else {}),
     })
 
 
 LLAMA = problem("llama3-70b")
+# priced for a stack that takes any per-layer recompute list (`search: {recompute_layout: per_layer}`)
+LLAMA_LISTS = problem("llama3-70b", search={"recompute_layout": "per_layer"})
 MIX_IRREGULAR = ["full"] * 3 + ["none"] * 17 + ["full"] * 1 + ["none"] * 19 + ["selective"] * 5 + ["none"] * 35
 
 CASES = {
@@ -94,7 +98,7 @@ CASES = {
     "deepseek-v3-default-split": (problem("deepseek-v3"), Plan(tp=1, pp=8, ep=16, zero_stage=1)),
     "deepseek-v3-deepep": (problem("deepseek-v3"), Plan(tp=1, pp=8, ep=16, zero_stage=1, moe_dispatcher="deepep")),
     "zero3-full-recompute": (LLAMA, Plan(tp=8, zero_stage=3, micro_batch_size=2, recompute="full")),
-    "per-layer-recompute-mix": (LLAMA, Plan(tp=8, pp=4, zero_stage=1, recompute=MIX_IRREGULAR)),
+    "per-layer-recompute-mix": (LLAMA_LISTS, Plan(tp=8, pp=4, zero_stage=1, recompute=MIX_IRREGULAR)),
     "cp2-fp8-zero2": (problem("llama3-70b", precision="fp8"), Plan(tp=8, cp=2, pp=4, zero_stage=2)),
     "zero-bubble": (LLAMA, Plan(tp=8, pp=4, schedule="zero_bubble")),
     "tp-pp-dp-order": (LLAMA, Plan(tp=8, pp=4, placement="tp-cp-ep-pp-dp")),
@@ -154,6 +158,10 @@ def resolved_dp(prob: Problem, plan: Plan) -> int:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_export_parses_and_is_consistent(case: str, fmt: str) -> None:
     prob, plan = CASES[case]
+    if case in MIXED and fmt == "megatron":  # Megatron runs no such list: refused, never changed
+        with pytest.raises(InputError, match="cannot be exported to Megatron-LM"):
+            export_plan(prob, plan, fmt)
+        return
     out = export_plan(prob, plan, fmt)
     assert isinstance(out, Export) and out.fmt == fmt
     assert out.text.endswith("\n")
@@ -298,10 +306,10 @@ def check_deepspeed(doc: dict, prob: Problem, plan: Plan, dp: int, L: int) -> No
     assert (a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]) == (plan.tp, plan.pp, plan.cp, plan.ep, dp)
     micro, gas = doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]
     assert micro * gas * dp == GBS == a["global_batch_size"]
-    if plan.tp * plan.pp * plan.cp == 1:
-        assert doc["train_batch_size"] == GBS
-    else:  # left to DeepSpeed: micro x GAS x the mpu's data-parallel size
-        assert "train_batch_size" not in doc
+    # pinned always: DeepSpeed asserts it equals micro x GAS x the data-parallel world it counts
+    assert doc["train_batch_size"] == GBS
+    if plan.tp * plan.pp * plan.cp > 1:
+        assert "dp = " in a["note"] and f"= {dp}" in a["note"] and "mpu" in a["note"]
     assert doc["zero_optimization"]["stage"] == plan.zero_stage
     assert doc["bf16"]["enabled"] is True
     assert "pipeline" not in doc  # DeepSpeed never reads pipeline.stages / partition
@@ -463,18 +471,25 @@ def test_megatron_recompute_block_prefix_is_exact() -> None:
     assert not any("recompute" in w for w in out.warnings)
 
 
-def test_megatron_recompute_mix_not_prefix_warns_and_covers() -> None:
-    out = export_plan(*CASES["per-layer-recompute-mix"], "megatron")
-    f = megatron_flags(out.text)
-    assert f["--recompute-method"] == "block" and f["--recompute-num-layers"] == "3"
-    assert any("not exactly expressible" in w for w in out.warnings)
-    assert any("selective layers" in w for w in out.warnings)
+def test_megatron_recompute_mix_not_prefix_is_refused() -> None:
+    # Full on layers 0-2 and 20, selective on 40-44: Megatron has one granularity and full only on the
+    # first K layers of every virtual stage. Priced for a stack that takes lists, the Megatron export
+    # refuses (exit 2 on the CLI) instead of writing block K=3 and dropping the selective layers.
+    with pytest.raises(InputError) as exc:
+        export_plan(*CASES["per-layer-recompute-mix"], "megatron")
+    assert exc.value.field == "plan.recompute" and "granularity" in str(exc.value)
+    # Priced for Megatron (framework default), evaluate says why and every export refuses the invalid plan.
+    est = evaluate(LLAMA, CASES["per-layer-recompute-mix"][1])
+    assert not est.fits and any("megatron cannot run this recompute list" in r for r in est.reasons)
+    for fmt in FORMATS:
+        with pytest.raises(InputError, match="megatron cannot run this recompute list"):
+            export_plan(LLAMA, CASES["per-layer-recompute-mix"][1], fmt)
 
 
 def test_torchtitan_every_nth_layer_is_exact() -> None:
     # Every 2nd block on each rank (rank-local count) -> selective_ac_option "2", no warning.
     modes = (["none", "full"] * 10) * 4
-    out = export_plan(LLAMA, Plan(tp=8, pp=4, recompute=modes), "torchtitan")
+    out = export_plan(LLAMA_LISTS, Plan(tp=8, pp=4, recompute=modes), "torchtitan")
     doc = tomllib.loads(out.text)
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}
     assert not any("recompute" in w for w in out.warnings)
@@ -582,8 +597,9 @@ def test_recompute_runs() -> None:
 
 
 def test_exports_differ_across_formats_and_plans() -> None:
-    texts = {export_plan(p, pl, f).text for p, pl in CASES.values() for f in FORMATS}
-    assert len(texts) == len(CASES) * len(FORMATS)
+    pairs = [(c, f) for c in CASES for f in FORMATS if not (c in MIXED and f == "megatron")]
+    texts = {export_plan(*CASES[c], f).text for c, f in pairs}
+    assert len(texts) == len(pairs)
 
 
 def test_maxtext_axis_straddling_nodes_warns() -> None:
@@ -653,3 +669,101 @@ def test_hierarchical_cp_exports_the_priced_group_sizes():
         "--hierarchical-context-parallel-sizes"] == "1 16"
     titan = export_plan(prob, plan, "torchtitan")
     assert any("cp_comm_type a2a+p2p is not exported" in w for w in titan.warnings), titan.warnings
+
+
+# ---------------------------------------------------------------------------------------
+# Recompute: what is priced is what Megatron runs (issue 31 item 17)
+# ---------------------------------------------------------------------------------------
+
+DSV3_SPLIT = [7, 8, 8, 8, 8, 8, 8, 6]
+# Full recompute where the pipeline queue is deepest (stage 0 all 7 layers, stage 1 its first 4), none
+# elsewhere: a per-layer stack runs it, Megatron has no flags for it.
+DSV3_STAGE0 = ["full"] * 11 + ["none"] * 50
+
+
+def test_deepseek_v3_per_layer_recompute_is_flagged_and_refused(tmp_path) -> None:
+    from autoshard.cli import main  # noqa: PLC0415
+    from autoshard.solver.layouts import megatron_reason  # noqa: PLC0415
+
+    plan = Plan(tp=2, pp=8, ep=8, stage_layers=DSV3_SPLIT, recompute=DSV3_STAGE0)
+    lists = problem("deepseek-v3", search={"recompute_layout": "per_layer"})
+    mega = problem("deepseek-v3")
+    # priced for a stack that takes lists: no recompute reason (only memory: 2 of 8 stages recompute)
+    assert not any("recompute" in r for r in evaluate(lists, plan).reasons)
+    why = megatron_reason(DSV3_SPLIT, DSV3_STAGE0, 8)
+    assert why and "7,4,0,0,0,0,0,0" in why
+    est = evaluate(mega, plan)  # priced for Megatron: invalid, and says why
+    assert not est.fits and any(why in r for r in est.reasons)
+    # the CLI: exit 2, one line naming the field, nothing written (either problem)
+    for name, prob in (("lists", lists), ("mega", mega)):
+        pf, sf, out = tmp_path / f"{name}.yaml", tmp_path / f"{name}.json", tmp_path / f"{name}.sh"
+        pf.write_text(yaml.safe_dump(prob.model_dump(mode="json", exclude_none=True)))
+        sf.write_text(json.dumps(plan.model_dump(mode="json", exclude_none=True)))
+        assert main(["export", str(sf), "--problem", str(pf), "--format", "megatron", "-o", str(out)]) == 2
+        assert not out.exists()
+    # The same stages with full recompute on the first 2 layers of each: Megatron's block K=2, exactly.
+    block = [m for n in DSV3_SPLIT for m in ["full", "full"] + ["none"] * (n - 2)]
+    f = megatron_flags(export_plan(mega, plan.model_copy(update={"recompute": block}), "megatron").text)
+    assert (f["--recompute-granularity"], f["--recompute-method"], f["--recompute-num-layers"]) == \
+        ("full", "block", "2")
+
+
+def test_solver_plans_only_what_megatron_runs_and_exports_it_exactly() -> None:
+    # Llama 3 8B, 8 x A100 40 GB, 8k tokens, TP2 PP2, recompute none / full / offload searched. Before
+    # the fix the solver planned offload:3 on a PP2 pipeline (20.08 s) that megatron-core's
+    # TransformerConfig refuses ("no support for Pipeline parallelism with CPU offloading") and the
+    # export wrote --cpu-offloading-num-layers 1; now it plans full recompute on the first 5 layers
+    # of each stage (--recompute-method block, 20.8 s), and evaluate, the solver and the export agree.
+    from autoshard import load_problem, solve  # noqa: PLC0415
+    from autoshard.solver.layouts import megatron_recompute  # noqa: PLC0415
+
+    doc = {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+           "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+           "search": {"tp": [2], "cp": [1], "pp": [2], "vpp": [1], "zero_stage": [1], "micro_batch_size": [1],
+                      "recompute": ["none", "full", "offload"]}}
+    prob = load_problem(doc)
+    sol = solve(prob, top_k=0, time_limit_s=60)
+    rc = list(sol.plan.recompute_per_layer(32))
+    split = list(sol.plan.stage_layers or [16, 16])
+    got = megatron_recompute(split, rc, 2)
+    assert got is not None and "offload" not in rc
+    assert not evaluate(prob, sol.plan).reasons
+    f = megatron_flags(export_plan(prob, sol.plan, "megatron").text)
+    if got.granularity == "full":
+        assert (f["--recompute-method"], int(f["--recompute-num-layers"])) == (got.method, got.num_layers)
+        # Megatron's block rule (transformer_block.py): the first K layers of every virtual stage
+        k = got.num_layers
+        assert rc == [m for n in split for m in ["full"] * min(k, n) + ["none"] * (n - min(k, n))]
+    assert "--cpu-offloading-num-layers" not in f
+
+
+# ---------------------------------------------------------------------------------------
+# torchtitan: the flavor is the priced shape (issue 31 item 18)
+# ---------------------------------------------------------------------------------------
+
+
+def test_torchtitan_preset_with_shape_overrides_is_not_the_preset_flavor() -> None:
+    def titan(model) -> tuple[dict, Export]:
+        prob = Problem(model=model, cluster={"gpu": "h100-sxm", "num_gpus": 8},
+                       training={"seq_len": 2048, "global_batch_size": 64})
+        out = export_plan(prob, Plan(tp=2, pp=2), "torchtitan")
+        return tomllib.loads(out.text), out
+
+    doc, _ = titan("llama3-8b")  # the preset's own shape: torchtitan's 8B flavor
+    assert doc["model"] == {"name": "llama3", "flavor": "8B"} and "experimental" not in doc
+    # The issue's override: 6 layers, width 256, the preset's 32 heads of 128. Not 8B; torchtitan's llama3
+    # (head_dim = dim / n_heads = 8) cannot build it: a flavor registered nowhere, and the warning says so.
+    doc, out = titan({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256})
+    assert doc["model"]["flavor"] != "8B" and doc["model"]["flavor"].startswith("autoshard-llama3-8b-6L-256d-")
+    assert any("registered nowhere" in w and "head_dim 128" in w for w in out.warnings)
+    # A llama3 shape: registered by the module the job imports ([experimental] custom_import), whose text
+    # the export carries; FFN 512 below int(2 * 4 * 256 / 3) = 682: ffn_dim_multiplier (512.5 / 682).
+    doc, out = titan({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 16,
+                      "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 512})
+    module = doc["experimental"]["custom_import"]
+    assert f"# --- save as {module}.py" in out.text
+    line = next(x for x in out.text.splitlines() if "llama3_args[" in x)
+    assert f"llama3_args[{doc['model']['flavor']!r}] = TransformerModelArgs(dim=256, n_layers=6, n_heads=16, " \
+           "n_kv_heads=4, vocab_size=128256, multiple_of=1, ffn_dim_multiplier=" in line
+    mult = float(re.search(r"ffn_dim_multiplier=([0-9.e-]+)", line).group(1))
+    assert int(mult * int(2 * 4 * 256 / 3)) == 512  # torchtitan FeedForward's sizing, multiple_of 1

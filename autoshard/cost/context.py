@@ -358,6 +358,14 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
                 f"{m.num_hidden_layers} layers")
     if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
         bad("recompute", f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
+    elif not any(r.field == "stage_layers" for r in reasons):
+        from ..solver.layouts import layout_reason  # noqa: PLC0415  (solver imports cost)
+
+        layout = "per_layer" if problem.search.recompute_layout == "per_layer" else fw.recompute_layout
+        split = list(plan.stage_layers) if plan.stage_layers is not None else layout_split(m.num_hidden_layers, chunks)
+        if why := layout_reason(layout, split, list(plan.recompute_per_layer(m.num_hidden_layers)), plan.pp):
+            bad("recompute", f"{problem.framework} cannot run this recompute list: {why} (plan a list it runs, "
+                "or `search: {recompute_layout: per_layer}` for a stack that takes any list)")
     if plan.cp > 1 and plan.cp_comm_type == "a2a":
         heads = m.kv_heads if not m.is_mla else m.num_attention_heads
         if (m.num_attention_heads // plan.tp) % plan.cp or max(1, heads // plan.tp) % plan.cp:

@@ -33,6 +33,34 @@ def megatron_deepspeed_args(ctx: _Ctx) -> list[str]:
     return args
 
 
+def _autotp(ctx: _Ctx) -> bool:
+    """DeepSpeed's AutoTP runs the plan's TP: tensor parallelism only (no PP, CP or MoE beside it)."""
+    p = ctx.plan
+    return p.tp > 1 and p.pp == 1 and p.cp == 1 and not ctx.model.is_moe
+
+
+def _batch_note(ctx: _Ctx) -> str:
+    """How deepspeed.initialize must be called so DeepSpeed counts the planned data-parallel ranks.
+    DeepSpeed 0.19 (runtime/config.py DeepSpeedConfig.__init__) takes the data-parallel world size from
+    mpu.get_data_parallel_world_size(), or without an mpu from dist.get_world_size(): every rank."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
+    model_parallel = p.tp * p.pp * p.cp
+    batch = (f"train_batch_size {t.global_batch_size} = micro {p.micro_batch_size} x GAS {ctx.microbatches} "
+             f"x dp {ctx.dp}")
+    if model_parallel == 1:
+        return f"deepspeed.initialize(model=..., config=<this file>) as is: every rank is data-parallel; {batch}"
+    if _autotp(ctx):
+        return (f"AutoTP: deepspeed.utils.groups._init_tp_mesh_device(tensor_model_parallel_size={p.tp}) then "
+                "deepspeed.initialize(model=..., config=<this file>, mpu=deepspeed.utils.groups), so DeepSpeed "
+                f"counts dp = world // tp = {ctx.dp}; {batch}. Without the mpu DeepSpeed counts all "
+                f"{ctx.world} ranks as data-parallel and its batch assertion stops the launch")
+    return (f"TP/PP/CP ranks ({model_parallel} per replica) are not data-parallel: pass "
+            "deepspeed.initialize(..., mpu=<your model-parallel unit>) (Megatron-DeepSpeed passes megatron.mpu; "
+            "a PipelineModule brings its own) so DeepSpeed counts dp = mpu.get_data_parallel_world_size() = "
+            f"{ctx.dp}; {batch}. Without one DeepSpeed counts all {ctx.world} ranks as data-parallel and its "
+            "batch assertion stops the launch")
+
+
 def _deepspeed(ctx: _Ctx) -> str:
     p, m, t = ctx.plan, ctx.model, ctx.training
     gas = ctx.microbatches
@@ -87,7 +115,6 @@ def _deepspeed(ctx: _Ctx) -> str:
                     "contiguous_memory_optimization": False, "number_checkpoints": None,
                     "synchronize_checkpoint_boundary": False, "profile": False}
 
-    model_parallel = p.tp * p.pp * p.cp
     cfg["autoshard"] = {
         "version": autoshard_version(),
         "target": TARGETS["deepspeed"],
@@ -99,19 +126,7 @@ def _deepspeed(ctx: _Ctx) -> str:
         "placement": p.placement,
         "global_batch_size": t.global_batch_size,
         "recompute": p.recompute if isinstance(p.recompute, str) else recompute_runs(ctx.recompute),
-        "note": ("deepspeed.initialize(model=..., config=<this file>) as is: every rank is a data-parallel "
-                 "rank, train_batch_size = micro x gradient_accumulation_steps x world"
-                 if model_parallel == 1 else
-                 "deepspeed.initialize(model=..., config=<this file>) as is (AutoTP builds the TP groups; no "
-                 "mpu): DeepSpeed then reports train_batch_size = micro x GAS x world, counting the TP ranks; "
-                 f"the global batch is micro x GAS x dp = {t.global_batch_size}. With Megatron-DeepSpeed, pass "
-                 "its mpu instead"
-                 if p.pp == 1 and p.cp == 1 and not m.is_moe else
-                 f"TP/PP/CP ranks ({model_parallel} per replica) are not data-parallel: pass "
-                 "deepspeed.initialize(..., mpu=<your model-parallel unit>) (Megatron-DeepSpeed passes "
-                 "megatron.mpu) so DeepSpeed counts dp = mpu.get_data_parallel_world_size() = "
-                 f"{ctx.dp}; train_batch_size is left to DeepSpeed (micro x GAS x dp = "
-                 f"{t.global_batch_size})"),
+        "note": _batch_note(ctx),
         "megatron_deepspeed_args": megatron_deepspeed_args(ctx),
         "warnings": [],  # filled in last, once every warning is known
     }
@@ -119,8 +134,10 @@ def _deepspeed(ctx: _Ctx) -> str:
         cfg["autoshard"]["pipeline_module"] = {
             "num_stages": p.pp, "partition_method": "uniform" if ctx.even else "custom",
             "stage_layers": ctx.stages, "activation_checkpoint_interval": interval}
-    if model_parallel == 1:
-        cfg["train_batch_size"] = t.global_batch_size
+    # Always pinned: DeepSpeedConfig asserts train_batch_size == micro x GAS x its data-parallel world
+    # (runtime/config.py _batch_assertion), so a launch that counts the TP/PP/CP ranks as data-parallel
+    # (no mpu) stops there instead of reporting and scheduling a batch the plan never priced.
+    cfg["train_batch_size"] = t.global_batch_size
     cfg["train_micro_batch_size_per_gpu"] = p.micro_batch_size
     cfg["gradient_accumulation_steps"] = gas
     if t.precision == "fp16":
@@ -137,7 +154,7 @@ def _deepspeed(ctx: _Ctx) -> str:
     if p.optimizer_offload:  # ZeRO-Offload: fp32 states on the host, stepped by DeepSpeedCPUAdam
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg["zero_optimization"] = zero
-    if p.tp > 1 and p.pp == 1 and not m.is_moe:
+    if _autotp(ctx):
         cfg["tensor_parallel"] = {"autotp_size": p.tp}
     if ckpt is not None:
         cfg["activation_checkpointing"] = ckpt

@@ -32,9 +32,11 @@ def _jax_mesh(ctx: _Ctx) -> tuple[dict[str, str], dict[str, int], list[tuple[str
     p = ctx.plan
     ep = p.ep if ctx.model.is_moe else 1
     if ep > 1 and (ctx.dp % ep or p.expert_tp != p.tp):
-        ctx.warn(f"MoE parallel folding (ep={ep}, etp={p.expert_tp}, dp={ctx.dp}) has no single JAX mesh: "
-                 "experts are sharded over the data axis only (ep=1 in the mesh): expert all-to-all becomes "
-                 "data-axis collectives")
+        if ctx.fmt != "jax":  # (the JAX export lays experts out on a finer mesh: `_folded_mesh`)
+            ctx.warn(f"MoE parallel folding (ep={ep}, etp={p.expert_tp}, dp={ctx.dp}) has no {ctx.fmt} mesh: the "
+                     "mesh gets no expert axis (ep=1), so expert weights are not split over experts: up to "
+                     f"{ep * p.expert_tp // math.gcd(ep * p.expert_tp, p.tp)}x the planned expert weights per GPU, "
+                     "and the expert all-to-all becomes data-axis collectives")
         ep = 1
     dpax = "fsdp" if p.zero_stage == 3 else "data"
     names = {**JAX_AXIS, "dp": dpax}
@@ -43,11 +45,70 @@ def _jax_mesh(ctx: _Ctx) -> tuple[dict[str, str], dict[str, int], list[tuple[str
     return names, {n: s for n, s in inner_first}, inner_first
 
 
-def _shard_dims(name: str, shape: list[int], want: list[Any], axis_size: dict[str, int], ctx: _Ctx) -> list[Any]:
+EXPERT_AXES = (("etp", "expert_tensor"), ("ep", "expert"), ("edp", "expert_data"))
+
+
+def _folded_mesh(ctx: _Ctx, names: dict[str, str]) -> tuple[list[tuple[str, int]], dict[str, list[str]]] | None:
+    """The mesh of a MoE parallel folding plan (ep > 1 with etp != tp or ep not dividing dp): the
+    coarsest refinement of both factorizations of each pipeline stage's ranks, the attention one in
+    placement order (tp, cp, dp: innermost first) and Megatron's expert one (etp x ep x edp, etp
+    innermost; topology._expert_groups), with the stage axis where the placement puts pp. Returns
+    ([(mesh axis, size)] innermost first, logical axis -> its mesh axes outermost first) with logical
+    axes tp / cp / dp / pp and etp / ep / edp; None where the two factorizations do not nest (the
+    boundaries of one fall inside an axis of the other at a non-dividing point)."""
+    p = ctx.plan
+    sizes = {"tp": p.tp, "cp": p.cp, "ep": 1, "dp": ctx.dp, "pp": p.pp}
+    order = [a for a in p.axes if a != "pp"]
+    before_pp = math.prod(sizes[a] for a in p.axes[:p.axes.index("pp")])
+    stage = math.prod(sizes[a] for a in order)
+    etp, ep = p.expert_tp, p.ep
+    if stage % (etp * ep):
+        return None
+    attn = [(a, sizes[a]) for a in order if sizes[a] > 1]
+    expert = [(a, n) for (a, _), n in zip(EXPERT_AXES, (etp, ep, stage // (etp * ep))) if n > 1]
+
+    def bounds(axes: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        out, lo = [], 1
+        for a, n in axes:
+            out.append((a, lo, lo * n))
+            lo *= n
+        return out
+
+    a_b, e_b = bounds(attn), bounds(expert)
+    cuts = sorted({1, stage, *(hi for _, _, hi in a_b), *(hi for _, _, hi in e_b)}
+                  | ({before_pp} if before_pp < stage else set()))
+    if any(hi % lo for lo, hi in zip(cuts, cuts[1:])):
+        return None
+
+    def owner(b: list[tuple[str, int, int]], lo: int, hi: int) -> str:
+        return next(a for a, x, y in b if x <= lo and hi <= y)
+
+    pieces = []  # (attention axis, expert axis, size), innermost first
+    for lo, hi in zip(cuts, cuts[1:]):
+        pieces.append((owner(a_b, lo, hi), owner(e_b, lo, hi), hi // lo, lo))
+    whole = {a: sum(1 for x in pieces if x[0] == a) == 1 for a, _ in attn}
+    inner_first: list[tuple[str, int]] = []
+    logical: dict[str, list[str]] = {k: [] for k in ("tp", "cp", "dp", "pp", "etp", "ep", "edp")}
+    for a, e, n, lo in pieces:
+        if lo == before_pp and p.pp > 1:
+            inner_first.append((names["pp"], p.pp))
+        name = names[a] if whole[a] else f"{names[a]}_{e}"
+        inner_first.append((name, n))
+        logical[a].insert(0, name)  # outermost first
+        logical[e].insert(0, name)
+    if p.pp > 1 and before_pp >= stage:
+        inner_first.append((names["pp"], p.pp))
+    if p.pp > 1:
+        logical["pp"] = [names["pp"]]
+    return inner_first, logical
+
+
+def _shard_dims(name: str, shape: list[int], want: list[Any], axis_size: dict[str, int], ctx: _Ctx,
+                pinned: frozenset[str] = frozenset({"tensor"})) -> list[Any]:
     """`want` (one entry per dimension: None, an axis or a list of axes) made legal for `shape`:
     an axis that does not divide its dimension moves to another dimension it divides (largest
-    first; data-like axes only, TP keeps its dimension), else the tensor is replicated over it
-    with a warning, so NamedSharding never raises IndivisibleError."""
+    first; data-like axes only: the `pinned` (tensor-parallel) axes keep their dimension), else the
+    tensor is replicated over it with a warning, so NamedSharding never raises IndivisibleError."""
     dims: list[list[str]] = []
     seen: set[str] = set()
     for spec in want:  # a mesh axis may shard one dimension only (JAX DuplicateSpecError)
@@ -60,7 +121,7 @@ def _shard_dims(name: str, shape: list[int], want: list[Any], axis_size: dict[st
             dropped.append(dims[d].pop())
     for a in dropped:
         placed = False
-        if a != "tensor":
+        if a not in pinned:
             for d in sorted(range(len(shape)), key=lambda i: -shape[i]):
                 if shape[d] % (math.prod(axis_size[x] for x in dims[d]) * axis_size[a]) == 0:
                     dims[d].append(a)
@@ -118,14 +179,39 @@ def _jax(ctx: _Ctx) -> str:
     """A JSON of the device mesh and per-tensor PartitionSpecs (with the real shapes) for plain JAX."""
     p, m, t = ctx.plan, ctx.model, ctx.training
     names, axis_size, inner_first = _jax_mesh(ctx)
-    outer_first = inner_first[::-1]
     dpax = names["dp"]
     ep_on = axis_size.get("expert", 1) > 1
-    tp = "tensor" if p.tp > 1 else None
-    fs = [a for a in ("fsdp" if p.zero_stage == 3 else "", "expert" if p.zero_stage == 3 and ep_on else "") if a]
-    fs = fs or None
-    exp = "expert" if ep_on else None
+    live = [a for a, n in inner_first if n > 1]
+    # logical axis -> its mesh axes, outermost first (a PartitionSpec entry shards over them in that order)
+    logical: dict[str, list[str]] = {k: [names[k]] if names[k] in live else [] for k in ("tp", "cp", "dp", "pp", "ep")}
+    # experts: etp = tp, ep its own axis, edp = the rest of the stage's ranks (data and context)
+    logical.update(etp=logical["tp"], edp=logical["dp"] + logical["cp"])
+    folded = m.is_moe and p.ep > 1 and not ep_on
+    if folded and (fm := _folded_mesh(ctx, names)) is not None:
+        # MoE parallel folding: experts over etp x ep x edp of each stage's ranks, as Megatron lays them out
+        inner_first, logical = fm
+        axis_size = dict(inner_first)
+    elif folded:
+        ctx.warn(f"MoE parallel folding (ep={p.ep}, etp={p.expert_tp}, tp={p.tp}, dp={ctx.dp}): the expert grid "
+                 "etp x ep x edp does not nest with the attention axes in one mesh: expert weights are sharded "
+                 f"over the tensor axis only ({p.ep * p.expert_tp // math.gcd(p.ep * p.expert_tp, p.tp)}x the planned "
+                 "expert weights per GPU)")
+    outer_first = inner_first[::-1]
+
+    def ax(axes: list[str]) -> Any:
+        axes = [a for a in axes if axis_size.get(a, 1) > 1]
+        return None if not axes else (axes[0] if len(axes) == 1 else list(axes))
+
+    tp, etp = ax(logical["tp"]), ax(logical["etp"])
+    # ZeRO / FSDP shards dense weights over the data-parallel and context-parallel ranks (Megatron's
+    # dp x cp group; cost.layers prices the all-gathers over it), expert weights over edp
+    data, edp = logical["dp"], logical["edp"]
+    dense_shard = data + (logical["ep"] if ep_on else []) + logical["cp"]
+    fs = ax(dense_shard) if p.zero_stage == 3 else None
+    exp = ax(logical["ep"]) if (ep_on or folded) else None
+    exp_fs = ax(edp) if p.zero_stage == 3 else None
     kv_tp = tp if (m.is_mla or m.kv_heads % max(p.tp, 1) == 0) else None
+    pinned = frozenset(logical["tp"]) | frozenset(logical["etp"])
 
     def want(name: str, shard: Any, expert_shard: Any) -> list[Any]:
         return {
@@ -135,36 +221,37 @@ def _jax(ctx: _Ctx) -> str:
             "attention_norm": [None], "mlp_norm": [None],
             "mlp_gate": [shard, tp], "mlp_up": [shard, tp], "mlp_down": [tp, shard],
             "router": [shard, None],
-            "expert_gate": [exp, expert_shard, tp], "expert_up": [exp, expert_shard, tp],
-            "expert_down": [exp, tp, expert_shard],
+            "expert_gate": [exp, expert_shard, etp], "expert_up": [exp, expert_shard, etp],
+            "expert_down": [exp, etp, expert_shard],
             "shared_gate": [shard, tp], "shared_up": [shard, tp], "shared_down": [tp, shard],
         }[name]
 
     shapes = _tensor_shapes(m)
     params = {}
     for name, (shape, kind) in shapes.items():
-        spec = _shard_dims(f"params.{name}", shape, want(name, fs, "fsdp" if p.zero_stage == 3 else None),
-                           axis_size, ctx)
+        spec = _shard_dims(f"params.{name}", shape, want(name, fs, exp_fs), axis_size, ctx, pinned)
         params[name] = {"shape": shape, "kind": kind, "spec": spec}
     optimizer = None
     if p.zero_stage in (1, 2):
-        opt_axes = [a for a in (dpax, "expert" if ep_on else "") if a]
         optimizer = {}
         for name, (shape, kind) in shapes.items():
-            # ZeRO-1/2: optimizer state additionally sharded over the data axes (largest dimension first).
+            # ZeRO-1/2: optimizer state additionally sharded over the data axes (largest dimension first);
+            # expert weights over their expert-data-parallel ranks (Megatron's distributed optimizer)
+            expert_w = name.startswith("expert_")
+            opt_axes = [a for a in (edp if expert_w else dense_shard) if axis_size.get(a, 1) > 1]
             base = want(name, None, None)
             big = max(range(len(shape)), key=lambda i: shape[i])
             entry = base[big]
             have = [] if entry is None else ([entry] if isinstance(entry, str) else list(entry))
             used = {a for e in base if e is not None for a in ([e] if isinstance(e, str) else e)}
             base[big] = have + [a for a in opt_axes if a not in used]
-            spec = _shard_dims(f"optimizer.{name}", shape, base, axis_size, ctx)
+            spec = _shard_dims(f"optimizer.{name}", shape, base, axis_size, ctx, pinned)
             optimizer[name] = {"shape": shape, "kind": kind, "spec": spec}
 
-    batch_axes = [a for a in (dpax, "expert" if ep_on else "") if axis_size.get(a, 1) > 1] or None
+    batch_axes = ax(data + (logical["ep"] if ep_on else []))
     micro_global = p.micro_batch_size * ctx.dp  # sequences per micro-batch over all replicas
-    ctxax = "context" if p.cp > 1 else None
-    seq_sp = [a for a in ("context" if p.cp > 1 else "", "tensor" if p.sp else "") if a] or None
+    ctxax = ax(logical["cp"])
+    seq_sp = ax(logical["cp"] + (logical["tp"] if p.sp else []))
     hd = m.head_size
     acts_want = {
         "tokens": ([micro_global, t.seq_len], [batch_axes, ctxax]),
@@ -186,11 +273,14 @@ def _jax(ctx: _Ctx) -> str:
         "autoshard": {
             "version": autoshard_version(), "target": "JAX (jax.sharding.Mesh / NamedSharding)",
             "plan": p.short(), "model": m.name, "world_size": ctx.world,
-            "axis_map": {a: names[a] for a in ("tp", "cp", "ep", "dp", "pp")},
+            "axis_map": {a: [x for x in logical[a] if axis_size.get(x, 1) > 1]
+                         for a in ("tp", "cp", "ep", "dp", "pp", "etp", "edp")},
             "note": "mesh = jax.make_mesh(mesh_shape, axis_names) over devices in rank order (the last axis holds "
-                    "consecutive ranks); NamedSharding(mesh, P(*spec)) per tensor. Per-layer tensors are one "
-                    "layer's weights: stack the layers of each pipeline stage (layer_stage) on that stage's "
-                    "sub-mesh. Activation shapes are per micro-batch over all replicas.",
+                    "consecutive ranks); NamedSharding(mesh, P(*spec)) per tensor. axis_map: each parallel "
+                    "degree's mesh axes, outermost first (expert weights: etp x ep x edp; under MoE parallel "
+                    "folding they split the attention axes). Per-layer tensors are one layer's weights: stack "
+                    "the layers of each pipeline stage (layer_stage) on that stage's sub-mesh. Activation "
+                    "shapes are per micro-batch over all replicas.",
             "warnings": [],
         },
         "mesh_shape": [size for _, size in outer_first],

@@ -6,6 +6,7 @@ import math
 import shlex
 from typing import Any
 
+from ..errors import InputError
 from ..spec import Plan
 from .common import _recompute_counts
 from .context import _Ctx
@@ -168,10 +169,6 @@ def _megatron(ctx: _Ctx) -> str:
                 "--moe-token-dispatcher-type flex with the HybridEP backend and paged stashing"
             ctx.warn(f"full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set {need} "
                      "(Megatron-Bridge _enable_hybridep_full_iteration_mxfp8); not written by this exporter")
-    offloaded = ctx.recompute.count("offload")
-    if offloaded:  # TE activation offloading of the first N layers of each rank
-        add("--cpu-offloading")
-        add("--cpu-offloading-num-layers", offloaded // max(1, p.pp))
 
     if t.main_grads == "bf16":  # main_grad buffers and the gradient reduction in bf16
         add("--grad-reduce-in-bf16")
@@ -321,56 +318,31 @@ def _megatron(ctx: _Ctx) -> str:
 
 
 def _megatron_recompute(ctx: _Ctx, add) -> None:
-    modes = ["none" if m == "offload" else m for m in ctx.recompute]  # offload: flags of its own
-    kinds = set(modes)
-    if kinds == {"none"}:
-        return
-    if kinds == {"selective"}:
-        add("--recompute-granularity", "selective")
-        return
-    if "full" not in kinds and kinds - {"none", "selective"}:
-        # Recompute modules (--recompute-modules takes a list; they apply to every layer).
-        from ..spec import RECOMPUTE_MODULES  # noqa: PLC0415
+    """The recompute / offload flags that run exactly the planned per-layer list
+    (`solver.layouts.megatron_recompute`, the predicate evaluate and the solver use), or InputError
+    (exit 2) naming why Megatron cannot run it: a plan is never exported as something else."""
+    from ..solver.layouts import megatron_reason, megatron_recompute  # noqa: PLC0415  (solver imports cost)
+    from ..spec import RECOMPUTE_MODULES  # noqa: PLC0415
 
-        names = {x for k in kinds - {"none"} for x in (["core_attn"] if k == "selective" else k.split("+"))}
-        add("--recompute-granularity", "selective")
-        add("--recompute-modules", sorted(names, key=RECOMPUTE_MODULES.index))  # nargs='*', one line
-        if len(kinds) > 1:
-            mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
-            ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in Megatron-LM: the modules "
-                     f"{', '.join(sorted(names, key=RECOMPUTE_MODULES.index))} are recomputed in every layer")
+    split, pp = list(ctx.stages), ctx.plan.pp
+    rc = megatron_recompute(split, ctx.recompute, pp)
+    if rc is None:
+        mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())
+        raise InputError(f"plan cannot be exported to Megatron-LM: recompute per layer ({mix}) "
+                         f"{megatron_reason(split, ctx.recompute, pp)}; Megatron would run another plan than the "
+                         "one priced. Solve with `framework: megatron` (it plans only lists Megatron runs) or "
+                         "give one mode for every layer or full recompute on the first K layers of every "
+                         "virtual stage", field="plan.recompute")
+    if rc.offload_layers:  # TE offloads the activations of the first N layers (TransformerConfig)
+        # (--cpu-offloading is no flag: arguments.py validate_args turns it on for N > 0, core_v0.16.1 and
+        # d98e8a64dd; the field is in its list of config fields without a CLI argument)
+        add("--cpu-offloading-num-layers", rc.offload_layers)
+    if rc.granularity is None:
         return
-    if kinds == {"full"}:
-        add("--recompute-granularity", "full")
-        add("--recompute-method", "uniform")
-        add("--recompute-num-layers", 1)
+    add("--recompute-granularity", rc.granularity)
+    if rc.granularity == "selective":
+        if rc.modules != ("core_attn",):  # Megatron's default module list is [core_attn]
+            add("--recompute-modules", sorted(rc.modules, key=RECOMPUTE_MODULES.index))  # nargs='*', one line
         return
-    counts = _recompute_counts(ctx)
-    mix = ", ".join(f"{k}:{v}" for k, v in counts.items())
-    if "full" not in kinds:  # none + selective
-        add("--recompute-granularity", "selective")
-        ctx.warn(f"per-layer recompute mix ({mix}) is not expressible in Megatron-LM: selective recompute "
-                 "is applied to every layer")
-        return
-    # Full recompute on a prefix of every virtual stage = `--recompute-method block` (a stage shorter
-    # than K recomputes all its layers: solver/layouts.py block_layers).
-    from ..solver.layouts import block_layers  # noqa: PLC0415
-
-    per_stage, cover = [], 0
-    for rng in ctx.stage_ranges():
-        stage = [modes[i] for i in rng]
-        fulls = [j for j, mode in enumerate(stage) if mode == "full"]
-        per_stage.append(len(fulls))
-        if fulls:
-            cover = max(cover, fulls[-1] + 1)
-    exact = block_layers([len(r) for r in ctx.stage_ranges()], modes) is not None
-    add("--recompute-granularity", "full")
-    add("--recompute-method", "block")
-    add("--recompute-num-layers", cover)
-    if not exact:
-        msg = (f"per-layer recompute mix ({mix}) is not exactly expressible in Megatron-LM: "
-               f"--recompute-method block recomputes the first {cover} layers of every virtual stage "
-               f"(planned full-recompute layers per stage: {','.join(map(str, per_stage))})")
-        if "selective" in kinds:
-            msg += "; selective layers run without recompute (granularity is global)"
-        ctx.warn(msg)
+    add("--recompute-method", rc.method)
+    add("--recompute-num-layers", rc.num_layers)

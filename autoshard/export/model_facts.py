@@ -69,11 +69,55 @@ def model_family(model) -> dict[str, Any] | None:
 
 
 def titan_flavor(model) -> tuple[str, str] | None:
-    """torchtitan (model name, flavor) for a preset whose shape torchtitan ships."""
+    """torchtitan (model name, flavor) for a preset whose shape torchtitan ships, and only while the
+    model has the preset's shape: a preset with shape overrides (fewer layers, another width) is not
+    that flavor (tests/launchers read each mapped flavor's shape from torchtitan's own model args)."""
     fam = model_family(model) or {}
-    if "titan" in fam:
-        return fam["titan"]
-    return fam.get("titan_flavors", {}).get(str(model.name).lower())
+    flavor = fam["titan"] if "titan" in fam else fam.get("titan_flavors", {}).get(str(model.name).lower())
+    if flavor is None:
+        return None
+    from ..catalog import get_model  # noqa: PLC0415  (catalog imports spec, as this module does)
+
+    try:
+        preset = get_model(str(model.name))
+    except Exception:  # noqa: BLE001 - no preset of that name: the shape cannot be vouched for
+        return None
+    skip = {"name", "source"}
+    if preset.model_dump(exclude=skip) != model.model_dump(exclude=skip):
+        return None
+    return flavor
+
+
+def titan_llama3_args(model) -> tuple[dict[str, Any] | None, str]:
+    """torchtitan 0.2.2 `TransformerModelArgs` (torchtitan/models/llama3/model/args.py) that build this
+    model's shape with torchtitan's llama3 `Transformer`, or (None, why not). That model: RMSNorm,
+    SwiGLU FFN (hidden = multiple_of-rounded int(ffn_dim_multiplier * int(2 * 4 * dim / 3))), RoPE,
+    head_dim = dim // n_heads, untied output, no biases, full causal attention."""
+    m = model
+    why = []
+    if m.is_moe or m.is_mla:
+        why.append("mixture-of-experts / latent attention layers (llama3 is dense)")
+    if not m.gated or m.hidden_act not in ("silu", "swiglu"):
+        why.append(f"{m.hidden_act} FFN (llama3 is SwiGLU)")
+    if m.hidden_size % m.num_attention_heads or (m.head_dim and m.head_dim != m.hidden_size // m.num_attention_heads):
+        why.append(f"head_dim {m.head_size} (llama3 derives dim // n_heads = "
+                   f"{m.hidden_size // m.num_attention_heads})")
+    if m.tie_word_embeddings:
+        why.append("tied embeddings (llama3 keeps a separate output layer)")
+    if m.sliding_window:
+        why.append("sliding-window attention")
+    if why:
+        return None, "; ".join(why)
+    base = int(2 * (4 * m.hidden_size) / 3)
+    ffn = {"multiple_of": m.intermediate_size, "ffn_dim_multiplier": None} if 0 < base <= m.intermediate_size \
+        else {"multiple_of": 1, "ffn_dim_multiplier": (m.intermediate_size + 0.5) / base}
+    fam = model_family(m) or {}
+    args = {"dim": m.hidden_size, "n_layers": m.num_hidden_layers, "n_heads": m.num_attention_heads,
+            "n_kv_heads": m.kv_heads, "vocab_size": m.vocab_size, **ffn,
+            "rope_theta": fam.get("rotary_base") or 10000}
+    if fam.get("norm_epsilon"):
+        args["norm_eps"] = fam["norm_epsilon"]
+    return args, ""
 
 
 def hierarchical_cp_sizes(problem: Problem, plan: Plan) -> tuple[int, int]:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import zlib
 from typing import Any
 
 from .common import _recompute_counts
 from .context import _Ctx
 from .megatron import megatron_order
-from .model_facts import _recipe_settings, titan_flavor
+from .model_facts import _recipe_settings, titan_flavor, titan_llama3_args
 
 
 def _toml_value(v: Any) -> str:
@@ -132,14 +134,37 @@ def _torchtitan(ctx: _Ctx) -> str:
     parallelism: dict[str, Any] = {}
     compile_: dict[str, Any] = {}
     flavor = titan_flavor(m)
+    experimental: dict[str, Any] = {}
+    register: list[str] = []
     if flavor is not None:
         model["name"], model["flavor"] = flavor
     else:
-        model["name"], model["flavor"] = "llama3", m.name
-        ctx.warn(f"torchtitan ships no flavor with {m.name}'s shape: [model] flavor = {m.name!r} must be "
-                 f"registered (dim={m.hidden_size}, n_layers={m.num_hidden_layers}, "
-                 f"n_heads={m.num_attention_heads}, n_kv_heads={m.kv_heads}, vocab_size={m.vocab_size}) before "
-                 "the job runs")
+        args, why = titan_llama3_args(m)
+        # the flavor name carries a digest of the shape: two shapes never share a registered flavor
+        shape = json.dumps(m.model_dump(mode="json", exclude={"name", "source"}), sort_keys=True)
+        slug = f"{m.name}-{m.num_hidden_layers}L-{m.hidden_size}d-{zlib.crc32(shape.encode()):08x}"
+        model["name"], model["flavor"] = "llama3", f"autoshard-{slug}"
+        if args is not None:
+            # torchtitan 0.2.2 (train.py) imports [experimental] custom_import before it looks the flavor up
+            # in the train spec's model_args (the llama3_args dict): the module below registers the shape
+            module = "autoshard_flavor_" + re.sub(r"[^0-9a-zA-Z]+", "_", slug).strip("_").lower()
+            experimental["custom_import"] = module
+            kw = ", ".join(f"{k}={v!r}" for k, v in args.items())
+            register = [f"# --- save as {module}.py on PYTHONPATH: registers the priced shape as flavor "
+                        f"{model['flavor']!r} ---",
+                        "# from torchtitan.models.llama3 import llama3_args",
+                        "# from torchtitan.models.llama3.model.args import TransformerModelArgs",
+                        f"# llama3_args[{model['flavor']!r}] = TransformerModelArgs({kw})",
+                        "# --- end ---"]
+            ctx.warn(f"torchtitan ships no flavor with {m.name}'s shape ({m.num_hidden_layers} layers, dim "
+                     f"{m.hidden_size}): the job imports {module} ([experimental] custom_import), which registers "
+                     f"it as llama3 flavor {model['flavor']!r}; save the module from the comment at the end")
+        else:
+            ctx.warn(f"torchtitan ships no flavor with {m.name}'s shape and its llama3 model cannot build it "
+                     f"({why}): [model] flavor = {model['flavor']!r} is registered nowhere, so torchtitan stops at "
+                     f"the flavor lookup until you register a model with dim={m.hidden_size}, "
+                     f"n_layers={m.num_hidden_layers}, n_heads={m.num_attention_heads}, n_kv_heads={m.kv_heads}, "
+                     f"vocab_size={m.vocab_size}")
     recipe = _recipe_settings(t.precision) or {
         "titan": None, "titan_note": "no torchtitan recipe: the exported job trains in bf16"}
     quantize: tuple[str, dict[str, Any]] | None = None
@@ -209,6 +234,8 @@ def _torchtitan(ctx: _Ctx) -> str:
     ac = _titan_ac(ctx)
 
     sections = [("model", model), ("training", training), ("parallelism", parallelism)]
+    if experimental:
+        sections.append(("experimental", experimental))
     if quantize is not None:
         sections.append(quantize)
     if compile_:
@@ -249,4 +276,6 @@ def _torchtitan(ctx: _Ctx) -> str:
     lines.append(f"#   in the recipe function: {ac_cfg}; model {model['name']} flavor {model['flavor']}")
     if quantize is not None:
         lines.append(f"#   precision: model converter {quantize[0]} with recipe_name {quantize[1]['recipe_name']!r}")
+    if register:
+        lines += [""] + register
     return "\n".join(lines) + "\n"

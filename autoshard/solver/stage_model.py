@@ -123,7 +123,9 @@ class StageModel:
         """Only recompute lists the framework runs (`layouts`): one mode for every layer, or, for
         Megatron's block layout, full recompute of the first K layers of every virtual stage
         (min(K, size) of a shorter one; dense layers come first in a stage) and none elsewhere.
-        Offloaded layers are left free."""
+        Offloaded layers are left free, except in Megatron's block layout (`_megatron_offload`)."""
+        if self.layout == "block" and "offload" in self.modes:
+            self._megatron_offload()
         modes = [r for r in self.modes if r != "offload"]
         if self.layout == "per_layer" or len(modes) <= 1:
             return
@@ -164,6 +166,30 @@ class StageModel:
                 md.add(self.n[c][moe]["full"] == first - fd).only_enforce_if(block)
             else:
                 md.add(self.n[c][self.kinds[0]]["full"] == first).only_enforce_if(block)
+
+    def _megatron_offload(self) -> None:
+        """Megatron's activation offloading (`layouts.megatron_recompute`): none with PP (one virtual
+        stage), none beside recompute, fewer layers than the model, and the first N layers (dense layers
+        come first, so MoE layers offload only once every dense layer does)."""
+        md, L = self.model, self.ctx.model.num_hidden_layers
+        off = [self.n[c][k]["offload"] for c in range(self.V) for k in self.kinds]
+        if self.V > 1:
+            for x in off:
+                md.add(x == 0)
+            return
+        md.add(sum(off) <= L - 1)
+        on = md.new_bool_var("megatron_offload")
+        md.add(sum(off) >= 1).only_enforce_if(on)
+        md.add(sum(off) == 0).only_enforce_if(on.Not())
+        for k in self.kinds:
+            for r in self.modes:
+                if r not in ("offload", "none"):
+                    md.add(self.n[0][k][r] == 0).only_enforce_if(on)
+        if len(self.kinds) == 2:
+            dense, moe = self.kinds
+            moe_off = md.new_bool_var("megatron_offload_moe")
+            md.add(self.n[0][moe]["offload"] == 0).only_enforce_if(moe_off.Not())
+            md.add(self.n[0][dense]["offload"] == self.count[dense]).only_enforce_if(moe_off)
 
     def _every_nth(self, on: Any, modes: list[str]) -> None:
         """torchtitan's every-Nth checkpointing where `on`: on each rank, counting the blocks it wraps in

@@ -13,20 +13,33 @@ from pathlib import Path
 import numpy as np
 
 from autoshard import load_plan, load_problem
+from autoshard.cost import Config
 from autoshard.export import export_plan
 from autoshard.spec import Plan, Problem
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _problem(model: str, num_gpus: int, gbs: int, seq: int = 4096, gpu: str = "h100-sxm", **training) -> Problem:
+def _problem(model: str | dict, num_gpus: int, gbs: int, seq: int = 4096, gpu: str = "h100-sxm", **training) -> Problem:
     return Problem(model=model, cluster={"gpu": gpu, "num_gpus": num_gpus},
                    training={"seq_len": seq, "global_batch_size": gbs, **training})
 
 
 LLAMA = _problem("llama3-70b", 640, 1280)
+# priced for a stack that takes any per-layer recompute list (`search: {recompute_layout: per_layer}`)
+LLAMA_LISTS = LLAMA.model_copy(update={"search": LLAMA.search.model_copy(update={"recompute_layout": "per_layer"})})
 FULL2 = (["full"] * 2 + ["none"] * 18) * 4  # full recompute on the first 2 layers of each of 4 stages
 IRREGULAR = ["full"] * 3 + ["none"] * 17 + ["full"] + ["none"] * 19 + ["selective"] * 5 + ["none"] * 35
+UNEVEN_VPP = [8, 10, 10, 10, 10, 11, 11, 10]
+# --recompute-method block --recompute-num-layers 9 over UNEVEN_VPP: the 8-layer chunk recomputes all 8
+BLOCK9_UNEVEN_VPP = [m for n in UNEVEN_VPP for m in ["full"] * min(9, n) + ["none"] * (n - min(9, n))]
+DSV3_SPLIT = [7, 8, 8, 8, 8, 8, 8, 6]
+DSV3 = _problem("deepseek-v3", 640, 1280)
+DSV3_LISTS = DSV3.model_copy(update={"search": DSV3.search.model_copy(update={"recompute_layout": "per_layer"})})
+# The issue's shape of plan: full recompute where the deepest pipeline queue is (stage 0 all, stage 1
+# half), none elsewhere; a per-layer stack runs it, Megatron does not (refused, never exported as block).
+DSV3_STAGE0 = ["full"] * 7 + ["full"] * 4 + ["none"] * 4 + ["none"] * 46
+DSV3_BLOCK2 = [m for n in DSV3_SPLIT for m in ["full", "full"] + ["none"] * (n - 2)]
 
 FURTHER: dict[str, tuple[Problem, Plan]] = {
     "interleaved-vpp2": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved")),
@@ -38,7 +51,16 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
     "zero3-fsdp-full-recompute": (LLAMA, Plan(tp=8, zero_stage=3, micro_batch_size=2, recompute="full")),
     "zero2-fsdp-selective": (LLAMA, Plan(tp=8, pp=4, zero_stage=2, recompute="selective")),
     "recompute-block-prefix": (LLAMA, Plan(tp=8, pp=4, recompute=FULL2)),
-    "recompute-irregular": (LLAMA, Plan(tp=8, pp=4, recompute=IRREGULAR)),
+    "recompute-irregular": (LLAMA_LISTS, Plan(tp=8, pp=4, recompute=IRREGULAR)),
+    "recompute-block-uneven-interleaved": (LLAMA, Plan(tp=8, pp=4, vpp=2, schedule="interleaved",
+                                                       stage_layers=UNEVEN_VPP, recompute=BLOCK9_UNEVEN_VPP)),
+    "recompute-offload-first-layers": (_problem("llama3-8b", 64, 256), Plan(tp=2, recompute=["offload"] * 12
+                                                                             + ["none"] * 20)),
+    "recompute-modules-moe": (_problem("qwen3-30b-a3b", 16, 512), Plan(tp=1, pp=2, ep=8, etp=1,
+                                                                       recompute="layernorm+moe_act")),
+    "deepseek-v3-block-recompute": (DSV3, Plan(tp=2, pp=8, ep=8, stage_layers=DSV3_SPLIT, recompute=DSV3_BLOCK2)),
+    "deepseek-v3-per-layer-recompute": (DSV3_LISTS, Plan(tp=2, pp=8, ep=8, stage_layers=DSV3_SPLIT,
+                                                         recompute=DSV3_STAGE0)),
     "no-sp-cp-pp-first-order": (LLAMA, Plan(tp=4, sequence_parallel=False, cp=2, pp=2,
                                             placement="tp-cp-ep-pp-dp")),
     "pp-before-dp-order": (LLAMA, Plan(tp=8, pp=4, placement="tp-cp-ep-pp-dp")),
@@ -73,6 +95,21 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
     "qwen3-folded-interleaved": (_problem("qwen3-235b-a22b", 512, 1024),
                                  Plan(tp=4, pp=4, vpp=2, schedule="interleaved", ep=16, etp=1,
                                       stage_layers=[11, 12, 12, 12, 12, 12, 12, 11])),
+    # expert TP different from TP (MoE parallel folding): experts over etp x ep x edp of each stage
+    "qwen3-etp2-tp1": (_problem("qwen3-30b-a3b", 64, 512), Plan(tp=1, pp=2, ep=8, etp=2)),
+    "qwen3-folded-cp-pp-before-dp": (_problem("qwen3-30b-a3b", 64, 512),
+                                     Plan(tp=4, cp=2, pp=2, ep=8, etp=1, placement="tp-cp-ep-pp-dp")),
+    # presets with shape overrides: not the preset's torchtitan flavor. Registrable in torchtitan's llama3
+    # (head_dim = dim / heads): a custom flavor; FFN 512 < int(2 * 4 * 256 / 3) = 682 takes the
+    # ffn_dim_multiplier path. The issue's override (6 layers, width 256, the preset's 32 x 128 heads)
+    # is no llama3 shape: an unregistered flavor name and a warning, never the 8B flavor.
+    "llama3-8b-override-registrable": (
+        _problem({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 16,
+                  "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 512}, 8, 64, seq=2048),
+        Plan(tp=2, pp=2)),
+    "llama3-8b-override-width-only": (
+        _problem({"preset": "llama3-8b", "num_hidden_layers": 6, "hidden_size": 256}, 8, 64, seq=2048),
+        Plan(tp=2, pp=2)),
     "llama3-8b-pure-dp": (_problem("llama3-8b", 64, 512), Plan(zero_stage=0, micro_batch_size=2)),
     "llama3-8b-zero-bubble": (_problem("llama3-8b", 64, 512), Plan(tp=2, pp=4, schedule="zero_bubble")),
     # precision recipes (autoshard/data/precisions.yaml), on GPUs that run them (gpus.yaml)
@@ -98,6 +135,10 @@ def all_cases() -> dict[str, tuple[Problem, Plan]]:
 
 
 CASE_IDS = sorted([*(f"bundled:{p.stem}" for p in (REPO / "solutions").glob("*.json")), *FURTHER])
+# Plans whose recompute list Megatron cannot run (solver/layouts.py megatron_reason): the Megatron
+# export refuses them (InputError, exit 2 on the CLI) rather than write another plan's flags.
+MEGATRON_REFUSED = {"recompute-irregular", "deepseek-v3-per-layer-recompute"}
+MEGATRON_CASES = [c for c in CASE_IDS if c not in MEGATRON_REFUSED]
 
 
 @functools.cache
@@ -114,8 +155,11 @@ def full_plan(case: str) -> tuple[Problem, Plan, int]:
 
 def plan_groups(plan: Plan, dp: int, axes: tuple[str, ...]) -> list[list[int]]:
     """The plan's own process groups (autoshard.spec.Plan: placement innermost first, EP carved out of
-    DP): ranks that differ only in the coordinates of `axes`, sorted."""
-    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": dp // plan.ep, "pp": plan.pp}
+    DP; under MoE parallel folding no EP axis of its own): ranks that differ only in the coordinates
+    of `axes`, sorted."""
+    folded = plan.ep > 1 and Config.of(plan, dp).folded
+    sizes = {"tp": plan.tp, "cp": plan.cp, "ep": 1 if folded else plan.ep, "dp": dp if folded else dp // plan.ep,
+             "pp": plan.pp}
     order = plan.axes
     world = int(np.prod([sizes[a] for a in order]))
     coords = np.array(list(itertools.product(*[range(sizes[a]) for a in reversed(order)])))[:, ::-1]

@@ -55,7 +55,7 @@ def main(checkout: str) -> int:
     from autoshard.export import gpu_arch
 
     ok = bad = 0
-    for case in lc.CASE_IDS:
+    for case in lc.MEGATRON_CASES:
         prob, plan = lc.all_cases()[case]
         out = lc.exported(case, "megatron")
         flags, env = [], {}
@@ -85,7 +85,7 @@ def main(checkout: str) -> int:
             frames = [f for f in traceback.extract_tb(e.__traceback__) if checkout in f.filename]
             where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
             print(f"rejected {case}: {type(e).__name__}: {str(e)[:300]} {where}")
-    print(f"validate_args: {ok} accepted, {bad} rejected of {len(lc.CASE_IDS)}")
+    print(f"validate_args: {ok} accepted, {bad} rejected of {len(lc.MEGATRON_CASES)}")
     return 1 if bad else 0
 
 

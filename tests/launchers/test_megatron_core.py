@@ -8,7 +8,12 @@
 - `parallel_state.initialize_model_parallel` accepts the degrees and rank order under a fake process
   group of the real world size, and its rank lists per axis (`RankGenerator`) equal the plan's;
 - `get_num_layers_to_build` / `get_transformer_layer_offset` give every rank the planned layers;
-- the recompute flags select the planned layers (TransformerBlock._checkpointed_forward's rule);
+- the recompute flags select exactly the planned layers: megatron-core's own
+  `TransformerBlock._checkpointed_forward` run on a stand-in block per virtual stage records which
+  layers run inside its checkpoint; selective modules apply to every layer; TE offloads the first
+  `--cpu-offloading-num-layers`; plans Megatron cannot run are refused (MEGATRON_REFUSED), and a
+  brute force over small models shows the planner's predicate accepts exactly the lists Megatron's
+  settings produce;
 - `ConstantNumMicroBatchesCalculator` gives the planned number of micro-batches.
 """
 
@@ -16,9 +21,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import os
 import re
 import shlex
+import types
 import warnings
 from dataclasses import fields
 from pathlib import Path
@@ -32,7 +39,14 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatr
 from autoshard.export import model_family  # noqa: E402
 from autoshard.topology import _expert_groups  # noqa: E402
 
-from launcher_cases import CASE_IDS, exported, full_plan, plan_groups  # noqa: E402
+from autoshard import evaluate  # noqa: E402
+from autoshard.errors import InputError  # noqa: E402
+from autoshard.export import export_plan  # noqa: E402
+from autoshard.solver.layouts import megatron_recompute  # noqa: E402
+from autoshard.spec import canonical_recompute  # noqa: E402
+
+from launcher_cases import (  # noqa: E402
+    CASE_IDS, MEGATRON_CASES, MEGATRON_REFUSED, all_cases, exported, full_plan, plan_groups)
 
 # Megatron-LM flags whose dest differs from the config field (megatron/training/arguments.py and
 # argument_utils.py at d98e8a64dd).
@@ -113,6 +127,8 @@ def megatron_config(f: dict):
             continue
         assert name in TC_FIELDS, f"{flag} is no Megatron config field"
         kw[name] = _value(value)
+    if kw.get("cpu_offloading_num_layers", 0) > 0:  # arguments.py validate_args: N > 0 turns cpu_offloading on
+        kw["cpu_offloading"] = True
     if isinstance(kw.get("recompute_modules"), str):  # arguments.py nargs='*': a list even of one
         kw["recompute_modules"] = [kw["recompute_modules"]]
     if "window_size" in kw:  # arguments.py tuple_type: "left,right" -> (left, right)
@@ -153,7 +169,7 @@ def fake_world(_launcher):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+@pytest.mark.parametrize("case", MEGATRON_CASES)
 def test_flags_are_megatron_flags(case: str) -> None:
     f = flags_of(exported(case, "megatron").text)
     for flag in f:
@@ -178,7 +194,7 @@ def test_training_flags_are_megatron_lm_flags() -> None:
         assert f"'{flag}'" in text or re.search(rf"^\s+{dest}\s*:", text, re.M), flag
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+@pytest.mark.parametrize("case", MEGATRON_CASES)
 def test_transformer_config_is_the_planned_model(case: str) -> None:
     prob, plan, dp = full_plan(case)
     m = prob.model
@@ -246,7 +262,7 @@ def test_transformer_config_is_the_planned_model(case: str) -> None:
         assert f["--ckpt-format"] == "fsdp_dtensor" and "--use-megatron-fsdp" in f
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+@pytest.mark.parametrize("case", MEGATRON_CASES)
 def test_process_groups_are_the_plans(case: str, fake_world) -> None:
     prob, plan, dp = full_plan(case)
     out = exported(case, "megatron")
@@ -293,7 +309,7 @@ def test_process_groups_are_the_plans(case: str, fake_world) -> None:
             assert megatron_ep == plan_groups(plan, dp, ("ep",))
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+@pytest.mark.parametrize("case", MEGATRON_CASES)
 def test_layers_per_rank_and_recompute(case: str, fake_world) -> None:
     prob, plan, dp = full_plan(case)
     out = exported(case, "megatron")
@@ -309,39 +325,168 @@ def test_layers_per_rank_and_recompute(case: str, fake_world) -> None:
         vpp = cfg.pipeline_model_parallel_layout.virtual_pipeline_model_parallel_size or 1
     assert vpp == plan.vpp
     fake_world(prob.cluster.num_gpus)
-    ps.initialize_model_parallel(tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
-                                 context_parallel_size=plan.cp, create_gloo_process_groups=False,
+    moe = prob.model.is_moe
+    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tensor_model_parallel_size,
+                                 pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
+                                 context_parallel_size=cfg.context_parallel_size, create_gloo_process_groups=False,
                                  virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-                                 expert_model_parallel_size=plan.ep if prob.model.is_moe else 1,
-                                 expert_tensor_parallel_size=plan.expert_tp if prob.model.is_moe else plan.tp)
-    from autoshard.spec import canonical_recompute  # noqa: PLC0415
-
+                                 expert_model_parallel_size=cfg.expert_model_parallel_size if moe else 1,
+                                 expert_tensor_parallel_size=cfg.expert_tensor_parallel_size if moe
+                                 else cfg.tensor_model_parallel_size)
     planned = plan.recompute_per_layer(L)
-    recomputed: list[str] = ["none"] * L
-    for r in range(plan.pp):
-        for v in range(vpp):
-            c = v * plan.pp + r
-            ps.set_pipeline_model_parallel_rank(r)  # the layout reads the rank from parallel_state
-            n = get_num_layers_to_build(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
-            off = get_transformer_layer_offset(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
-            assert (off, n) == (sum(stages[:c]), stages[c]), (r, v)
-            # TransformerBlock._checkpointed_forward (core_v0.16.1): uniform recomputes every layer of
-            # the chunk, block the first recompute_num_layers; selective recomputes core attention.
-            for j in range(n):
-                if cfg.recompute_granularity == "full" and (
-                        cfg.recompute_method == "uniform" or j < cfg.recompute_num_layers):
-                    recomputed[off + j] = "full"
-                elif cfg.recompute_granularity == "selective":  # the modules it names, in every layer
-                    recomputed[off + j] = canonical_recompute("+".join(cfg.recompute_modules or ["core_attn"]))
-    exact = not any("recompute" in w and "not" in w for w in out.warnings)
-    if exact:
-        assert recomputed == planned
-    else:  # the closest setting never recomputes less than planned where the plan recomputes fully
-        assert all(r == "full" for r, p in zip(recomputed, planned) if p == "full") or \
-            set(planned) == {"none", "selective"}
+    recomputed: list[str] = []
+    read_stages: list[int] = []
+    for c in range(cfg.pipeline_model_parallel_size * vpp):
+        r, v = c % plan.pp, c // plan.pp
+        ps.set_pipeline_model_parallel_rank(r)  # the layout reads the rank from parallel_state
+        n = get_num_layers_to_build(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
+        off = get_transformer_layer_offset(cfg, vp_stage=v if vpp > 1 else None, pp_rank=r)
+        assert (off, n) == (sum(stages[:c]), stages[c]), (r, v)
+        read_stages.append(n)
+        recomputed += megatron_runs(cfg, n, first_layer=off)
+    assert recomputed == planned  # exactly the priced list, layer by layer: never the closest setting
+    assert not any("recompute" in w and "not" in w and "expressible" in w for w in out.warnings)
+    # Re-priced from what Megatron will run: degrees from its config and parallel_state, layers per virtual
+    # stage from get_num_layers_to_build, recompute per layer from _checkpointed_forward, batch from its
+    # micro-batch calculator; the rest of the plan (placement, overlaps, dispatcher: checked by the tests
+    # above) as planned. The estimate equals the priced one.
+    read_dp = ps.get_data_parallel_world_size()
+    calc = ConstantNumMicroBatchesCalculator(int(f["--global-batch-size"]), int(f["--micro-batch-size"]), read_dp,
+                                            False, 0)
+    assert calc.get_current_global_batch_size() == prob.training.global_batch_size
+    back = plan.model_copy(update={
+        "tp": cfg.tensor_model_parallel_size, "pp": cfg.pipeline_model_parallel_size,
+        "cp": cfg.context_parallel_size, "dp": read_dp, "vpp": vpp, "stage_layers": read_stages,
+        "recompute": recomputed, "micro_batch_size": int(f["--micro-batch-size"]),
+        "sequence_parallel": bool(cfg.sequence_parallel) or (plan.sp and plan.tp == 1),
+        **({"ep": cfg.expert_model_parallel_size, "etp": cfg.expert_tensor_parallel_size} if moe else {})})
+    priced, rerun = evaluate(prob, plan), evaluate(prob, back)
+    assert rerun.step_time_s == priced.step_time_s and rerun.fits == priced.fits
+    assert [s.peak_memory_gib for s in rerun.stages] == [s.peak_memory_gib for s in priced.stages]
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+def megatron_runs(cfg, n: int, first_layer: int = 0) -> list[str]:
+    """Per layer of a model chunk of `n` layers (the first at global index `first_layer`), what
+    Megatron runs under `cfg`: "full" where megatron-core 0.16.1's own
+    `TransformerBlock._checkpointed_forward` (run on a stand-in block whose layers record whether they
+    execute inside `tensor_parallel.checkpoint`) checkpoints the layer; the selective modules
+    (`recompute_modules`, read by every TransformerLayer) where the granularity is selective; "offload"
+    for the first `cpu_offloading_num_layers` layers of the model (Transformer Engine's offload context,
+    TransformerBlock.__init__) where `cpu_offloading` is on; "none" elsewhere."""
+    from megatron.core.transformer import transformer_block as tb  # noqa: PLC0415
+
+    if cfg.recompute_granularity == "selective":
+        return [canonical_recompute("+".join(cfg.recompute_modules or ["core_attn"]))] * n
+    if cfg.recompute_granularity != "full":
+        k = cfg.cpu_offloading_num_layers if getattr(cfg, "cpu_offloading", False) else 0
+        return ["offload" if first_layer + j < k else "none" for j in range(n)]
+    inside, ran = [False], []
+
+    class Layer:
+        def __init__(self, i: int):
+            self.layer_number = first_layer + i + 1
+
+        def __call__(self, hidden_states, context=None, **_):
+            ran.append("full" if inside[0] else "none")
+            return hidden_states, context
+
+    def checkpoint(fn, distribute_saved_activations, *args):
+        inside[0] = True
+        try:
+            return fn(*args)
+        finally:
+            inside[0] = False
+
+    layers = [Layer(i) for i in range(n)]
+    block = types.SimpleNamespace(config=cfg, num_layers_per_pipeline_rank=n, _get_layer=lambda i: layers[i],
+                                  pg_collection=None)
+    saved = tb.tensor_parallel.checkpoint
+    tb.tensor_parallel.checkpoint = checkpoint
+    try:
+        tb.TransformerBlock._checkpointed_forward(
+            block, hidden_states=torch.zeros(1, requires_grad=True), attention_mask=None, context=None,
+            context_mask=None, rotary_pos_emb=None, attention_bias=None, packed_seq_params=None,
+            use_inner_quantization_context=False)
+    finally:
+        tb.tensor_parallel.checkpoint = saved
+    assert len(ran) == n
+    return ran
+
+
+@pytest.mark.parametrize("case", sorted(MEGATRON_REFUSED))
+def test_plans_megatron_cannot_run_are_refused(case: str) -> None:
+    # Priced for a stack that takes per-layer lists; Megatron has no flags for the list: the export
+    # refuses (exit 2 on the CLI) and names why, instead of writing the closest setting.
+    prob, plan = all_cases()[case]
+    with pytest.raises(InputError, match="cannot be exported to Megatron-LM") as exc:
+        export_plan(prob, plan, "megatron")
+    assert exc.value.field == "plan.recompute"
+    # what every setting Megatron has would run instead differs from the plan (brute force below)
+    L = prob.model.num_hidden_layers
+    from autoshard.cost import even_split  # noqa: PLC0415
+    split = list(plan.stage_layers) if plan.stage_layers else even_split(L, plan.pp * plan.vpp)
+    assert tuple(plan.recompute_per_layer(L)) not in _megatron_lists(split, plan.pp, L)
+
+
+def _megatron_lists(split: list[int], pp: int, L: int, modules: tuple[str, ...] = ("core_attn",)) -> set[tuple]:
+    """Every per-layer list some Megatron recompute / offload setting runs over the virtual stages
+    `split` (run through `megatron_runs`): none; selective with each module set; full uniform with
+    every chunk size; full block with every K; offloading of N < L layers (TransformerConfig: PP 1)."""
+    settings = [dict()]
+    settings += [dict(recompute_granularity="selective", recompute_modules=[m]) for m in modules]
+    settings += [dict(recompute_granularity="full", recompute_method=meth, recompute_num_layers=k)
+                 for meth in ("uniform", "block") for k in range(1, L + 1)]
+    if pp == 1 and len(split) == 1:
+        settings += [dict(cpu_offloading=True, cpu_offloading_num_layers=k) for k in range(1, L)]
+    out = set()
+    for st in settings:
+        cfg = types.SimpleNamespace(recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
+                                    recompute_modules=None, cpu_offloading=False, cpu_offloading_num_layers=0,
+                                    fp8=None, fp4=None, distribute_saved_activations=False)
+        vars(cfg).update(st)
+        lst: list[str] = []
+        try:
+            for c, n in enumerate(split):
+                lst += megatron_runs(cfg, n, first_layer=sum(split[:c]))
+        except IndexError:  # uniform with a chunk size not dividing a stage's layers: Megatron itself fails
+            continue
+        out.add(tuple(lst))
+    return out
+
+
+def _compositions(n: int, k: int):
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = (0, *cuts, n)
+        yield [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def test_megatron_predicate_is_exactly_what_megatron_runs() -> None:
+    # Brute force on a 6-layer model: every split over 1, 2, 3 or 4 virtual stages (pp 1, 2, 3; vpp 1,
+    # 2) and every per-layer list over none / full / selective / offload (4^6 = 4,096). The planner's
+    # predicate (solver/layouts.py megatron_recompute: what the solver plans, evaluate accepts and the
+    # export writes) accepts a list iff some Megatron setting runs exactly it, and the settings it
+    # returns, run through megatron-core's own _checkpointed_forward, give back the list.
+    L, accepted = 6, 0
+    for pp, vpp in ((1, 1), (2, 1), (3, 1), (2, 2)):
+        for split in _compositions(L, pp * vpp):
+            runs = _megatron_lists(split, pp, L)
+            for lst in itertools.product(("none", "full", "selective", "offload"), repeat=L):
+                rc = megatron_recompute(split, list(lst), pp)
+                assert (rc is not None) == (lst in runs), (split, lst)
+                if rc is None:
+                    continue
+                accepted += 1
+                cfg = types.SimpleNamespace(
+                    recompute_granularity=rc.granularity, recompute_method=rc.method,
+                    recompute_num_layers=rc.num_layers, recompute_modules=list(rc.modules) or None,
+                    cpu_offloading=rc.offload_layers > 0, cpu_offloading_num_layers=rc.offload_layers,
+                    fp8=None, fp4=None, distribute_saved_activations=False)
+                again = [m for c, n in enumerate(split) for m in megatron_runs(cfg, n, first_layer=sum(split[:c]))]
+                assert again == list(lst), (split, lst, rc)
+    assert accepted > 100  # (none / selective / full everywhere, every block K, offload prefixes)
+
+
+@pytest.mark.parametrize("case", MEGATRON_CASES)
 def test_micro_batches(case: str) -> None:
     prob, plan, dp = full_plan(case)
     f = flags_of(exported(case, "megatron").text)
@@ -363,6 +508,45 @@ def test_layout_strings_parse_in_megatron() -> None:
 
 def test_ast_of_moe_layer_freq_is_a_list_expression() -> None:
     # the exported --moe-layer-freq is a Python list expression, as Megatron's moe_freq_type expects
-    prob_case = next(c for c in CASE_IDS if "deepseek" in c)
+    prob_case = next(c for c in MEGATRON_CASES if "deepseek" in c)
     f = flags_of(exported(prob_case, "megatron").text)
     assert isinstance(ast.parse(str(f["--moe-layer-freq"]), mode="eval").body, ast.BinOp)
+
+
+SOLVED = [  # small Megatron problems whose memory makes the solver choose recompute per layer
+    {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+     "search": {"tp": [2], "cp": [1], "pp": [2], "zero_stage": [1], "micro_batch_size": [1],
+                "recompute": ["none", "selective", "full", "offload"]}},
+    {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+     "search": {"tp": [2], "cp": [4], "pp": [1], "zero_stage": [1], "micro_batch_size": [1],
+                "recompute": ["none", "selective", "full", "offload"]}},
+    {"model": "llama3-70b", "training": {"seq_len": 16384, "global_batch_size": 64},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 64},
+     "search": {"tp": [8], "pp": [4], "vpp": [1, 2], "zero_stage": [1], "micro_batch_size": [1]}},
+    {"model": "qwen3-30b-a3b", "training": {"seq_len": 4096, "global_batch_size": 256},
+     "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16},
+     "search": {"tp": [1], "pp": [2], "ep": [8], "zero_stage": [1], "micro_batch_size": [1],
+                "recompute": ["none", "full", "moe_act", "offload"]}},
+]
+
+
+@pytest.mark.parametrize("doc", SOLVED, ids=[f"{d['model']}-{d['cluster']['num_gpus']}" for d in SOLVED])
+def test_solved_recompute_is_what_megatron_runs(doc: dict) -> None:
+    # Every plan the solver returns for Megatron (the best and its alternatives) carries a recompute list
+    # Megatron has flags for, the export writes them, and megatron-core's _checkpointed_forward, re-reading
+    # the exported flags, recomputes exactly the priced layers.
+    from autoshard import load_problem, solve  # noqa: PLC0415
+    from autoshard.cost import even_split  # noqa: PLC0415
+
+    prob = load_problem(doc)
+    sol = solve(prob, top_k=3, time_limit_s=60)
+    L = prob.model.num_hidden_layers
+    for plan in [sol.plan, *(a.plan for a in sol.alternatives)]:
+        split = list(plan.stage_layers or even_split(L, plan.pp * plan.vpp))
+        rc = list(plan.recompute_per_layer(L))
+        assert megatron_recompute(split, rc, plan.pp) is not None, (plan.short(), rc)
+        cfg = megatron_config(flags_of(export_plan(prob, plan, "megatron").text))
+        ran = [m for c, n in enumerate(split) for m in megatron_runs(cfg, n, first_layer=sum(split[:c]))]
+        assert ran == rc, plan.short()

@@ -1,8 +1,11 @@
 """torchtitan exports against torchtitan 0.2.2's own code (CPU, fake process group).
 
 - `ConfigManager().parse_args(["--job.config_file", <export>])` loads the TOML;
-- the `[model]` name/flavor is registered (`get_train_spec`) and has the planned shape, or the
-  export says the flavor must be registered and it indeed is not;
+- the `[model]` name/flavor is registered (`get_train_spec`) and builds the planned shape (layers,
+  width, heads, head_dim, FFN width from torchtitan's own modules on the meta device), after importing
+  `[experimental] custom_import` as torchtitan's Trainer does (the module saved from the export's
+  comment block) where the export registers a custom flavor; or the export says the flavor is
+  registered nowhere (torchtitan's llama3 cannot build the shape) and it indeed is not;
 - `ParallelDims` validates the degrees and `build_mesh` gives rank 0 the plan's groups;
 - the DDP branch of `parallelize_llama` ("DDP has not supported > 1D parallelism") is not taken
   with other parallelism;
@@ -101,9 +104,18 @@ def test_config_loads_with_the_planned_model(case: str, tmp_path) -> None:
     assert cfg.training.mixed_precision_param in typing.get_args(hint) == ("bfloat16", "float32")
     if prec == "fp16":
         assert any("no fp16" in w for w in out.warnings)
+    if cfg.experimental.custom_import:  # torchtitan train.py: importlib.import_module(custom_import) first
+        module = cfg.experimental.custom_import
+        text = out.text.split(f"# --- save as {module}.py", 1)[1].split("\n", 1)[1].split("# --- end ---")[0]
+        (tmp_path / f"{module}.py").write_text("".join(line[2:] + "\n" for line in text.splitlines()))
+        sys.path.insert(0, str(tmp_path))
+        try:
+            importlib.import_module(module)
+        finally:
+            sys.path.remove(str(tmp_path))
     spec = get_train_spec(cfg.model.name)
     if cfg.model.flavor not in spec.model_args:  # the export says so, and it is true
-        assert any("ships no flavor" in w for w in out.warnings)
+        assert any("registered nowhere" in w for w in out.warnings)
         return
     a = spec.model_args[cfg.model.flavor]
     assert (a.dim, a.n_layers, a.n_heads, a.vocab_size) == (m.hidden_size, m.num_hidden_layers,
@@ -116,10 +128,14 @@ def test_config_loads_with_the_planned_model(case: str, tmp_path) -> None:
         assert (a.n_dense_layers, a.inter_dim, a.moe_inter_dim) == (m.first_k_dense_replace, m.intermediate_size,
                                                                     m.expert_ffn)
         assert (a.q_lora_rank, a.kv_lora_rank, a.v_head_dim) == (m.q_lora_rank, m.kv_lora_rank, m.v_head_dim)
-    if cfg.model.name == "llama3":  # FFN width from torchtitan's own FeedForward sizing
+    if cfg.model.name == "llama3":  # shapes from torchtitan's own modules (FeedForward sizing, head_dim)
         with torch.device("meta"):
             model = spec.model_cls(a)
+        assert len(model.layers) == m.num_hidden_layers
         assert tuple(model.layers["0"].feed_forward.w1.weight.shape) == (m.intermediate_size, m.hidden_size)
+        att = model.layers["0"].attention
+        assert tuple(att.wq.weight.shape) == (m.num_attention_heads * m.head_size, m.hidden_size)
+        assert tuple(att.wk.weight.shape) == (m.kv_heads * m.head_size, m.hidden_size)
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
