@@ -86,6 +86,9 @@ def _check_limits(a: argparse.Namespace) -> None:
     limit = getattr(a, "time_limit", None)
     if limit is not None and not (math.isfinite(limit) and limit > 0):
         raise InputError(f"must be a number of seconds > 0, got {limit:g}", field="--time-limit")
+    work = getattr(a, "work_limit", None)
+    if work is not None and not (math.isfinite(work) and work > 0):
+        raise InputError(f"must be a positive amount of work, got {work:g}", field="--work-limit")
     top = getattr(a, "top", None)
     if top is not None and top < 0:
         raise InputError(f"must be >= 0, got {top}", field="--top")

@@ -18,7 +18,6 @@ multiple of the expert width) the approximation is stated in `ModelSpec.source`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import InputError
+from .fileio import read_json_file
 from .spec import ModelSpec
 
 MAX_CONFIG_BYTES = 16 * 2**20
@@ -145,19 +145,9 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError("no such file (expected a Hugging Face config.json)", source=src)
     if p.is_dir():
         raise InputError("is a directory without a config.json", source=src)
-    if not p.is_file():
-        raise InputError("not a regular file (a FIFO or device?)", source=src)
-    from .loader import read_limited  # noqa: PLC0415
-
-    raw = read_limited(p, MAX_CONFIG_BYTES, what="config.json")  # the size is checked before reading
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", source=src) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: line {exc.lineno}, column {exc.colno}: {exc.msg}", source=src) from None
+    # The bounded reader: regular files only (a FIFO or /dev/zero is refused before a read), the size
+    # checked before reading; the strict parser: duplicate keys and nesting past MAX_DEPTH refused.
+    data = read_json_file(p, MAX_CONFIG_BYTES, what="config.json")
     if not isinstance(data, dict):
         raise InputError(f"expected a JSON object of config fields, got a {type(data).__name__}", source=src)
     return data

@@ -68,6 +68,24 @@ MAX_GPUS = 1 << 20
 MAX_SEQ = 1 << 24
 
 Count = Annotated[int, Field(ge=1)]
+# A parallel degree (tp, pp, dp, cp, ep, etp): at least 1 and at most MAX_GPUS, the largest cluster a
+# problem may declare (a larger degree could never divide its GPUs); the library refuses
+# `Plan(tp=2**70)` as the command line does, rather than pricing a number no integer model holds.
+Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+# Virtual stages per pipeline rank: each holds at least one layer, so at most MAX_LAYERS.
+VirtualStages = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+# Sequences per micro-batch: at most the largest global batch (TrainingSpec.global_batch_size).
+MAX_GLOBAL_BATCH = 1 << 24
+MicroBatch = Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH)]
+
+# The range policy of every efficiency factor (a GPU's `efficiency` in gpus.yaml and in a calibrated
+# catalog overlay: `matmul.<dtype>`, `hbm`, `scaleup`, `scaleout`; a topology level's `efficiency`):
+# an achieved fraction of a peak, so finite and in [EFFICIENCY_FLOOR, 1]. The floor, 1e-3, is 100x
+# below the lowest figure any measurement gives (NCCL over a congested fabric, ~0.1) and keeps every
+# time the solver turns into integers sane: a 1e-300 factor would make a 300-digit step time, or
+# overflow CP-SAT's 64-bit integers. NaN, infinity, 0, negatives and values above 1 are bad input.
+EFFICIENCY_FLOOR = 1e-3
+EfficiencyFactor = Annotated[float, Field(ge=EFFICIENCY_FLOOR, le=1.0, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -219,7 +237,7 @@ class ModelSpec(Strict):
 
 class TrainingSpec(Strict):
     seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ)]
-    global_batch_size: Annotated[int, Field(ge=1, le=1 << 24)]  # sequences per step
+    global_batch_size: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH)]  # sequences per step
     precision: Precision = "bf16"
     optimizer: Optimizer = "adam"
     flash_attention: bool = True
@@ -284,7 +302,7 @@ class TopologyLevel(Strict):
     latency_us: Annotated[float, Field(ge=0, le=1e6)] = 5.0
     sharp: bool = False
     oversubscription: Annotated[float, Field(ge=1.0, le=64.0)] = 1.0
-    efficiency: Annotated[float, Field(gt=0, le=1.0)] | None = None
+    efficiency: EfficiencyFactor | None = None  # the range policy above
     source: str | None = None
 
 
@@ -339,6 +357,8 @@ class SearchSpec(Strict):
         for x in [v] if isinstance(v, int) else (v or []):
             if x < 1:
                 raise ValueError(f"degrees must be >= 1, got {x}")
+            if x > MAX_GPUS:
+                raise ValueError(f"degrees must be at most {MAX_GPUS:,} (the largest cluster), got {x}")
         if isinstance(v, list) and not v:
             raise ValueError("an empty list allows nothing")
         return v
@@ -389,22 +409,22 @@ class Plan(Strict):
     is carved out of data parallelism: the `dp` axis of the placement is dp / ep.
     """
 
-    tp: Count = 1
-    pp: Count = 1
-    dp: Count | None = None
-    cp: Count = 1
-    ep: Count = 1
-    vpp: Count = 1
+    tp: Degree = 1
+    pp: Degree = 1
+    dp: Degree | None = None
+    cp: Degree = 1
+    ep: Degree = 1
+    vpp: VirtualStages = 1
     sequence_parallel: bool | None = None  # default: on whenever tp > 1
     zero_stage: Literal[0, 1, 2, 3] = 1
-    micro_batch_size: Count = 1
+    micro_batch_size: MicroBatch = 1
     schedule: Schedule = "1f1b"
     recompute: RecomputeChoice = "none"
-    stage_layers: list[Annotated[int, Field(ge=0)]] | None = None
+    stage_layers: list[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] | None = Field(default=None, max_length=MAX_LAYERS)
     placement: str = DEFAULT_PLACEMENT
     # MoE parallel folding (Megatron-Core): experts are laid out over the same ranks of a pipeline
     # stage as etp x ep x edp, independently of attention's tp x cp x dp; None = etp equals tp.
-    etp: Count | None = None
+    etp: Degree | None = None
     # Overlaps a framework can run; None = what the framework profile does by default where the
     # plan allows it (see autoshard/data/frameworks.yaml).
     tp_comm_overlap: bool | None = None  # TE userbuffers / torchtitan AsyncTP: GEMM + AG/RS pipelined
