@@ -245,7 +245,11 @@ class _Finder:
                     else:
                         self.dirs.add(sub)
                         subdirs.append((e.path, sub))
-                elif e.name.lower().endswith(PROBLEM_SUFFIXES):
+                elif not e.name.lower().endswith(PROBLEM_SUFFIXES):
+                    continue
+                elif not stat.S_ISREG(st.st_mode):  # a FIFO named *.yaml: reading it would block forever
+                    self.notes.append(f"{e.path}: not a regular file (a FIFO, socket or device), skipped")
+                else:
                     self.file(e.path, explicit=False)
             stack.extend(reversed(subdirs))
 
@@ -650,8 +654,12 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
         try:
             atomic_write(jp, dumps_json(seal_record(record)))
             atomic_write(mp, md)
-        except OSError as exc:
-            raise InputError(f"cannot write the output: {exc.strerror or exc}", source=str(jp)) from None
+        except OSError as exc:  # this problem's record only: the batch goes on, the failure is its row
+            where = exc.filename or (mp if Path(jp).is_file() else jp)
+            message = f"{where}: cannot write the output: {exc.strerror or exc}"
+            rec = error_record(path, "input", message, settings=record.get("settings"), name=name)
+            report(ProblemResult(name, path, "error", "error", record_exit_code(rec), rec, str(jp), str(mp)))
+            return
         res = _result_of(record)
         report(ProblemResult(name, path, res, res, record_exit_code(record), record, str(jp), str(mp)))
 

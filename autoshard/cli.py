@@ -18,6 +18,7 @@ from typing import Any
 
 from . import __version__
 from .errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
+from .fileio import atomic_write, dumps_json, guard_output
 from .spec import DEFAULT_GAP_LIMIT
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -26,15 +27,11 @@ DEBUG_ENV = "AUTOSHARD_DEBUG"
 
 
 def _print_json(obj: Any) -> None:
-    from .loader import dumps_json  # noqa: PLC0415
-
     sys.stdout.write(dumps_json(obj))
 
 
 def _write_or_print(text: str, out: str | None) -> None:
     if out:
-        from .loader import atomic_write  # noqa: PLC0415
-
         try:
             atomic_write(out, text)
         except OSError as exc:
@@ -184,7 +181,6 @@ RECORD_SUFFIXES = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}  # `solve -
 def solution_file_text(path: str, record: dict[str, Any], markdown: str) -> str:
     """What `solve -o PATH` writes: the machine record as JSON (.json) or YAML (.yaml / .yml: the
     same content, so `evaluate --plan` and `export` read either), else the Markdown report."""
-    from .loader import dumps_json  # noqa: PLC0415
 
     kind = RECORD_SUFFIXES.get(Path(path).suffix.lower())
     if kind == "JSON":
@@ -199,6 +195,18 @@ def solution_file_text(path: str, record: dict[str, Any], markdown: str) -> str:
     return markdown
 
 
+def _named_paths(problem_file: str) -> list[str]:
+    """The files a problem file names (`model.hf_config`, `cluster.catalog`), resolved against its
+    folder: inputs of the command as much as the problem file itself."""
+    from .loader import file_folder, problem_paths, read_document, resolve_path  # noqa: PLC0415
+
+    try:
+        doc = read_document(problem_file)
+    except InputError:
+        return []
+    return [resolve_path(v, file_folder(problem_file)) for _, v in problem_paths(doc) if isinstance(v, str)]
+
+
 def cmd_solve(a: argparse.Namespace) -> int:
     from .loader import load_problem, with_headroom  # noqa: PLC0415
     from .render import estimate_text, solution_markdown, solution_record  # noqa: PLC0415
@@ -211,12 +219,9 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
         not_a_fifo(a.hf_config)
         problem = problem.model_copy(update={"model": model_from_hf_config(a.hf_config)})
-    if a.output:
-        if Path(a.output).is_dir():
-            raise InputError("is a directory, expected an output file name", source=a.output, field="--output")
-        probe = _nearest_existing(Path(a.output).parent)
-        if not probe.is_dir():
-            raise InputError(f"cannot write here: {probe} is not a directory", source=a.output, field="--output")
+    if a.output:  # never an input (the problem, the files it names, --hf-config, --compare's plan file)
+        guard_output(a.output, [a.problem, a.hf_config, a.compare, problem.cluster.catalog,
+                                *_named_paths(a.problem)])
         try:
             Path(a.output).resolve().parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -526,6 +531,9 @@ def cmd_export(a: argparse.Namespace) -> int:
                          f"{problem.model.name!r} (solved with --hf-config?): pass --problem PROBLEM",
                          source=a.solution)
     plan = load_plan(a.solution)
+    if a.output:  # never an input: the solution, the problem file, the files it names
+        guard_output(a.output, [a.solution, problem_path, info.get("hf_config"), problem.cluster.catalog,
+                                *_named_paths(problem_path)])
     exp = export_plan(problem, plan, a.format)
     for w in exp.warnings:
         print(f"warning: {w}", file=sys.stderr)

@@ -76,7 +76,8 @@ def read_limited(path: str | os.PathLike[str], limit: int, *, what: str = "file"
     than `limit`: the size is checked before reading, and at most `limit + 1` bytes are ever read
     (a file that grows, or /proc, cannot exhaust memory)."""
     src = os.fspath(path)
-    check_input_file(src, what=what, expected=f"a {what}" if what != "file" else "a problem file")
+    expected = "a problem file" if what == "file" else ("an " if what[:1] in "aeiou" else "a ") + what
+    check_input_file(src, what=what, expected=expected)
     try:
         fd = os.open(src, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in: no block
         with os.fdopen(fd, "rb") as fh:
