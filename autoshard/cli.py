@@ -809,12 +809,42 @@ def internal_error_line(exc: BaseException, source: str | None = None) -> str:
     return ": ".join(x for x in (source, text) if x).replace("\r", "\\r").replace("\n", "\\n")
 
 
+def _honour_sigint() -> None:
+    """Ctrl-C (SIGINT) interrupts every command, also when autoshard was started with SIGINT ignored
+    (a background job of a shell script, `autoshard solve ... & kill -INT $!`): the solve stops,
+    nothing partial is written and the exit code is 130. Main thread only (a library caller's
+    threads keep their own handlers)."""
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is closed (`autoshard catalog >&-`): Python then sets sys.stdout to None."""
+    out = sys.stdout
+    if out is None:
+        return True
+    try:
+        os.fstat(out.fileno())
+    except (OSError, ValueError, AttributeError):
+        return not hasattr(out, "getvalue")  # a StringIO (tests) has no descriptor and is open
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     if not getattr(a, "func", None):
         parser.print_help()
         return EXIT_INPUT
+    if _stdout_closed():  # refused before any work (nothing written), as `ls >&-` does: exit 2
+        if sys.stderr is not None:
+            print("autoshard: error: <stdout>: standard output is closed; redirect it (> /dev/null to discard it)",
+                  file=sys.stderr)
+        return EXIT_INPUT
+    _honour_sigint()
     try:
         _check_limits(a)
         rc = a.func(a)

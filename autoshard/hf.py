@@ -219,13 +219,13 @@ def _sliding_window(r: _Reader, layers: int, model_type: str) -> dict[str, Any]:
     Gemma 3, Qwen3-Next), else `sliding_window_pattern` (Gemma 3: one global layer in N), Gemma 2's
     alternation, else every layer (Mistral); none where `use_sliding_window` is false (Qwen2/3)."""
     cfg = r.cfg
+    types = _layer_types(r, layers)
     window = cfg.get("sliding_window")
     if window is None or cfg.get("use_sliding_window") is False:
         return {}
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise r.error(f"must be a positive integer or null, got {window!r}", "sliding_window")
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
+    if types:
         n = sum(1 for t in types if str(t) == "sliding_attention")
         return {"sliding_window": window, "sliding_window_layers": n / len(types)} if n else {}
     pattern = cfg.get("sliding_window_pattern")
@@ -234,6 +234,33 @@ def _sliding_window(r: _Reader, layers: int, model_type: str) -> dict[str, Any]:
     if model_type == "gemma2":  # local and global layers alternate (modeling_gemma2: layer_idx % 2 == 0)
         return {"sliding_window": window, "sliding_window_layers": 0.5}
     return {"sliding_window": window}
+
+
+# Layer types the cost model prices (transformers' configuration_utils.ALLOWED_LAYER_TYPES also has
+# chunked_attention, linear_attention and others: attention of another cost, refused rather than
+# priced as full attention).
+PRICED_LAYER_TYPES = ("full_attention", "sliding_attention")
+TRANSFORMERS_LAYER_TYPES = ("chunked_attention", "linear_attention")
+
+
+def _layer_types(r: _Reader, layers: int) -> list[str]:
+    """`layer_types` checked as transformers' layer_type_validation does, and more strictly: a list
+    of one known string per layer (num_hidden_layers of them); [] when absent."""
+    types = r.cfg.get("layer_types")
+    if types is None:
+        return []
+    if not isinstance(types, list):
+        raise r.error(f"must be a list of one layer type per layer, got a {type(types).__name__} "
+                      f"({str(types)[:40]!r})", "layer_types")
+    if len(types) != layers:
+        raise r.error(f"has {len(types)} entries for num_hidden_layers ({layers}): give one layer type per layer",
+                      "layer_types")
+    for i, t in enumerate(types):
+        if t in PRICED_LAYER_TYPES:
+            continue
+        why = "is an attention autoshard does not price" if t in TRANSFORMERS_LAYER_TYPES else "is not a layer type"
+        raise r.error(f"{t!r} {why} (valid: {', '.join(PRICED_LAYER_TYPES)})", f"layer_types.{i}")
+    return types
 
 
 def _int_list(r: _Reader, key: str, layers: int) -> list[int]:

@@ -331,6 +331,33 @@ def check_search(problem: Problem) -> None:
                     f"none of the allowed values ({', '.join(map(str, left))}) fits:"
                 raise InputError(f"{who} {knob} {what}", field=f"search.{knob}")
             left = keep
+    _check_search_schedule(problem)
+
+
+# Schedules the solver prices when a plan names them but never plans (solver.candidates): DualPipeV's
+# V-shaped two-chunk layout is evaluated, not searched.
+UNSEARCHED_SCHEDULES = ("dualpipev",)
+
+
+def _check_search_schedule(problem: Problem) -> None:
+    """`search.schedule` must leave a schedule that the problem's framework runs (its profile's
+    `schedules` in data/frameworks.yaml) and that the solver plans: else no plan exists whatever the
+    degrees, which is bad input naming `search.schedule`, not an infeasible problem."""
+    from .frameworks import profiles  # noqa: PLC0415
+
+    asked = problem.search.allowed("schedule", [])
+    if not asked:
+        return
+    fw = profiles()[problem.framework]
+    runs = [x for x in asked if x in fw.schedules]
+    if not runs:
+        listed = ", ".join(repr(x) for x in asked)
+        raise InputError(f"{problem.framework} has no {listed} pipeline schedule (it runs {', '.join(fw.schedules)}; "
+                         "data/frameworks.yaml)", field="search.schedule")
+    if all(x in UNSEARCHED_SCHEDULES for x in runs):
+        raise InputError(f"the solver does not plan {', '.join(repr(x) for x in runs)} (priced when a plan names it, "
+                         "not searched): price such a plan with `autoshard evaluate --plan` (schedule=dualpipev needs "
+                         "pp >= 2 and vpp=2), or allow another schedule", field="search.schedule")
 
 
 def load_plan(source: str | os.PathLike[str] | Mapping[str, Any] | Plan) -> Plan:
