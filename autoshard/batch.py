@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import InfeasibleError, InputError, is_input_overflow
-from .loader import atomic_write, dumps_json, file_folder, problem_paths, read_document, resolve_path
+from .fileio import atomic_write, dumps_json, read_document, same_file
+from .loader import file_folder, problem_paths, resolve_path
 from .progress import TerminalLine
 from .spec import DEFAULT_GAP_LIMIT
 from .render import (
@@ -347,7 +348,7 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
 
     A named file counts by its path as written and its bytes, read where the solve reads it
     (relative to the problem file's folder): the hash does not depend on the working directory."""
-    from .loader import MAX_FILE_BYTES, read_limited  # noqa: PLC0415
+    from .fileio import MAX_FILE_BYTES, read_limited  # noqa: PLC0415
 
     try:  # never more than the size limit (a 20 GiB file is an error record, not an out-of-memory)
         data = read_limited(path, MAX_FILE_BYTES)
@@ -669,7 +670,16 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
         if progress:
             progress(0, total, "", "")
         tasks: list[_Task] = []
+        inputs_found = [path for _, path, _ in found]
         for name, path, err in found:
+            clash = next(((o, i) for o in (out / f"{name}.json", out / f"{name}.md") for i in inputs_found
+                          if same_file(o, i)), None)
+            if clash is not None:  # the output guard: a record never replaces an input (nothing written for it)
+                message = (f"{clash[0]}: its record would replace the input {clash[1]}: "
+                           "choose an output folder that holds no input")
+                rec = error_record(path, "input", message, settings=settings, name=name)
+                report(ProblemResult(name, path, "error", "error", record_exit_code(rec), rec, "", ""))
+                continue
             if err is not None:
                 rec = error_record(path, "input", f"{path}: {err}", settings=settings, name=name)
                 finish(name, path, rec, error_markdown(rec))

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import __version__
 from .errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
-from .fileio import atomic_write, dumps_json, guard_output
+from .fileio import atomic_write, dumps_json, guard_output, read_document, same_file
 from .spec import DEFAULT_GAP_LIMIT
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -139,7 +139,6 @@ def plan_from_argument(text: str) -> tuple[Any, str, str]:
     """(plan, its source for messages, the field path of the plan in that source) of a --plan value:
     a plan file, a problem or solution file with a `plan:` section, or inline `tp=8,pp=4,...`."""
     from .compare import plan_argument  # noqa: PLC0415
-    from .loader import read_document  # noqa: PLC0415
 
     plan = plan_argument(text)
     if not Path(text).exists():
@@ -153,7 +152,7 @@ def plan_from_argument(text: str) -> tuple[Any, str, str]:
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
     from .cost import evaluate  # noqa: PLC0415
-    from .loader import load_plan, load_problem, read_document, with_headroom  # noqa: PLC0415
+    from .loader import load_plan, load_problem, with_headroom  # noqa: PLC0415
     from .render import estimate_text  # noqa: PLC0415
 
     problem = with_headroom(load_problem(a.problem), a.headroom)
@@ -198,7 +197,7 @@ def solution_file_text(path: str, record: dict[str, Any], markdown: str) -> str:
 def _named_paths(problem_file: str) -> list[str]:
     """The files a problem file names (`model.hf_config`, `cluster.catalog`), resolved against its
     folder: inputs of the command as much as the problem file itself."""
-    from .loader import file_folder, problem_paths, read_document, resolve_path  # noqa: PLC0415
+    from .loader import file_folder, problem_paths, resolve_path  # noqa: PLC0415
 
     try:
         doc = read_document(problem_file)
@@ -292,7 +291,7 @@ def _plan_label(arg: str, index: int) -> str:
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from .compare import compare, comparison_text, plan_argument  # noqa: PLC0415
-    from .loader import load_problem, read_document  # noqa: PLC0415
+    from .loader import load_problem  # noqa: PLC0415
 
     problem = load_problem(a.problem)
     if len(a.plan or []) > 2:
@@ -508,7 +507,7 @@ def _hf_model_of_record(info: dict[str, Any], solution: str) -> Any:
 
 def cmd_export(a: argparse.Namespace) -> int:
     from .export import export_plan  # noqa: PLC0415
-    from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
+    from .loader import load_plan, load_problem  # noqa: PLC0415
 
     doc = read_document(a.solution)
     info = doc.get("problem") if isinstance(doc, dict) and isinstance(doc.get("problem"), dict) else {}
@@ -550,6 +549,9 @@ def cmd_batch(a: argparse.Namespace) -> int:
     return result.exit_code
 
 
+WHATIF_OUTPUTS = ("results.json", "results.csv", "report.md", "report.html")  # what `whatif -o DIR` writes
+
+
 def cmd_whatif(a: argparse.Namespace) -> int:
     from .whatif import ProgressLine, load_study, run_study  # noqa: PLC0415
 
@@ -557,6 +559,10 @@ def cmd_whatif(a: argparse.Namespace) -> int:
         raise InputError(f"must be >= 0 (0: one worker per CPU), got {a.jobs}", field="--jobs")
     study = load_study(a.study)  # a bad study file is reported before the output directory
     _check_out_dir(a.output)
+    for name in WHATIF_OUTPUTS:  # the output guard: no file the study writes replaces the study
+        if same_file(Path(a.output) / name, a.study):
+            raise InputError(f"{name} would replace the study file {a.study}: choose another output folder",
+                             source=a.output, field="--output")
     if a.scheduler and a.executor == "local":
         raise InputError("a scheduler address needs --executor dask", field="--scheduler")
     executor = a.executor or ("dask" if a.scheduler else "local")

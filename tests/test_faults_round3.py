@@ -380,3 +380,24 @@ def test_batch_reports_a_record_it_cannot_write_and_goes_on(tmp_path, capsys):
     assert rows["a"].startswith("a,error,") and f"{out / 'a.json'}: cannot write the output: is a directory" in rows["a"]
     assert rows["b"].startswith("b,optimal,") and (out / "b.json").is_file() and (out / "b.md").is_file()
     assert "1 optimal, 1 error" in stdout
+
+
+def test_batch_record_never_replaces_an_input_problem(tmp_path, capsys):
+    """`batch out/a.json -o out`: a.json's record would be out/a.json, the problem itself."""
+    out = tmp_path / "out"
+    out.mkdir()
+    problem = out / "a.json"
+    problem.write_text(json.dumps(yaml.safe_load(OK.read_text())))
+    before = problem.read_bytes()
+    rc, stdout, _ = main(capsys, "batch", str(problem), "-o", str(out), "--quiet")
+    assert rc == 2 and problem.read_bytes() == before and not (out / "a.md").exists()
+    assert f"{problem}: its record would replace the input {problem}" in (out / "summary.csv").read_text()
+
+
+def test_whatif_outputs_never_replace_the_study(tmp_path, capsys):
+    study = tmp_path / "results.json"  # a study (JSON) where `whatif -o` writes its results.json
+    study.write_text(json.dumps(yaml.safe_load((ROOT / "problems" / "studies" / "cloud-vs-buy.yaml").read_text())))
+    before = study.read_bytes()
+    rc, out, err = main(capsys, "whatif", str(study), "-o", str(tmp_path), "--quiet")
+    assert rc == 2 and out == "" and "--output: results.json would replace the study file" in one_line(err)
+    assert study.read_bytes() == before
