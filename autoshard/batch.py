@@ -35,7 +35,6 @@ import csv
 import errno
 import glob
 import io
-import json
 import multiprocessing
 import os
 import shutil
@@ -52,7 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import InfeasibleError, InputError, is_input_overflow
-from .fileio import atomic_write, dumps_json, read_document, same_file
+from .fileio import atomic_write, dumps_json, read_document, read_json_file, same_file
 from .loader import file_folder, problem_paths, resolve_path
 from .progress import TerminalLine
 from .spec import DEFAULT_GAP_LIMIT
@@ -565,9 +564,9 @@ def write_summary(out_dir: str | os.PathLike[str], problems: Iterable[ProblemRes
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # the bounded reader: a FIFO or a huge file in the output folder is no record (never a hang)
+        rec = read_json_file(path, what="record")
+    except InputError:
         return None
     return rec if isinstance(rec, dict) else None
 
