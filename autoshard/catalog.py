@@ -31,7 +31,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from .errors import InputError, closest
-from .fileio import MAX_YAML_BYTES, parse_yaml, read_text
+from .fileio import MAX_YAML_BYTES, check_input_file, parse_yaml, read_text
 from .spec import EfficiencyFactor, ModelSpec, Strict, TopologyLevel
 
 
@@ -453,7 +453,8 @@ def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
 
 def load_overlay(path: str) -> dict[str, Efficiency]:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         # No source: the error is attributed to the problem file that names the catalog.
         raise InputError(f"calibrated catalog {path!r} not found", field="cluster.catalog")
-    return _overlay_cached(str(p.resolve()), p.stat().st_mtime)
+    st = check_input_file(p, what="calibrated catalog", expected="a calibrated catalog file")  # FIFO: refused
+    return _overlay_cached(str(p.resolve()), st.st_mtime)

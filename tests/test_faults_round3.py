@@ -401,3 +401,20 @@ def test_whatif_outputs_never_replace_the_study(tmp_path, capsys):
     rc, out, err = main(capsys, "whatif", str(study), "-o", str(tmp_path), "--quiet")
     assert rc == 2 and out == "" and "--output: results.json would replace the study file" in one_line(err)
     assert study.read_bytes() == before
+
+
+def test_every_file_input_refuses_a_fifo_at_once(tmp_path):
+    """The one reader behind every input: a FIFO given as the problem, a plan, a solution, an
+    --hf-config, a calibrated catalog named by the problem or a measured-runs file is exit 2 at once."""
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    jfifo = tmp_path / "f.json"
+    os.mkfifo(jfifo)
+    doc = yaml.safe_load(OK.read_text())
+    doc["cluster"]["catalog"] = str(fifo)
+    (tmp_path / "cat.yaml").write_text(yaml.safe_dump(doc))
+    for args in (("solve", str(fifo)), ("evaluate", str(OK), "--plan", str(fifo)),
+                 ("export", str(jfifo), "--format", "megatron"), ("solve", str(OK), "--hf-config", str(jfifo)),
+                 ("solve", str(tmp_path / "cat.yaml")), ("calibrate", str(jfifo), "-o", str(tmp_path / "c.yaml"))):
+        r = cli(*args, timeout=60)
+        assert r.returncode == 2 and "not a regular file (a FIFO, socket or device)" in one_line(r.stderr), args
