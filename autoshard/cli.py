@@ -1,7 +1,9 @@
 """The `autoshard` command line.
 
 Exit codes: 0 ok; 1 the plan does not fit / no feasible plan; 2 bad input (one line on
-stderr: file, field path, what is wrong); 130 interrupted. `--json` prints one JSON object
+stderr: file, field path, what is wrong; also an output path that is an input, and a closed
+standard output); 3 internal error; 130 interrupted (SIGINT, honoured even when inherited as
+ignored). See docs/faults.md, "What is guaranteed". `--json` prints one JSON object
 on stdout; progress and warnings go to stderr.
 """
 
@@ -640,8 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="autoshard",
         description="Find the fastest way to parallelize LLM training that fits in HBM, and what it costs.",
-        epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input, 130 interrupted (Ctrl-C), "
-               "143 whatif stopped by SIGTERM (finished options kept).")
+        epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input (also -o naming an input, or stdout "
+               "closed), 3 internal error, 130 interrupted (Ctrl-C: nothing partial written), 143 whatif stopped by "
+               "SIGTERM (finished options kept).")
     p.add_argument("--version", action="version", version=f"autoshard {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
