@@ -456,5 +456,5 @@ def load_overlay(path: str) -> dict[str, Efficiency]:
     if not p.exists() and not p.is_symlink():
         # No source: the error is attributed to the problem file that names the catalog.
         raise InputError(f"calibrated catalog {path!r} not found", field="cluster.catalog")
-    st = check_input_file(p, what="calibrated catalog", expected="a calibrated catalog file")  # FIFO: refused
+    st = check_input_file(p, expected="a calibrated catalog file")  # FIFO: refused
     return _overlay_cached(str(p.resolve()), st.st_mtime)

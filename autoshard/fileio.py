@@ -49,7 +49,7 @@ MAX_YAML_BYTES = 1 * 2**20   # YAML (problems, plans, studies, calibrated catalo
 MAX_DEPTH = 100              # nesting levels of a document (no input of autoshard needs more than 6)
 
 
-def check_input_file(path: str | os.PathLike[str], *, what: str = "file", expected: str = "a problem file") -> os.stat_result:
+def check_input_file(path: str | os.PathLike[str], *, expected: str = "a problem file") -> os.stat_result:
     """The stat of `path` when it names a regular file; else one InputError line saying what it is
     instead (no such file, a broken or looping symbolic link, a directory, a FIFO, socket or device).
     Nothing is opened: a FIFO or `/dev/zero` is refused before any read could block or run forever."""
@@ -77,7 +77,7 @@ def read_limited(path: str | os.PathLike[str], limit: int, *, what: str = "file"
     (a file that grows, or /proc, cannot exhaust memory)."""
     src = os.fspath(path)
     expected = "a problem file" if what == "file" else ("an " if what[:1] in "aeiou" else "a ") + what
-    check_input_file(src, what=what, expected=expected)
+    check_input_file(src, expected=expected)
     try:
         fd = os.open(src, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in: no block
         with os.fdopen(fd, "rb") as fh:
