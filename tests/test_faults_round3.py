@@ -218,7 +218,7 @@ def test_sigint_during_solve_stops_it_writes_nothing_and_exits_130(tmp_path, inh
     out = tmp_path / "out.json"
     handler = signal.SIG_DFL if inherited == "default" else signal.SIG_IGN
     p = subprocess.Popen([sys.executable, "-m", "autoshard.cli", "solve", str(BIG), "-o", str(out), "--quiet",
-                          "--gap", "0", "--time-limit", "120"], env=ENV, stdout=subprocess.PIPE,
+                          "--gap", "0", "--work-limit", "400", "--time-limit", "120"], env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, handler))
     try:
         time.sleep(4.0)  # past the imports (~1.5 s), inside the search (the full solve takes > 10 s)
