@@ -41,7 +41,6 @@ import csv
 import errno
 import glob
 import io
-import json
 import logging
 import multiprocessing
 import os
@@ -60,7 +59,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import InfeasibleError, InputError, is_input_overflow
-from .loader import atomic_write, dumps_json, file_folder, problem_paths, read_document, resolve_path
+from .fileio import atomic_write, dumps_json, read_document, read_json_file, same_file
+from .loader import file_folder, problem_paths, resolve_path
 from .progress import TerminalLine
 from .spec import DEFAULT_GAP_LIMIT
 from .render import (
@@ -253,7 +253,11 @@ class _Finder:
                     else:
                         self.dirs.add(sub)
                         subdirs.append((e.path, sub))
-                elif e.name.lower().endswith(PROBLEM_SUFFIXES):
+                elif not e.name.lower().endswith(PROBLEM_SUFFIXES):
+                    continue
+                elif not stat.S_ISREG(st.st_mode):  # a FIFO named *.yaml: reading it would block forever
+                    self.notes.append(f"{e.path}: not a regular file (a FIFO, socket or device), skipped")
+                else:
                     self.file(e.path, explicit=False)
             stack.extend(reversed(subdirs))
 
@@ -351,7 +355,7 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
 
     A named file counts by its path as written and its bytes, read where the solve reads it
     (relative to the problem file's folder): the hash does not depend on the working directory."""
-    from .loader import MAX_FILE_BYTES, read_limited  # noqa: PLC0415
+    from .fileio import MAX_FILE_BYTES, read_limited  # noqa: PLC0415
 
     try:  # never more than the size limit (a 20 GiB file is an error record, not an out-of-memory)
         data = read_limited(path, MAX_FILE_BYTES)
@@ -568,9 +572,9 @@ def write_summary(out_dir: str | os.PathLike[str], problems: Iterable[ProblemRes
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # the bounded reader: a FIFO or a huge file in the output folder is no record (never a hang)
+        rec = read_json_file(path, what="record")
+    except InputError:
         return None
     return rec if isinstance(rec, dict) else None
 
@@ -667,8 +671,12 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
         try:
             atomic_write(jp, dumps_json(seal_record(record)))
             atomic_write(mp, md)
-        except OSError as exc:
-            raise InputError(f"cannot write the output: {exc.strerror or exc}", source=str(jp)) from None
+        except OSError as exc:  # this problem's record only: the batch goes on, the failure is its row
+            where = exc.filename or (mp if Path(jp).is_file() else jp)
+            message = f"{where}: cannot write the output: {exc.strerror or exc}"
+            rec = error_record(path, "input", message, settings=record.get("settings"), name=name)
+            report(ProblemResult(name, path, "error", "error", record_exit_code(rec), rec, str(jp), str(mp)))
+            return
         res = _result_of(record)
         report(ProblemResult(name, path, res, res, record_exit_code(record), record, str(jp), str(mp)))
 
@@ -678,7 +686,16 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
         if progress:
             progress(0, total, "", "")
         tasks: list[_Task] = []
+        inputs_found = [path for _, path, _ in found]
         for name, path, err in found:
+            clash = next(((o, i) for o in (out / f"{name}.json", out / f"{name}.md") for i in inputs_found
+                          if same_file(o, i)), None)
+            if clash is not None:  # the output guard: a record never replaces an input (nothing written for it)
+                message = (f"{clash[0]}: its record would replace the input {clash[1]}: "
+                           "choose an output folder that holds no input")
+                rec = error_record(path, "input", message, settings=settings, name=name)
+                report(ProblemResult(name, path, "error", "error", record_exit_code(rec), rec, "", ""))
+                continue
             if err is not None:
                 rec = error_record(path, "input", f"{path}: {err}", settings=settings, name=name)
                 finish(name, path, rec, error_markdown(rec))

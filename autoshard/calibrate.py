@@ -49,7 +49,7 @@ import numpy as np
 import yaml
 
 from .errors import InputError
-from .loader import atomic_write, check_output_file
+from .fileio import atomic_write, guard_output
 from .validate import Case, completed_plan, convert, load_runs, with_catalog
 
 LO, HI = 0.2, 1.0
@@ -308,11 +308,11 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     base_path = str(base_catalog) if base_catalog is not None else None
     base = _base_efficiencies(base_path)
     if cases is None:
-        rows = load_runs(measurements_path)
-        check_output_file(out_path)  # a read-only or impossible -o fails before the fit, not after
+        guard_output(out_path, [measurements_path, base_path])  # never an input; a read-only or impossible -o
+        rows = load_runs(measurements_path)                     # fails before the fit, not after
         cases, skipped = convert(rows)
     else:
-        check_output_file(out_path)
+        guard_output(out_path, [base_path])
         skipped = []
     say(f"pricing {len(cases)} runs under the base catalog")
     # Runs that do not publish their recompute get it chosen once, under the base catalog;

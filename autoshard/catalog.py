@@ -25,20 +25,28 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import Field, ValidationError
 
 from .errors import InputError, closest
-from .spec import ModelSpec, Strict, TopologyLevel
+from .fileio import MAX_YAML_BYTES, check_input_file, parse_yaml, read_text
+from .spec import EfficiencyFactor, ModelSpec, Strict, TopologyLevel
+
+
+GemmDtype = Literal["bf16", "fp16", "fp8", "fp4"]  # GEMM_DTYPES
 
 
 class Efficiency(Strict):
-    matmul: dict[str, float]
-    hbm: float = Field(gt=0, le=1)
-    scaleup: float = Field(gt=0, le=1)
-    scaleout: float = Field(gt=0, le=1)
+    """A GPU's efficiency factors, in gpus.yaml and in a calibrated catalog overlay alike: each one
+    under the range policy `spec.EfficiencyFactor` (finite, in [1e-3, 1]); `matmul` names at least
+    one GEMM data type of GEMM_DTYPES (an unknown key is bad input, not ignored)."""
+
+    matmul: Annotated[dict[GemmDtype, EfficiencyFactor], Field(min_length=1)]
+    hbm: EfficiencyFactor
+    scaleup: EfficiencyFactor
+    scaleout: EfficiencyFactor
 
 
 class Price(Strict):
@@ -46,7 +54,7 @@ class Price(Strict):
     purchase_usd: float = Field(gt=0)
 
 
-GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp4")
+GEMM_DTYPES: tuple[str, ...] = get_args(GemmDtype)
 # The data type whose figure stands in for a missing one: the other 16-bit type, fp4 -> fp8.
 _DTYPE_FALLBACK = {"bf16": "fp16", "fp16": "bf16", "fp8": "bf16", "fp4": "fp8"}
 
@@ -272,7 +280,7 @@ class Recipe(Strict):
     gemm_dtype: str
     gemms: list[str]
     bf16_layer_fraction: float = Field(ge=0, lt=1)
-    gemm_efficiency_factor: float = Field(gt=0, le=1)
+    gemm_efficiency_factor: EfficiencyFactor
     weight_copy_bytes_per_param: dict[str, float]
     quant_hbm_bytes_per_element: dict[str, float]
     saved_input_bytes_per_element: dict[str, float] = Field(default_factory=lambda: {"default": 2.0})
@@ -441,14 +449,9 @@ def get_model(name: str) -> ModelSpec:
 
 @functools.cache
 def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
-    from .loader import MAX_YAML_BYTES, parse_yaml, read_limited  # noqa: PLC0415
-
-    raw = read_limited(path, MAX_YAML_BYTES, what="calibrated catalog")  # size checked before reading
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"cannot read calibrated catalog: not UTF-8 text (byte {exc.start})", source=path) from None
-    doc = parse_yaml(text, path) or {}  # duplicate keys rejected at the second key's line
+    # The bounded reader (regular files only, size checked before reading) and the strict parser
+    # (duplicate keys rejected at the second key's line, nesting limited).
+    doc = parse_yaml(read_text(path, MAX_YAML_BYTES, what="calibrated catalog"), path) or {}
     # Nothing may be silently ignored: a file without `gpus:` (a problem file, a typo) is an error.
     if not isinstance(doc, dict):
         raise InputError(f"malformed calibrated catalog: expected a mapping with `gpus:`, got a {type(doc).__name__}",
@@ -483,7 +486,8 @@ def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
 
 def load_overlay(path: str) -> dict[str, Efficiency]:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         # No source: the error is attributed to the problem file that names the catalog.
         raise InputError(f"calibrated catalog {path!r} not found", field="cluster.catalog")
-    return _overlay_cached(str(p.resolve()), p.stat().st_mtime)
+    st = check_input_file(p, expected="a calibrated catalog file")  # FIFO: refused
+    return _overlay_cached(str(p.resolve()), st.st_mtime)

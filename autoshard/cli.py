@@ -1,7 +1,9 @@
 """The `autoshard` command line.
 
 Exit codes: 0 ok; 1 the plan does not fit / no feasible plan; 2 bad input (one line on
-stderr: file, field path, what is wrong); 130 interrupted. `--json` prints one JSON object
+stderr: file, field path, what is wrong; also an output path that is an input, and a closed
+standard output); 3 internal error; 130 interrupted (SIGINT, honoured even when inherited as
+ignored). See docs/faults.md, "What is guaranteed". `--json` prints one JSON object
 on stdout; progress and warnings go to stderr.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 from . import __version__
 from .errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
+from .fileio import atomic_write, dumps_json, guard_output, read_document, same_file
 from .spec import DEFAULT_GAP_LIMIT
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -26,15 +29,11 @@ DEBUG_ENV = "AUTOSHARD_DEBUG"
 
 
 def _print_json(obj: Any) -> None:
-    from .loader import dumps_json  # noqa: PLC0415
-
     sys.stdout.write(dumps_json(obj))
 
 
 def _write_or_print(text: str, out: str | None) -> None:
     if out:
-        from .loader import atomic_write  # noqa: PLC0415
-
         try:
             atomic_write(out, text)
         except OSError as exc:
@@ -86,6 +85,9 @@ def _check_limits(a: argparse.Namespace) -> None:
     limit = getattr(a, "time_limit", None)
     if limit is not None and not (math.isfinite(limit) and limit > 0):
         raise InputError(f"must be a number of seconds > 0, got {limit:g}", field="--time-limit")
+    work = getattr(a, "work_limit", None)
+    if work is not None and not (math.isfinite(work) and work > 0):
+        raise InputError(f"must be a positive amount of work, got {work:g}", field="--work-limit")
     top = getattr(a, "top", None)
     if top is not None and top < 0:
         raise InputError(f"must be >= 0, got {top}", field="--top")
@@ -139,7 +141,6 @@ def plan_from_argument(text: str) -> tuple[Any, str, str]:
     """(plan, its source for messages, the field path of the plan in that source) of a --plan value:
     a plan file, a problem or solution file with a `plan:` section, or inline `tp=8,pp=4,...`."""
     from .compare import plan_argument  # noqa: PLC0415
-    from .loader import read_document  # noqa: PLC0415
 
     plan = plan_argument(text)
     if not Path(text).exists():
@@ -153,7 +154,7 @@ def plan_from_argument(text: str) -> tuple[Any, str, str]:
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
     from .cost import evaluate  # noqa: PLC0415
-    from .loader import load_plan, load_problem, read_document, with_headroom  # noqa: PLC0415
+    from .loader import load_plan, load_problem, with_headroom  # noqa: PLC0415
     from .render import estimate_text  # noqa: PLC0415
 
     problem = with_headroom(load_problem(a.problem), a.headroom)
@@ -181,7 +182,6 @@ RECORD_SUFFIXES = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}  # `solve -
 def solution_file_text(path: str, record: dict[str, Any], markdown: str) -> str:
     """What `solve -o PATH` writes: the machine record as JSON (.json) or YAML (.yaml / .yml: the
     same content, so `evaluate --plan` and `export` read either), else the Markdown report."""
-    from .loader import dumps_json  # noqa: PLC0415
 
     kind = RECORD_SUFFIXES.get(Path(path).suffix.lower())
     if kind == "JSON":
@@ -196,6 +196,18 @@ def solution_file_text(path: str, record: dict[str, Any], markdown: str) -> str:
     return markdown
 
 
+def _named_paths(problem_file: str) -> list[str]:
+    """The files a problem file names (`model.hf_config`, `cluster.catalog`), resolved against its
+    folder: inputs of the command as much as the problem file itself."""
+    from .loader import file_folder, problem_paths, resolve_path  # noqa: PLC0415
+
+    try:
+        doc = read_document(problem_file)
+    except InputError:
+        return []
+    return [resolve_path(v, file_folder(problem_file)) for _, v in problem_paths(doc) if isinstance(v, str)]
+
+
 def cmd_solve(a: argparse.Namespace) -> int:
     from .loader import load_problem, with_headroom  # noqa: PLC0415
     from .render import estimate_text, solution_markdown, solution_record  # noqa: PLC0415
@@ -208,12 +220,9 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
         not_a_fifo(a.hf_config)
         problem = problem.model_copy(update={"model": model_from_hf_config(a.hf_config)})
-    if a.output:
-        if Path(a.output).is_dir():
-            raise InputError("is a directory, expected an output file name", source=a.output, field="--output")
-        probe = _nearest_existing(Path(a.output).parent)
-        if not probe.is_dir():
-            raise InputError(f"cannot write here: {probe} is not a directory", source=a.output, field="--output")
+    if a.output:  # never an input (the problem, the files it names, --hf-config, --compare's plan file)
+        guard_output(a.output, [a.problem, a.hf_config, a.compare, problem.cluster.catalog,
+                                *_named_paths(a.problem)])
         try:
             Path(a.output).resolve().parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -284,7 +293,7 @@ def _plan_label(arg: str, index: int) -> str:
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from .compare import compare, comparison_text, plan_argument  # noqa: PLC0415
-    from .loader import load_problem, read_document  # noqa: PLC0415
+    from .loader import load_problem  # noqa: PLC0415
 
     problem = load_problem(a.problem)
     if len(a.plan or []) > 2:
@@ -520,7 +529,7 @@ def _hf_model_of_record(info: dict[str, Any], solution: str) -> Any:
 
 def cmd_export(a: argparse.Namespace) -> int:
     from .export import export_plan  # noqa: PLC0415
-    from .loader import load_plan, load_problem, read_document  # noqa: PLC0415
+    from .loader import load_plan, load_problem  # noqa: PLC0415
 
     doc = read_document(a.solution)
     info: dict[str, Any] = doc["problem"] if isinstance(doc, dict) and isinstance(doc.get("problem"), dict) else {}
@@ -543,6 +552,9 @@ def cmd_export(a: argparse.Namespace) -> int:
                          f"{problem.model.name!r} (solved with --hf-config?): pass --problem PROBLEM",
                          source=a.solution)
     plan = load_plan(a.solution)
+    if a.output:  # never an input: the solution, the problem file, the files it names
+        guard_output(a.output, [a.solution, problem_path, info.get("hf_config"), problem.cluster.catalog,
+                                *_named_paths(problem_path)])
     exp = export_plan(problem, plan, a.format)
     for w in exp.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -563,6 +575,9 @@ def cmd_batch(a: argparse.Namespace) -> int:
     return result.exit_code
 
 
+WHATIF_OUTPUTS = ("results.json", "results.csv", "report.md", "report.html")  # what `whatif -o DIR` writes
+
+
 def cmd_whatif(a: argparse.Namespace) -> int:
     from .whatif import ProgressLine, load_study, run_study  # noqa: PLC0415
 
@@ -570,6 +585,10 @@ def cmd_whatif(a: argparse.Namespace) -> int:
         raise InputError(f"must be >= 0 (0: one worker per CPU), got {a.jobs}", field="--jobs")
     study = load_study(a.study)  # a bad study file is reported before the output directory
     _check_out_dir(a.output)
+    for name in WHATIF_OUTPUTS:  # the output guard: no file the study writes replaces the study
+        if same_file(Path(a.output) / name, a.study):
+            raise InputError(f"{name} would replace the study file {a.study}: choose another output folder",
+                             source=a.output, field="--output")
     if a.scheduler and a.executor == "local":
         raise InputError("a scheduler address needs --executor dask", field="--scheduler")
     executor = a.executor or ("dask" if a.scheduler else "local")
@@ -709,8 +728,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="autoshard",
         description="Find the fastest way to parallelize LLM training that fits in HBM, and what it costs.",
-        epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input, 130 interrupted (Ctrl-C), "
-               "143 whatif stopped by SIGTERM (finished options kept).")
+        epilog="Exit codes: 0 ok, 1 does not fit / infeasible, 2 bad input (also -o naming an input, or stdout "
+               "closed), 3 internal error, 130 interrupted (Ctrl-C: nothing partial written), 143 whatif stopped by "
+               "SIGTERM (finished options kept).")
     p.add_argument("--version", action="version", version=f"autoshard {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -922,12 +942,42 @@ def internal_error_line(exc: BaseException, source: str | None = None) -> str:
     return ": ".join(x for x in (source, text) if x).replace("\r", "\\r").replace("\n", "\\n")
 
 
+def _honour_sigint() -> None:
+    """Ctrl-C (SIGINT) interrupts every command, also when autoshard was started with SIGINT ignored
+    (a background job of a shell script, `autoshard solve ... & kill -INT $!`): the solve stops,
+    nothing partial is written and the exit code is 130. Main thread only (a library caller's
+    threads keep their own handlers)."""
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is closed (`autoshard catalog >&-`): Python then sets sys.stdout to None."""
+    out = sys.stdout
+    if out is None:
+        return True
+    try:
+        os.fstat(out.fileno())
+    except (OSError, ValueError, AttributeError):
+        return not hasattr(out, "getvalue")  # a StringIO (tests) has no descriptor and is open
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     if not getattr(a, "func", None):
         parser.print_help()
         return EXIT_INPUT
+    if _stdout_closed():  # refused before any work (nothing written), as `ls >&-` does: exit 2
+        if sys.stderr is not None:
+            print("autoshard: error: <stdout>: standard output is closed; redirect it (> /dev/null to discard it)",
+                  file=sys.stderr)
+        return EXIT_INPUT
+    _honour_sigint()
     try:
         _check_limits(a)
         rc = a.func(a)

@@ -254,7 +254,13 @@ def plan_argument(text: str) -> Plan:
     if not Path(text).exists() and _INLINE.fullmatch(text):
         import yaml  # noqa: PLC0415
 
-        doc = {k.strip(): yaml.safe_load(v.strip()) for k, v in (kv.split("=", 1) for kv in text.split(","))}
+        doc: dict[str, Any] = {}
+        for kv in text.split(","):
+            k, v = (x.strip() for x in kv.split("=", 1))
+            if k in doc:  # as YAML and JSON plan files refuse a key given twice, not keep the last
+                raise InputError(f"duplicate key {k!r} ({k}={doc[k]!r} and {k}={v}): give each knob once",
+                                 source="--plan", field=k)
+            doc[k] = yaml.safe_load(v)
         try:
             return load_plan(doc)
         except InputError as exc:

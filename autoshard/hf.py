@@ -18,7 +18,6 @@ multiple of the expert width) the approximation is stated in `ModelSpec.source`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import InputError
+from .fileio import read_json_file
 from .spec import ModelSpec
 
 MAX_CONFIG_BYTES = 16 * 2**20
@@ -145,19 +145,9 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError("no such file (expected a Hugging Face config.json)", source=src)
     if p.is_dir():
         raise InputError("is a directory without a config.json", source=src)
-    if not p.is_file():
-        raise InputError("not a regular file (a FIFO or device?)", source=src)
-    from .loader import read_limited  # noqa: PLC0415
-
-    raw = read_limited(p, MAX_CONFIG_BYTES, what="config.json")  # the size is checked before reading
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", source=src) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: line {exc.lineno}, column {exc.colno}: {exc.msg}", source=src) from None
+    # The bounded reader: regular files only (a FIFO or /dev/zero is refused before a read), the size
+    # checked before reading; the strict parser: duplicate keys and nesting past MAX_DEPTH refused.
+    data = read_json_file(p, MAX_CONFIG_BYTES, what="config.json")
     if not isinstance(data, dict):
         raise InputError(f"expected a JSON object of config fields, got a {type(data).__name__}", source=src)
     return data
@@ -229,13 +219,13 @@ def _sliding_window(r: _Reader, layers: int, model_type: str) -> dict[str, Any]:
     Gemma 3, Qwen3-Next), else `sliding_window_pattern` (Gemma 3: one global layer in N), Gemma 2's
     alternation, else every layer (Mistral); none where `use_sliding_window` is false (Qwen2/3)."""
     cfg = r.cfg
+    types = _layer_types(r, layers)
     window = cfg.get("sliding_window")
     if window is None or cfg.get("use_sliding_window") is False:
         return {}
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise r.error(f"must be a positive integer or null, got {window!r}", "sliding_window")
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
+    if types:
         n = sum(1 for t in types if str(t) == "sliding_attention")
         return {"sliding_window": window, "sliding_window_layers": n / len(types)} if n else {}
     pattern = cfg.get("sliding_window_pattern")
@@ -244,6 +234,33 @@ def _sliding_window(r: _Reader, layers: int, model_type: str) -> dict[str, Any]:
     if model_type == "gemma2":  # local and global layers alternate (modeling_gemma2: layer_idx % 2 == 0)
         return {"sliding_window": window, "sliding_window_layers": 0.5}
     return {"sliding_window": window}
+
+
+# Layer types the cost model prices (transformers' configuration_utils.ALLOWED_LAYER_TYPES also has
+# chunked_attention, linear_attention and others: attention of another cost, refused rather than
+# priced as full attention).
+PRICED_LAYER_TYPES = ("full_attention", "sliding_attention")
+TRANSFORMERS_LAYER_TYPES = ("chunked_attention", "linear_attention")
+
+
+def _layer_types(r: _Reader, layers: int) -> list[str]:
+    """`layer_types` checked as transformers' layer_type_validation does, and more strictly: a list
+    of one known string per layer (num_hidden_layers of them); [] when absent."""
+    types = r.cfg.get("layer_types")
+    if types is None:
+        return []
+    if not isinstance(types, list):
+        raise r.error(f"must be a list of one layer type per layer, got a {type(types).__name__} "
+                      f"({str(types)[:40]!r})", "layer_types")
+    if len(types) != layers:
+        raise r.error(f"has {len(types)} entries for num_hidden_layers ({layers}): give one layer type per layer",
+                      "layer_types")
+    for i, t in enumerate(types):
+        if t in PRICED_LAYER_TYPES:
+            continue
+        why = "is an attention autoshard does not price" if t in TRANSFORMERS_LAYER_TYPES else "is not a layer type"
+        raise r.error(f"{t!r} {why} (valid: {', '.join(PRICED_LAYER_TYPES)})", f"layer_types.{i}")
+    return types
 
 
 def _int_list(r: _Reader, key: str, layers: int) -> list[int]:

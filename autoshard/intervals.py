@@ -119,7 +119,7 @@ def write_intervals(doc: Mapping[str, Any], path: str | Path = DATA_PATH) -> Non
     head = ("# Prediction intervals of step times: quantiles of measured / predicted by regime.\n"
             "# Written by `python benchmarks/bench_fidelity.py --write-intervals`; do not edit by hand,\n"
             "# re-run it after every cost-model change (see autoshard/intervals.py).\n")
-    from .loader import atomic_write  # noqa: PLC0415
+    from .fileio import atomic_write  # noqa: PLC0415
 
     atomic_write(path, head + yaml.safe_dump(dict(doc), sort_keys=False))
 

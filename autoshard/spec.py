@@ -68,6 +68,24 @@ MAX_GPUS = 1 << 20
 MAX_SEQ = 1 << 24
 
 Count = Annotated[int, Field(ge=1)]
+# A parallel degree (tp, pp, dp, cp, ep, etp): at least 1 and at most MAX_GPUS, the largest cluster a
+# problem may declare (a larger degree could never divide its GPUs); the library refuses
+# `Plan(tp=2**70)` as the command line does, rather than pricing a number no integer model holds.
+Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+# Virtual stages per pipeline rank: each holds at least one layer, so at most MAX_LAYERS.
+VirtualStages = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+# Sequences per micro-batch: at most the largest global batch (TrainingSpec.global_batch_size).
+MAX_GLOBAL_BATCH = 1 << 24
+MicroBatch = Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH)]
+
+# The range policy of every efficiency factor (a GPU's `efficiency` in gpus.yaml and in a calibrated
+# catalog overlay: `matmul.<dtype>`, `hbm`, `scaleup`, `scaleout`; a topology level's `efficiency`):
+# an achieved fraction of a peak, so finite and in [EFFICIENCY_FLOOR, 1]. The floor, 1e-3, is 100x
+# below the lowest figure any measurement gives (NCCL over a congested fabric, ~0.1) and keeps every
+# time the solver turns into integers sane: a 1e-300 factor would make a 300-digit step time, or
+# overflow CP-SAT's 64-bit integers. NaN, infinity, 0, negatives and values above 1 are bad input.
+EFFICIENCY_FLOOR = 1e-3
+EfficiencyFactor = Annotated[float, Field(ge=EFFICIENCY_FLOOR, le=1.0, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -256,7 +274,7 @@ class ModelSpec(Strict):
 
 class TrainingSpec(Strict):
     seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ)] = Field(description="Tokens per sequence.")
-    global_batch_size: Annotated[int, Field(ge=1, le=1 << 24)] = Field(description=(
+    global_batch_size: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH)] = Field(description=(
         "Sequences per optimizer step (not tokens)."))
     precision: Precision = Field(default="bf16", description=(
         "Training precision recipe as run: bf16, fp16, fp8 (the frameworks' default, delayed scaling), "
@@ -357,7 +375,7 @@ class TopologyLevel(Strict):
     size: Annotated[int, Field(ge=1, le=MAX_GPUS)] = Field(description=(
         "GPUs in one domain of this level (8 for a DGX node's NVLink, 256 for a leaf / scalable unit, the "
         "cluster for the top level)."))
-    bandwidth_gb_per_s: Annotated[float, Field(ge=0.01, le=1e6)] = Field(description=(
+    bandwidth_gb_per_s: Annotated[float, Field(ge=0.01, le=1e6)] = Field(description=(  # MIN_LINK_GB_PER_S
         "Unidirectional egress per GPU into this level, in GB/s (1e9 bytes/s): the NVLink rate, or the NIC "
         "rate per GPU (400 Gb/s = 50 GB/s). At least 0.01."))
     latency_us: Annotated[float, Field(ge=0, le=1e6)] = Field(default=5.0, description=(
@@ -369,7 +387,7 @@ class TopologyLevel(Strict):
         "Taper of this level's uplinks: 2 means half the bandwidth per GPU when every GPU sends across it at "
         "once (a 2:1 fat tree). Applies to the traffic that crosses this level only, that is between domains "
         "of the level below."))
-    efficiency: Annotated[float, Field(gt=0, le=1.0)] | None = Field(default=None, description=(
+    efficiency: EfficiencyFactor | None = Field(default=None, description=(
         "Achievable share of the link rate; None: the GPU's catalog efficiency for scale-up (innermost level)"
         " or scale-out."))
     source: str | None = Field(default=None, description="Where the figures come from.")
@@ -453,6 +471,8 @@ class SearchSpec(Strict):
         for x in [v] if isinstance(v, int) else (v or []):
             if x < 1:
                 raise ValueError(f"degrees must be >= 1, got {x}")
+            if x > MAX_GPUS:
+                raise ValueError(f"degrees must be at most {MAX_GPUS:,} (the largest cluster), got {x}")
         if isinstance(v, list) and not v:
             raise ValueError("an empty list allows nothing")
         return v
@@ -503,31 +523,31 @@ class Plan(Strict):
     is carved out of data parallelism: the `dp` axis of the placement is dp / ep.
     """
 
-    tp: Count = Field(default=1, description="Tensor-parallel degree.")
-    pp: Count = Field(default=1, description="Pipeline-parallel degree (stages).")
-    dp: Count | None = Field(default=None, description="Data-parallel degree; None: derived from the world size.")
-    cp: Count = Field(default=1, description="Context-parallel degree.")
-    ep: Count = Field(default=1, description=(
+    tp: Degree = Field(default=1, description="Tensor-parallel degree.")
+    pp: Degree = Field(default=1, description="Pipeline-parallel degree (stages).")
+    dp: Degree | None = Field(default=None, description="Data-parallel degree; None: derived from the world size.")
+    cp: Degree = Field(default=1, description="Context-parallel degree.")
+    ep: Degree = Field(default=1, description=(
         "Expert-parallel degree, carved out of data parallelism (and TP/CP ranks with folding)."))
-    vpp: Count = Field(default=1, description="Virtual pipeline stages per rank (interleaved schedule).")
+    vpp: VirtualStages = Field(default=1, description="Virtual pipeline stages per rank (interleaved schedule).")
     sequence_parallel: bool | None = Field(default=None, description="Sequence parallelism; None: on whenever tp > 1.")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=1, description=(
         "ZeRO stage: 0 none, 1 optimizer states sharded (Megatron's distributed optimizer), 2 also gradients,"
         " 3 also weights (FSDP)."))
-    micro_batch_size: Count = Field(default=1, description="Sequences per micro-batch.")
+    micro_batch_size: MicroBatch = Field(default=1, description="Sequences per micro-batch.")
     schedule: Schedule = Field(default="1f1b", description=(
         "Pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble (ZB-H1) or dualpipev."))
     recompute: RecomputeChoice = Field(default="none", description=(
         "Activation recompute: none, selective, full, offload (activations to host memory), Megatron "
         "recompute modules joined by `+` (e.g. moe_act+layernorm), or a list with one mode per layer."))
-    stage_layers: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, description=(
+    stage_layers: list[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] | None = Field(default=None, max_length=MAX_LAYERS, description=(
         "Transformer layers of each virtual pipeline stage in order (length pp x vpp; uneven allowed); None: "
         "as even as possible."))
     placement: str = Field(default=DEFAULT_PLACEMENT, description=(
         "Mesh axes from innermost (consecutive ranks, inside the NVLink domain) to outermost."))
     # MoE parallel folding (Megatron-Core): experts are laid out over the same ranks of a pipeline
     # stage as etp x ep x edp, independently of attention's tp x cp x dp; None = etp equals tp.
-    etp: Count | None = Field(default=None, description=(
+    etp: Degree | None = Field(default=None, description=(
         "Expert tensor-parallel degree (Megatron-Core MoE parallel folding: experts laid out as etp x ep x "
         "edp over the ranks of a pipeline stage); None: equals tp."))
     # Overlaps a framework can run; None = what the framework profile does by default where the

@@ -29,7 +29,7 @@ import yaml
 from autoshard import cli
 from cli_helpers import one_line
 from cli_helpers import run_cli as run_in_process
-from autoshard import loader as loader_mod
+from autoshard import fileio as fileio_mod
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from autoshard.loader import load_problem
 from autoshard.solver import solve
@@ -223,7 +223,7 @@ def test_special_files_in_a_real_process(tmp_path):
 
 
 def test_oversized_file(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loader_mod, "MAX_FILE_BYTES", 64)
+    monkeypatch.setattr(fileio_mod, "MAX_FILE_BYTES", 64)
     big = tmp_path / "big.yaml"
     big.write_text("model: llama3-8b\n" + "# padding\n" * 20)
     rc, _, err = main(capsys, "solve", str(big))
@@ -661,7 +661,7 @@ def test_calibrate_unwritable_output_fails_before_the_fit(tmp_path, capsys, monk
     assert rc == 2 and out == "" and f"--output: cannot write here: {blocker} is not a directory" in one_line(err)
     # A read-only file system (simulated: root ignores permission bits) is one line too, never a traceback.
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
-    from autoshard import loader as ld  # noqa: PLC0415
+    from autoshard import fileio as ld  # noqa: PLC0415
 
     monkeypatch.setattr(ld, "_read_only_fs", lambda p: True)
     rc, out, err = main(capsys, "calibrate", str(path), "-o", str(tmp_path / "ro" / "cat.yaml"))

@@ -185,7 +185,7 @@ def test_fingerprint_covers_inputs_version_and_budget_not_the_clock():
     assert len(a.solver.fingerprint) == 64
     assert a.solver.fingerprint == b.solver.fingerprint
     assert len({a.solver.fingerprint, c.solver.fingerprint, d.solver.fingerprint}) == 3
-    with pytest.raises(InputError, match="--work-limit"):
+    with pytest.raises(InputError, match="work_limit"):
         solve(p, work_limit=0)
 
 

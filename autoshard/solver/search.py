@@ -501,6 +501,37 @@ def fingerprint(problem: Problem, settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _number(value: Any) -> float | None:
+    """`value` as a float when it is a real number (not a bool, not text), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range
+        return math.inf
+
+
+def check_solve_arguments(*, time_limit_s: Any, top_k: Any, gap_limit: Any, work_limit: Any = None,
+                          jobs: Any = None) -> None:
+    """The library's `solve` arguments checked as strictly as the command line's flags: a time
+    limit that is not a positive finite number of seconds (NaN, 0, -1, inf), a negative `top_k`, a
+    gap outside [0, 1), a work limit that is not positive and finite, fewer than 1 job: one
+    InputError naming the argument (never an unbounded or a meaningless search)."""
+    t = _number(time_limit_s)
+    if t is None or not (math.isfinite(t) and t > 0):
+        raise InputError(f"must be a number of seconds > 0, got {time_limit_s!r}", field="time_limit_s")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise InputError(f"must be a whole number >= 0, got {top_k!r}", field="top_k")
+    g = _number(gap_limit)
+    if g is None or not (math.isfinite(g) and 0 <= g < 1):
+        raise InputError(f"must be a fraction in [0, 1), got {gap_limit!r}", field="gap_limit")
+    w = _number(work_limit) if work_limit is not None else 1.0
+    if w is None or not (math.isfinite(w) and w > 0):
+        raise InputError(f"must be a positive amount of work, got {work_limit!r}", field="work_limit")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise InputError(f"must be a whole number >= 1, got {jobs!r}", field="jobs")
+
+
 def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
           gap_limit: float = DEFAULT_GAP_LIMIT, work_limit: float | None = None,
           alternatives: Sequence[str] = (), progress: ProgressFn | None = None, jobs: int | None = None) -> Solution:
@@ -529,6 +560,8 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     plan in the declared space fits.
     """
     t0 = time.perf_counter()
+    check_solve_arguments(time_limit_s=time_limit_s, top_k=top_k, gap_limit=gap_limit, work_limit=work_limit,
+                          jobs=jobs)
     problem = load_problem(problem)
     ctx = context(problem)
     # The default modes (with the framework's recompute-module sets), or those `search: recompute` names.

@@ -28,13 +28,13 @@ Per group:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..fileio import read_json_file
 from . import filled_notes
 
 APART = 0.08  # pairs measured at least this far apart (relative) must be ordered right
@@ -54,23 +54,18 @@ def is_ablations_doc(doc: Any) -> bool:
 
 def is_ablations_file(path: str | os.PathLike[str]) -> bool:
     """Whether a JSON file has the ablations shape (cheap check; any read error -> False)."""
-    try:
-        return is_ablations_doc(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, ValueError):
+    try:  # the bounded reader: a FIFO, /dev/zero or a 20 GiB file is refused before a read
+        return is_ablations_doc(read_json_file(path, what="ablations file"))
+    except InputError:
         return False
 
 
 def load_groups(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     p = Path(path)
     src = str(p)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         raise InputError("ablations file not found", source=src)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read ablations file: {exc}", source=src) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}", source=src) from None
+    doc = read_json_file(p, what="ablations file")  # bounded reader, strict parser (duplicates, depth)
     if not is_ablations_doc(doc):
         raise InputError("expected a list of groups, each with a `configs` list", source=src)
     groups = doc.get("groups") if isinstance(doc, dict) else doc

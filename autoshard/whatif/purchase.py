@@ -122,6 +122,7 @@ def optimize_purchase(cands: Sequence[Candidate], constraints: ConstraintSpec) -
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = 0
+        solver.parameters.catch_sigint_signal = False  # Ctrl-C interrupts autoshard, not one CP-SAT search
         solver.parameters.max_time_in_seconds = 30.0
         st = solver.solve(m)
         if i == 0:

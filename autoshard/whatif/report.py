@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..loader import atomic_write, dumps_json
+from ..fileio import atomic_write, dumps_json
 from .schema import _fmt_tokens
 from .sensitivity import BINDING_MIN_GAIN_PCT
 

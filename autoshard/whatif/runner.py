@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
-from ..loader import atomic_write, dumps_json
+from ..fileio import atomic_write, dumps_json
 from ..progress import TerminalLine
 from ..render import json_safe
 from .report import money, power

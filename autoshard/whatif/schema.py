@@ -13,7 +13,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..catalog import get_gpu, get_topology, gpu_ids, load_overlay, resolve_model
 from ..errors import InputError
-from ..loader import dumps_json, file_folder, named_file_error, read_document, resolve_path, validate
+from ..fileio import dumps_json, read_document
+from ..loader import file_folder, named_file_error, resolve_path, validate
 from ..spec import MAX_GPUS, ModelSpec, Problem, SearchSpec, Strict, TopologyLevel, TrainingSpec
 
 Mode = Literal["cloud", "own", "spot"]  # spot: rented preemptible capacity (cloud price less spot_discount)

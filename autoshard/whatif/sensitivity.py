@@ -15,7 +15,7 @@ import yaml
 
 from ..catalog import get_gpu
 from ..errors import InfeasibleError
-from ..loader import atomic_write
+from ..fileio import atomic_write
 from ..spec import Plan, Problem, TopologyLevel
 from .schema import DEFAULT_TIME_LIMIT_S, SensitivityMode
 
