@@ -20,6 +20,7 @@ from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s
 from .constants import (
     BF16,
     BLOCKING_LAYER_HOST_S,
+    EAGER_LAUNCH_HOST_S,
     ELEMENTWISE_BWD_FACTOR,
     TIME_KEYS,
     overlapped,
@@ -33,6 +34,7 @@ from .kernels import (
     attention_backward_s,
     core_attention_flops,
     core_attention_s,
+    layer_kernels,
     unfused_softmax_reason,
     unfused_softmax_s,
 )
@@ -273,6 +275,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         ag = all_gather_s(ctx.levels, pl.dp_cp, w_dense) + all_gather_s(ctx.levels, pl.edp, w_exp)
         rs = reduce_scatter_s(ctx.levels, pl.dp_cp, g_b * dense_local) \
             + reduce_scatter_s(ctx.levels, pl.edp, g_b * expert_local)
+    launches = layer_kernels(ctx, cfg, sh, kind)
     out = {}
     for recompute in ctx.modes:
         c = Cost()
@@ -326,8 +329,30 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         if zero3:
             c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
+        _eager_host(ctx, cfg, c, recompute, launches)
         out[recompute] = c
     return out
+
+
+def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tuple[int, int, int]) -> None:
+    """Add to `c` the host launch time its GPU work does not hide: eager frameworks launch every
+    kernel from Python (`layer_kernels` launches at EAGER_LAUNCH_HOST_S each), ahead of the GPU and
+    asynchronously, so each pass takes the longer of its GPU time and its host time (not their sum).
+    The backward also launches what it recomputes: the whole forward (full), the core attention
+    (selective, `core_attn`) or about three launches per other recompute module. Full-iteration CUDA
+    graphs replay the step without the host, a compiled step (XLA) launches from C++, and under
+    CUDA_LAUNCH_BLOCKING the host time is already serial (BLOCKING_LAYER_HOST_S): none here."""
+    if cfg.cuda_graphs or ctx.training.launch_blocking or not ctx.framework.eager_launches:
+        return
+    fwd_k, bwd_k, core_k = launches
+    if recompute == "full":
+        bwd_k += fwd_k
+    elif recompute == "selective":
+        bwd_k += core_k
+    elif recompute not in ("none", "offload"):
+        bwd_k += sum(core_k if mod == "core_attn" else 3 for mod in recompute.split("+"))
+    c.fwd["host"] += max(0.0, fwd_k * EAGER_LAUNCH_HOST_S - c.fwd_s)
+    c.bwd["host"] += max(0.0, bwd_k * EAGER_LAUNCH_HOST_S - c.bwd_s)
 
 
 def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, module: str,
