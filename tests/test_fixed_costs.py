@@ -5,9 +5,9 @@ tests/functional_tests/test_cases/gpt/<case>/golden_values_dev_dgx_h100.json `it
 (seconds per step, iterations 2-100; the median of iterations 5-100 is taken) beside the case's
 model_config.yaml, run by tests/test_utils/recipes/h100/gpt.yaml on one node of 8 H100 (nodes: 1,
 gpus: 8). Every case below trains the same small GPT: 12 layers, hidden 512, 8 heads, ffn 2048
-(4 x hidden, Megatron's default), GELU, tied embeddings, GPT-2 BPE vocabulary (50,257 padded to
-50,304), sequence 1,024, micro-batch 4, global batch 32, bf16, Transformer Engine. Where several cases
-share a layout (they differ in checkpointing or logging, not in the step), the figure is their
+(4 x hidden, Megatron's default), GELU, hidden and attention dropout 0.1 (Megatron's defaults), tied
+embeddings, GPT-2 BPE vocabulary (50,257 padded to 50,304), sequence 1,024, micro-batch 4, global
+batch 32, bf16, Transformer Engine, no sequence parallelism unless named. Where several cases share a layout (they differ in checkpointing or logging, not in the step), the figure is their
 median, which the CI's run-to-run spread (up to 1.6x between cases of one layout) makes the fairer one.
 """
 
@@ -22,17 +22,17 @@ from autoshard.topology import place_axes
 
 SMALL_GPT = {"name": "gpt-small", "num_hidden_layers": 12, "hidden_size": 512, "intermediate_size": 2048,
              "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 50304, "hidden_act": "gelu",
-             "tie_word_embeddings": True}
+             "tie_word_embeddings": True, "dropout": True}
 
 # (layout, plan arguments, measured seconds per step, the cases whose median it is)
 MEGATRON_CI = [
     ("tp1pp1", dict(tp=1, pp=1, dp=8, zero_stage=1), 0.0532,
      "gpt3_mcore_te_tp1_pp1_* and gpt3_mcore_tp1_pp1_*dist_optimizer* (5 cases: 0.049-0.086)"),
     ("tp1pp4", dict(tp=1, pp=4, dp=2), 0.121, "gpt3_mcore_te_tp1_pp4_*, gpt3_mcore_tp1_pp4 (7 cases: 0.094-0.144)"),
-    ("tp2pp2", dict(tp=2, pp=2, dp=2), 0.1201, "gpt3_mcore_te_tp2_pp2_* without cp (7 cases: 0.117-0.194)"),
+    ("tp2pp2", dict(tp=2, pp=2, dp=2, sequence_parallel=False), 0.1201, "gpt3_mcore_te_tp2_pp2_* without cp (7 cases: 0.117-0.194)"),
     ("tp2pp2cp2", dict(tp=2, pp=2, dp=1, cp=2, sequence_parallel=True), 0.2927,
      "gpt3_mcore_te_tp2_pp2_*cp2* (9 cases: 0.290-0.302)"),
-    ("tp4pp1", dict(tp=4, pp=1, dp=2), 0.2491, "gpt3_mcore_te_tp4_pp1_*, gpt3_mcore_tp4_pp1_* (6 cases: 0.196-0.412)"),
+    ("tp4pp1", dict(tp=4, pp=1, dp=2, sequence_parallel=False), 0.2491, "gpt3_mcore_te_tp4_pp1_*, gpt3_mcore_tp4_pp1_* (6 cases: 0.196-0.412)"),
 ]
 
 

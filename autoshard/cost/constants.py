@@ -90,3 +90,17 @@ TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
 # torch's on Grace), one counted launch stands for about two real kernels and their Python.
 BLOOM_LAYER_LAUNCHES = 51
 EAGER_LAUNCH_HOST_S = BLOCKING_LAYER_HOST_S / BLOOM_LAYER_LAUNCHES
+
+# cuBLAS workspaces PyTorch's caching allocator hands out once per process and keeps (they count in
+# torch.cuda.max_memory_allocated), by GPU generation (compute capability 9.0 and later: Hopper,
+# Blackwell): PyTorch's per handle and stream (at::cuda::getChosenWorkspaceSize, CUBLAS_WORKSPACE_CONFIG
+# default ":4096:8" = 32 MiB from sm90 on, ":4096:2:16:8" = 8 MiB + 128 KiB before; Megatron-LM's
+# functional tests set ":4096:8"), and Transformer Engine's one GEMM workspace
+# (transformer_engine/pytorch/cpp_extensions/gemm.py get_cublas_workspace_size_bytes, d0067d0d:
+# 32 MiB + 1 KiB from sm90 on, 4 MiB before), where the framework runs TE
+# (frameworks.yaml cublas_workspaces).
+CUBLAS_WORKSPACE_BYTES = {
+    "pytorch": {True: 32 * 2**20, False: 8 * 2**20 + 128 * 2**10},
+    "transformer_engine": {True: 32 * 2**20 + 1024, False: 4 * 2**20},
+}
+SM90_ARCHS = ("hopper", "blackwell", "blackwell-ultra")  # catalog `arch` values of compute capability >= 9.0
