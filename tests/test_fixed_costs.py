@@ -7,8 +7,9 @@ model_config.yaml, run by tests/test_utils/recipes/h100/gpt.yaml on one node of 
 gpus: 8). Every case below trains the same small GPT: 12 layers, hidden 512, 8 heads, ffn 2048
 (4 x hidden, Megatron's default), GELU, hidden and attention dropout 0.1 (Megatron's defaults), tied
 embeddings, GPT-2 BPE vocabulary (50,257 padded to 50,304), sequence 1,024, micro-batch 4, global
-batch 32, bf16, Transformer Engine, no sequence parallelism unless named. Where several cases share a layout (they differ in checkpointing or logging, not in the step), the figure is their
-median, which the CI's run-to-run spread (up to 1.6x between cases of one layout) makes the fairer one.
+batch 32, bf16, Transformer Engine, no sequence parallelism unless named. Where several cases share a
+layout (they differ in checkpointing or logging, not in the step), the figure is their median, which
+the CI's run-to-run spread (up to 1.6x between cases of one layout) makes the fairer one.
 """
 
 import pytest
@@ -29,10 +30,12 @@ MEGATRON_CI = [
     ("tp1pp1", dict(tp=1, pp=1, dp=8, zero_stage=1), 0.0532,
      "gpt3_mcore_te_tp1_pp1_* and gpt3_mcore_tp1_pp1_*dist_optimizer* (5 cases: 0.049-0.086)"),
     ("tp1pp4", dict(tp=1, pp=4, dp=2), 0.121, "gpt3_mcore_te_tp1_pp4_*, gpt3_mcore_tp1_pp4 (7 cases: 0.094-0.144)"),
-    ("tp2pp2", dict(tp=2, pp=2, dp=2, sequence_parallel=False), 0.1201, "gpt3_mcore_te_tp2_pp2_* without cp (7 cases: 0.117-0.194)"),
+    ("tp2pp2", dict(tp=2, pp=2, dp=2, sequence_parallel=False), 0.1201,
+     "gpt3_mcore_te_tp2_pp2_* without cp (7 cases: 0.117-0.194)"),
     ("tp2pp2cp2", dict(tp=2, pp=2, dp=1, cp=2, sequence_parallel=True), 0.2927,
      "gpt3_mcore_te_tp2_pp2_*cp2* (9 cases: 0.290-0.302)"),
-    ("tp4pp1", dict(tp=4, pp=1, dp=2, sequence_parallel=False), 0.2491, "gpt3_mcore_te_tp4_pp1_*, gpt3_mcore_tp4_pp1_* (6 cases: 0.196-0.412)"),
+    ("tp4pp1", dict(tp=4, pp=1, dp=2, sequence_parallel=False), 0.2491,
+     "gpt3_mcore_te_tp4_pp1_*, gpt3_mcore_tp4_pp1_* (6 cases: 0.196-0.412)"),
 ]
 
 
