@@ -22,8 +22,8 @@ from .constants import (
     BLOCKING_LAYER_HOST_S,
     CUBLAS_WORKSPACE_BYTES,
     EAGER_LAUNCH_HOST_S,
-    SM90_ARCHS,
     ELEMENTWISE_BWD_FACTOR,
+    SM90_ARCHS,
     TIME_KEYS,
     overlapped,
 )
@@ -467,7 +467,8 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         c.bwd["tp_comm"] = c.fwd["tp_comm"]
     c.hfu_flops = c.base_flops = 3 * 2 * T * h * V
     c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
-    c.work_bytes = (BF16 + 4) * T * V + cublas_workspace_bytes(ctx)  # bf16 logits + fp32 softmax of one micro-batch
+    # bf16 logits + fp32 softmax of one micro-batch, and the cuBLAS workspaces
+    c.work_bytes = (BF16 + 4) * T * V + cublas_workspace_bytes(ctx)
     return c
 
 
