@@ -48,6 +48,11 @@ class FrameworkProfile:
     attention_backward_rate: float = CUDNN_ATTENTION_BACKWARD_RATE
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
+    # launches its kernels from eager Python (cost.EAGER_LAUNCH_HOST_S per counted launch); False: a
+    # compiled step (XLA) whose runtime launches from C++
+    eager_launches: bool = True
+    # cuBLAS workspaces its process allocates through PyTorch's caching allocator (cost.CUBLAS_WORKSPACE_BYTES)
+    cublas_workspaces: tuple[str, ...] = ("pytorch",)
     # Data-parallel tail overlaps its engine runs (Plan.overlap_grad_reduce / overlap_param_gather ask for
     # them; cost.dp_overlaps grants what the engine does): gradient reduction under the backward with
     # pp = 1 and with pipeline parallelism, and the ZeRO-1/2 parameter all-gather under the next forward
@@ -176,6 +181,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             attention_backward_rate=float(row.get("attention_backward_rate", CUDNN_ATTENTION_BACKWARD_RATE)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
             cuda_graphs=bool(row.get("cuda_graphs", False)),
+            eager_launches=bool(row.get("eager_launches", True)),
+            cublas_workspaces=tuple(row.get("cublas_workspaces", ["pytorch"])),
             grad_reduce_overlap=bool(row.get("grad_reduce_overlap", True)),
             pipeline_grad_reduce_overlap=bool(row.get("pipeline_grad_reduce_overlap", True)),
             param_gather_overlap=bool(row.get("param_gather_overlap", True)),

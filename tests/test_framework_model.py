@@ -891,7 +891,10 @@ def test_sliding_window_attention_attends_the_window():
     t_w, _, f_w = core_attention_s(ctx_w, Shapes(ctx_w, cfg))
     t_f, _, f_f = core_attention_s(ctx_f, Shapes(ctx_f, cfg))
     assert f_w == pytest.approx(f_f * spec.model.attention_key_share(S)) and t_w < t_f
-    assert evaluate(spec, Plan(tp=2, pp=2)).step_time_s < evaluate(full, Plan(tp=2, pp=2)).step_time_s
+    # CUDA graphs: this 4-layer model's micro-batches are otherwise host-bound (cost.layers._eager_host),
+    # and a cheaper attention then cannot show in the step
+    graphs = Plan(tp=2, pp=2, cuda_graphs=True)
+    assert evaluate(spec, graphs).step_time_s < evaluate(full, graphs).step_time_s
 
 
 def test_windowed_attention_splits_its_context_with_all_to_all_on_transformer_engine():

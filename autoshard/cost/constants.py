@@ -74,3 +74,33 @@ def overlapped(comm_s: float, compute_s: float) -> float:
 # Zay's; autoshard/data/kernel_measurements.json `launch_blocking`, benchmarks/measure_launch_blocking.py).
 BLOCKING_LAYER_HOST_S = 6.0e-3
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "host", "offload")
+
+# Host time of eager (Python) launch work per launch `cost.layer_kernels` counts: the layer's host
+# work runs ahead of the GPU asynchronously, so a layer takes the longer of its GPU time and this host
+# time (CUDA graphs and compiled steps have none). From the same measurement as BLOCKING_LAYER_HOST_S:
+# under CUDA_LAUNCH_BLOCKING=1 the host work of BLOOM's layer (fwd + recompute + bwd) is no longer
+# hidden and costs 5.9-7.6 ms more on one H100 (autoshard/data/kernel_measurements.json
+# `launch_blocking`), 6.0 ms over the 51 launches `layer_kernels` counts for that layer (its 95-103
+# real kernels: bias adds, copies and casts besides the counted ones): 118 us per counted launch. An
+# upper bound by the launch latency the blocking run also pays (a few us per real kernel). Not fitted:
+# Megatron-LM's functional tests (gpt3_mcore_te small GPT, 12 x 512 hidden, one H100 node) measure
+# 4.2-5 ms per layer and micro-batch in every TP x PP layout where this prices 3.9 ms
+# (tests/test_fixed_costs.py). Against TE issue #2053 (NVIDIA/TransformerEngine, 2025-08: one
+# torch.nn.Linear forward costs 13.5 us of CPU on a DGX H100, Transformer Engine's Linear 2.7x
+# torch's on Grace), one counted launch stands for about two real kernels and their Python.
+BLOOM_LAYER_LAUNCHES = 51
+EAGER_LAUNCH_HOST_S = BLOCKING_LAYER_HOST_S / BLOOM_LAYER_LAUNCHES
+
+# cuBLAS workspaces PyTorch's caching allocator hands out once per process and keeps (they count in
+# torch.cuda.max_memory_allocated), by GPU generation (compute capability 9.0 and later: Hopper,
+# Blackwell): PyTorch's per handle and stream (at::cuda::getChosenWorkspaceSize, CUBLAS_WORKSPACE_CONFIG
+# default ":4096:8" = 32 MiB from sm90 on, ":4096:2:16:8" = 8 MiB + 128 KiB before; Megatron-LM's
+# functional tests set ":4096:8"), and Transformer Engine's one GEMM workspace
+# (transformer_engine/pytorch/cpp_extensions/gemm.py get_cublas_workspace_size_bytes, d0067d0d:
+# 32 MiB + 1 KiB from sm90 on, 4 MiB before), where the framework runs TE
+# (frameworks.yaml cublas_workspaces).
+CUBLAS_WORKSPACE_BYTES = {
+    "pytorch": {True: 32 * 2**20, False: 8 * 2**20 + 128 * 2**10},
+    "transformer_engine": {True: 32 * 2**20 + 1024, False: 4 * 2**20},
+}
+SM90_ARCHS = ("hopper", "blackwell", "blackwell-ultra")  # catalog `arch` values of compute capability >= 9.0

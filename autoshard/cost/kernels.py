@@ -226,3 +226,51 @@ def _frozen_adjust(ctx: Context, gemm_fwd_s: float) -> tuple[float, float]:
         return 2 * gemm_fwd_s, gemm_fwd_s
     adapters = lora_fraction(ctx.model, ctx.training.lora_rank) * gemm_fwd_s
     return gemm_fwd_s + 2 * adapters, adapters
+
+
+def layer_kernels(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple[int, int, int]:
+    """(forward, backward, selective-recompute) kernel launches of one layer and micro-batch, counted
+    from the layer's structure as Megatron-style eager code runs it (Megatron-core with Transformer
+    Engine modules; Megatron-DeepSpeed; torchtitan's eager modules launch the same operations):
+    forward: two norms, the attention's GEMMs (QKV and output; MLA's down- and up-projections), the
+    fused attention call (one per context-parallel ring step; materialized: the score GEMM, softmax,
+    dropout where the model has it and the PV GEMM), the MLP's two GEMMs (gate and up fused in one) or
+    the MoE's router, top-k, permute, grouped GEMMs and unpermute, the activation, two residual
+    (bias-dropout-add) kernels, and one per TP collective (two all-reduces, or two all-gathers and two
+    reduce-scatters with SP) and CP exchange. Backward: every GEMM twice (input and weight gradient),
+    each norm twice (input gradient, weight-gradient reduction), the attention's backward (its
+    preprocessing and main kernel; materialized: its four), the activation's and residuals', the same
+    collectives, and one gradient-accumulation add per norm weight and bias (weight gradients
+    accumulate in their GEMM: Megatron's gradient-accumulation fusion). Selective recompute re-runs
+    the core attention. The count leaves out what eager code launches besides these (bias adds, layout
+    copies, casts, RNG): BLOOM's measured layer (Megatron-DeepSpeed, materialized attention, tp 8, full
+    recompute) launches 95-103 kernels (autoshard/data/kernel_measurements.json `launch_blocking`)
+    where this count gives it BLOOM_LAYER_LAUNCHES = 51; `EAGER_LAUNCH_HOST_S` is priced per counted
+    launch, so the uncounted ones ride along."""
+    m = sh.m
+    if m.is_mla:
+        attn_gemms = 5 if m.q_lora_rank else 4
+    else:
+        attn_gemms = 2
+    steps = sh.cp if (sh.cp > 1 and sh.cp_comm not in ("a2a", "allgather")) else 1
+    flash = ctx.training.flash_attention
+    core_f = steps if flash else (3 + (1 if m.dropout else 0))
+    core_b = 2 * steps if flash else 4
+    if kind == "dense":
+        mlp_gemms, mlp_other = 2, 1  # fc1 (gate + up), fc2; the activation
+    else:  # router GEMM, top-k/softmax, permute, expert fc1 + fc2 (grouped), activation, unpermute
+        mlp_gemms, mlp_other = 3, 4
+        if m.num_shared_experts:
+            mlp_gemms, mlp_other = mlp_gemms + 2, mlp_other + 1
+    comm = 0
+    if cfg.tp > 1:
+        comm += 4 if cfg.sp else 2
+    if sh.cp > 1:
+        comm += 4 if sh.cp_comm == "a2a" else (2 if sh.cp_comm == "allgather" else 2 * (steps - 1))
+    if kind == "moe" and cfg.ep > 1:
+        comm += 2
+    gemms = attn_gemms + mlp_gemms
+    fwd = 2 + gemms + core_f + mlp_other + 2 + comm
+    small_params = 2 + (4 if m.dropout else 0)  # norm weights; GPT-style biases (dropout marks GPT-2/3 layers)
+    bwd = 2 * gemms + 4 + core_b + mlp_other + 2 + comm + small_params
+    return fwd, bwd, core_f

@@ -20,7 +20,10 @@ from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s
 from .constants import (
     BF16,
     BLOCKING_LAYER_HOST_S,
+    CUBLAS_WORKSPACE_BYTES,
+    EAGER_LAUNCH_HOST_S,
     ELEMENTWISE_BWD_FACTOR,
+    SM90_ARCHS,
     TIME_KEYS,
     overlapped,
 )
@@ -33,6 +36,7 @@ from .kernels import (
     attention_backward_s,
     core_attention_flops,
     core_attention_s,
+    layer_kernels,
     unfused_softmax_reason,
     unfused_softmax_s,
 )
@@ -275,6 +279,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         ag = all_gather_s(ctx.levels, pl.dp_cp, w_dense) + all_gather_s(ctx.levels, pl.edp, w_exp)
         rs = reduce_scatter_s(ctx.levels, pl.dp_cp, g_b * dense_local) \
             + reduce_scatter_s(ctx.levels, pl.edp, g_b * expert_local)
+    launches = layer_kernels(ctx, cfg, sh, kind)
     out = {}
     for recompute in ctx.modes:
         c = Cost()
@@ -290,7 +295,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         c.expert_params = expert_local
         c.bwd["compute"] += _grad_accum_s(ctx, c.params)
         c.act_bytes = acts.get(recompute, acts["none"])
-        c.work_bytes = acts["none"]
+        c.work_bytes = acts["none"] + cublas_workspace_bytes(ctx)
         c.hfu_flops = c.base_flops = 3 * flops
         if recompute == "full":
             c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
@@ -325,11 +330,44 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             host += BLOCKING_LAYER_HOST_S
         if host:
             c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
-        if zero3:
+        _eager_host(ctx, cfg, c, recompute, launches)
+        if zero3:  # (priced against the kernels alone: the solver's bounds combine them with the layer so)
             c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
             c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
         out[recompute] = c
     return out
+
+
+def cublas_workspace_bytes(ctx: Context) -> float:
+    """cuBLAS workspaces the framework's process holds through PyTorch's caching allocator for the whole
+    run (CUBLAS_WORKSPACE_BYTES by library and GPU generation, `FrameworkProfile.cublas_workspaces`):
+    counted once in the working memory (`Cost.work_bytes` of every layer and of the head, of which a
+    stage's peak takes the largest)."""
+    sm90 = ctx.gpu.arch in SM90_ARCHS
+    return float(sum(CUBLAS_WORKSPACE_BYTES[lib][sm90] for lib in ctx.framework.cublas_workspaces))
+
+
+def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tuple[int, int, int]) -> None:
+    """Add to `c` the host launch time its GPU work does not hide: eager frameworks launch every
+    kernel from Python (`layer_kernels` launches at EAGER_LAUNCH_HOST_S each), ahead of the GPU and
+    asynchronously, so each pass takes the longer of its GPU time and its host time (not their sum).
+    The backward also launches what it recomputes: the whole forward (full), the core attention
+    (selective, `core_attn`) or about three launches per other recompute module. Full-iteration CUDA
+    graphs replay the step without the host, a compiled step (XLA) launches from C++, and under
+    CUDA_LAUNCH_BLOCKING the host time is already serial (BLOCKING_LAYER_HOST_S): none here. ZeRO-3's
+    per-layer traffic is priced after, against the kernels alone (a host-bound layer does not hide it:
+    conservative, and the form the solver's bounds assume)."""
+    if cfg.cuda_graphs or ctx.training.launch_blocking or not ctx.framework.eager_launches:
+        return
+    fwd_k, bwd_k, core_k = launches
+    if recompute == "full":
+        bwd_k += fwd_k
+    elif recompute == "selective":
+        bwd_k += core_k
+    elif recompute not in ("none", "offload"):
+        bwd_k += sum(core_k if mod == "core_attn" else 3 for mod in recompute.split("+"))
+    c.fwd["host"] += max(0.0, fwd_k * EAGER_LAUNCH_HOST_S - c.fwd_s)
+    c.bwd["host"] += max(0.0, bwd_k * EAGER_LAUNCH_HOST_S - c.bwd_s)
 
 
 def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, module: str,
@@ -432,7 +470,8 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         c.bwd["tp_comm"] = c.fwd["tp_comm"]
     c.hfu_flops = c.base_flops = 3 * 2 * T * h * V
     c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
-    c.work_bytes = (BF16 + 4) * T * V  # bf16 logits + fp32 softmax of one micro-batch
+    # bf16 logits + fp32 softmax of one micro-batch, and the cuBLAS workspaces
+    c.work_bytes = (BF16 + 4) * T * V + cublas_workspace_bytes(ctx)
     return c
 
 
