@@ -97,3 +97,20 @@ def test_second_term_is_the_one_the_runs_tell_apart(tmp_path):
     assert res.fits[0].fitted == [STEP, "scaleup"]
     res = calibrate("mbs2 vs mbs4", tmp_path / "b.yaml", cases=[cases[0], cases[1]], common_ratio=True, extra_terms=1)
     assert res.fits[0].fitted == [STEP]
+
+
+def test_cli_common_ratio_from_logs(tmp_path, capsys):
+    """`calibrate --logs ... --common-ratio`: the four Megatron logs (A100, TP 1, 2, 4 and 8, no nccl-tests)
+    fit the ratio and, as the runs differ in TP degree, the NVLink efficiency beside it (2 factors for 4
+    runs); the header names both, and the same input writes the same bytes."""
+    from autoshard.cli import main as cli_main
+
+    meg = Path(__file__).parent / "data" / "artifacts" / "megatron"
+    args = ["calibrate", "--logs", str(meg), "--gpu", "a100-sxm-80gb", "--topology", "dgx-a100-superpod",
+            "--common-ratio", "--no-loo", "--quiet"]
+    assert cli_main([*args, "-o", str(tmp_path / "a.yaml")]) == 0
+    assert cli_main([*args, "-o", str(tmp_path / "b.yaml")]) == 0
+    text = (tmp_path / "a.yaml").read_text()
+    assert text == (tmp_path / "b.yaml").read_text()
+    assert "#   fitted: step, scaleup (common ratio " in text and "Common ratio (--common-ratio)" in text
+    assert "fitted to step times: step, scaleup" in capsys.readouterr().out
