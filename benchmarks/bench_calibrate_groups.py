@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoshard.calibrate import calibrate
+from autoshard.calibrate import STEP, calibrate
 from autoshard.validate import Case, completed_plan
 from autoshard.validate.ablations import APART, config_row, group_result, load_groups
 from autoshard.validate.modern import modern_row_to_case
@@ -92,13 +92,15 @@ def run(path: Path, every_pair: bool, **fit: Any) -> list[dict[str, Any]]:
             continue
         idx = sorted(cases)
         choices = list(itertools.combinations(idx, 2)) if every_pair else [tuple(idx[:2])]
-        acc = {"before_err": [], "after_err": [], "before_pairs": [0, 0], "after_pairs": [0, 0], "fitted": set()}
+        acc = {"before_err": [], "after_err": [], "before_pairs": [0, 0], "after_pairs": [0, 0], "fitted": set(),
+               "ratios": []}
         for pick in choices:
             held = set(idx) - set(pick)
             with tempfile.TemporaryDirectory(prefix="bench-cal-") as d:
                 out = Path(d) / "overlay.yaml"
                 res = calibrate(f"{group['id']} configs {pick}", out, cases=[cases[i] for i in pick], **fit)
                 acc["fitted"].update(n for f in res.fits for n in f.fitted)
+                acc["ratios"] += [f.step_ratio for f in res.fits if STEP in f.fitted]
                 eb, nb, cb = score(group, cases, held, None)
                 ea, na, ca = score(group, cases, held, str(out))
             acc["before_err"] += eb
@@ -116,11 +118,13 @@ def _pct(a: int, b: int) -> str:
 
 
 def table(rows: list[dict[str, Any]], markdown: bool) -> str:
-    head = ["group", "plans", "fits", "fitted", "held-out median err before", "after",
+    head = ["group", "plans", "fits", "fitted", "common ratio", "held-out median err before", "after",
             "held-out pairs concordant before", "after"]
     lines = []
     for r in rows:
-        lines.append([r["group"], str(r["configs"]), str(r["calibrations"]), ", ".join(sorted(r["fitted"])) or "-",
+        ratio = (f"{min(r['ratios']):.3g}" + (f"-{max(r['ratios']):.3g}" if max(r["ratios"]) > min(r["ratios"]) else "")
+                 if r["ratios"] else "-")
+        lines.append([r["group"], str(r["configs"]), str(r["calibrations"]), ", ".join(sorted(r["fitted"])) or "-", ratio,
                       f"{statistics.median(r['before_err']):.1f}%" if r["before_err"] else "n/a",
                       f"{statistics.median(r['after_err']):.1f}%" if r["after_err"] else "n/a",
                       _pct(*r["before_pairs"]), _pct(*r["after_pairs"])])
@@ -128,7 +132,7 @@ def table(rows: list[dict[str, Any]], markdown: bool) -> str:
     ea = [e for r in rows for e in r["after_err"]]
     pb = [sum(r["before_pairs"][0] for r in rows), sum(r["before_pairs"][1] for r in rows)]
     pa = [sum(r["after_pairs"][0] for r in rows), sum(r["after_pairs"][1] for r in rows)]
-    lines.append(["all", str(sum(r["configs"] for r in rows)), str(sum(r["calibrations"] for r in rows)), "",
+    lines.append(["all", str(sum(r["configs"] for r in rows)), str(sum(r["calibrations"] for r in rows)), "", "",
                   f"{statistics.median(eb):.1f}%" if eb else "n/a", f"{statistics.median(ea):.1f}%" if ea else "n/a",
                   _pct(*pb), _pct(*pa)])
     if markdown:
