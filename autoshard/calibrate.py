@@ -21,6 +21,15 @@ Procedure (deterministic: fixed grid, fixed iteration counts, fixed order):
    its base value. matmul.fp8 needs fp8 runs. At most one factor per two runs is fitted
    (at least one), so a handful of runs cannot be matched exactly by as many factors.
 4. Objective: sum over the runs of (log(predicted step / measured step))^2.
+   With `common_ratio` (`autoshard calibrate --common-ratio`), the first candidate is the common
+   step-level ratio: one number multiplying every candidate factor (each capped at 1.0), so every
+   GPU-bound term of every run moves by the same ratio; then, up to the limit (one per two runs, plus
+   `extra_terms`), the factor whose elasticity the chosen ones reproduce least (for two runs: the
+   factor whose elasticity differs most between them: a network factor when they differ mainly in
+   communication, the matmul factor when in computation), if it passes the same test. Two runs then
+   fit the ratio alone: what they measure best. The ratio is searched on [0.2, 2.0]; a factor it takes
+   below 0.2 is warned (the runs are slower than any efficiency can explain: a term the cost model does
+   not price for them, such as host time).
 5. Coordinate descent, 3 sweeps over the chosen factors in that order; each factor is
    minimized alone on a 17-point log-spaced grid over [0.2, 1.0], then by 12 golden-section
    steps on log(factor) between the grid neighbours of the best grid point.
@@ -66,6 +75,12 @@ FACTOR_ORDER = ("matmul.bf16", "matmul.fp8", "hbm", "scaleup", "scaleout")
 # scale-up / scale-out factor outside it is reported as a warning (`network_warnings`).
 NETWORK_RANGE = (0.75, 0.85)
 NETWORK_FACTORS = ("scaleup", "scaleout")
+# The common step-level ratio (`common_ratio=True`): one number that multiplies every efficiency factor
+# the runs may fit (each capped at 1.0), so every GPU-bound term of every plan moves by the same ratio;
+# what two trial runs of one model on one cluster measure best. Searched on this range (a ratio below
+# LO / factor takes a factor below LO: warned, as a factor at its bound).
+STEP = "step"
+STEP_LO, STEP_HI = 0.2, 2.0
 
 
 @dataclass
@@ -88,6 +103,7 @@ class GpuFit:
     objective_before: float
     objective_after: float
     warnings: list[str] = field(default_factory=list)
+    step_ratio: float = 1.0  # the common ratio fitted (`common_ratio`), already applied in `after`
 
 
 @dataclass
@@ -109,7 +125,8 @@ class CalibrationResult:
         """What `autoshard calibrate` prints: factors and errors before / after."""
         lines = [f"calibrated on {len(self.runs_used)} runs ({len(self.excluded)} excluded); wrote {self.out_path}"]
         for f in self.fits:
-            lines.append(f"  {f.gpu}: fitted {', '.join(f.fitted) or 'nothing'}")
+            lines.append(f"  {f.gpu}: fitted {', '.join(f.fitted) or 'nothing'}"
+                         + (f" (common ratio {f.step_ratio:g})" if STEP in f.fitted else ""))
             lines.append(f"    before {f.before}")
             lines.append(f"    after  {f.after}")
         b, a = self.before, self.after
@@ -191,11 +208,35 @@ class _Trials:
         return float(np.sum(np.log(s / measured) ** 2))
 
 
-def _identify(trials: _Trials, gpu: str, eff: dict[str, Any], candidates: list[str]) -> tuple[list[str], dict[str, str], dict[str, float]]:
-    """Factors the runs can identify (see module docstring, step 3)."""
+def _compose(eff0: dict[str, Any], params: dict[str, float], scaled: tuple[str, ...]) -> dict[str, Any]:
+    """The efficiency mapping of a trial: `params` (factor -> value) set on `eff0`, then every factor of
+    `scaled` multiplied by the common ratio `params[STEP]` (absent: 1) and capped at HI."""
+    eff = _copy(eff0)
+    for name, v in params.items():
+        if name != STEP:
+            eff = _set(eff, name, v)
+    ratio = params.get(STEP, 1.0)
+    if ratio != 1.0:
+        for name in scaled:
+            eff = _set(eff, name, min(HI, _get(eff, name) * ratio))
+    return eff
+
+
+def _identify(trials: _Trials, gpu: str, eff: dict[str, Any], candidates: list[str], *,
+              scaled: tuple[str, ...] = (), by_elasticity: bool = False,
+              extra_terms: int = 0) -> tuple[list[str], dict[str, str], dict[str, float]]:
+    """Factors the runs can identify (see module docstring, step 3). `STEP` among the candidates is the
+    common ratio over `scaled`. `by_elasticity`: after the candidates that lead (the common ratio), the
+    next factor is the one whose elasticity the factors chosen so far reproduce least (the largest
+    independent residual: for two runs, the factor whose elasticity differs most between them), not
+    the next in FACTOR_ORDER. `extra_terms`: factors allowed beyond one per RUNS_PER_FACTOR runs."""
     s0 = trials.steps(gpu, eff)
     cols: dict[str, np.ndarray] = {}
     for name in candidates:
+        if name == STEP:
+            s = trials.steps(gpu, _compose(eff, {STEP: FD_STEP}, scaled))
+            cols[name] = (np.log(s) - np.log(s0)) / math.log(FD_STEP)
+            continue
         v = _get(eff, name)
         trial = v * FD_STEP if v * FD_STEP >= LO else min(HI, v / FD_STEP)
         s = trials.steps(gpu, _set(eff, name, trial))
@@ -203,7 +244,9 @@ def _identify(trials: _Trials, gpu: str, eff: dict[str, Any], candidates: list[s
     chosen: list[str] = []
     kept: dict[str, str] = {}
     n = len(s0)
-    for name in candidates:
+    limit = max(1, n // RUNS_PER_FACTOR) + extra_terms
+
+    def residual(name: str) -> tuple[float, float]:
         col = cols[name]
         if chosen:
             basis = np.stack([cols[c] for c in chosen], axis=1)
@@ -211,10 +254,21 @@ def _identify(trials: _Trials, gpu: str, eff: dict[str, Any], candidates: list[s
             resid = col - basis @ coef
         else:
             resid = col
-        rms = float(np.linalg.norm(resid) / math.sqrt(n))
-        share = float(np.linalg.norm(resid) / max(np.linalg.norm(col), 1e-300))
-        if len(chosen) >= max(1, n // RUNS_PER_FACTOR):
-            kept[name] = f"{n} runs identify at most {max(1, n // RUNS_PER_FACTOR)} factor(s)"
+        return (float(np.linalg.norm(resid) / math.sqrt(n)),
+                float(np.linalg.norm(resid) / max(np.linalg.norm(col), 1e-300)))
+
+    todo = list(candidates)
+    while todo:
+        if by_elasticity and chosen:  # the most independent of the rest; ties by FACTOR_ORDER
+            scores = {name: residual(name) for name in todo}
+            name = max(todo, key=lambda k: (scores[k][0] if scores[k][1] >= MIN_RESIDUAL_SHARE else -1.0,
+                                            -todo.index(k)))
+        else:
+            name = todo[0]
+        todo.remove(name)
+        rms, share = residual(name)
+        if len(chosen) >= limit:
+            kept[name] = f"{n} runs identify at most {limit} factor(s)"
         elif rms >= MIN_RESIDUAL_RMS and share >= MIN_RESIDUAL_SHARE:
             chosen.append(name)
         else:
@@ -292,7 +346,8 @@ def network_warnings(result: CalibrationResult) -> list[str]:
 def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
               base_catalog: str | os.PathLike[str] | None = None, verbose: bool = False,
               progress: Callable[[str], None] | None = None, cases: list[Case] | None = None,
-              keep_factors: tuple[str, ...] = ()) -> CalibrationResult:
+              keep_factors: tuple[str, ...] = (), common_ratio: bool = False,
+              extra_terms: int = 0) -> CalibrationResult:
     """Fit per-GPU efficiency factors to measured step times and write a catalog overlay.
     `progress(text)`: called at each stage of the fit (pricing the runs, each factor of each sweep per
     GPU, measuring the result), for a live line on a terminal.
@@ -360,36 +415,50 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
                     if name.split(".", 1)[1] not in eff0["matmul"]:
                         continue
                 candidates.append(name)
-            chosen, kept, rms = _identify(trials, gpu, eff0, candidates)
+            scaled = tuple(candidates)
+            if common_ratio:
+                candidates = [STEP, *candidates]
+            chosen, kept, rms = _identify(trials, gpu, eff0, candidates, scaled=scaled,
+                                          by_elasticity=common_ratio, extra_terms=extra_terms)
             for name in FACTOR_ORDER:
                 if name in keep_factors:
                     kept[name] = "measured from the artifacts (kept as given)"
                 elif name not in candidates:
                     kept[name] = "no runs of this precision" if name.startswith("matmul.") else "not a candidate"
-            eff = _copy(eff0)
-            obj0 = trials.objective(gpu, eff, measured)
+            params = {name: (1.0 if name == STEP else _get(eff0, name)) for name in chosen}
+            obj0 = trials.objective(gpu, eff0, measured)
             for sweep in range(SWEEPS):
                 for name in chosen:
                     say(f"{where}: sweep {sweep + 1}/{SWEEPS}, fitting {name}")
-                    current = eff
+                    current = dict(params)
 
                     def f(x: float, name: str = name, current: dict = current) -> float:
-                        return trials.objective(gpu, _set(current, name, x), measured)
+                        return trials.objective(gpu, _compose(eff0, {**current, name: x}, scaled), measured)
 
-                    eff = _set(eff, name, _minimize_factor(f))
-            for name in chosen:
+                    params[name] = (_minimize_factor(f, STEP_LO, STEP_HI) if name == STEP else _minimize_factor(f))
+            params = {k: round(v, DECIMALS) for k, v in params.items()}
+            eff = _compose(eff0, params, scaled)
+            for name in scaled if STEP in params else chosen:
                 eff = _set(eff, name, round(_get(eff, name), DECIMALS))
             obj1 = trials.objective(gpu, eff, measured)
             if obj1 > obj0:  # never write something worse than the start point
-                eff, obj1 = _copy(eff0), obj0
+                eff, obj1, params = _copy(eff0), obj0, {k: (1.0 if k == STEP else _get(eff0, k)) for k in params}
             entries[gpu] = eff
             warnings = [f"{name} = {_get(eff, name):g} is at the bound of the search [{LO}, {HI}]: the fit may be "
                         "compensating a term the cost model misprices rather than measuring this efficiency"
-                        for name in chosen if min(_get(eff, name) - LO, HI - _get(eff, name)) < 1e-3]
+                        for name in chosen if name != STEP and min(_get(eff, name) - LO, HI - _get(eff, name)) < 1e-3]
+            ratio = params.get(STEP, 1.0)
+            if STEP in params and min(ratio - STEP_LO, STEP_HI - ratio) < 1e-3:
+                warnings.append(f"the common ratio {ratio:g} is at the bound of its search [{STEP_LO}, {STEP_HI}]")
+            low = [f"{name} {_get(eff, name):.3g}" for name in scaled if STEP in params and _get(eff, name) < LO]
+            if low:
+                warnings.append(f"the common ratio {ratio:g} takes {', '.join(low)} below {LO}: the measured steps are "
+                                "slower than these efficiencies can physically explain; the ratio stands in for a "
+                                "term the cost model does not price for these runs (host time, launches, syncs)")
             fits.append(GpuFit(gpu=gpu, runs=[c.id for c in gcases], fitted=chosen,
                                kept={k: kept[k] for k in FACTOR_ORDER if k in kept}, elasticity_rms=rms,
                                before=eff0, after=eff, objective_before=obj0, objective_after=obj1,
-                               warnings=warnings))
+                               warnings=warnings, step_ratio=ratio))
 
     say(f"measuring the fitted overlay on the {len(usable)} runs")
     errs_before = _errors(usable, base_path)
@@ -438,6 +507,9 @@ def _header(r: CalibrationResult) -> str:
         f">= {MIN_RESIDUAL_SHARE:.0%} of the column norm, and at most one factor per {RUNS_PER_FACTOR} runs; other "
         "factors keep",
         "their base values. Runs whose priced plan is invalid or does not fit in memory are excluded.",
+        *(["Common ratio (--common-ratio): the first factor is one ratio multiplying every candidate factor",
+           f"(each capped at {HI}), searched on [{STEP_LO}, {STEP_HI}]; the next is the factor the ratio "
+           "reproduces least."] if any(STEP in f.fitted for f in r.fits) else []),
         "",
         f"Measurements: {Path(r.measurements_path).name} ({len(r.runs_used)} runs used, "
         f"{len(r.excluded)} excluded)",
@@ -446,7 +518,8 @@ def _header(r: CalibrationResult) -> str:
         lines.append(f"{fit.gpu}: {len(fit.runs)} runs:")
         lines.extend(textwrap.wrap(", ".join(fit.runs), width=96, initial_indent="  ", subsequent_indent="  ",
                                    break_on_hyphens=False))
-        lines.append(f"  fitted: {', '.join(fit.fitted) or 'none'}")
+        lines.append(f"  fitted: {', '.join(fit.fitted) or 'none'}"
+                     + (f" (common ratio {fit.step_ratio:g})" if STEP in fit.fitted else ""))
         lines.append(f"  before: {_fmt_eff(fit.before)}")
         lines.append(f"  after:  {_fmt_eff(fit.after)}")
         lines.append(f"  sum of squared log errors: {fit.objective_before:.5f} -> {fit.objective_after:.5f}")
@@ -463,7 +536,8 @@ def _header(r: CalibrationResult) -> str:
 def format_calibration(r: CalibrationResult) -> str:
     lines = [f"calibrated catalog written to {r.out_path}"]
     for fit in r.fits:
-        lines.append(f"{fit.gpu} ({len(fit.runs)} runs): fitted {', '.join(fit.fitted) or 'nothing'}")
+        lines.append(f"{fit.gpu} ({len(fit.runs)} runs): fitted {', '.join(fit.fitted) or 'nothing'}"
+                     + (f" (common ratio {fit.step_ratio:g})" if STEP in fit.fitted else ""))
         lines.append(f"  before: {_fmt_eff(fit.before)}")
         lines.append(f"  after:  {_fmt_eff(fit.after)}")
         for k, why in fit.kept.items():

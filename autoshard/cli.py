@@ -653,14 +653,16 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
     loo_text = ""
     try:
-        res = calibrate(a.measurements, a.output, progress=progress if line is not None else None)
+        res = calibrate(a.measurements, a.output, progress=progress if line is not None else None,
+                        common_ratio=a.common_ratio)
         if a.loo:
             from .artifacts.profile import format_loo, leave_one_out  # noqa: PLC0415
             from .validate import convert, load_runs  # noqa: PLC0415
 
             cases, _ = convert(load_runs(a.measurements))
             loo_text = format_loo(*leave_one_out(cases, list(res.runs_used),
-                                                 progress=progress if line is not None else None))
+                                                 progress=progress if line is not None else None,
+                                                 common_ratio=a.common_ratio))
     finally:
         if line is not None:
             line.close(erase=True)  # the summary and warnings follow
@@ -701,7 +703,8 @@ def _calibrate_artifacts(a: argparse.Namespace) -> int:
 
     try:
         res = calibrate_artifacts(runs, traces, tests, a.output, inputs=inputs, base_catalog=a.catalog,
-                                  loo=not a.no_loo, progress=progress if line is not None else None)
+                                  loo=not a.no_loo, progress=progress if line is not None else None,
+                                  common_ratio=a.common_ratio)
     finally:
         if line is not None:
             line.close(erase=True)
@@ -922,6 +925,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "per run; on by default)")
     cal.add_argument("--loo", action="store_true", help="with a runs file: add the leave-one-run-out check (each run "
                      "predicted by a fit on the others, before -> after)")
+    cal.add_argument("--common-ratio", action="store_true", help="fit first one ratio that moves every fitted "
+                     "efficiency factor together (the step-level ratio two trial runs measure best), then the "
+                     "factors the runs tell apart from it (docs/calibration.md)")
     cal.add_argument("--json", action="store_true", help="print the result as JSON (with --logs)")
     cal.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
     return p

@@ -1,9 +1,10 @@
 """Calibrate on two plans of a group, rank the rest: the way a team would use `autoshard calibrate`.
 
-On the published ablation groups (`shared/validation/ablations_dev.json`: several measured plans of one
+On the published ablation groups (`validation/ablations_dev.json`: several measured plans of one
 model on one cluster), for every group with at least three measured configurations that price:
 
-* calibrate (`autoshard.calibrate.calibrate`, the same fit as `autoshard calibrate --logs`) on two of
+* calibrate (`autoshard.calibrate.calibrate`, the fit of `autoshard calibrate`; `--method` picks its
+  options, default `--common-ratio`) on two of
   its configurations: the first two listed ("first two", what a team running two trial jobs does),
   and, separately, every pair of them ("every pair", averaged by pooling);
 * price every configuration of the group with and without the calibrated overlay
@@ -14,6 +15,7 @@ model on one cluster), for every group with at least three measured configuratio
   (the validate rule).
 
     PYTHONPATH=. python benchmarks/bench_calibrate_groups.py [--groups FILE] [--every-pair] [--markdown]
+        [--method one-factor|common-ratio|common-ratio+1] [--compare]
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoshard.calibrate import calibrate
+from autoshard.calibrate import STEP, calibrate
 from autoshard.validate import Case, completed_plan
 from autoshard.validate.ablations import APART, config_row, group_result, load_groups
 from autoshard.validate.modern import modern_row_to_case
 
-DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "validation" / "ablations_dev.json"
+# The project's copy (facts as fields, GPU names the catalog resolves), not shared/validation's older one.
+DEFAULT = Path(__file__).resolve().parents[1] / "validation" / "ablations_dev.json"
 
 
 def measured_step_s(group: dict[str, Any], measured: dict[str, Any]) -> float | None:
@@ -54,7 +57,7 @@ def group_cases(group: dict[str, Any]) -> dict[int, Case]:
         if str(cfg["measured"].get("status", "ok")).upper() == "OOM" or step is None:
             continue
         row, _ = config_row(group, cfg, i)
-        tp_ov, ep_ov = row.pop("_tp_overlap"), row.pop("_ep_overlap")
+        tp_ov, ep_ov = row.get("tp_comm_overlap"), row.get("ep_overlap")
         case = modern_row_to_case(row)
         if not isinstance(case, Case):
             continue
@@ -81,7 +84,7 @@ def score(group: dict[str, Any], cases: dict[int, Case], held: set[int], catalog
     return errs, len(pairs), sum(p.concordant for p in pairs)
 
 
-def run(path: Path, every_pair: bool) -> list[dict[str, Any]]:
+def run(path: Path, every_pair: bool, **fit: Any) -> list[dict[str, Any]]:
     rows = []
     for group in load_groups(path):
         cases = group_cases(group)
@@ -89,13 +92,15 @@ def run(path: Path, every_pair: bool) -> list[dict[str, Any]]:
             continue
         idx = sorted(cases)
         choices = list(itertools.combinations(idx, 2)) if every_pair else [tuple(idx[:2])]
-        acc = {"before_err": [], "after_err": [], "before_pairs": [0, 0], "after_pairs": [0, 0], "fitted": set()}
+        acc = {"before_err": [], "after_err": [], "before_pairs": [0, 0], "after_pairs": [0, 0], "fitted": set(),
+               "ratios": []}
         for pick in choices:
             held = set(idx) - set(pick)
             with tempfile.TemporaryDirectory(prefix="bench-cal-") as d:
                 out = Path(d) / "overlay.yaml"
-                res = calibrate(f"{group['id']} configs {pick}", out, cases=[cases[i] for i in pick])
+                res = calibrate(f"{group['id']} configs {pick}", out, cases=[cases[i] for i in pick], **fit)
                 acc["fitted"].update(n for f in res.fits for n in f.fitted)
+                acc["ratios"] += [f.step_ratio for f in res.fits if STEP in f.fitted]
                 eb, nb, cb = score(group, cases, held, None)
                 ea, na, ca = score(group, cases, held, str(out))
             acc["before_err"] += eb
@@ -113,11 +118,13 @@ def _pct(a: int, b: int) -> str:
 
 
 def table(rows: list[dict[str, Any]], markdown: bool) -> str:
-    head = ["group", "plans", "fits", "fitted", "held-out median err before", "after",
+    head = ["group", "plans", "fits", "fitted", "common ratio", "held-out median err before", "after",
             "held-out pairs concordant before", "after"]
     lines = []
     for r in rows:
-        lines.append([r["group"], str(r["configs"]), str(r["calibrations"]), ", ".join(sorted(r["fitted"])) or "-",
+        ratio = (f"{min(r['ratios']):.3g}" + (f"-{max(r['ratios']):.3g}" if max(r["ratios"]) > min(r["ratios"]) else "")
+                 if r["ratios"] else "-")
+        lines.append([r["group"], str(r["configs"]), str(r["calibrations"]), ", ".join(sorted(r["fitted"])) or "-", ratio,
                       f"{statistics.median(r['before_err']):.1f}%" if r["before_err"] else "n/a",
                       f"{statistics.median(r['after_err']):.1f}%" if r["after_err"] else "n/a",
                       _pct(*r["before_pairs"]), _pct(*r["after_pairs"])])
@@ -125,7 +132,7 @@ def table(rows: list[dict[str, Any]], markdown: bool) -> str:
     ea = [e for r in rows for e in r["after_err"]]
     pb = [sum(r["before_pairs"][0] for r in rows), sum(r["before_pairs"][1] for r in rows)]
     pa = [sum(r["after_pairs"][0] for r in rows), sum(r["after_pairs"][1] for r in rows)]
-    lines.append(["all", str(sum(r["configs"] for r in rows)), str(sum(r["calibrations"] for r in rows)), "",
+    lines.append(["all", str(sum(r["configs"] for r in rows)), str(sum(r["calibrations"] for r in rows)), "", "",
                   f"{statistics.median(eb):.1f}%" if eb else "n/a", f"{statistics.median(ea):.1f}%" if ea else "n/a",
                   _pct(*pb), _pct(*pa)])
     if markdown:
@@ -137,19 +144,51 @@ def table(rows: list[dict[str, Any]], markdown: bool) -> str:
     return "\n".join(fmt.format(*x) for x in [head, *lines]) + "\n"
 
 
+METHODS = {
+    "one-factor": {},  # one factor per two runs, in calibrate's fixed order (matmul first): the default fit
+    "common-ratio": {"common_ratio": True},  # `calibrate --common-ratio`
+    "common-ratio+1": {"common_ratio": True, "extra_terms": 1},  # the ratio and one more identified factor
+}
+
+
+def overall(rows: list[dict[str, Any]]) -> tuple[float, float, int, int, int, int, int, int]:
+    """Over all groups: median error before, after; pairs and concordant pairs before, after; held-out
+    evaluations; calibrations."""
+    eb = [e for r in rows for e in r["before_err"]]
+    ea = [e for r in rows for e in r["after_err"]]
+    return (statistics.median(eb), statistics.median(ea), sum(r["before_pairs"][0] for r in rows),
+            sum(r["before_pairs"][1] for r in rows), sum(r["after_pairs"][0] for r in rows),
+            sum(r["after_pairs"][1] for r in rows), len(eb), sum(r["calibrations"] for r in rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=Path, default=DEFAULT)
-    ap.add_argument("--every-pair", action="store_true", help="calibrate on every pair of each group, not the first two")
+    ap.add_argument("--every-pair", action="store_true", help="also calibrate on every pair of each group")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--method", choices=sorted(METHODS), default="common-ratio",
+                    help="the fit: one-factor (calibrate's default), common-ratio (--common-ratio; default here), "
+                         "common-ratio+1 (the ratio and one more factor the two runs identify)")
+    ap.add_argument("--compare", action="store_true", help="only the all-groups line of every method")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    for every in ([False, True] if a.every_pair else [False]):
-        rows = run(a.groups, every)
-        print(f"calibrated on {'every pair' if every else 'the first two'} of each group's measured plans; "
-              "scored on the others")
-        sys.stdout.write(table(rows, a.markdown))
-        print()
+    protocols = [False, True] if a.every_pair else [False]
+    if a.compare:
+        print("| calibrated on | fit | held-out evaluations (calibrations) | held-out median error: built-in -> "
+              "calibrated | held-out pairs ordered right: built-in -> calibrated |")
+        print("|---|---|---|---|---|")
+        for every in protocols:
+            for name, fit in METHODS.items():
+                mb, ma, nb, cb, na, ca, n, k = overall(run(a.groups, every, **fit))
+                print(f"| {'every pair' if every else 'the first two plans'} | {name} | {n} ({k}) | "
+                      f"{mb:.1f}% -> {ma:.1f}% | {_pct(nb, cb)} -> {_pct(na, ca)} |")
+    else:
+        for every in protocols:
+            rows = run(a.groups, every, **METHODS[a.method])
+            print(f"fit {a.method}: calibrated on {'every pair' if every else 'the first two'} of each group's "
+                  "measured plans; scored on the others")
+            sys.stdout.write(table(rows, a.markdown))
+            print()
     print(f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0
 

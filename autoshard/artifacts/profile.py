@@ -263,7 +263,8 @@ def _errors(cases: list[Any], catalog: str | None) -> dict[str, float]:
 
 def _fit(runs: list[MeasuredRun], tests: list[NcclTest], traces: dict[str, list[TraceSummary]],
          base_catalog: str | None, out_path: str, tmp: Path, tag: str,
-         progress: Callable[[str], None] | None = None) -> tuple[Any, dict[str, Measured], str]:
+         progress: Callable[[str], None] | None = None, common_ratio: bool = False
+         ) -> tuple[Any, dict[str, Measured], str]:
     """Measure, then fit the rest: returns (calibrate's result, measured factors per GPU, base overlay path)."""
     from ..calibrate import _base_efficiencies, calibrate  # noqa: PLC0415
 
@@ -292,7 +293,7 @@ def _fit(runs: list[MeasuredRun], tests: list[NcclTest], traces: dict[str, list[
     base_path.write_text(yaml.safe_dump({"gpus": {g: {"efficiency": e} for g, e in sorted(entries.items())}}),
                          encoding="utf-8")
     res = calibrate(f"{len(runs)} training log(s)", out_path, base_catalog=str(base_path), cases=cases,
-                    keep_factors=tuple(sorted(keep)), progress=progress)
+                    keep_factors=tuple(sorted(keep)), progress=progress, common_ratio=common_ratio)
     return res, measured, str(base_path)
 
 
@@ -339,7 +340,8 @@ def load_inputs(logs: list[str], traces: list[str], nccl: list[str], configs: li
 
 def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSummary]], tests: list[NcclTest],
                         out_path: str, *, inputs: list[str], base_catalog: str | None = None, loo: bool = True,
-                        progress: Callable[[str], None] | None = None) -> ArtifactCalibration:
+                        progress: Callable[[str], None] | None = None,
+                        common_ratio: bool = False) -> ArtifactCalibration:
     check_output_file(out_path)
     out_real = os.path.realpath(out_path)
     for p in inputs:
@@ -351,7 +353,8 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
     with tempfile.TemporaryDirectory(prefix="autoshard-artifacts-") as d:
         tmp = Path(d)
         scratch_out = tmp / "fit.yaml"
-        res, measured, _ = _fit(runs, tests, traces, base_catalog, str(scratch_out), tmp, "all", progress)
+        res, measured, _ = _fit(runs, tests, traces, base_catalog, str(scratch_out), tmp, "all", progress,
+                                  common_ratio)
         cases = [r.case() for r in runs]
         before = _errors(cases, base_catalog)
         after = _errors(cases, str(scratch_out))
@@ -364,7 +367,7 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
                 rest = [x for x in runs if x.id != r.id]
                 out_i = tmp / f"loo-{i}.yaml"
                 _fit(rest, tests, {k: v for k, v in traces.items() if k != r.id}, base_catalog, str(out_i), tmp,
-                     f"loo{i}")
+                     f"loo{i}", common_ratio=common_ratio)
                 c = r.case()
                 loo_before[r.id] = before[r.id]
                 loo_after[r.id] = _errors([c], str(out_i))[r.id]
@@ -377,13 +380,14 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
         capped = [name for name, why in fit.kept.items() if "identify at most" in why]
         if capped:
             warnings.append(f"{fit.gpu}: {len(fit.runs)} run(s) fit at most {max(1, len(fit.runs) // 2)} factor(s); "
-                            f"kept at their base values: {', '.join(capped)} (more runs, differing in size, layout or "
+                            f"{'moved by the common ratio only' if 'step' in fit.fitted else 'kept at their base values'}: "
+                            f"{', '.join(capped)} (more runs, differing in size, layout or "
                             "node count, let the fit tell them apart)")
         for name, why in fit.kept.items():
             if why.startswith("not identified"):
+                moved = "moves with the common ratio only" if "step" in fit.fitted else "keeps its base value"
                 warnings.append(f"{fit.gpu}: the runs cannot tell {name} apart from the factors before it ({why}); it "
-                                "keeps its base value: add runs that differ in it (another size, parallel layout or "
-                                "node count)")
+                                f"{moved}: add runs that differ in it (another size, parallel layout or node count)")
     from ..calibrate import network_warnings  # noqa: PLC0415
 
     warnings.extend(network_warnings(res))
@@ -437,7 +441,8 @@ def to_json(r: ArtifactCalibration) -> dict[str, Any]:
 
 
 def leave_one_out(cases: list[Any], ids: list[str], base_catalog: str | None = None,
-                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+                  progress: Callable[[str], None] | None = None, common_ratio: bool = False
+                  ) -> tuple[dict[str, float], dict[str, float]]:
     """Leave-one-run-out of `calibrate()` on converted runs (a runs file): for each run of `ids`, fit on
     the others and predict it. Returns (before, after): signed errors % under the base catalog and under
     the fit without the run."""
@@ -457,7 +462,7 @@ def leave_one_out(cases: list[Any], ids: list[str], base_catalog: str | None = N
                 continue
             out = Path(d) / f"loo-{i}.yaml"
             try:
-                calibrate(f"without {rid}", out, base_catalog=base_catalog, cases=rest)
+                calibrate(f"without {rid}", out, base_catalog=base_catalog, cases=rest, common_ratio=common_ratio)
             except InputError:  # nothing left to fit on for this GPU: the base catalog predicts it
                 after[rid] = before[rid]
                 continue
