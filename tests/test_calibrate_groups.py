@@ -42,8 +42,8 @@ def _held_out_errors_pct(cases, pick, catalog):
 
 
 def test_moonlight_two_runs_common_ratio(tmp_path):
-    """The group the model prices 2.5x too fast (one micro-batch per step: host-bound). Built in, the four
-    held-out plans are off by more than 55%; one GEMM factor hits its 0.2 floor and leaves them > 20%
+    """The group the model prices 2x too fast (one micro-batch per step: host-bound). Built in, the four
+    held-out plans are off by more than 45% (55% before the eager host launch time was priced); one GEMM factor hits its 0.2 floor and leaves them > 20%
     off; the common ratio fitted on the first two brings them within 0.1-5.3% of their published steps
     (median of the four < 3%), and says that it had to take the efficiencies below their physical range."""
     cases = _cases(MOONLIGHT)
@@ -51,7 +51,7 @@ def test_moonlight_two_runs_common_ratio(tmp_path):
     assert cases[0].measured_step_s == pytest.approx(0.45718) and cases[5].measured_step_s == pytest.approx(0.50653)
     pick = (0, 1)
     before = _held_out_errors_pct(cases, pick, None)
-    assert min(before.values()) > 55.0
+    assert min(before.values()) > 45.0
 
     one = tmp_path / "one.yaml"
     res1 = calibrate("moonlight 0,1", one, cases=[cases[i] for i in pick])
