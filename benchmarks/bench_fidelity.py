@@ -45,7 +45,7 @@ from autoshard.validate import (  # noqa: E402
     validation_file,
 )
 from autoshard.validate.ablations import format_ablations, summary_line, validate_ablations  # noqa: E402
-from autoshard.validate.loso import MERGED_BLACKWELL, format_loso, loso, markdown_loso, markdown_trial  # noqa: E402
+from autoshard.validate.loso import GLOBAL_FACTORS, PER_GPU_FACTORS, format_loso, loso, markdown_loso, markdown_trial  # noqa: E402
 
 
 
@@ -129,7 +129,7 @@ def markdown(dev, modern, abl, lo=None, trial=None) -> str:  # type: ignore[no-u
         if trial is not None:
             out += ["", "Fewer factors, measured (the catalog is unchanged): one matmul factor per precision for the "
                     "whole Blackwell generation instead of one per GPU.", ""]
-            out += markdown_trial(lo, trial, "one Blackwell factor per precision")
+            out += markdown_trial(lo, trial, "one free matmul factor per GPU and precision (the structure before 2026-11-27)")
         out += ["", "Fitted factors not refitted here: the GEMM shape constants GEMM_K_OVERHEAD and "
                 "STREAM_K_RECOVERY (autoshard/cost/constants.py, fitted with the matmul efficiencies), held at "
                 "their values; the attention constants are fitted on kernel measurements "
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         t_loso = time.perf_counter() - t0
     if args.markdown:
         trial = loso([p for p in (args.runs, args.modern) if Path(p).is_file()],
-                     args.ablations if Path(args.ablations).is_file() else None, factors=MERGED_BLACKWELL)
+                     args.ablations if Path(args.ablations).is_file() else None, factors=PER_GPU_FACTORS)
         print(markdown(dev, modern, abl, lo, trial))
         return 0
     if args.json:
