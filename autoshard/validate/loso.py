@@ -9,12 +9,15 @@ Benchmarking', 'Megatron-Bridge', 'NeMo 25.0x', 'MLPerf Training', 'torchtitan',
 'NeMo AutoModel', 'AMD Primus', 'BigScience Megatron-DeepSpeed'); a row without one falls back to its
 `source` up to the first comma (`modern.source_family`).
 
-Fitted factors (`FACTORS`): the catalog's matmul efficiencies documented as fitted on the validation rows
-(autoshard/data/gpus.yaml `sources.efficiency`), each applied to every GPU id that shares it, and the
-framework factors documented as fitted (autoshard/data/frameworks.yaml). The rows a factor is fitted on:
-for a matmul factor, the dev and modern rows on its GPUs in its precision family; for a framework
-factor, the dev and modern rows whose predicted step moves when it moves (a 10% finite difference, as
-calibrate's identification).
+Fitted factors (`FACTORS`): the end-to-end matmul factors of autoshard/data/matmul.yaml, one per precision
+family (bf16, fp8, fp4) and GPU generation (or every generation), each multiplying the SOURCED GEMM rate of
+every GPU it covers (gpus.yaml gemm_achievable, published MAMF, x the sustained-clock fraction under the
+GPU's power limit; neither fitted), and the framework factors documented as fitted
+(autoshard/data/frameworks.yaml). The rows a factor is fitted on: for a matmul factor, the dev and modern
+rows on its GPUs in its precision family; for a framework factor, the dev and modern rows whose predicted
+step moves when it moves (a 10% finite difference, as calibrate's identification). A GPU whose rows are
+all left out is still priced from its own sourced rate x the factor fitted on the other GPUs of its
+generation.
 
 Procedure per factor and set of rows S (calibrate's, reduced so that a whole LOSO runs in about a minute
 on two cores, deterministic):
@@ -24,9 +27,10 @@ on two cores, deterministic):
   values); the golden-section refinement is replaced by a parabola through the best grid point and its
   two neighbours (no further pricing); one sweep instead of three (the rows of different factors barely
   overlap: a matmul factor's rows are its GPUs' rows of its precision);
-- S empty (the left-out family held every row of the factor): the factor's prior: for a matmul factor the
-  geometric mean of the same precision's factors of the other GPUs fitted in that fold (a GPU nobody
-  measured gets the fleet's typical efficiency), for a framework factor the value without the term (0).
+- S empty (the left-out family held every row of the factor): the factor's prior: for an end-to-end matmul
+  factor the geometric mean of the same precision's other end-to-end factors fitted in that fold; for a
+  per-GPU matmul factor (the trial structure PER_GPU_FACTORS) the GPU's sourced rate x the geometric mean
+  of the others' fitted / sourced ratios; for a framework factor the value without the term (0).
 Factors fitted on ablation groups rather than on step times (allocator_overhead: the BigScience OOM
 boundary; recompute_module_host_ms: the Megatron-Bridge module ablation) keep their catalog value
 unless the family they were fitted on is the one left out; then they take their prior.
@@ -524,13 +528,13 @@ def markdown_loso(r: LosoReport) -> list[str]:
     return out
 
 
-def markdown_trial(base: LosoReport, trial: LosoReport, title: str) -> list[str]:
-    """One line comparing a trial factor structure with FACTORS: factor count, refit in-sample, LOSO."""
+def markdown_trial(base: LosoReport, trials: list[tuple[str, LosoReport]]) -> list[str]:
+    """A table comparing trial factor structures with FACTORS: factor count, refit in-sample, LOSO."""
     def cells(r: LosoReport, k: int) -> str:
         return (f"| {k} | {_pct(r.refit['median_abs_pct'])} / {_pct(r.refit['p90_abs_pct'])} | "
                 f"{_pct(r.loso['median_abs_pct'])} / {_pct(r.loso['p90_abs_pct'])} | {r.pairs['loso']} of "
                 f"{r.pairs['compared']} |")
     return ["| factor structure | fitted factors | refit in-sample median / p90 | LOSO median / p90 | "
             "LOSO pairs |", "|---|---|---|---|---|",
-            "| as shipped (one matmul factor per GPU and precision) " + cells(base, len(base.factors)),
-            f"| {title} " + cells(trial, len(trial.factors))]
+            "| as shipped: one end-to-end factor per GPU generation and precision over sourced GEMM rates "
+            + cells(base, len(base.factors))] + [f"| {title} " + cells(t, len(t.factors)) for title, t in trials]
