@@ -13,8 +13,12 @@ model asks `gemm_flops_per_s`, `gemm_peak_flops_per_s`, `weight_copy_bytes_per_p
 `check_precision` rejects a recipe the GPU has no tensor cores for.
 
 Efficiency factors, all in (0, 1]:
-- `matmul.<dtype>`: achieved / peak tensor FLOP/s of a large GEMM (bf16, fp8; fp16 falls back to
-  bf16, fp4 to fp8);
+- `matmul.<dtype>`: achieved / peak tensor FLOP/s of a large GEMM in training (bf16, fp8; fp16 falls back
+  to bf16, fp4 to fp8). Not written in gpus.yaml: derived at load (`derived_matmul`) as the GPU's sourced
+  achievable large-GEMM fraction (`gemm_achievable`, published MAMF) x its sustained-clock fraction under
+  its power limit (`clock_fraction`: tdp_w vs rated_power_w, or a cluster's `power_cap_w`) x the fitted
+  end-to-end factor of its generation and precision family (autoshard/data/matmul.yaml); a calibrated
+  overlay replaces it;
 - `hbm`: achieved / peak HBM bandwidth for streaming kernels;
 - `scaleup` / `scaleout`: achieved bus bandwidth / link bandwidth of NCCL collectives on the
   innermost (NVLink) level and on the scale-out levels.

@@ -1064,6 +1064,19 @@ def test_validation_files_ship_with_the_project(monkeypatch, tmp_path):
         default_runs_path()
 
 
+def test_runs_row_power_cap_is_a_cluster_fact():
+    # A row stating `power_cap_w` is priced with cluster.power_cap_w: an H100 SXM row capped at 500 W of its
+    # 700 W runs its GEMMs at (500/700)^(1/3) = 0.894 of the clock, so its step is slower, by less than 1/0.894.
+    row = dict(rows()["dgxc_v24.11_gpt3_175b_bf16_256gpu"])
+    free = run_to_case(row)
+    row["power_cap_w"] = 500
+    capped = run_to_case(row)
+    assert free.problem.cluster.power_cap_w is None and capped.problem.cluster.power_cap_w == 500
+    t0 = cost.evaluate(free.problem, free.plan).step_time_s
+    t1 = cost.evaluate(capped.problem, capped.plan).step_time_s
+    assert t0 < t1 < t0 / (500 / 700) ** (1 / 3)
+
+
 # ---- leave-one-source-out (autoshard/validate/loso.py) ------------------------------------------
 
 
