@@ -13,8 +13,12 @@ model asks `gemm_flops_per_s`, `gemm_peak_flops_per_s`, `weight_copy_bytes_per_p
 `check_precision` rejects a recipe the GPU has no tensor cores for.
 
 Efficiency factors, all in (0, 1]:
-- `matmul.<dtype>`: achieved / peak tensor FLOP/s of a large GEMM (bf16, fp8; fp16 falls back to
-  bf16, fp4 to fp8);
+- `matmul.<dtype>`: achieved / peak tensor FLOP/s of a large GEMM in training (bf16, fp8; fp16 falls back
+  to bf16, fp4 to fp8). Not written in gpus.yaml: derived at load (`derived_matmul`) as the GPU's sourced
+  achievable large-GEMM fraction (`gemm_achievable`, published MAMF) x its sustained-clock fraction under
+  its power limit (`clock_fraction`: tdp_w vs rated_power_w, or a cluster's `power_cap_w`) x the fitted
+  end-to-end factor of its generation and precision family (autoshard/data/matmul.yaml); a calibrated
+  overlay replaces it;
 - `hbm`: achieved / peak HBM bandwidth for streaming kernels;
 - `scaleup` / `scaleout`: achieved bus bandwidth / link bandwidth of NCCL collectives on the
   innermost (NVLink) level and on the scale-out levels.
@@ -23,6 +27,7 @@ Efficiency factors, all in (0, 1]:
 from __future__ import annotations
 
 import functools
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -79,13 +84,19 @@ class GPU(Strict):
     host_link_gb_per_s: float | None = Field(default=None, gt=0)  # NVLink-C2C, each way, per GPU share
     scaleup: str
     scaleup_gb_per_s: float = Field(gt=0)
-    tdp_w: float = Field(gt=0)
+    tdp_w: float = Field(gt=0)  # the board power limit the part runs at as sold / configured by default
+    # The board power the peak figures and the achievable-GEMM fractions (`efficiency.matmul`) are
+    # measured at, where the part runs below it (tdp_w < rated_power_w: a power-capped SKU); None: tdp_w.
+    rated_power_w: float | None = Field(default=None, gt=0)
     # All-in IT power per GPU (its share of CPUs, switches, NICs, fans) by the source that gives it, where
     # sources differ from tdp_w + the what-if node overhead; a study picks one with `pricing.power_figure`.
     system_power_w: dict[str, float] = {}
     default_topology: str
     price: Price
     efficiency: Efficiency
+    # The sourced achievable large-GEMM fraction of peak per data type (published MAMF measurements at
+    # rated_power_w; gpus.yaml states each source), the physics input of `sourced_matmul_efficiency`.
+    gemm_achievable: dict[str, float] = {}
     # GEMM shape facts (cost.gemm_shape_efficiency): streaming multiprocessors (CUs on AMD) and the
     # output tile one scheduling slot computes, with the SMs a slot spans (2 for Blackwell's
     # CTA-pair tcgen05 MMA).
@@ -111,8 +122,23 @@ class GPU(Strict):
         get there: `check_precision` rejects a recipe the GPU does not run."""
         return 1e12 * self._dtype(self.peak_tflops, _gemm_dtype_of(precision))
 
+    def clock_fraction(self, power_cap_w: float | None = None) -> float:
+        """Sustained tensor clock under a power limit, as a fraction of the clock at `rated_power_w`:
+        (limit / rated) ** clock_power_exponent (matmul.yaml: dynamic power ~ f V^2 with V ~ f), at most 1.
+        The limit is tdp_w, or `power_cap_w` (a cluster fact) where lower."""
+        limit = min(self.tdp_w, power_cap_w) if power_cap_w else self.tdp_w
+        return clock_fraction(limit, self.rated_power_w or self.tdp_w)
+
     def matmul_efficiency(self, precision: str) -> float:
+        """Achieved / peak tensor FLOP/s of a large GEMM in training (efficiency.matmul: for a catalog GPU
+        derived at load, gemm_achievable x clock fraction x its generation's end-to-end factor, matmul.yaml;
+        a calibrated overlay replaces it)."""
         return self._dtype(self.efficiency.matmul, _gemm_dtype_of(precision))
+
+    def sourced_gemm_rate(self, dtype: str) -> float:
+        """The GPU's sourced large-GEMM fraction of peak under its power limit (gemm_achievable x
+        clock_fraction), before the fitted end-to-end factor; 0 where it states none for the type."""
+        return self.gemm_achievable.get(dtype, 0.0) * self.clock_fraction()
 
     @property
     def hbm_gib(self) -> float:
@@ -164,9 +190,59 @@ def _data(name: str) -> Any:
     return yaml.safe_load(text)
 
 
+MATMUL_FAMILY = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp4": "fp4"}  # matmul.yaml end_to_end keys
+
+
+@functools.cache
+def _matmul_model() -> dict[str, Any]:
+    """matmul.yaml: generations, end-to-end factors per precision family and generation, clock exponent."""
+    return _data("matmul.yaml")
+
+
+def clock_fraction(limit_w: float, rated_w: float) -> float:
+    """Sustained clock at a power limit over the clock at the rated power (matmul.yaml), at most 1."""
+    return min(1.0, limit_w / rated_w) ** float(_matmul_model()["clock_power_exponent"])
+
+
+def matmul_generation(arch: str) -> str | None:
+    """The generation (matmul.yaml `generations`) of a GPU architecture; None for one not listed."""
+    for gen, archs in _matmul_model()["generations"].items():
+        if arch in archs:
+            return str(gen)
+    return None
+
+
+def end_to_end_factor(family: str, generation: str | None) -> float:
+    """The fitted end-to-end matmul factor of a precision family on a generation: its own, else the family's
+    `all`, else (a generation nobody measured) the geometric mean of the family's factors."""
+    table = {str(k): float(v) for k, v in _matmul_model()["end_to_end"][family].items()}
+    if generation in table:
+        return table[str(generation)]
+    if "all" in table:
+        return table["all"]
+    return math.exp(sum(math.log(v) for v in table.values()) / len(table))
+
+
+def derived_matmul(arch: str, gemm_achievable: dict[str, float], clock: float) -> dict[str, float]:
+    """efficiency.matmul of a catalog GPU: sourced achievable fraction x clock x end-to-end factor."""
+    gen = matmul_generation(arch)
+    return {d: round(float(a) * clock * end_to_end_factor(MATMUL_FAMILY[d], gen), 6)
+            for d, a in gemm_achievable.items()}
+
+
+def _gpu_entry(k: str, v: dict[str, Any]) -> GPU:
+    v = dict(v)
+    eff = dict(v.get("efficiency") or {})
+    if "matmul" not in eff:
+        clock = clock_fraction(float(v["tdp_w"]), float(v.get("rated_power_w") or v["tdp_w"]))
+        eff["matmul"] = derived_matmul(str(v["arch"]), dict(v.get("gemm_achievable") or {}), clock)
+    v["efficiency"] = eff
+    return GPU(id=k, **v)
+
+
 @functools.cache
 def _gpus() -> dict[str, GPU]:
-    return {k: GPU(id=k, **v) for k, v in _data("gpus.yaml").items()}
+    return {k: _gpu_entry(k, v) for k, v in _data("gpus.yaml").items()}
 
 
 @functools.cache
@@ -245,9 +321,10 @@ def unknown_gpu_message(name: str) -> str:
     return f"unknown GPU {name!r} ({closest(_norm(name), _aliases())})"
 
 
-def get_gpu(name: str, catalog: str | None = None) -> GPU:
+def get_gpu(name: str, catalog: str | None = None, power_cap_w: float | None = None) -> GPU:
     """The catalog entry of a GPU by id or alias (case-insensitive, `resolve_gpu_id`), with calibration
-    applied."""
+    applied, and a cluster's power cap (`cluster.power_cap_w`) where it is below the GPU's own limit: its
+    matmul efficiencies scaled by the sustained-clock ratio (`GPU.clock_fraction`), tdp_w set to the cap."""
     gid = resolve_gpu_id(name)
     if gid is None:
         raise InputError(unknown_gpu_message(name), field="cluster.gpu")
@@ -256,6 +333,11 @@ def get_gpu(name: str, catalog: str | None = None) -> GPU:
         overlay = load_overlay(catalog).get(gid)
         if overlay:
             gpu = gpu.model_copy(update={"efficiency": overlay})
+    if power_cap_w and power_cap_w < gpu.tdp_w:
+        slow = gpu.clock_fraction(power_cap_w) / gpu.clock_fraction()
+        eff = gpu.efficiency.model_copy(update={"matmul": {d: v * slow for d, v in gpu.efficiency.matmul.items()}})
+        gpu = gpu.model_copy(update={"efficiency": eff, "tdp_w": float(power_cap_w),
+                                     "rated_power_w": gpu.rated_power_w or gpu.tdp_w})
     return gpu
 
 

@@ -402,6 +402,10 @@ class ClusterSpec(Strict):
         "None: the GPU's default preset."))
     catalog: str | None = Field(default=None, description=(
         "A calibrated catalog overlay (`autoshard calibrate -o`), relative to the problem file's folder."))
+    power_cap_w: float | None = Field(default=None, gt=0, description=(
+        "A board power limit per GPU, in W (e.g. `nvidia-smi -pl 500`), where the cluster runs its GPUs below "
+        "the catalog's tdp_w: GEMMs are priced at the sustained clock (limit / rated power) ** (1/3) "
+        "(autoshard/data/matmul.yaml); None: the catalog's limit."))
 
 
 IntChoice = int | list[int]

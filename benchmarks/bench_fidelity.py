@@ -45,7 +45,7 @@ from autoshard.validate import (  # noqa: E402
     validation_file,
 )
 from autoshard.validate.ablations import format_ablations, summary_line, validate_ablations  # noqa: E402
-from autoshard.validate.loso import MERGED_BLACKWELL, format_loso, loso, markdown_loso, markdown_trial  # noqa: E402
+from autoshard.validate.loso import GLOBAL_FACTORS, PER_GPU_FACTORS, format_loso, loso, markdown_loso, markdown_trial  # noqa: E402
 
 
 
@@ -117,9 +117,12 @@ def markdown(dev, modern, abl, lo=None, trial=None) -> str:  # type: ignore[no-u
                 "ablation pairs are priced with them. Fit: calibrate's objective (sum of squared log errors) on its "
                 "17-point grid over [0.2, 1] (framework factors: a linear grid over their range), a parabola through "
                 "the best three points instead of the golden-section steps, one sweep, each factor with the others at "
-                "their catalog values. A factor whose rows all belong to the left-out family takes its prior: for a "
-                "matmul efficiency the geometric mean of the same precision's other fitted factors in that fold, for "
-                "a framework factor the value without the term. Factors fitted on ablation groups (allocator "
+                "their catalog values. The matmul factors are end-to-end factors per GPU generation and precision "
+                "(autoshard/data/matmul.yaml) over each GPU's sourced GEMM rate (published MAMF x the clock under "
+                "its power limit, autoshard/data/gpus.yaml `gemm_achievable`, not fitted): a GPU whose rows are "
+                "left out is priced from its own sourced rate. A factor whose rows all belong to the left-out "
+                "family takes its prior: for a matmul factor the geometric mean of the same precision's other "
+                "fitted factors in that fold, for a framework factor the value without the term. Factors fitted on ablation groups (allocator "
                 "overhead, recompute-module host time) keep their value unless their family is the one left out. "
                 "'refit' is the same procedure on every row (in-sample), 'catalog' the values as shipped.", ""]
         out += [f"- {line}" for line in per_file_loso(lo, dev, modern)]
@@ -127,9 +130,11 @@ def markdown(dev, modern, abl, lo=None, trial=None) -> str:  # type: ignore[no-u
                 "= refitted without the family). Ablation pairs: those measured >= 8% apart, ordered right.", ""]
         out += markdown_loso(lo)
         if trial is not None:
-            out += ["", "Fewer factors, measured (the catalog is unchanged): one matmul factor per precision for the "
-                    "whole Blackwell generation instead of one per GPU.", ""]
-            out += markdown_trial(lo, trial, "one Blackwell factor per precision")
+            out += ["", "Other factor structures, measured by the same procedure (the catalog is not changed by them): "
+                    "the structure before 2026-11-27, one free matmul factor per GPU and precision (a factor left "
+                    "without rows takes its GPU's sourced rate x the others' fitted / sourced ratio), and one "
+                    "end-to-end factor per precision for every GPU.", ""]
+            out += markdown_trial(lo, trial)
         out += ["", "Fitted factors not refitted here: the GEMM shape constants GEMM_K_OVERHEAD and "
                 "STREAM_K_RECOVERY (autoshard/cost/constants.py, fitted with the matmul efficiencies), held at "
                 "their values; the attention constants are fitted on kernel measurements "
@@ -214,8 +219,11 @@ def main(argv: list[str] | None = None) -> int:
                   args.ablations if Path(args.ablations).is_file() else None)
         t_loso = time.perf_counter() - t0
     if args.markdown:
-        trial = loso([p for p in (args.runs, args.modern) if Path(p).is_file()],
-                     args.ablations if Path(args.ablations).is_file() else None, factors=MERGED_BLACKWELL)
+        runs = [p for p in (args.runs, args.modern) if Path(p).is_file()]
+        abl_path = args.ablations if Path(args.ablations).is_file() else None
+        trial = [("one free matmul factor per GPU and precision (before 2026-11-27)",
+                  loso(runs, abl_path, factors=PER_GPU_FACTORS)),
+                 ("one end-to-end factor per precision for every GPU", loso(runs, abl_path, factors=GLOBAL_FACTORS))]
         print(markdown(dev, modern, abl, lo, trial))
         return 0
     if args.json:

@@ -179,9 +179,12 @@ def test_recipe_gemm_rates(monkeypatch):
     # FP8 GEMMs: between 1x and 2x the bf16 rate (2x peak, less of it reached).
     assert 1.0 < gemm_flops_per_s(h, "fp8") / gemm_flops_per_s(h, "bf16") <= 2.0
     # NVFP4 as Megatron runs it (first_last_layers_bf16 off): every layer's GEMMs in FP4, at the GPU's
-    # fitted fp4 factor: faster than fp8, short of the 2x (B200) or 3x (GB300) peak ratio.
+    # fp4 efficiency: B200's sourced fp8 MAMF fraction (3,432.5 / 4,500 = 0.763, no fp4 MAMF published) x the
+    # fitted fp4 end-to-end factor (matmul.yaml 0.555): faster than fp8, short of the 2x (B200) or 3x (GB300)
+    # peak ratio.
     lo = gemm_flops_per_s(b, "nvfp4")
-    assert lo == pytest.approx(9000e12 * b.matmul_efficiency("fp4")) and b.matmul_efficiency("fp4") == 0.45
+    assert lo == pytest.approx(9000e12 * b.matmul_efficiency("fp4"))
+    assert b.matmul_efficiency("fp4") == pytest.approx(0.763 * 0.555, abs=1e-6)
     assert gemm_flops_per_s(b, "fp8") < lo < 2 * gemm_flops_per_s(b, "fp8")
     g3 = get_gpu("gb300")
     assert 1.5 < gemm_flops_per_s(g3, "nvfp4") / gemm_flops_per_s(g3, "mxfp8") < 3.0
@@ -350,3 +353,90 @@ def test_gb200_nvl72_scale_out_is_the_seeds_3_6_tb_per_rack():
         beyond = [lv for lv in levels if lv.bandwidth_gb_per_s < 900]
         assert beyond and all(lv.bandwidth_gb_per_s * 1e9 == rack_bytes_per_s / 72 for lv in beyond), topo
     assert "3.6 TB/s per rack of 72 GPUs = 3,600 / 72 = 50 GB/s per GPU" in get_topology("gb200-nvl72").source
+
+
+# ---- matmul efficiency: sourced achievable-GEMM fraction x clock under the power limit x one fitted factor ----
+
+# Bekman, ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS comparison table'
+# (mamf-finder.py): measured TFLOP/s and the dense peak it is divided by, per GPU and data type.
+MAMF_TFLOPS = {
+    ("a100-sxm-80gb", "bf16"): (271.2, 312), ("a100-sxm-40gb", "bf16"): (271.2, 312),
+    ("h100-sxm", "bf16"): (794.5, 989), ("h100-sxm", "fp8"): (1402.6, 1979),
+    ("h200-sxm", "bf16"): (794.5, 989), ("h200-sxm", "fp8"): (1453.4, 1979),
+    ("gh200", "bf16"): (828.6, 989), ("gh200", "fp8"): (1535.0, 1979),
+    ("b200", "bf16"): (1745.0, 2250), ("b200", "fp8"): (3432.5, 4500),
+    ("gb200", "bf16"): (1822.0, 2500), ("gb200", "fp8"): (3615.6, 5000),
+    ("b300", "bf16"): (1769.0, 2250), ("b300", "fp8"): (3353.3, 4500),
+    ("mi300x", "bf16"): (668.4, 1300), ("mi325x", "bf16"): (784.9, 1300), ("mi355x", "bf16"): (1565.0, 2516.6),
+}
+
+
+@pytest.mark.parametrize("key", sorted(MAMF_TFLOPS))
+def test_gemm_achievable_is_the_published_mamf(key):
+    gid, dtype = key
+    mamf, peak = MAMF_TFLOPS[key]
+    g = get_gpu(gid)
+    assert g.gemm_achievable[dtype] == pytest.approx(mamf / peak, abs=5e-4)
+    assert "Maximum Achievable Matmul FLOPS" in g.sources["gemm_achievable"]
+    assert f"{mamf:,.1f}" in g.sources["gemm_achievable"]  # the cited figure itself
+
+
+def test_gb300_gemm_rate_is_derived_from_b300_and_the_gb200_to_b200_ratio():
+    # No GB300 MAMF is published: B300's measured rate x GB200 / B200's measured ratio, over GB300's peak.
+    g = get_gpu("gb300")
+    assert g.gemm_achievable["bf16"] == pytest.approx(1769.0 * 1822.0 / 1745.0 / 2500, abs=5e-4)
+    assert g.gemm_achievable["fp8"] == pytest.approx(3353.3 * 3615.6 / 3432.5 / 5000, abs=5e-4)
+
+
+@pytest.mark.parametrize("gid", gpu_ids())
+def test_matmul_efficiency_is_sourced_rate_x_clock_x_the_generation_factor(gid):
+    import yaml as _yaml
+    from importlib import resources
+
+    model = _yaml.safe_load(resources.files("autoshard.data").joinpath("matmul.yaml").read_text())
+    g = get_gpu(gid)
+    gen = next((k for k, archs in model["generations"].items() if g.arch in archs), None)
+    assert g.gemm_achievable and g.sources.get("gemm_achievable")
+    for dtype, ach in g.gemm_achievable.items():
+        fam = {"fp16": "bf16"}.get(dtype, dtype)
+        table = model["end_to_end"][fam]
+        e2e = table.get(gen, table.get("all", math.exp(sum(math.log(v) for v in table.values()) / len(table))))
+        clock = min(1.0, g.tdp_w / (g.rated_power_w or g.tdp_w)) ** (1 / 3)
+        assert g.efficiency.matmul[dtype] == pytest.approx(ach * clock * e2e, rel=1e-5)
+
+
+def test_power_limit_lowers_the_sustained_clock_by_the_cube_root():
+    # torchtitan's H100 96GB runs at a 500 W limit on a 700 W part: (500/700)^(1/3) = 0.8939.
+    t = get_gpu("h100-96gb")
+    assert t.tdp_w == 500 and t.rated_power_w == 700
+    assert t.clock_fraction() == pytest.approx((500 / 700) ** (1 / 3), rel=1e-9) == pytest.approx(0.8939, abs=1e-4)
+    # H100 SXM: same die at its own 700 W limit; a cluster cap of 500 W prices it as the capped part.
+    h = get_gpu("h100-sxm")
+    assert h.clock_fraction() == 1.0 and h.clock_fraction(900) == 1.0  # a cap above the limit changes nothing
+    capped = get_gpu("h100-sxm", None, 500)
+    for d in ("bf16", "fp8"):
+        assert capped.efficiency.matmul[d] == pytest.approx(h.efficiency.matmul[d] * 0.8939, rel=1e-4)
+        assert capped.efficiency.matmul[d] == pytest.approx(t.efficiency.matmul[d], rel=1e-5)
+    assert get_gpu("h100-sxm", None, 800).efficiency.matmul == h.efficiency.matmul
+
+
+def test_cluster_power_cap_slows_a_compute_bound_step():
+    doc = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 32},
+           "cluster": {"gpu": "h100", "num_gpus": 8}}
+    plan = Plan(tp=1, dp=8, zero_stage=1, micro_batch_size=1)
+    free = evaluate(load_problem(doc), plan)
+    doc["cluster"]["power_cap_w"] = 500
+    capped = evaluate(load_problem(doc), plan)
+    assert free.step_time_s < capped.step_time_s < free.step_time_s / 0.8939 * 1.0001
+    doc["cluster"]["power_cap_w"] = -5
+    with pytest.raises(InputError, match="power_cap_w"):
+        load_problem(doc)
+
+
+def test_fitted_matmul_factors_are_few():
+    # One end-to-end factor per precision family and GPU generation (7), against 14 per-GPU factors before;
+    # with the 5 framework factors, 12 fitted factors in all.
+    from autoshard.validate.loso import FACTORS, PER_GPU_FACTORS
+
+    assert len(FACTORS) == 12 and len(PER_GPU_FACTORS) == 19
+    assert sum(f.kind == "scaled" for f in FACTORS) == 7 and not any(f.kind == "matmul" for f in FACTORS)

@@ -106,7 +106,7 @@ class Context(ProblemParts):
 
 
 def context(problem: Problem) -> Context:
-    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
+    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog, problem.cluster.power_cap_w)
     levels = resolve_levels(problem.cluster, gpu)
     extra = tuple(m for m in problem.search.allowed("recompute", []) if m not in RECOMPUTES)
     return Context(problem, gpu, levels, cluster_graph(levels, problem.cluster.num_gpus),

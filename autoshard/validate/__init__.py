@@ -324,7 +324,8 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         "model": model,
         "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
                      "optimizer": "adam", "flash_attention": _flag(row, "flash_attention", True)},
-        "cluster": {"gpu": gpu, "num_gpus": n, "topology": str(row.get("topology") or topology_of(gpu))},
+        "cluster": {"gpu": gpu, "num_gpus": n, "topology": str(row.get("topology") or topology_of(gpu)),
+                    "power_cap_w": row.get("power_cap_w")},
     }
     try:
         problem = load_problem(problem_doc)

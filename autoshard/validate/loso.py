@@ -9,12 +9,15 @@ Benchmarking', 'Megatron-Bridge', 'NeMo 25.0x', 'MLPerf Training', 'torchtitan',
 'NeMo AutoModel', 'AMD Primus', 'BigScience Megatron-DeepSpeed'); a row without one falls back to its
 `source` up to the first comma (`modern.source_family`).
 
-Fitted factors (`FACTORS`): the catalog's matmul efficiencies documented as fitted on the validation rows
-(autoshard/data/gpus.yaml `sources.efficiency`), each applied to every GPU id that shares it, and the
-framework factors documented as fitted (autoshard/data/frameworks.yaml). The rows a factor is fitted on:
-for a matmul factor, the dev and modern rows on its GPUs in its precision family; for a framework
-factor, the dev and modern rows whose predicted step moves when it moves (a 10% finite difference, as
-calibrate's identification).
+Fitted factors (`FACTORS`): the end-to-end matmul factors of autoshard/data/matmul.yaml, one per precision
+family (bf16, fp8, fp4) and GPU generation (or every generation), each multiplying the SOURCED GEMM rate of
+every GPU it covers (gpus.yaml gemm_achievable, published MAMF, x the sustained-clock fraction under the
+GPU's power limit; neither fitted), and the framework factors documented as fitted
+(autoshard/data/frameworks.yaml). The rows a factor is fitted on: for a matmul factor, the dev and modern
+rows on its GPUs in its precision family; for a framework factor, the dev and modern rows whose predicted
+step moves when it moves (a 10% finite difference, as calibrate's identification). A GPU whose rows are
+all left out is still priced from its own sourced rate x the factor fitted on the other GPUs of its
+generation.
 
 Procedure per factor and set of rows S (calibrate's, reduced so that a whole LOSO runs in about a minute
 on two cores, deterministic):
@@ -24,9 +27,10 @@ on two cores, deterministic):
   values); the golden-section refinement is replaced by a parabola through the best grid point and its
   two neighbours (no further pricing); one sweep instead of three (the rows of different factors barely
   overlap: a matmul factor's rows are its GPUs' rows of its precision);
-- S empty (the left-out family held every row of the factor): the factor's prior: for a matmul factor the
-  geometric mean of the same precision's factors of the other GPUs fitted in that fold (a GPU nobody
-  measured gets the fleet's typical efficiency), for a framework factor the value without the term (0).
+- S empty (the left-out family held every row of the factor): the factor's prior: for an end-to-end matmul
+  factor the geometric mean of the same precision's other end-to-end factors fitted in that fold; for a
+  per-GPU matmul factor (the trial structure PER_GPU_FACTORS) the GPU's sourced rate x the geometric mean
+  of the others' fitted / sourced ratios; for a framework factor the value without the term (0).
 Factors fitted on ablation groups rather than on step times (allocator_overhead: the BigScience OOM
 boundary; recompute_module_host_ms: the Megatron-Bridge module ablation) keep their catalog value
 unless the family they were fitted on is the one left out; then they take their prior.
@@ -64,18 +68,59 @@ class Factor:
     """One fitted factor: `gpus.<ids>.matmul.<precision>` or `frameworks.<name>.<attribute>`."""
 
     name: str
-    kind: str  # "matmul" or "framework"
+    kind: str  # "scaled" (an end-to-end factor over its GPUs' sourced GEMM rates, GPU.sourced_gemm_rate),
+    # "matmul" (one GPU group's efficiency itself, the structure before 2026-11-27) or "framework"
     targets: tuple[str, ...] = ()  # matmul: the GPU ids that share the value (the first holds the rows' data)
-    precision: str = ""  # matmul: bf16 / fp8 / fp4
+    precision: str = ""  # matmul / scaled: bf16 / fp8 / fp4
     framework: str = ""  # framework: the profile
     attribute: str = ""  # framework: the FrameworkProfile attribute (in its own unit)
     grid: tuple[float, float] = (LO, HI)  # framework: the linear range searched
     scale: float = 1.0  # framework: the attribute in the unit of `name` (ms -> s: 1e-3)
     ablation_family: str = ""  # fitted on this family's ablation groups, not on step times
     fitted_on: str = ""  # what the catalog's note says it was fitted on
+    generation: str = ""  # scaled: the matmul.yaml generation (or `all`) whose end-to-end factor it is
 
 
-FACTORS: tuple[Factor, ...] = (
+FRAMEWORK_FACTORS: tuple[Factor, ...] = (
+    Factor("megatron moe_layer_host_ms", "framework", framework="megatron", attribute="moe_layer_host_s",
+           grid=(0.0, 4.0), scale=1e-3, fitted_on="the 33 Megatron MoE rows (frameworks.yaml)"),
+    Factor("megatron moe_expert_host_ms", "framework", framework="megatron", attribute="moe_expert_host_s",
+           grid=(0.0, 0.6), scale=1e-3, fitted_on="the 33 Megatron MoE rows (frameworks.yaml)"),
+    Factor("megatron ep_overlap_host_factor", "framework", framework="megatron", attribute="ep_overlap_host_factor",
+           grid=(0.0, 6.0), fitted_on="one Megatron-Bridge row (Qwen3-235B, 256 B300)"),
+    Factor("megatron recompute_module_host_ms", "framework", framework="megatron",
+           attribute="recompute_module_host_s", grid=(0.0, 1.0), scale=1e-3, ablation_family="Megatron-Bridge",
+           fitted_on="the Megatron-Bridge Moonlight module ablation"),
+    Factor("deepspeed allocator_overhead", "framework", framework="deepspeed", attribute="allocator_overhead",
+           grid=(1.0, 1.5), ablation_family="BigScience Megatron-DeepSpeed",
+           fitted_on="the BigScience logbook's OOM boundary (memory, not step time)"),
+)
+def _generation_factors() -> tuple[Factor, ...]:
+    """The catalog's fitted matmul factors (autoshard/data/matmul.yaml `end_to_end`): one per precision family
+    and GPU generation (or `all` generations), each applied to the sourced GEMM rate of every GPU it covers."""
+    from ..catalog import _gpus, _matmul_model, matmul_generation  # noqa: PLC0415
+
+    out = []
+    for family, table in _matmul_model()["end_to_end"].items():
+        for gen in table:
+            ids = tuple(sorted(g.id for g in _gpus().values() if family in g.gemm_achievable
+                               and (gen == "all" or matmul_generation(g.arch) == gen)))
+            out.append(Factor(f"{gen} end_to_end.{family}", "scaled", ids, str(family), generation=str(gen),
+                              fitted_on=f"the {family} rows of {'every GPU' if gen == 'all' else gen + ' GPUs'} "
+                                        "(matmul.yaml)"))
+    return tuple(out)
+
+
+# The catalog as shipped (2026-11-27): the end-to-end matmul factors of matmul.yaml over each GPU's sourced
+# GEMM rate (gpus.yaml gemm_achievable x clock fraction, not fitted), and the framework factors. A GPU or a
+# family left out is predicted from its sourced rate and the factors fitted on the others.
+FACTORS: tuple[Factor, ...] = _generation_factors() + FRAMEWORK_FACTORS
+
+# Trial structures measured beside FACTORS by bench_fidelity --markdown (the catalog is not changed by them):
+# the structure before 2026-11-27, one free matmul factor per GPU (group) and precision (a factor left without
+# rows takes its GPU's sourced rate x the others' fitted / sourced ratio); and one end-to-end factor per
+# precision family for every GPU.
+PER_GPU_FACTORS_MATMUL: tuple[Factor, ...] = (
     Factor("a100 matmul.bf16", "matmul", ("a100-sxm-80gb", "a100-sxm-40gb"), "bf16",
            fitted_on="Narayanan et al. 2021 rows (gpus.yaml a100-sxm-80gb)"),
     Factor("hopper matmul.bf16", "matmul", ("h100-sxm", "h100-pcie", "h800-sxm", "h200-sxm", "gh200"), "bf16",
@@ -95,43 +140,35 @@ FACTORS: tuple[Factor, ...] = (
     Factor("gb300 matmul.bf16", "matmul", ("gb300", "b300"), "bf16", fitted_on="B300/GB300 rows"),
     Factor("gb300 matmul.fp8", "matmul", ("gb300",), "fp8", fitted_on="the six GB300 fp8 / mxfp8 rows"),
     Factor("gb300 matmul.fp4", "matmul", ("gb300",), "fp4", fitted_on="GB300 NVFP4 rows"),
-    Factor("megatron moe_layer_host_ms", "framework", framework="megatron", attribute="moe_layer_host_s",
-           grid=(0.0, 4.0), scale=1e-3, fitted_on="the 33 Megatron MoE rows (frameworks.yaml)"),
-    Factor("megatron moe_expert_host_ms", "framework", framework="megatron", attribute="moe_expert_host_s",
-           grid=(0.0, 0.6), scale=1e-3, fitted_on="the 33 Megatron MoE rows (frameworks.yaml)"),
-    Factor("megatron ep_overlap_host_factor", "framework", framework="megatron", attribute="ep_overlap_host_factor",
-           grid=(0.0, 6.0), fitted_on="one Megatron-Bridge row (Qwen3-235B, 256 B300)"),
-    Factor("megatron recompute_module_host_ms", "framework", framework="megatron",
-           attribute="recompute_module_host_s", grid=(0.0, 1.0), scale=1e-3, ablation_family="Megatron-Bridge",
-           fitted_on="the Megatron-Bridge Moonlight module ablation"),
-    Factor("deepspeed allocator_overhead", "framework", framework="deepspeed", attribute="allocator_overhead",
-           grid=(1.0, 1.5), ablation_family="BigScience Megatron-DeepSpeed",
-           fitted_on="the BigScience logbook's OOM boundary (memory, not step time)"),
 )
+PER_GPU_FACTORS: tuple[Factor, ...] = PER_GPU_FACTORS_MATMUL + FRAMEWORK_FACTORS
+GLOBAL_FACTORS: tuple[Factor, ...] = tuple(
+    Factor(f"all end_to_end.{f}", "scaled", tuple(sorted({g for x in FACTORS if x.precision == f for g in x.targets})),
+           f, generation="all", fitted_on=f"every {f} row of every GPU") for f in ("bf16", "fp8", "fp4")
+) + FRAMEWORK_FACTORS
 FRAMEWORK_PRIOR = {"allocator_overhead": 1.0}  # the value without the fitted term; others 0
-
-# A trial structure with fewer factors: one matmul factor per precision for the whole Blackwell generation
-# (B200, B100, GB200, B300, GB300) in place of one per GPU, the rest as FACTORS. Measured beside FACTORS
-# by bench_fidelity --markdown; the catalog is not changed by it.
-BLACKWELL = ("b200", "b100", "gb200", "gb300", "b300")
-MERGED_BLACKWELL: tuple[Factor, ...] = tuple(
-    f for f in FACTORS if not (f.kind == "matmul" and set(f.targets) & set(BLACKWELL))) + (
-    Factor("blackwell matmul.bf16", "matmul", BLACKWELL, "bf16", fitted_on="every Blackwell bf16 row"),
-    Factor("blackwell matmul.fp8", "matmul", BLACKWELL, "fp8", fitted_on="every Blackwell fp8 row"),
-    Factor("blackwell matmul.fp4", "matmul", ("gb200", "gb300", "b200", "b100", "b300"), "fp4",
-           fitted_on="every Blackwell fp4 row"))
-
 
 # ---------------------------------------------------------------------------------------
 # Setting factors
 # ---------------------------------------------------------------------------------------
 
 
+def sourced_rate(f: Factor) -> float:
+    """A matmul factor's sourced GEMM rate: its first GPU's achievable large-GEMM fraction (gpus.yaml
+    gemm_achievable) x its sustained-clock fraction under its power limit; 0 where the GPU states none."""
+    from ..catalog import get_gpu  # noqa: PLC0415
+
+    return get_gpu(f.targets[0]).sourced_gemm_rate(f.precision) if f.kind == "matmul" else 0.0
+
+
 def catalog_value(f: Factor) -> float:
     """The factor's value as shipped (in the unit of its name)."""
-    from ..catalog import get_gpu  # noqa: PLC0415
+    from ..catalog import end_to_end_factor, get_gpu, matmul_generation  # noqa: PLC0415
     from ..frameworks import profiles  # noqa: PLC0415
 
+    if f.kind == "scaled":  # matmul.yaml's end-to-end factor (for `all` over several: the first GPU's)
+        gen = f.generation if f.generation != "all" else matmul_generation(get_gpu(f.targets[0]).arch)
+        return end_to_end_factor(f.precision, gen)
     if f.kind == "matmul":
         return float(get_gpu(f.targets[0]).efficiency.matmul[f.precision])
     return float(getattr(profiles()[f.framework], f.attribute)) / f.scale
@@ -150,10 +187,16 @@ class Pricer:
 
         entries: dict[str, dict[str, Any]] = {}
         for f, v in values.items():
-            if f.kind != "matmul":
+            if f.kind not in ("matmul", "scaled"):
                 continue
             for gid in f.targets:
                 eff = entries.get(gid) or get_gpu(gid).efficiency.model_dump()
+                if f.kind == "scaled":  # the physics form: sourced rate x clock x the end-to-end factor v
+                    if f.precision in eff["matmul"] and f.precision in get_gpu(gid).gemm_achievable:
+                        rate = get_gpu(gid).sourced_gemm_rate(f.precision) * float(v)
+                        eff["matmul"] = dict(eff["matmul"], **{f.precision: round(rate, 6)})
+                    entries[gid] = eff
+                    continue
                 if f.precision in eff["matmul"]:
                     eff["matmul"] = dict(eff["matmul"], **{f.precision: round(float(v), 6)})
                 entries[gid] = eff
@@ -196,7 +239,7 @@ class Pricer:
 
 
 def grid_of(f: Factor) -> list[float]:
-    if f.kind == "matmul":
+    if f.kind in ("matmul", "scaled"):
         return [math.exp(math.log(LO) + (math.log(HI) - math.log(LO)) * i / (GRID_POINTS - 1))
                 for i in range(GRID_POINTS)]
     lo, hi = f.grid
@@ -293,6 +336,9 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
             if f.kind == "matmul":
                 rows_of[f] = [k for k, c in enumerate(cases) if c.gpu in f.targets
                               and precision_family(c.recipe or c.precision).lower() == f.precision]
+            elif f.kind == "scaled":
+                rows_of[f] = [k for k, c in enumerate(cases) if c.gpu in f.targets
+                              and precision_family(c.recipe or c.precision).lower() == f.precision]
             else:
                 cv = catalog_value(f)
                 moved = pricer.steps(cases, {f: cv * FD if cv else (f.grid[1] - f.grid[0]) / 10})
@@ -312,7 +358,8 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
                 return None if leave == f.ablation_family else catalog_value(f)
             if not keep:
                 return None
-            return fit_on(grid_of(f), grids[f][keep], log_meas[[rows_of[f][j] for j in keep]], f.kind == "matmul")
+            return fit_on(grid_of(f), grids[f][keep], log_meas[[rows_of[f][j] for j in keep]],
+                          f.kind in ("matmul", "scaled"))
 
         def fold_values(leave: str | None) -> dict[Factor, float]:
             vals: dict[Factor, float] = {}
@@ -324,8 +371,17 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
                 else:
                     vals[f] = v
             for f in empty:  # the prior of a factor left without rows
-                if f.kind == "matmul":
+                if f.kind == "matmul" and all(sourced_rate(g) for g in vals if g.kind == "matmul"
+                                                                and g.precision == f.precision) and sourced_rate(f):
+                    # its sourced GEMM rate x the others' fitted / sourced ratio (geometric mean)
+                    same = [math.log(v / sourced_rate(g)) for g, v in vals.items()
+                            if g.kind == "matmul" and g.precision == f.precision]
+                    vals[f] = sourced_rate(f) * (math.exp(statistics.fmean(same)) if same else 1.0)
+                elif f.kind == "matmul":
                     same = [v for g, v in vals.items() if g.kind == "matmul" and g.precision == f.precision]
+                    vals[f] = math.exp(statistics.fmean(math.log(v) for v in same)) if same else catalog_value(f)
+                elif f.kind == "scaled":  # the same precision's other end-to-end factors, else matmul.yaml's
+                    same = [v for g, v in vals.items() if g.kind == "scaled" and g.precision == f.precision]
                     vals[f] = math.exp(statistics.fmean(math.log(v) for v in same)) if same else catalog_value(f)
                 else:
                     vals[f] = FRAMEWORK_PRIOR.get(f.attribute, 0.0)
@@ -472,13 +528,13 @@ def markdown_loso(r: LosoReport) -> list[str]:
     return out
 
 
-def markdown_trial(base: LosoReport, trial: LosoReport, title: str) -> list[str]:
-    """One line comparing a trial factor structure with FACTORS: factor count, refit in-sample, LOSO."""
+def markdown_trial(base: LosoReport, trials: list[tuple[str, LosoReport]]) -> list[str]:
+    """A table comparing trial factor structures with FACTORS: factor count, refit in-sample, LOSO."""
     def cells(r: LosoReport, k: int) -> str:
         return (f"| {k} | {_pct(r.refit['median_abs_pct'])} / {_pct(r.refit['p90_abs_pct'])} | "
                 f"{_pct(r.loso['median_abs_pct'])} / {_pct(r.loso['p90_abs_pct'])} | {r.pairs['loso']} of "
                 f"{r.pairs['compared']} |")
     return ["| factor structure | fitted factors | refit in-sample median / p90 | LOSO median / p90 | "
             "LOSO pairs |", "|---|---|---|---|---|",
-            "| as shipped (one matmul factor per GPU and precision) " + cells(base, len(base.factors)),
-            f"| {title} " + cells(trial, len(trial.factors))]
+            "| as shipped: one end-to-end factor per GPU generation and precision over sourced GEMM rates "
+            + cells(base, len(base.factors))] + [f"| {title} " + cells(t, len(t.factors)) for title, t in trials]

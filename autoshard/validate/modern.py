@@ -558,7 +558,7 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
                          "main_grads": row.get("main_grads"),
                          "fp8_params": _flag(row, "fp8_params", False)},
-            "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
+            "cluster": {"gpu": gid, "num_gpus": n, "topology": topo, "power_cap_w": row.get("power_cap_w")},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
         if graphs:
