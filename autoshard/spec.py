@@ -17,8 +17,8 @@ from pydantic import AfterValidator, BaseModel, Discriminator, Tag, ConfigDict, 
 # frameworks' default recipe, delayed scaling), MXFP8 and NVFP4. Which GPU runs which: gpus.yaml.
 Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-rowwise", "fp8-blockwise", "mxfp8",
                     "nvfp4"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
-Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipe", "dualpipev"]
+Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext", "deepseek"]
 Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
@@ -49,7 +49,7 @@ RecomputeChoice = Annotated[
 Optimizer = Literal["adam", "adamw", "sgd"]
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipev")
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipe", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")  # the modes searched by default
 
 
@@ -142,6 +142,21 @@ class ModelSpec(Strict):
         "Multi-head latent attention: query/key head dimension carrying the rotary embedding."))
     v_head_dim: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Multi-head latent attention: value head dimension."))
+    # Node-limited routing (DeepSeek-V3 report sec. 2.1.2 and 3.2.2): the router first picks at most M
+    # nodes per token (by the sum of the highest K/M affinities of the experts each node holds), then the
+    # top-k experts among them, so a token's dispatch crosses the scale-out network to at most M nodes.
+    # DeepSeek-V3: M = 4 (config.json topk_group 4 of n_group 8, the 8 groups being the 8 nodes of EP64).
+    moe_max_nodes_per_token: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
+        "Node-limited routing (DeepSeek-V3 report sec. 2.1.2): each token's routed experts lie on at most "
+        "this many nodes (scale-up domains), which bounds the scale-out bytes of its dispatch (DeepSeek-V3: "
+        "4, its config's topk_group); None: experts chosen anywhere."))
+    # Multi-token prediction (DeepSeek-V3 report sec. 2.2, depth D = 1 in sec. 4.2): D sequential modules
+    # after the last layer, each a transformer block of the last layer's kind and a 2h -> h projection,
+    # sharing the embedding and the output head with the main model on the same pipeline rank (sec. 3.2.3).
+    num_nextn_predict_layers: Annotated[int, Field(ge=0, le=16)] = Field(default=0, description=(
+        "Multi-token prediction modules trained beside the model (DeepSeek-V3: 1; HF config "
+        "num_nextn_predict_layers): each one more block of the last layer's kind, a 2h -> h projection and "
+        "a second pass through the shared output head, priced on the rank holding the head."))
     # GPT-2/3 style hidden and attention dropout (stores masks; Llama-family models have none).
     dropout: bool = Field(default=False, description=(
         "GPT-2/3 style hidden and attention dropout, which stores masks (Llama-family models have none)."))
@@ -493,7 +508,8 @@ class Plan(Strict):
         " 3 also weights (FSDP)."))
     micro_batch_size: Count = Field(default=1, description="Sequences per micro-batch.")
     schedule: Schedule = Field(default="1f1b", description=(
-        "Pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble (ZB-H1) or dualpipev."))
+        "Pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble (ZB-H1), dualpipe (DeepSeek's bidirectional "
+        "DualPipe: two model copies, one stage of each direction per rank) or dualpipev."))
     recompute: RecomputeChoice = Field(default="none", description=(
         "Activation recompute: none, selective, full, offload (activations to host memory), Megatron "
         "recompute modules joined by `+` (e.g. moe_act+layernorm), or a list with one mode per layer."))
@@ -610,7 +626,8 @@ class Problem(Strict):
         "Optional restrictions of the plan space: a value fixes a knob, a list allows only those values."))
     framework: Framework = Field(default="megatron", description=(
         "The framework whose launcher runs the plan: megatron, torchtitan, automodel (NeMo AutoModel), "
-        "deepspeed or maxtext; the solver plans only what it runs (autoshard/data/frameworks.yaml)."))
+        "deepspeed, maxtext or deepseek (DeepSeek-V3's own stack: DualPipe, ZeRO-1, node-limited DeepEP dispatch); "
+        "the solver plans only what it runs (autoshard/data/frameworks.yaml)."))
 
     @model_validator(mode="before")
     @classmethod

@@ -429,14 +429,21 @@ def all_reduce_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -
     return t + _latency(levels, prof, 2)
 
 
-def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float, dedup_copies: int = 0) -> float:
+def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float, dedup_copies: int = 0,
+                 max_domains: int | None = None) -> float:
     """AllToAll where every GPU sends `bytes_per_gpu` spread evenly over the group.
 
     `dedup_copies` = k: the bytes are k copies of each token bound for k uniformly spread
     destinations, and a hierarchical dispatcher (DeepEP, HybridEP) sends a token once to each
     remote domain beyond the first level that hosts any of its destinations, fanning it out over the
     first level (NVLink) there: of a domain's n peers at that level, a token reaches
-    (n - 1)(1 - (1 - 1/n)^k) on average instead of k (n - 1)/n copies."""
+    (n - 1)(1 - (1 - 1/n)^k) on average instead of k (n - 1)/n copies.
+
+    `max_domains` = M (node-limited routing, DeepSeek-V3 report sec. 2.1.2): a token's k destinations
+    lie in at most M of the n domains, M of them picked at random, so it reaches M (1 - (1 - 1/M)^k)
+    distinct domains, of which a share (n - 1)/n are remote: (n - 1)/n M (1 - (1 - 1/M)^k) copies
+    (the line above when M >= n). DeepSeek-V3 on EP64 over 8 nodes, k = 8, M = 4: 3.15 remote nodes
+    per token instead of 4.59."""
     g = prof.size
     if g <= 1 or bytes_per_gpu <= 0:
         return 0.0
@@ -447,7 +454,11 @@ def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float,
                 share = (m - 1) / g
             elif dedup_copies > 1:
                 n = g / inner
-                share = (n - 1) * (1 - (1 - 1 / n) ** dedup_copies) / dedup_copies
+                if max_domains and max_domains < n:
+                    reach = (n - 1) / n * max_domains * (1 - (1 - 1 / max_domains) ** dedup_copies)
+                else:
+                    reach = (n - 1) * (1 - (1 - 1 / n) ** dedup_copies)
+                share = reach / dedup_copies
             else:
                 share = 1 - inner / g
             t = max(t, bytes_per_gpu * share / lv.bytes_per_s)
