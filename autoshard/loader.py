@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import InputError, closest
-from .spec import Plan, Problem
+from .spec import UNPLANNABLE_SCHEDULES, Plan, Problem
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -516,6 +516,10 @@ def check_search(problem: Problem) -> None:
                (lambda v: v == 1 or m.num_experts % v == 0, f"must divide num_experts ({m.num_experts})"), div_n],
         "micro_batch_size": [(lambda v: t.global_batch_size % v == 0,
                               f"must divide global_batch_size ({t.global_batch_size})")],
+        # DualPipe and DualPipeV hold two stages per rank: the solver's stage model has no such layout
+        "schedule": [(lambda v: v not in UNPLANNABLE_SCHEDULES,
+                      "is not planned by the solver (two stages per rank; `evaluate` and `compare` price it): "
+                      "search 1f1b, interleaved, zero_bubble or gpipe")],
     }
     for knob, checks in rules.items():
         left = s.allowed(knob, [])

@@ -50,6 +50,9 @@ Optimizer = Literal["adam", "adamw", "sgd"]
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipe", "dualpipev")
+# Schedules `evaluate` prices but the solver does not plan: two stages per rank (DualPipe's mirror,
+# DualPipeV's V), a layout its CP-SAT stage model and bounds do not have
+UNPLANNABLE_SCHEDULES: tuple[Schedule, ...] = ("dualpipe", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")  # the modes searched by default
 
 

@@ -131,3 +131,19 @@ def test_dualpipe_rules():
     assert any("dualpipe: 20 micro-batches" in r for r in evaluate(few, plan).reasons)
     mg = load_problem({**p.model_dump(exclude={"framework", "search"}), "framework": "megatron"})
     assert any("'dualpipe'" in r for r in evaluate(mg, plan).reasons)
+
+
+def test_a_search_naming_only_two_stage_schedules_is_one_line_bad_input(tmp_path, capsys):
+    from autoshard.cli import main
+
+    doc = PROBLEM.read_text(encoding="utf-8").replace("zero_stage: [1]}", "zero_stage: [1], schedule: [dualpipe]}")
+    f = tmp_path / "p.yaml"
+    f.write_text(doc, encoding="utf-8")
+    assert main(["solve", str(f)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "search.schedule" in err and "not planned by the solver" in err
+    # beside a schedule the solver plans, the two-stage one is left out (no internal error)
+    f.write_text(doc.replace("[dualpipe]", "[dualpipe, 1f1b]"), encoding="utf-8")
+    assert main(["solve", str(f), "--top", "0"]) == 0
+    assert " 1f1b " in capsys.readouterr().out
