@@ -327,7 +327,9 @@ def _group_limited_routing(r: _Reader) -> list[str]:
     (node-limited, DeepSeek-V3), and the config says neither. So the config sets no
     `moe_max_nodes_per_token` (the priced bound, in nodes); a note says the routing is limited."""
     groups, top = r.cfg.get("n_group"), r.cfg.get("topk_group")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (groups, top)) or not 0 < top < groups:
+    if not isinstance(groups, int) or not isinstance(top, int) or isinstance(groups, bool) or isinstance(top, bool):
+        return []
+    if not 0 < top < groups:
         return []
     return [f"group-limited routing (n_group {groups}, topk_group {top}) not priced: its groups are devices or "
             "nodes as the plan places the experts; where a group is a node, set model.moe_max_nodes_per_token"]
