@@ -67,8 +67,8 @@ class Comparison(BaseModel):
 
 def _recomputed(est: Estimate) -> int:
     rc = est.plan.recompute
-    if isinstance(rc, str):
-        return 0 if rc == "none" else sum(s.layers for s in est.stages)
+    if isinstance(rc, str):  # DualPipe keeps every stage twice (one copy per direction): the model's layers
+        return 0 if rc == "none" else sum(s.layers for s in est.stages) // (2 if est.plan.schedule == "dualpipe" else 1)
     return sum(1 for r in rc if r != "none")
 
 
@@ -91,6 +91,9 @@ def _time_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
     if key == "compute":
         def work(e: Estimate, s: Any) -> str:
             p = e.plan
+            if p.schedule == "dualpipe":  # each micro-batch passes one of the rank's two mirrored stages
+                return (f"{s.layers if s else '?'} layers (two mirrored stages) x {e.num_microbatches // 2} "
+                        f"micro-batches of {p.micro_batch_size} at TP{p.tp}{f' CP{p.cp}' if p.cp > 1 else ''}")
             return (f"{s.layers if s else '?'} layers x {e.num_microbatches} micro-batches of {p.micro_batch_size} "
                     f"at TP{p.tp}{f' CP{p.cp}' if p.cp > 1 else ''}")
         return (f"the slowest pipeline rank computes {work(a, sa)} ({la}) vs {work(b, sb)} ({lb}); "
@@ -114,8 +117,9 @@ def _time_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
             d = p.moe_dispatcher
             return f"EP{p.ep}" + (f" {d}" if d else "") + (" overlapped" if p.ep_overlap else "")
         return (f"{ep(pa)} ({la}) vs {ep(pb)} ({lb}): the expert all-to-all dispatch and combine of every MoE "
-                f"layer ({max(va, vb):.2f} s in {more}); DeepEP / HybridEP send a token once per remote node, "
-                "Megatron's EP overlap hides it under another micro-batch's compute")
+                f"layer ({max(va, vb):.2f} s in {more}); DeepEP / HybridEP send a token once per remote node "
+                "(node-limited routing caps those nodes), Megatron's EP overlap and DualPipe's paired chunks hide "
+                "it under another micro-batch's compute")
     if key == "pp_comm":
         return (f"{_pipe(pa)} ({la}) vs {_pipe(pb)} ({lb}): activations sent between pipeline stages, once per "
                 "micro-batch and virtual stage")

@@ -62,6 +62,14 @@ class FrameworkProfile:
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
+    # keeps the routed experts' activation-function inputs (fc1 outputs) in the recipe's low precision too
+    quantized_expert_act_inputs: bool = False
+    # under a low-precision recipe, dispatches expert inputs (and the gradients entering the experts)
+    # at the recipe's size; the combines stay 16-bit
+    low_precision_dispatch: bool = False
+    # SMs its expert all-to-all kernels hold while a paired forward/backward chunk computes beside them
+    # (DualPipe's overlap): the computation runs on the others (0: priced as COMM_INTERFERENCE instead)
+    ep_comm_sms: int = 0
     fp8_params: bool = False  # can keep the weights themselves in FP8 (training.fp8_params)
     # keeps its low-precision weight copies for the whole step (Transformer Engine caches them across
     # micro-batches); False = recasts the weights in every forward (torchao Float8Linear)
@@ -189,6 +197,9 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
+            quantized_expert_act_inputs=bool(row.get("quantized_expert_act_inputs", False)),
+            low_precision_dispatch=bool(row.get("low_precision_dispatch", False)),
+            ep_comm_sms=int(row.get("ep_comm_sms", 0)),
             fp8_params=bool(row.get("fp8_params", False)),
             fp8_weight_cache=bool(row.get("fp8_weight_cache", True)),
             quant_hbm_bytes_per_element=tuple((str(k), float(v)) for k, v in

@@ -308,6 +308,7 @@ def _moe(r: _Reader, layers: int, ffn: int) -> tuple[dict[str, Any], list[str]]:
     shared, note = _shared_experts(r, expert_ffn)
     out["num_shared_experts"] = shared
     notes += note
+    notes += _group_limited_routing(r)
     mask = _moe_layer_mask(r, layers)
     dense = mask.count(False)
     out["first_k_dense_replace"] = dense
@@ -316,6 +317,22 @@ def _moe(r: _Reader, layers: int, ffn: int) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"{dense} dense layers at {idx[:8]}{'...' if len(idx) > 8 else ''} "
                      f"approximated as the first {dense}")
     return out, notes
+
+
+def _group_limited_routing(r: _Reader) -> list[str]:
+    """DeepSeek's `n_group` / `topk_group` (Megatron --moe-router-num-groups / --moe-router-group-topk):
+    the experts form n_group equal groups and a token's experts lie in its topk_group best groups. What
+    a group is on the hardware depends on where the plan places the experts: Megatron-LM's
+    --moe-router-num-groups help (megatron/training/arguments.py) names n_group = the EP size (device-limited routing, DeepSeek-V2) and n_group = the nodes of the EP group
+    (node-limited, DeepSeek-V3), and the config says neither. So the config sets no
+    `moe_max_nodes_per_token` (the priced bound, in nodes); a note says the routing is limited."""
+    groups, top = r.cfg.get("n_group"), r.cfg.get("topk_group")
+    if not isinstance(groups, int) or not isinstance(top, int) or isinstance(groups, bool) or isinstance(top, bool):
+        return []
+    if not 0 < top < groups:
+        return []
+    return [f"group-limited routing (n_group {groups}, topk_group {top}) not priced: its groups are devices or "
+            "nodes as the plan places the experts; where a group is a node, set model.moe_max_nodes_per_token"]
 
 
 def _shared_experts(r: _Reader, expert_ffn: int) -> tuple[int, list[str]]:

@@ -32,7 +32,7 @@ from .fileio import (  # noqa: F401  (re-exported: the loader's names before fil
     MAX_DEPTH, MAX_FILE_BYTES, MAX_YAML_BYTES, DuplicateKeyError, StrictSafeLoader, atomic_write,
     check_input_file, check_output_file, dumps_json, guard_output, parse_json, parse_yaml, read_document,
     read_limited, read_text)
-from .spec import Plan, Problem
+from .spec import UNPLANNABLE_SCHEDULES, Plan, Problem
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -321,6 +321,10 @@ def check_search(problem: Problem) -> None:
                (lambda v: v == 1 or m.num_experts % v == 0, f"must divide num_experts ({m.num_experts})"), div_n],
         "micro_batch_size": [(lambda v: t.global_batch_size % v == 0,
                               f"must divide global_batch_size ({t.global_batch_size})")],
+        # DualPipe and DualPipeV hold two stages per rank: the solver's stage model has no such layout
+        "schedule": [(lambda v: v not in UNPLANNABLE_SCHEDULES,
+                      "is not planned by the solver (two stages per rank; `evaluate` and `compare` price it): "
+                      "search 1f1b, interleaved, zero_bubble or gpipe")],
     }
     for knob, checks in rules.items():
         left = s.allowed(knob, [])

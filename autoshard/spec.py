@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, Discriminator, Tag, ConfigDict, 
 # frameworks' default recipe, delayed scaling), MXFP8 and NVFP4. Which GPU runs which: gpus.yaml.
 Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-rowwise", "fp8-blockwise", "mxfp8",
                     "nvfp4"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipe", "dualpipev"]
 Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext", "deepseek"]
 Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
@@ -49,7 +49,10 @@ RecomputeChoice = Annotated[
 Optimizer = Literal["adam", "adamw", "sgd"]
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipev")
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipe", "dualpipev")
+# Schedules `evaluate` prices but the solver does not plan: two stages per rank (DualPipe's mirror,
+# DualPipeV's V), a layout its CP-SAT stage model and bounds do not have
+UNPLANNABLE_SCHEDULES: tuple[Schedule, ...] = ("dualpipe", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")  # the modes searched by default
 
 
@@ -160,6 +163,25 @@ class ModelSpec(Strict):
         "Multi-head latent attention: query/key head dimension carrying the rotary embedding."))
     v_head_dim: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
         "Multi-head latent attention: value head dimension."))
+    # Node-limited routing (DeepSeek-V3 report sec. 2.1.2 and 3.2.2): the router first picks at most M
+    # nodes per token (by the sum of the highest K/M affinities of the experts each node holds), then the
+    # top-k experts among them, so a token's dispatch crosses the scale-out network to at most M nodes.
+    # DeepSeek-V3: M = 4 (config.json topk_group 4 of n_group 8, the 8 groups being the 8 nodes of EP64).
+    # The one node-limited-routing field the cost model prices. A config.json's n_group / topk_group do
+    # not set it: their groups are devices (DeepSeek-V2) or nodes (DeepSeek-V3) as the run places the
+    # experts, which the config does not say (hf._group_limited_routing notes them instead).
+    moe_max_nodes_per_token: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
+        "Node-limited routing (DeepSeek-V3 report sec. 2.1.2): each token's routed experts lie on at most "
+        "this many nodes (scale-up domains), which bounds the scale-out bytes of its hierarchical (DeepEP, "
+        "HybridEP) dispatch (DeepSeek-V3 preset: 4). Not read from a config.json, whose n_group / "
+        "topk_group groups may be devices rather than nodes; None: experts chosen anywhere."))
+    # Multi-token prediction (DeepSeek-V3 report sec. 2.2, depth D = 1 in sec. 4.2): D sequential modules
+    # after the last layer, each a transformer block of the last layer's kind and a 2h -> h projection,
+    # sharing the embedding and the output head with the main model on the same pipeline rank (sec. 3.2.3).
+    num_nextn_predict_layers: Annotated[int, Field(ge=0, le=16)] = Field(default=0, description=(
+        "Multi-token prediction modules trained beside the model (DeepSeek-V3: 1; HF config "
+        "num_nextn_predict_layers): each one more block of the last layer's kind, a 2h -> h projection and "
+        "a second pass through the shared output head, priced on the rank holding the head."))
     # GPT-2/3 style hidden and attention dropout (stores masks; Llama-family models have none).
     dropout: bool = Field(default=False, description=(
         "GPT-2/3 style hidden and attention dropout, which stores masks (Llama-family models have none)."))
@@ -176,16 +198,6 @@ class ModelSpec(Strict):
     expert_bias: bool = Field(default=False, description=(
         "Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed token, "
         "outside the grouped GEMM where the framework does not fuse it."))
-    # Node-limited (group-limited) routing, as config.json names it (DeepSeek-V3: n_group 8, topk_group 4;
-    # Megatron --moe-router-num-groups / --moe-router-group-topk): the experts form n_group groups and a
-    # token is routed within its topk_group best groups, so with a group per node it reaches at most
-    # topk_group nodes (DeepSeek-V3 report §2.1.2: "at most 4 nodes"). None: unrestricted routing.
-    n_group: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
-        "Node-limited (group-limited) routing, config.json's n_group (DeepSeek-V3: 8; Megatron "
-        "--moe-router-num-groups): the experts form n_group groups; None: unrestricted routing."))
-    topk_group: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
-        "Groups a token is routed within (config.json topk_group, DeepSeek-V3: 4; Megatron "
-        "--moe-router-group-topk): with a group per node a token reaches at most topk_group nodes."))
     source: str | None = Field(default=None, description=(
         "Where the shape came from (a preset's citation, or the config.json read)."))
 
@@ -540,7 +552,8 @@ class Plan(Strict):
         " 3 also weights (FSDP)."))
     micro_batch_size: MicroBatch = Field(default=1, description="Sequences per micro-batch.")
     schedule: Schedule = Field(default="1f1b", description=(
-        "Pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble (ZB-H1) or dualpipev."))
+        "Pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble (ZB-H1), dualpipe (DeepSeek's bidirectional "
+        "DualPipe: two model copies, one stage of each direction per rank) or dualpipev."))
     recompute: RecomputeChoice = Field(default="none", description=(
         "Activation recompute: none, selective, full, offload (activations to host memory), Megatron "
         "recompute modules joined by `+` (e.g. moe_act+layernorm), or a list with one mode per layer."))
@@ -659,7 +672,8 @@ class Problem(Strict):
         "Optional restrictions of the plan space: a value fixes a knob, a list allows only those values."))
     framework: Framework = Field(default="megatron", description=(
         "The framework whose launcher runs the plan: megatron, torchtitan, automodel (NeMo AutoModel), "
-        "deepspeed or maxtext; the solver plans only what it runs (autoshard/data/frameworks.yaml)."))
+        "deepspeed, maxtext or deepseek (DeepSeek-V3's own stack: DualPipe, ZeRO-1, node-limited DeepEP dispatch); "
+        "the solver plans only what it runs (autoshard/data/frameworks.yaml)."))
 
     @model_validator(mode="before")
     @classmethod

@@ -90,12 +90,13 @@ CASES = [
             "(Megatron has no DualPipe); the DualPipeV variant prices the V schedule with its all-to-all "
             "overlap on torchtitan's profile; their partial recompute as the recompute modules "
             "`layernorm+mla_up_proj`; their dispatch kernels (DeepEP: a token crosses IB once per node, "
-            "fanned out over NVLink; node-limited routing to 4 nodes is not priced) as `deepep`; "
-            "micro-batch 1; an even layer split",
+            "fanned out over NVLink; node-limited routing to 4 nodes priced from the preset's "
+            "moe_max_nodes_per_token) as `deepep`; micro-batch 1; an even layer split. DeepSeek's own stack "
+            "(DualPipe, FP8 dispatch, ZeRO-1) is the `deepseek` profile: docs/deepseek-v3.md",
         ],
         variants={"full recompute (the least memory-hungry version)": {"recompute": "full"},
-                  "DualPipeV with full recompute, on torchtitan's profile (the only framework profile with "
-                  "DualPipe: FSDP, fp32 master weights)": {"framework": "torchtitan", "schedule": "dualpipev",
+                  "DualPipeV with full recompute, on torchtitan's profile (DualPipeV beside FSDP, fp32 master "
+                  "weights; DeepSeek's own profile: docs/deepseek-v3.md)": {"framework": "torchtitan", "schedule": "dualpipev",
                                                           "vpp": 2, "zero_stage": 3, "recompute": "full",
                                                           "moe_dispatcher": None}},
     ),

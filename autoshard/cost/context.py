@@ -341,6 +341,17 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
             if mb < 2 * plan.pp or mb % 2:
                 bad("micro_batch_size", f"dualpipev: {mb} micro-batches; it needs an even number >= 2*pp = "
                     f"{2 * plan.pp}")
+    if plan.schedule == "dualpipe":
+        # DeepSeek's bidirectional DualPipe (deepseek-ai/DualPipe dualpipe.py): rank r holds stage r of
+        # one pipeline and stage P-1-r of the other, half the micro-batches entering from each end; the
+        # ranks pair up (r, P-1-r), so P is even, and each direction needs P micro-batches to fill.
+        if plan.pp < 2 or plan.pp % 2 or plan.vpp != 1:
+            bad("schedule", "schedule 'dualpipe' needs an even pp >= 2 and vpp = 1 (one stage of each direction per rank)")
+        elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
+            mb = t.global_batch_size // (dp * plan.micro_batch_size)
+            if mb < 2 * plan.pp or mb % 2:
+                bad("micro_batch_size", f"dualpipe: {mb} micro-batches; it needs an even number >= 2*pp = "
+                    f"{2 * plan.pp} (half enter from each end)")
     if plan.schedule == "interleaved":
         if plan.vpp < 2 or plan.pp < 2:
             bad("schedule", "schedule 'interleaved' needs pp >= 2 and vpp >= 2")

@@ -190,10 +190,18 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
             fwd["compute"], bwd["compute"] = _mem_s(ctx, bias_f * routed * h), _mem_s(ctx, bias_b * routed * h)
         a2a = 0.0
         if cfg.ep > 1:
-            send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
+            elems = (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
             dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
-            limit = (m.n_group, m.topk_group) if m.n_group and m.topk_group else None  # node-limited routing
-            a2a = 2 * all_to_all_s(ctx.levels, pl.ep, send, dedup, limit)  # dispatch + combine
+            # node-limited routing bounds the remote nodes a token reaches (hierarchical dispatchers)
+            limit = m.moe_max_nodes_per_token if dedup else None
+            combine = all_to_all_s(ctx.levels, pl.ep, BF16 * elems, dedup, limit)
+            q = ctx.saved_input_bytes
+            if ctx.framework.low_precision_dispatch and q < BF16:
+                # DeepSeek-V3 report sec. 3.3.3: the dispatch (and the gradient entering the experts'
+                # down-projection in the backward) in FP8 with its scales, both combines in BF16
+                a2a = all_to_all_s(ctx.levels, pl.ep, q * elems, dedup, limit) + combine
+            else:
+                a2a = 2 * combine  # dispatch + combine
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
     fwd["compute"] += t_mlp + elem
     t_b, t_w = _frozen_adjust(ctx, t_mlp)
@@ -204,10 +212,17 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     return fwd, bwd, t_w, flops
 
 
-def _mlp_saved_bytes_per_ffn(m, q: float) -> float:
-    """Bytes an MLP keeps per token and ffn element: the fc1 output(s) in bf16 (two for a gated
-    MLP, for its activation's backward) and the fc2 input at `q` (as the framework keeps it)."""
-    return (2 if m.gated else 1) * BF16 + q
+def _mlp_saved_bytes_per_ffn(m, q: float, act_in: float = BF16) -> float:
+    """Bytes an MLP keeps per token and ffn element: the fc1 output(s) at `act_in` (bf16, two for a
+    gated MLP, for its activation's backward) and the fc2 input at `q` (as the framework keeps it)."""
+    return (2 if m.gated else 1) * act_in + q
+
+
+def _expert_saved_bytes_per_ffn(ctx: Context, m, q: float) -> float:
+    """`_mlp_saved_bytes_per_ffn` of the routed experts: their activation's inputs at `q` too where the
+    framework caches them quantized (DeepSeek-V3 report sec. 3.3.3: "we cache the inputs of the SwiGLU
+    operator ... These activations are also stored in FP8")."""
+    return _mlp_saved_bytes_per_ffn(m, q, q if ctx.framework.quantized_expert_act_inputs else BF16)
 
 
 def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
@@ -231,7 +246,7 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     else:
         etp = cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        mlp = mats * routed * m.expert_ffn / etp + q * routed * h + 4 * T * m.num_experts
+        mlp = _expert_saved_bytes_per_ffn(ctx, m, q) * routed * m.expert_ffn / etp + q * routed * h + 4 * T * m.num_experts
         mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
@@ -262,7 +277,27 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     flops = aflops + mflops
     exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
     ep_overlap = ep_overlap_on(ctx, cfg)
-    if ep_overlap:
+    if ep_overlap and cfg.schedule == "dualpipe":
+        # DualPipe (DeepSeek-V3 report sec. 3.2.1, Fig. 4) runs a forward chunk beside a backward chunk
+        # of another micro-batch, each split into attention, dispatch, MLP and combine, with the
+        # all-to-all of one chunk on the communication SMs while the other chunk computes: the
+        # forward's dispatch + combine hide under the paired backward's computation and the
+        # backward's under the paired forward's; only what exceeds it is exposed.
+        # Where the framework names the SMs its communication kernels hold (DeepSeek: 20 of the H800's
+        # 132, report sec. 3.2.2 and 3.5.1: "which will limit the computational throughput"), both
+        # chunks compute on the rest for the whole pair: the computation is slower by sms / (all - sms),
+        # charged to the all-to-all that costs it.
+        mfwd, mbwd = dict(mfwd), dict(mbwd)
+        f_comp, b_comp = afwd["compute"] + mfwd["compute"], abwd["compute"] + mbwd["compute"]
+        sms = ctx.framework.ep_comm_sms
+        if sms and ctx.gpu.sm_count and mfwd["ep_comm"] > 0:
+            slow = sms / (ctx.gpu.sm_count - sms)
+            mfwd["ep_comm"] = max(0.0, mfwd["ep_comm"] - b_comp * (1 + slow)) + slow * f_comp
+            mbwd["ep_comm"] = max(0.0, mbwd["ep_comm"] - f_comp * (1 + slow)) + slow * b_comp
+        else:
+            mfwd["ep_comm"] = overlapped(mfwd["ep_comm"], b_comp)
+            mbwd["ep_comm"] = overlapped(mbwd["ep_comm"], f_comp)
+    elif ep_overlap:
         # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
         # layer, each all-to-all beside one piece of the other pass (model_chunk_schedule_plan.py
         # TransformerLayerSchedulePlan.run: comm combine_bwd | dispatch_fwd -> dispatch_bwd |
@@ -397,7 +432,8 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
         return (mfwd["compute"] + mfwd["tp_comm"], mats * T * m.intermediate_size / t,
                 2 * T * h * m.intermediate_size / t * (3 if m.gated else 2))
     if module == "moe" and kind == "moe":
-        saved = mats * routed * m.expert_ffn / etp + q * routed * h + mats * T * m.num_shared_experts * m.expert_ffn / t
+        saved = _expert_saved_bytes_per_ffn(ctx, m, q) * routed * m.expert_ffn / etp + q * routed * h \
+            + mats * T * m.num_shared_experts * m.expert_ffn / t
         return (mfwd["compute"] + mfwd["tp_comm"] + mfwd["ep_comm"], saved,
                 2 * routed * h * m.expert_ffn / etp * (3 if m.gated else 2))
     if module == "moe_act" and kind == "moe":
@@ -448,6 +484,35 @@ def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         op = reduce_scatter_s if cfg.sp else all_reduce_s
         c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
     c.act_bytes = 0.0
+    return c
+
+
+def _with_mtp(ctx: Context, cfg: Config, head: Cost, block: Cost) -> Cost:
+    """The head with the model's `num_nextn_predict_layers` multi-token-prediction modules beside it
+    (DeepSeek-V3 report sec. 2.2), on the rank that holds the head (sec. 3.2.3). Each module: the
+    RMSNorms of the hidden state and of the next token's embedding, their concatenation projected
+    2h -> h (a GEMM at the recipe's rate, its input kept at the recipe's size), a transformer `block`
+    of the last layer's kind, and the output head and cross-entropy once more. The embedding and the
+    head are the main model's own (no parameters of their own). The block is priced without recompute
+    (the report names none for it), the same for every plan, so `evaluate` and the solver agree."""
+    d = ctx.model.num_nextn_predict_layers
+    sh = Shapes(ctx, cfg)
+    T, h = sh.tokens, sh.h
+    proj = _gemm_s(ctx, T, 2 * h, h / cfg.tp)
+    c = Cost()
+    for k in c.fwd:
+        c.fwd[k] = head.fwd[k] + d * (head.fwd[k] + block.fwd[k])
+        c.bwd[k] = head.bwd[k] + d * (head.bwd[k] + block.bwd[k])
+    c.fwd["compute"] += d * (proj + _mem_s(ctx, 3 * 2 * BF16 * T * h))
+    c.bwd["compute"] += d * 2 * proj
+    c.wgrad_s = head.wgrad_s + d * (head.wgrad_s + block.wgrad_s + proj)
+    c.params = head.params + d * (block.params + 2 * h * h / cfg.tp + 2 * h)
+    c.expert_params = head.expert_params + d * block.expert_params
+    mtp_flops = 3 * 2 * T * 2 * h * h / cfg.tp
+    c.base_flops = head.base_flops + d * (head.base_flops + block.base_flops + mtp_flops)
+    c.hfu_flops = head.hfu_flops + d * (head.hfu_flops + block.hfu_flops + mtp_flops)
+    c.act_bytes = head.act_bytes + d * (head.act_bytes + block.act_bytes + ctx.saved_input_bytes * T * 2 * h)
+    c.work_bytes = max(head.work_bytes, block.work_bytes)
     return c
 
 
@@ -502,7 +567,10 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
         layers.update({("moe", r): c for r, c in layer_costs(ctx, _no_ep_overlap(cfg), pl, "moe").items()})
         overlap = False
     # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
-    got = (layers, _embedding_cost(ctx, cfg, pl), _head_cost(ctx, cfg, pl), {"ep_overlap": overlap})
+    head = _head_cost(ctx, cfg, pl)
+    if ctx.model.num_nextn_predict_layers:
+        head = _with_mtp(ctx, cfg, head, layers[(ctx.model.layer_kinds()[-1], "none")])
+    got = (layers, _embedding_cost(ctx, cfg, pl), head, {"ep_overlap": overlap})
     if cache is not None:
         cache[key] = got
     return got

@@ -90,7 +90,7 @@ def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
     `ep_overlap_allowed`; DualPipeV pairs forward and backward chunks by itself."""
     if cfg.ep == 1 or cfg.ep_overlap is False:
         return False
-    if cfg.schedule == "dualpipev":  # the schedule pairs forward and backward chunks: a2a hides
+    if cfg.schedule in ("dualpipe", "dualpipev"):  # the schedule pairs forward and backward chunks: a2a hides
         return True
     return ctx.framework.ep_overlap and ep_overlap_allowed(cfg.ep, cfg.pp, cfg.vpp, num_microbatches(ctx.problem, cfg))
 
@@ -122,6 +122,6 @@ def ep_overlap_pays(ctx: Context, cfg: Config, layers: dict) -> bool:
     `Table.memo["ep_overlap"]`)."""
     if not ep_overlap_on(ctx, cfg):
         return False
-    if cfg.ep_overlap is not None or cfg.schedule == "dualpipev" or "moe" not in ctx.model.layer_kinds():
+    if cfg.ep_overlap is not None or cfg.schedule in ("dualpipe", "dualpipev") or "moe" not in ctx.model.layer_kinds():
         return True
     return layers[("moe", "none")].ep_overlap_gain_s >= 0.0  # = the layer is no slower with it than without

@@ -102,6 +102,8 @@ def inflight_microbatches(cfg: Config, rank: int, microbatches: int) -> float:
         return pairs / cfg.vpp
     if cfg.schedule == "dualpipev":  # PP + 1 half-rank chunks on every rank (DualPipe README table)
         return min(float(m), p + 0.5)
+    if cfg.schedule == "dualpipe":  # PP + 1 stages' worth on every rank, which holds two stages (README)
+        return min(float(m), p + 1.0) / 2
     return float(min(m, p - rank))
 
 
@@ -259,8 +261,16 @@ def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]
     - DualPipeV (two half-rank chunks per rank in a V, `b` the backward per rank): M max t +
       (P - 1) max (F&B + B - 3W) of a chunk, F&B (a forward and a backward chunk overlapped) = t / 2,
       B = b / 2, W = w / 2: the DualPipe README's bubble (PP/2 - 1)(F&B + B - 3W) with PP = 2P stages.
+    - DualPipe (bidirectional: rank r holds stage r of one direction and stage P-1-r of the other,
+      and each micro-batch passes one of them; t, b, w sum both stages): M max t / 2 +
+      (P/2 - 1) max (F&B + B - 3W) with F&B = t / 2, B = b / 2, W = w / 2 per stage: the README's
+      bubble with PP = P ranks (DeepSeek-V3 report Table 2).
     """
     tmax = max(t)
+    if cfg.schedule == "dualpipe":
+        bb = b or [x / 1.5 for x in t]
+        bubble = max(max(0.0, (x + y - 3 * z) / 2) for x, y, z in zip(t, bb, w))
+        return microbatches * tmax / 2 + (cfg.pp / 2 - 1) * bubble
     if cfg.schedule == "dualpipev":
         bb = b or [x / 1.5 for x in t]
         bubble = max(max(0.0, (x + y - 3 * z) / 2) for x, y, z in zip(t, bb, w))
@@ -388,12 +398,16 @@ def chunk_rank(c: int, pp: int, v_shape: bool = False) -> int:
 
 
 def assign_layers(kinds: list[str], recompute: list[str], stage_layers: list[int], pp: int,
-                  v_shape: bool = False) -> list[list[list[tuple[str, str]]]]:
-    """Per rank, its chunks, each a list of (kind, recompute) in layer order."""
+                  v_shape: bool = False, mirrored: bool = False) -> list[list[list[tuple[str, str]]]]:
+    """Per rank, its chunks, each a list of (kind, recompute) in layer order. `mirrored` (DualPipe):
+    stage c also lives on rank P-1-c, the first stage of the other direction's pipeline."""
     ranks: list[list[list[tuple[str, str]]]] = [[] for _ in range(pp)]
     start = 0
     for c, n in enumerate(stage_layers):
-        ranks[chunk_rank(c, pp, v_shape)].append(list(zip(kinds[start:start + n], recompute[start:start + n])))
+        chunk = list(zip(kinds[start:start + n], recompute[start:start + n]))
+        ranks[chunk_rank(c, pp, v_shape)].append(chunk)
+        if mirrored:
+            ranks[pp - 1 - c].append(chunk)
         start += n
     return ranks
 
@@ -403,13 +417,16 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     cfg, M = table.cfg, table.microbatches
     kinds = ctx.model.layer_kinds()
     v = cfg.schedule == "dualpipev"
+    bidir = cfg.schedule == "dualpipe"  # ranks 0 and P-1 both hold the embedding and the head
     head_rank = 0 if v else cfg.pp - 1
-    per_rank = assign_layers(kinds, recompute, stage_layers, cfg.pp, v)
-    tots = [rank_totals(table, chunks, r == 0, r == head_rank) for r, chunks in enumerate(per_rank)]
+    per_rank = assign_layers(kinds, recompute, stage_layers, cfg.pp, v, bidir)
+    ends = (0, cfg.pp - 1) if bidir else (0,)
+    tots = [rank_totals(table, chunks, r in ends, r == head_rank or (bidir and r == 0))
+            for r, chunks in enumerate(per_rank)]
     t = [x.time_s for x in tots]
     w = [x.wgrad_s for x in tots]
     b = [sum(x.bwd.values()) for x in tots]
-    ordered = [per_rank[chunk_rank(c, cfg.pp, v)][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
+    ordered = [] if bidir else [per_rank[chunk_rank(c, cfg.pp, v)][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
     t_pipe = pipeline_time(cfg, M, t, w, chunk_times(table, ordered), b)
     tm = tail_model(ctx, table)
     tails = [dp_tail(tm, x) for x in tots]
@@ -424,14 +441,14 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         mem = static_bytes(ctx, cfg, x.params, x.expert_params)
         infl = inflight_microbatches(cfg, r, M)
         mem["activations"] = x.act_bytes * infl
-        mem["working"] = working_bytes(table, r == head_rank)
+        mem["working"] = working_bytes(table, r == head_rank or (bidir and r == 0))
         if cfg.zero == 3 and cfg.data_parallel:
             mem["zero3_gathered"] = zero3_gathered_for(ctx, cfg, table.layers.values())
         peak = sum(mem.values())
         gib = {k: v / GIB for k, v in mem.items()}
         stages.append(StageEstimate(
             rank=r, layers=x.layers, dense_layers=x.kinds.get("dense", 0), moe_layers=x.kinds.get("moe", 0),
-            recompute=x.recompute, has_embedding=r == 0, has_lm_head=r == head_rank,
+            recompute=x.recompute, has_embedding=r in ends, has_lm_head=r == head_rank or (bidir and r == 0),
             forward_s=sum(x.fwd.values()), backward_s=sum(x.bwd.values()), inflight_microbatches=infl,
             memory_gib=gib, peak_memory_gib=peak / GIB))
         if peak > cap:
@@ -442,8 +459,9 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
 
     # Breakdown along the critical path: the slowest rank's steady state, the bubble, the tail.
     slow = max(range(cfg.pp), key=lambda r: t[r])
-    bd = {k: M * (tots[slow].fwd[k] + tots[slow].bwd[k]) for k in TIME_KEYS}
-    bd["pipeline_bubble"] = max(0.0, t_pipe - M * t[slow])  # (round-off can make 1-stage pipelines -1e-20)
+    per_mb = 0.5 if bidir else 1.0  # DualPipe: each micro-batch passes one of a rank's two stages
+    bd = {k: per_mb * M * (tots[slow].fwd[k] + tots[slow].bwd[k]) for k in TIME_KEYS}
+    bd["pipeline_bubble"] = max(0.0, t_pipe - per_mb * M * t[slow])  # (round-off can make 1-stage pipelines -1e-20)
     tail_rank = max(range(cfg.pp), key=lambda r: tail_tot[r])
     bd.update(tails[tail_rank])
     tokens = ctx.training.tokens_per_step

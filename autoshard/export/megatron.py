@@ -278,7 +278,7 @@ def _megatron(ctx: _Ctx) -> str:
         add("--qk-head-dim", m.qk_nope_head_dim)
         add("--qk-pos-emb-head-dim", m.qk_rope_head_dim)
         add("--v-head-dim", m.v_head_dim)
-    if ctx.mtp_layers:
+    if ctx.mtp_layers and ctx.mtp_layers != m.num_nextn_predict_layers:  # (model.num_nextn_predict_layers prices it)
         ctx.warn(f"{m.name} trains with {ctx.mtp_layers} multi-token-prediction layer(s) (--mtp-num-layers), "
                  "which the plan does not price: the last stage computes it on top of its planned layers")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..cost import Config, Context, config_reasons, ep_overlap_allowed, ep_overlap_blocked
 from ..errors import InputError
-from ..spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
+from ..spec import MESH_AXES, RECOMPUTES, UNPLANNABLE_SCHEDULES, Plan, Problem, divisors
 from ..topology import place_axes
 from .layouts import search_modes
 
@@ -33,8 +33,9 @@ def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
         "micro_batch_size": s.allowed("micro_batch_size", DEFAULT_MBS),
         "vpp": s.allowed("vpp", list(range(1, DEFAULT_MAX_VPP + 1))),
         # (a schedule the launcher lacks is priced when named, not planned by default)
-        "schedule": s.allowed("schedule", [x for x in ("1f1b", "interleaved", "zero_bubble", "gpipe")
-                                           if x in fw.schedules and x not in fw.unplanned_schedules]),
+        "schedule": [x for x in s.allowed("schedule", [x for x in ("1f1b", "interleaved", "zero_bubble", "gpipe")
+                                                       if x in fw.schedules and x not in fw.unplanned_schedules])
+                     if x not in UNPLANNABLE_SCHEDULES],
         "zero_stage": s.allowed("zero_stage", list(fw.zero_stages)),
         # MoE parallel folding: experts tensor-parallel like attention (etp = tp) or not at all.
         "etp": s.allowed("etp", [None, 1] if m.is_moe and fw.moe_folding else [None]),
