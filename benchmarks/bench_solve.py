@@ -38,6 +38,37 @@ CASES = {
 }
 
 
+# The issue-30 list: MoE and dense problems nobody tuned for, unrestricted search, defaults (top 3).
+# Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json (56 layers, hidden 6144, 48 heads, 8 KV heads,
+# FFN 16384, 8 experts top-2, vocab 32768). Kimi-K2-like: moonshotai/Kimi-K2-Instruct config.json
+# (61 layers, first 1 dense, hidden 7168, 64 heads MLA, 384 routed + 1 shared experts top-8, expert FFN
+# 2048, dense FFN 18432, vocab 163840).
+MIXTRAL_8X22B = {"num_hidden_layers": 56, "hidden_size": 6144, "intermediate_size": 16384,
+                 "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32768,
+                 "tie_word_embeddings": False, "hidden_act": "silu", "num_experts": 8, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 16384}
+KIMI_K2 = {"preset": "deepseek-v3", "num_attention_heads": 64, "num_key_value_heads": 64, "num_experts": 384,
+           "first_k_dense_replace": 1, "vocab_size": 163840}
+
+
+def issue_case(model, gpus: int, gpu: str = "h100-sxm", topology: str = "dgx-h100-superpod",
+               seq: int = 4096, tokens: int = 16 * 2**20, precision: str = "bf16") -> dict:
+    return {"model": model, "training": {"seq_len": seq, "global_batch_size": max(gpus, tokens // seq),
+                                          "precision": precision},
+            "cluster": {"gpu": gpu, "num_gpus": gpus, "topology": topology}}
+
+
+ISSUE = {
+    **{f"deepseek-v3 on {n:,} H100": issue_case("deepseek-v3", n) for n in (256, 2048, 16384)},
+    **{f"qwen3-235b-a22b on {n:,} H100": issue_case("qwen3-235b-a22b", n) for n in (256, 2048, 16384)},
+    **{f"mixtral-8x22b on {n:,} H100": issue_case(MIXTRAL_8X22B, n) for n in (256, 2048, 16384)},
+    **{f"kimi-k2-like on {n:,} H100": issue_case(KIMI_K2, n) for n in (256, 2048)},
+    "deepseek-v3 122 layers on 2,048 H100": issue_case({"preset": "deepseek-v3", "num_hidden_layers": 122}, 2048),
+    "llama3-405b on 256 H100": issue_case("llama3-405b", 256),
+    "llama3-70b on 131,072 H100": issue_case("llama3-70b", 131072, tokens=64 * 2**20),
+}
+
+
 def case_doc(file: str, bundled: bool) -> dict:
     doc = read_document(ROOT / "problems" / file)
     if not bundled:

@@ -12,6 +12,7 @@ from autoshard.cost import Config, assemble, context, evaluate, layer_table
 from autoshard.errors import InfeasibleError
 from autoshard.solver import solve
 from autoshard.solver.layouts import block_layers, expressible, recompute_layout
+from autoshard.solver.search import search_headroom
 from autoshard.spec import MESH_AXES
 
 
@@ -25,6 +26,10 @@ def compositions(total, parts):
 def brute_force(problem):
     """Minimum step time over every plan of the declared space, each priced by the
     evaluator's own table + assembly (the two halves of `evaluate`)."""
+    # The space the solver searches: with the HBM it keeps free (`search_headroom`: the problem's
+    # headroom, else the default share of HBM), which `evaluate` alone does not keep.
+    head, _ = search_headroom(problem)
+    problem = problem.model_copy(update={"search": problem.search.model_copy(update={"headroom_gib": head})})
     s = problem.search
     n = problem.cluster.num_gpus
     L = problem.model.num_hidden_layers

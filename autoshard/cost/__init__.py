@@ -72,7 +72,9 @@ from .context import (  # noqa: F401
     context,
     ep_overlap_refusals,
     even_split,
+    launch_reasons,
     layout_split,
+    live_axes,
     num_microbatches,
     with_modes,
 )

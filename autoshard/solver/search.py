@@ -34,7 +34,7 @@ from ..cost import Config, Context, Table, context, ep_overlap_blocked, layer_ta
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
-from ..spec import DEFAULT_GAP_LIMIT, Plan, Problem
+from ..spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Plan, Problem
 from .bounds import _bounds, _optimistic_table, _table_bound
 from .candidates import _placements, candidates
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
@@ -44,7 +44,6 @@ from .records import Alternative, Solution, SolverStats
 from .stage_model import TIME_UNIT_S, StageModel, _rounding_tolerance, _t
 from .warm_start import WARM_START_CONFIGS, _warm_start
 
-DEFAULT_WORK_LIMIT = 40.0  # CP-SAT deterministic time per solve, all solves together (~ s of one core)
 FIRST_CAP = 0.1  # deterministic time per configuration on the first pass (stopped proofs resume later)
 RETRY_CAP = 0.5  # ... on the first round of resumed proofs (x4 each round)
 TIEBREAK_WORK = 0.5  # the final tie-break pass (fewest recomputed layers, earliest layers)
@@ -59,7 +58,40 @@ ROUND = 2  # placements whose descents start from the same incumbent (run in thr
 RUNNER_UP_SLOWER = 0.5  # families more than 50% slower than the chosen plan are not reported
 RUNNER_UP_CONFIGS = 3000  # configurations ranked for alternatives (in numpy-bound order)
 
+# Python work, counted in the budget's units (about a second of one core each, like CP-SAT's
+# deterministic time): fixed charges per counted operation, measured with cProfile on the bundled
+# problems and the issue-30 list (2-core x86 machine). Fixed counts, never a clock: the same problem
+# spends the same work on a busy or a quiet machine, so the budget stops it at the same point.
+UNIT_CANDIDATE = 2e-5  # per configuration enumerated and bounded with numpy (`candidates`, `_bounds`)
+UNIT_WARM = 4e-3  # per configuration the warm start tries (greedy recompute and split, evaluated)
+UNIT_VISIT = 5e-4  # per configuration visited (its placement-free bound)
+UNIT_MEMORY_BOUND = 2e-3  # per bound with the recompute HBM forces (`_memory_tmax`)
+UNIT_TABLE = 3e-4  # per placement's layer table bounded
+UNIT_SOLVE = 4e-3  # per CP-SAT call beyond its deterministic time: the stage model built, the plan evaluated
+
+# The HBM the search keeps free per GPU where the problem sets no `search.headroom_gib` (nor
+# `--headroom`): 5% of the GPU's HBM. The memory model's error against measured peaks: on the BLOOM
+# logbook's 21 nvidia-smi readings (validation ablations_dev.json, A100 80GB, DeepSpeed), measured
+# peaks exceed the priced peak x the profile's 1.2 allocator overhead by a median of 6.8 GiB (4.8
+# beyond the 2 GiB reserve), scattered with a standard deviation of 2.29 GiB. The allocator factor
+# was fitted on that logbook's OOM boundary, so the scatter is what a plan at the edge risks: two
+# standard deviations, 4.6 GiB, are 5.7% of the A100's 80 GiB, rounded down to 5%. Applied in the
+# search only: `evaluate`'s fit predicate (and validation's OOM/fit figures) keep no headroom.
+DEFAULT_HEADROOM_FRACTION = 0.05
+
 ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def search_headroom(problem: Problem) -> tuple[float, bool]:
+    """(GiB per GPU the search keeps free, whether it is the default): the problem's
+    `search.headroom_gib` where it (or `--headroom`) sets one, else DEFAULT_HEADROOM_FRACTION of HBM."""
+    if "headroom_gib" in problem.search.model_fields_set:
+        return float(problem.search.headroom_gib), False
+    from ..catalog import get_gpu  # noqa: PLC0415
+    from ..cost import GIB  # noqa: PLC0415
+
+    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
+    return round(DEFAULT_HEADROOM_FRACTION * gpu.hbm_bytes / GIB, 1), True
 
 
 @dataclass(order=True)
@@ -89,11 +121,13 @@ class _Outcome:
 
 
 class _Budget:
-    """Deterministic work (CP-SAT deterministic time) and a wall-clock safety net."""
+    """Deterministic work (CP-SAT deterministic time plus counted Python work, `UNIT_*`) and a
+    wall-clock safety net."""
 
     def __init__(self, work_limit: float, deadline: float):
         self.work_limit, self.deadline = work_limit, deadline
-        self.work = 0.0
+        self.work = 0.0  # everything: CP-SAT and Python
+        self.cp_sat = 0.0  # of which CP-SAT's deterministic time
         self.wall_fired = False
 
     def work_left(self) -> float:
@@ -104,7 +138,12 @@ class _Budget:
 
     def spend(self, work_s: float, wall_fired: bool = False) -> None:
         self.work += work_s
+        self.cp_sat += work_s
         self.wall_fired |= wall_fired
+
+    def count(self, units: float) -> None:
+        """Python work (`UNIT_*` x a count): deterministic, whatever the machine's load."""
+        self.work += units
 
     def exhausted(self) -> bool:
         if self.wall_left() <= 0:
@@ -279,6 +318,7 @@ class _Search:
         """Fold one descent's outcome into the search (in the round's order)."""
         self.solves += out.solves
         self.budget.spend(out.work, out.wall_fired)
+        self.budget.count(UNIT_SOLVE * out.solves)
         for f in out.found:
             self.add(*f)
         if out.kind == "closed":
@@ -324,12 +364,14 @@ class _Search:
         HBM forces where the cheap one does not reach `target` (memoized per configuration)."""
         got = self.opt_bounds.get(cfg)
         if got is None:
+            self.budget.count(UNIT_VISIT)
             optimistic = _optimistic_table(self.ctx, cfg, opt_cache)
             got = [_table_bound(self.ctx, optimistic, self.modes, exact_windows=False), None, optimistic]
             self.opt_bounds[cfg] = got
         if got[0] >= target:
             return got[0]
         if got[1] is None:
+            self.budget.count(UNIT_MEMORY_BOUND)
             got[1] = _table_bound(self.ctx, got[2], self.modes, exact_windows=False, memory=True)
         return got[1]
 
@@ -356,6 +398,7 @@ class _Search:
             return False
         if tables is None:
             tables = self.tables_of(cfg)
+        self.budget.count(UNIT_TABLE * len(tables))
         ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, self.modes_for(tb) or modes)), j, tb)
                          for j, tb in enumerate(tables)),
                         key=lambda x: x[:2])
@@ -371,6 +414,7 @@ class _Search:
                     break
                 if table.cfg in self.solved:  # (looking for alternatives: its best plan is known)
                     continue
+                self.budget.count(UNIT_MEMORY_BOUND)
                 with_memory = _table_bound(ctx, table, self.modes_for(table) or modes, memory=True)
                 if with_memory >= self.target(table.cfg):  # HBM forces enough recompute to lose: no CP-SAT needed
                     self.close(with_memory)
@@ -501,7 +545,7 @@ def fingerprint(problem: Problem, settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
+def solve(problem: Problem | Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, top_k: int = 3,
           gap_limit: float = DEFAULT_GAP_LIMIT, work_limit: float | None = None,
           alternatives: Sequence[str] = (), progress: ProgressFn | None = None, jobs: int | None = None) -> Solution:
     """The fastest plan that fits, with proof.
@@ -529,7 +573,22 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     plan in the declared space fits.
     """
     t0 = time.perf_counter()
-    problem = load_problem(problem)
+    shown = load_problem(problem)  # what the answer is evaluated against: no headroom unless it sets one
+    headroom_gib, default_headroom = search_headroom(shown)
+    problem = shown.model_copy(update={"search": shown.search.model_copy(update={"headroom_gib": headroom_gib})})
+    try:
+        return _solve_with(problem, shown, headroom_gib, default_headroom, t0, time_limit_s, top_k, gap_limit,
+                           work_limit, alternatives, progress, jobs)
+    except InfeasibleError as exc:
+        if default_headroom and headroom_gib > 0:  # the default margin may be what rules every plan out
+            raise InfeasibleError(exc.reason, [*exc.suggestions, f"--headroom 0 (the search kept {headroom_gib:g} GiB "
+                                               "per GPU free by default)"]) from None
+        raise
+
+
+def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_headroom: bool, t0: float,
+                time_limit_s: float, top_k: int, gap_limit: float, work_limit: float | None,
+                alternatives: Sequence[str], progress: ProgressFn | None, jobs: int | None) -> Solution:
     ctx = context(problem)
     # The default modes (with the framework's recompute-module sets), or those `search: recompute` names.
     modes = search_modes(problem, ctx)
@@ -540,6 +599,7 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
         raise InputError(f"must be a positive amount of work, got {work_limit:g}", field="--work-limit")
     budget = _Budget(work_limit, t0 + time_limit_s)
     cands = candidates(problem, ctx)
+    budget.count(UNIT_CANDIDATE * len(cands))
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
@@ -552,11 +612,17 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     if jobs > 1:
         search.pool = ThreadPoolExecutor(max_workers=min(jobs, ROUND), thread_name_prefix="autoshard-cpsat")
     try:
-        return _solve(problem, ctx, search, cands, order, t_lb, m_lb, pruned_mem, opt_cache, requests, budget,
-                      t0, time_limit_s, top_k, gap_limit, work_limit, alternatives, modes)
+        sol = _solve(problem, ctx, search, cands, order, t_lb, m_lb, pruned_mem, opt_cache, requests, budget,
+                     t0, time_limit_s, top_k, gap_limit, work_limit, alternatives, modes)
     finally:
         if search.pool is not None:
             search.pool.shutdown(wait=True)
+    # The answer as `evaluate` prices it on the problem as given (its fit predicate keeps no default
+    # headroom): the free memory the reports show is the plan's real margin.
+    return sol.model_copy(update={
+        "estimate": _evaluate(shown, sol.plan),
+        "alternatives": [a.model_copy(update={"estimate": _evaluate(shown, a.plan)}) for a in sol.alternatives],
+        "solver": sol.solver.model_copy(update={"headroom_gib": headroom_gib, "headroom_default": default_headroom})})
 
 
 def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config], order: list[int], t_lb: np.ndarray,
@@ -568,7 +634,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
     # (no CP-SAT, a counted number of configurations); a strong incumbent early makes every
     # cutoff and bound bite. Its wall-clock deadline is only a safety net.
     search.report("warm start", 0, len(order))
-    warm_deadline = t0 + time_limit_s / 2
+    warm_deadline = budget.deadline  # (a safety net only: the warm start's effort is a count)
     # (Twins with the EP overlap off are left out: their greedy plans are their twins', priced as
     # evaluate prices them.)
     firsts = [cands[i] for i in order[:2 * WARM_START_CONFIGS] if cands[i].ep_overlap is not False]
@@ -577,6 +643,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
                        sink=(lambda e: search.add(e.plan, e.step_time_s, e.step_time_s, 0.0)) if top_k else None)
     if time.perf_counter() > warm_deadline:
         budget.wall_fired = True
+    budget.count(UNIT_WARM * len(firsts[:WARM_START_CONFIGS]))
     if warm is not None:
         search.add(warm.plan, warm.step_time_s, warm.step_time_s, 0.0)
 
@@ -620,14 +687,22 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
                                        max(1.0, NAMED_SHARE * proof_work), budget.deadline))
     stopped_by = ("wall-clock safety net" if budget.wall_fired else "work budget") if stopped and not optimal else (
         "wall-clock safety net" if budget.wall_fired else "")
+    limit_fired = "wall" if budget.wall_fired else ("work" if stopped and not optimal else None)
+    # What lets the proof finish: a budget four times as large (and a safety net to match).
+    prove = ""
+    if limit_fired == "work":
+        prove = f"--work-limit {4 * work_limit:g}"
+    elif limit_fired == "wall":
+        prove = f"--time-limit {4 * time_limit_s:g}"
     settings = {"work_limit": work_limit, "gap_limit": gap_limit, "top_k": top_k,
                 "alternatives": list(dict.fromkeys(alternatives))}
     stats = SolverStats(
         status="OPTIMAL" if optimal else "FEASIBLE", solve_time_s=time.perf_counter() - t0,
         objective_s=best.objective_s, objective_bound_s=bound, gap=gap, gap_limit=gap_limit, candidates=len(cands),
         pruned_by_memory=pruned_mem, pruned_by_bound=pruned_bound, cp_sat_solves=search.solves,
-        rounding_tolerance_s=best.tolerance_s, work_s=round(budget.work, 3), work_limit=work_limit,
-        stopped_by=stopped_by, alternatives_complete=alternatives_complete,
+        rounding_tolerance_s=best.tolerance_s, work_s=round(budget.work, 3), cp_sat_work_s=round(budget.cp_sat, 3),
+        work_limit=work_limit, stopped_by=stopped_by, limit_fired=limit_fired, prove_command=prove,
+        alternatives_complete=alternatives_complete,
         fingerprint=fingerprint(problem, settings))
     return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=[a for a in alts if a is not None])
 
