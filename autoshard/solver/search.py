@@ -688,12 +688,13 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
     stopped_by = ("wall-clock safety net" if budget.wall_fired else "work budget") if stopped and not optimal else (
         "wall-clock safety net" if budget.wall_fired else "")
     limit_fired = "wall" if budget.wall_fired else ("work" if stopped and not optimal else None)
-    # What lets the proof finish: a budget four times as large (and a safety net to match).
+    # What lets the proof finish: a work budget four times as large, or a safety net that leaves the
+    # budget, not the clock, to end the search (four times as long, at least the default).
     prove = ""
     if limit_fired == "work":
         prove = f"--work-limit {4 * work_limit:g}"
     elif limit_fired == "wall":
-        prove = f"--time-limit {4 * time_limit_s:g}"
+        prove = f"--time-limit {max(4 * time_limit_s, DEFAULT_TIME_LIMIT_S):g}"
     settings = {"work_limit": work_limit, "gap_limit": gap_limit, "top_k": top_k,
                 "alternatives": list(dict.fromkeys(alternatives))}
     stats = SolverStats(
