@@ -177,6 +177,7 @@ class _Search:
         self.orders: dict = {}  # distinct placements per set of degrees (`_placements`)
         self.opt_bounds: dict = {}  # per configuration: its placement-free bound, cheap and with memory
         self.pool: Any = None  # a thread pool when jobs > 1 (CP-SAT releases the GIL)
+        self.total = 0  # configurations to visit (for progress)
         self.inflight: set = set()  # stage models being solved (stopped on Ctrl-C)
         # the planned modes a configuration that runs the EP overlap may use (`modes_for`)
         self.overlap_modes = [m for m in modes if not ep_overlap_blocked(ctx, [m])]
@@ -354,6 +355,7 @@ class _Search:
             outs = [self.descend(t, b, g, w, w, resumed) for (t, b, g), w in zip(todo, shares)]
         for out in outs:
             self.merge(out)
+        self.report("CP-SAT" if self.proving else "alternatives (CP-SAT)", self.visited, self.total)
 
     def attempt(self, table: Table, tbound: float, cap_s: float) -> None:
         """One descent on its own (a round of one)."""
@@ -432,7 +434,7 @@ class _Search:
         """The proof: candidates in order of their numpy bound until the next bound cannot beat the
         target or the budget is spent. Returns how many the numpy bound pruned."""
         pruned = 0
-        total = len(order)
+        total = self.total = len(order)
         for pos, i in enumerate(order):
             if t_lb[i] >= self.target():  # candidates come in order of their numpy bound
                 pruned += len(order) - pos
@@ -598,10 +600,14 @@ def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_h
     if not (math.isfinite(work_limit) and work_limit > 0):
         raise InputError(f"must be a positive amount of work, got {work_limit:g}", field="--work-limit")
     budget = _Budget(work_limit, t0 + time_limit_s)
+    if progress is not None:
+        progress({"phase": "candidates", "visited": 0, "total": 0, "work_s": budget.work})
     cands = candidates(problem, ctx)
     budget.count(UNIT_CANDIDATE * len(cands))
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
+    if progress is not None:
+        progress({"phase": "bounds", "visited": 0, "total": len(cands), "work_s": budget.work})
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
     t_lb, m_lb, could_fit = _bounds(ctx, cands, opt_cache)
     fits = (m_lb <= ctx.capacity_bytes) & could_fit
