@@ -178,6 +178,7 @@ class _Search:
         self.opt_bounds: dict = {}  # per configuration: its placement-free bound, cheap and with memory
         self.pool: Any = None  # a thread pool when jobs > 1 (CP-SAT releases the GIL)
         self.total = 0  # configurations to visit (for progress)
+        self.frontier = -math.inf  # the numpy bound of the configuration being visited: bounds all those after it
         self.inflight: set = set()  # stage models being solved (stopped on Ctrl-C)
         # the planned modes a configuration that runs the EP overlap may use (`modes_for`)
         self.overlap_modes = [m for m in modes if not ep_overlap_blocked(ctx, [m])]
@@ -355,7 +356,8 @@ class _Search:
             outs = [self.descend(t, b, g, w, w, resumed) for (t, b, g), w in zip(todo, shares)]
         for out in outs:
             self.merge(out)
-        self.report("CP-SAT" if self.proving else "alternatives (CP-SAT)", self.visited, self.total)
+        self.report("CP-SAT" if self.proving else "alternatives (CP-SAT)", self.visited, self.total,
+                    self.frontier if self.proving else None)
 
     def attempt(self, table: Table, tbound: float, cap_s: float) -> None:
         """One descent on its own (a round of one)."""
@@ -446,6 +448,7 @@ class _Search:
                 break
             if self.allow is not None and not self.allow(cands[i]):
                 continue
+            self.frontier = float(t_lb[i])
             pruned += not self.visit(cands[i], opt_cache)
             if self.visited % 8 == 0:
                 self.report("search", pos + 1, total, float(t_lb[i]))
@@ -601,13 +604,15 @@ def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_h
         raise InputError(f"must be a positive amount of work, got {work_limit:g}", field="--work-limit")
     budget = _Budget(work_limit, t0 + time_limit_s)
     if progress is not None:
-        progress({"phase": "candidates", "visited": 0, "total": 0, "work_s": budget.work})
+        progress({"phase": "candidates", "visited": 0, "total": 0, "incumbent_s": None, "bound_s": None, "gap": None,
+                  "work_s": budget.work})
     cands = candidates(problem, ctx)
     budget.count(UNIT_CANDIDATE * len(cands))
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
     if progress is not None:
-        progress({"phase": "bounds", "visited": 0, "total": len(cands), "work_s": budget.work})
+        progress({"phase": "bounds", "visited": 0, "total": len(cands), "incumbent_s": None, "bound_s": None,
+                  "gap": None, "work_s": budget.work})
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
     t_lb, m_lb, could_fit = _bounds(ctx, cands, opt_cache)
     fits = (m_lb <= ctx.capacity_bytes) & could_fit
