@@ -23,8 +23,11 @@ from autoshard.spec import MESH_AXES
 
 ROOT_PROBLEMS = Path(__file__).resolve().parent.parent / "problems"
 
+# (headroom 0: the plans at the HBM edge these tests were written on; the default headroom has its
+# own tests in test_solver.py's brute force and test_solver_runnable.py)
 SEED = {"model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 960},
-        "cluster": {"gpu": "h100-sxm", "num_gpus": 640, "topology": "dgx-h100-superpod"}}
+        "cluster": {"gpu": "h100-sxm", "num_gpus": 640, "topology": "dgx-h100-superpod"},
+        "search": {"headroom_gib": 0}}
 
 # A space small enough to enumerate every plan with the evaluator: 4 layers, 8 GPUs.
 TINY = {"model": {"name": "tiny", "num_hidden_layers": 4, "hidden_size": 4096, "intermediate_size": 14336,
@@ -111,7 +114,7 @@ def test_named_alternative_is_the_restricted_optimum(seed_solutions, name, searc
     sol = solve(p, top_k=0, alternatives=[name])
     (alt,) = sol.alternatives
     assert alt.family == name
-    restricted = solve(load_problem({**SEED, "search": search}), top_k=0)  # the same question, in `search:`
+    restricted = solve(load_problem({**SEED, "search": {**SEED["search"], **search}}), top_k=0)  # the same question, in `search:`
     assert alt.estimate.step_time_s == pytest.approx(restricted.estimate.step_time_s, rel=2.5e-3)
     plan = alt.plan
     if name == "no-cp":
@@ -276,9 +279,9 @@ def test_same_answer_with_one_or_two_threads():
      "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 48}, "framework": "deepspeed"}])
 def test_candidates_are_every_valid_configuration_in_order(doc):
     """`candidates` (validity probed once per degrees and schedule, rows built into Config on read)
-    lists exactly what checking `config_reasons` with every micro-batch size lists, in the same
+    lists exactly what checking `config_reasons` and `launch_reasons` with every micro-batch size lists, in the same
     order; reading it behaves as a list."""
-    from autoshard.cost import config_reasons
+    from autoshard.cost import config_reasons, launch_reasons
     from autoshard.solver import candidates
     from autoshard.solver.candidates import _space, planned_cp_comm, planned_dispatcher
     from autoshard.spec import Plan
@@ -304,7 +307,7 @@ def test_candidates_are_every_valid_configuration_in_order(doc):
         cp_comm = planned_cp_comm(p, ctx) if cp > 1 else "p2p"  # (DeepSpeed: Ulysses all-to-all only)
         plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched, etp=etp,
                     zero_stage=zero, cp_comm_type=cp_comm, sequence_parallel=sp)
-        if config_reasons(p, plan)[1]:
+        if config_reasons(p, plan)[1] or launch_reasons(p, plan):  # (invalid, or its launcher refuses it)
             continue
         want.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, plan.placement, etp,
                            dispatcher=dispatcher, cp_comm=cp_comm))

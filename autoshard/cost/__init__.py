@@ -76,6 +76,7 @@ from .context import (  # noqa: F401
     layout_split,
     live_axes,
     num_microbatches,
+    pipeline_zero_refused,
     with_modes,
 )
 from .kernels import (  # noqa: F401

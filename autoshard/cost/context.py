@@ -376,6 +376,12 @@ def live_axes(plan: Plan | Config, dp: int) -> list[str]:
     return [a for a in axes if sizes.get(a, 1) > 1]
 
 
+def pipeline_zero_refused(fw: FrameworkProfile, pp: int, zero: int) -> bool:
+    """Whether the framework's launcher refuses ZeRO stage `zero` beside `pp` pipeline stages
+    (`FrameworkProfile.pipeline_zero_stages`; `launch_reasons`, and the solver's candidates)."""
+    return pp > 1 and bool(fw.pipeline_zero_stages) and zero not in fw.pipeline_zero_stages
+
+
 def launch_reasons(problem: Problem, plan: Plan) -> list[Reason]:
     """Why the framework's launcher would refuse a plan `config_reasons` accepts (empty: it launches):
     the rules the cost model can still price, so `evaluate` prices the plan and says so (`--strict`
@@ -405,7 +411,7 @@ def launch_reasons(problem: Problem, plan: Plan) -> list[Reason]:
             reasons.append(Reason(f"{problem.framework}'s launcher sets the rank order {' or '.join(orders)}, not "
                                   f"{plan.placement}{why}; set search.placement_layout: any if the ranks are "
                                   "mapped by hand", field="placement"))
-    if plan.pp > 1 and fw.pipeline_zero_stages and plan.zero_stage not in fw.pipeline_zero_stages:
+    if pipeline_zero_refused(fw, plan.pp, plan.zero_stage):
         reasons.append(Reason(f"{problem.framework} runs ZeRO stages {list(fw.pipeline_zero_stages)} with a pipeline, "
                               f"not zero_stage={plan.zero_stage} with pp={plan.pp} ({fw.pipeline_zero_source})",
                               field="zero_stage"))

@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from itertools import product
 from typing import Any
 
-from ..cost import Config, Context, config_reasons, ep_overlap_allowed, ep_overlap_blocked, launch_reasons
+from ..cost import (
+    Config,
+    Context,
+    config_reasons,
+    ep_overlap_allowed,
+    ep_overlap_blocked,
+    launch_reasons,
+    pipeline_zero_refused,
+)
 from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, Plan, Problem, divisors
 from ..topology import place_axes
@@ -118,7 +126,8 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
     # here (dp x mbs divides the batch; interleaving: pp divides the micro-batches): checked once
     # per set of the other degrees and schedule.
     probed: dict[tuple, str | None] = {}
-    launch_zero: dict[tuple, set[int]] = {}  # per (degrees, schedule): ZeRO stages the launcher refuses
+    # ZeRO stages the launcher refuses beside a pipeline (`cost.launch_reasons`'s rule)
+    refused_zero = {z for z in sp_["zero_stage"] if pipeline_zero_refused(ctx.framework, 2, z)}
 
     def probe_of(key: tuple, zero: int, dp_: int | None = None, mbs_: int = 1) -> Plan:
         tp_, cp_, pp_, ep_, etp_, sched_, vpp_ = key
@@ -162,11 +171,8 @@ def candidates(problem: Problem, ctx: Context) -> Candidates:
                 placement = probed[key]
                 if placement is None:
                     continue
-                if pp > 1 and key not in launch_zero:  # ZeRO stages its launcher refuses beside a pipeline
-                    launch_zero[key] = {z for z in sp_["zero_stage"] if any(
-                        r.field == "zero_stage" for r in launch_reasons(problem, probe_of(key, z)))}
                 for zero, sp in zero_sp:
-                    if pp > 1 and zero in launch_zero[key]:
+                    if pp > 1 and zero in refused_zero:  # (its launcher refuses it beside a pipeline)
                         continue
                     if tp == 1 and not sp and sp_choice:
                         continue  # sp is meaningless at tp=1: keep one of the two

@@ -53,9 +53,9 @@ ALT_CAP = 0.1  # deterministic time per configuration while looking for alternat
 ALT_MIN_SOLVES = 12  # ... and at least this many CP-SAT calls
 ALT_MIN_VISITS = 64  # ... and configurations visited
 ALT_GAP = 0.002  # an alternative is its family's best to within 0.2% when its search completes
-NAMED_SHARE = 0.5  # a named alternative's budget: this share of the proof's work, at least 1 unit
 ROUND = 2  # placements whose descents start from the same incumbent (run in threads with jobs > 1)
 RUNNER_UP_SLOWER = 0.5  # families more than 50% slower than the chosen plan are not reported
+NEAR_TIE = 0.005  # alternatives within 0.5% of each other share one line naming what differs (far below the model's error)
 RUNNER_UP_CONFIGS = 3000  # configurations ranked for alternatives (in numpy-bound order)
 
 # Python work, counted in the budget's units (about a second of one core each, like CP-SAT's
@@ -683,19 +683,22 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
     mine = family_key(best.plan)
     others = sorted((f for k, f in search.found.items() if k != mine), key=lambda f: (f.step_s, f.order))
     alts = []
-    for f in others:  # families as fast as the one before (within rounding) are collapsed into it
+    for f in others:  # near-ties (within NEAR_TIE of the line's first family) are collapsed into its line
         if f.step_s > best.step_s * (1 + RUNNER_UP_SLOWER):
             break
         fam = family_name(family_key(f.plan))
-        if alts and abs(f.step_s - alts[-1].estimate.step_time_s) <= max(f.tolerance_s, 1e-9 * f.step_s):
-            alts[-1] = alts[-1].model_copy(update={"differs": f"{alts[-1].differs}; as fast: {fam}"})
+        if alts and f.step_s <= alts[-1].estimate.step_time_s * (1 + NEAR_TIE) + f.tolerance_s:
+            head = alts[-1]
+            what = describe_difference(head.plan, f.plan)
+            alts[-1] = head.model_copy(update={"differs": f"{head.differs}; within {100 * NEAR_TIE:g}%: {fam} "
+                                                          f"(+{100 * (f.step_s / best.step_s - 1):.2f}%: {what})"})
             continue
         if len(alts) == top_k:
             break
         alts.append(_alternative(problem, best, f, fam))
     for req in requests:
         alts.append(_named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
-                                       max(1.0, NAMED_SHARE * proof_work), budget.deadline))
+                                       work_limit, budget.deadline))
     stopped_by = ("wall-clock safety net" if budget.wall_fired else "work budget") if stopped and not optimal else (
         "wall-clock safety net" if budget.wall_fired else "")
     limit_fired = "wall" if budget.wall_fired else ("work" if stopped and not optimal else None)
