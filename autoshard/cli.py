@@ -799,8 +799,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR")
     b.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="problems solved at once, each in its own process (default 1: in this process; 0: one per CPU)")
-    b.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                   help="wall-clock safety net per problem in seconds (default 60; the budget is deterministic work)")
+    b.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                   help=f"wall-clock safety net per problem in seconds (default {DEFAULT_TIME_LIMIT_S:g}, as `solve`; the "
+                        "budget is deterministic work)")
     b.add_argument("--top", type=int, default=3, metavar="K",
                    help="alternatives per problem: the best plan of the K next-best families (default 3; 0 skips them)")
     b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",

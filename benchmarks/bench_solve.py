@@ -6,10 +6,11 @@
     python benchmarks/bench_solve.py --layers       # solve time vs number of layers (24 -> 200)
     python benchmarks/bench_solve.py --brute-force  # same optimum as enumeration, and the time ratio
     python benchmarks/bench_solve.py --random 40    # default settings (--top 3) over random realistic problems
+    python benchmarks/bench_solve.py --issue --only deepseek   # issue 30's list (MoE 256-16,384 GPUs, 122 layers, dense)
 
 Figures are wall and CPU seconds (CPU: this process, so a busy machine shows in wall only), the
 status and proven gap, and the CP-SAT deterministic work; every solve uses `solve`'s defaults
-(top 3 alternatives by family, the default work budget, a 60 s wall-clock safety net) unless
+(top 3 alternatives by family, the default work budget, the default wall-clock safety net) unless
 --top / --time-limit say otherwise.
 
 Each case is a bundled problem file (model, training, cluster and topology as shipped) with
@@ -28,6 +29,7 @@ from pathlib import Path
 from autoshard import load_problem
 from autoshard.loader import read_document
 from autoshard.solver import solve
+from autoshard.spec import DEFAULT_TIME_LIMIT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {
@@ -93,8 +95,8 @@ def run(name: str, doc: dict, limit: float, repeat: int = 1) -> None:
     print(f"{name}: {dt:6.2f} s wall{spread}, {statistics.median(cpus):.2f} s CPU  {st.status}  "
           f"step {s.estimate.step_time_s:.3f} s  MFU {s.estimate.mfu:.1%}  "
           f"candidates {st.candidates}  pruned mem {st.pruned_by_memory} bound {st.pruned_by_bound}  "
-          f"CP-SAT solves {st.cp_sat_solves} (work {st.work_s:.2f})  gap {100 * st.gap:.2f}%"
-          f"{f'  stopped by {st.stopped_by}' if st.stopped_by else ''}\n    plan: {s.plan.short()}  placement "
+          f"CP-SAT solves {st.cp_sat_solves} (work {st.work_s:.2f}, CP-SAT {st.cp_sat_work_s:.2f})  gap {100 * st.gap:.2f}%"
+          f"  limit fired: {st.limit_fired}{f'  stopped by {st.stopped_by}' if st.stopped_by else ''}\n    plan: {s.plan.short()}  placement "
           f"{s.plan.placement}  stages {s.plan.stage_layers}", flush=True)
     for a in s.alternatives:
         print(f"    alternative [{a.family}] +{a.slower_pct:.2f}%: {a.plan.short()}", flush=True)
@@ -205,10 +207,12 @@ if __name__ == "__main__":
     ap.add_argument("--brute-force", action="store_true", help="compare with enumeration of a small space")
     ap.add_argument("--bundled", action="store_true", help="also solve each problem with its own search: restrictions")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this text")
-    ap.add_argument("--time-limit", type=float, default=60.0, help="wall-clock safety net per solve (default 60)")
+    ap.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
+                    help=f"wall-clock safety net per solve (default {DEFAULT_TIME_LIMIT_S:g}, as `solve`)")
     ap.add_argument("--top", type=int, default=3, help="alternatives per solve (default 3, as `solve`)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the median time is printed")
     ap.add_argument("--random", type=int, default=0, metavar="N", help="N random realistic problems instead")
+    ap.add_argument("--issue", action="store_true", help="the issue-30 list (MoE and dense, 256 to 131,072 GPUs) instead")
     a = ap.parse_args()
     TOP_K = a.top
     if a.layers:
@@ -219,6 +223,11 @@ if __name__ == "__main__":
         sys.exit(0)
     if a.random:
         random_problems(a.random, a.time_limit)
+        sys.exit(0)
+    if a.issue:
+        for name, doc in ISSUE.items():
+            if a.only is None or a.only in name:
+                run(name, doc, a.time_limit, a.repeat)
         sys.exit(0)
     for name, file in CASES.items():
         if a.only is None or a.only in name:
