@@ -1,8 +1,9 @@
 """Branch and bound over the configurations (`_Search`) and the entry point `solve`.
 
 The budget is deterministic work (`_Budget`): CP-SAT's deterministic time, summed over every
-solve, and counted configurations (warm start, alternatives). The wall-clock limit is only a
-safety net; when it fires, `SolverStats.stopped_by` says so. So a solve stopped by its budget
+solve, plus counted Python work at fixed charges (`UNIT_*`: candidates, warm start, visits, memory
+bounds, placement tables, stage models). The wall-clock limit is only a safety net; when it fires,
+`SolverStats.limit_fired` ('wall') and `stopped_by` say so. So a solve stopped by its budget
 returns the same plan and gap on a busy or a quiet machine.
 
 CP-SAT runs as a descent: each solve stops at its first solution under the cutoff (the
