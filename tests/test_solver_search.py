@@ -410,3 +410,24 @@ def test_megatron_plans_its_recompute_modules():
                                   "search": {**ds.search.model_dump(exclude_none=True),
                                              "recompute": ["none", "selective", "full"]}}), top_k=0)
     assert sol.plan.recompute == "mla_up_proj" and sol.estimate.step_time_s < 0.92 * classic.estimate.step_time_s
+
+
+def test_alternatives_argue_fsdp_against_zero1_and_collapse_near_ties():
+    """Without a pipeline, ZeRO-3 / FSDP and ZeRO 0-2 are families of their own; families within 0.5%
+    of a line's first share its line, which names each one and what differs."""
+    import re
+
+    from autoshard.solver.families import family_name
+    from autoshard.solver.search import NEAR_TIE
+
+    sol = solve(load_problem(ROOT_PROBLEMS / "llama3-8b-64xh100.yaml"), top_k=3)
+    assert sol.plan.pp == 1 and sol.plan.zero_stage < 3
+    fsdp = [a for a in sol.alternatives if a.family.endswith("fsdp")]
+    assert fsdp and fsdp[0].plan.zero_stage == 3 and fsdp[0].plan.pp == 1
+    assert family_name(family_key(fsdp[0].plan)) == fsdp[0].family
+    pcts = [a.slower_pct for a in sol.alternatives]
+    for a, b in zip(pcts, pcts[1:]):  # lines are more than the near-tie apart
+        assert (100 + b) > (100 + a) * (1 + NEAR_TIE) - 1e-9
+    for a in sol.alternatives:
+        for pct in re.findall(r"within 0\.5%: [^(]+\(\+([0-9.]+)%", a.differs):
+            assert a.slower_pct <= float(pct) <= (100 + a.slower_pct) * (1 + NEAR_TIE) - 100 + 0.01
