@@ -21,7 +21,7 @@ from typing import Any
 from . import __version__
 from .errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
 from .fileio import atomic_write, dumps_json, guard_output, read_document, same_file
-from .spec import DEFAULT_GAP_LIMIT
+from .spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # AUTOSHARD_DEBUG=1 lets an internal error (exit 3) raise with its traceback, for a bug report.
@@ -167,13 +167,32 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
         plan, plan_file, root = load_plan(a.problem), a.problem, "plan"
     check_plan(problem, plan, plan_file, root, a.problem)  # invalid: bad input (exit 2), as in `compare`
     est = evaluate(problem, plan)
+    refused = launch_refusals(problem, plan)  # priced, but its framework's launcher would refuse it
     if a.json:
-        _print_json(est.model_dump(mode="json"))
+        _print_json({**est.model_dump(mode="json"), "launchable": not refused, "launch_reasons": refused})
     else:
+        if refused:
+            print(f"NOT LAUNCHABLE by {problem.framework}: " + "; ".join(refused))
         sys.stdout.write(estimate_text(problem, est, reasons=False))
+        print(f"launch: {'refused (' + str(len(refused)) + ' reason' + 's' * (len(refused) > 1) + ')' if refused else 'accepted'}"
+              f" by {problem.framework}'s launcher")
     for reason in est.reasons:  # why the plan does not fit: stderr, naming the plan's file
         print(f"autoshard: infeasible: {plan_file}: {reason}", file=sys.stderr)
-    return EXIT_OK if est.fits else EXIT_INFEASIBLE
+    for reason in refused:
+        print(f"autoshard: {'error' if a.strict else 'warning'}: {plan_file}: not launchable: {reason}",
+              file=sys.stderr)
+    if not est.fits or (refused and a.strict):
+        return EXIT_INFEASIBLE
+    return EXIT_OK
+
+
+def launch_refusals(problem: Any, plan: Any) -> list[str]:
+    """Why the problem's framework would refuse to launch `plan` (`cost.launch_reasons`: rank order,
+    ZeRO beside a pipeline); empty when it launches. The one predicate `evaluate`, `compare`, `export`
+    and the solver share."""
+    from .cost import launch_reasons  # noqa: PLC0415
+
+    return [str(r) for r in launch_reasons(problem, plan)]
 
 
 RECORD_SUFFIXES = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}  # `solve -o`: else the Markdown report
@@ -265,6 +284,9 @@ def cmd_solve(a: argparse.Namespace) -> int:
     if a.json:
         _print_json(record)
     else:
+        notice = limit_notice(sol, a.problem)
+        if notice:
+            print(notice)
         sys.stdout.write(estimate_text(problem, sol.estimate))
         st = sol.solver
         from .render import alternative_line, robust_text, solver_status_text  # noqa: PLC0415
@@ -272,6 +294,9 @@ def cmd_solve(a: argparse.Namespace) -> int:
         print(f"solver: {solver_status_text(sol, point)} in {st.solve_time_s:.2f} s (gap {100 * (st.gap or 0):.2f}%), "
               f"{st.candidates} candidate configurations, {st.pruned_by_memory} pruned by memory, "
               f"{st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
+        print(f"memory headroom kept by the search: {st.headroom_gib:g} GiB per GPU beside each stage's free memory "
+              + ("(default: 5% of HBM, the memory model's measured error; --headroom 0 for the edge)"
+                 if st.headroom_default else "(search.headroom_gib / --headroom)"))
         if point is not None:
             print(robust_text(point, sol))
 
@@ -282,6 +307,30 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
             sys.stdout.write("\n" + comparison_text(comparison))
     return EXIT_OK
+
+
+def limit_notice(sol: Any, problem_path: str) -> str:
+    """The report's first lines when a limit stopped the search: which, the proven gap, and the command
+    that proves the optimum (`SolverStats.prove_command`); empty when the search ended by itself."""
+    import shlex  # noqa: PLC0415
+
+    st = sol.solver
+    if not st.limit_fired:
+        return ""
+    what = ("the wall-clock safety net (--time-limit) stopped the search: the answer may depend on this "
+            "machine's load" if st.limit_fired == "wall" else
+            f"the work budget ({st.work_limit:g} units) stopped the proof")
+    args = [a for a in sys.argv[1:]]
+    flag = st.prove_command.split()[0]
+    if flag in args:  # replace the value given
+        i = args.index(flag)
+        args[i:i + 2] = st.prove_command.split()
+    else:
+        args += st.prove_command.split()
+    cmd = shlex.join(["autoshard", *args]) if args and args[0] == "solve" else \
+        shlex.join(["autoshard", "solve", problem_path, *st.prove_command.split()])
+    return (f"LIMIT FIRED ({st.limit_fired}): {what}; {st.status}, proven gap {100 * (st.gap or 0):.2f}%.\n"
+            f"To prove the optimum: {cmd}")
 
 
 def _plan_label(arg: str, index: int) -> str:
@@ -304,6 +353,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
         check_plan(problem, plan, source, root, a.problem)
         plans.append(plan)
     labels = [_plan_label(x, i) for i, x in enumerate(a.plan or [])]
+    for x, plan in zip(a.plan or [], plans):
+        for reason in launch_refusals(problem, plan):
+            print(f"autoshard: warning: {x}: not launchable: {reason}", file=sys.stderr)
     if len(labels) == 2 and labels[0] == labels[1]:
         labels = [f"{lab} (A)" if i == 0 else f"{lab} (B)" for i, lab in enumerate(labels)]
     if not plans:  # the problem's own `plan:` (as `evaluate`)
@@ -748,12 +800,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", metavar="FILE",
                    help="write the solution: .json the machine record (as --json), .yaml / .yml the same record "
                         "in YAML, any other name the Markdown report")
-    s.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                   help="wall-clock safety net in seconds (default 60); the budget is --work-limit, so the answer "
-                        "does not depend on the machine unless this fires (reported as stopped_by)")
+    s.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                   help=f"wall-clock safety net in seconds (default {DEFAULT_TIME_LIMIT_S:g}); the budget is --work-limit, "
+                        "so the answer does not depend on the machine unless this fires (the report's first lines "
+                        "say so; --json: solver.limit_fired 'wall')")
     s.add_argument("--work-limit", type=float, default=None, metavar="W",
-                   help="search budget in units of CP-SAT deterministic time (about a second of one core each; "
-                        "default 40)")
+                   help="search budget in deterministic work units: CP-SAT's deterministic time plus counted "
+                        "Python work (candidates, bounds, stage models), about a second of one core each "
+                        f"(default {DEFAULT_WORK_LIMIT:g}); --json: solver.limit_fired 'work' when it stops the proof")
     s.add_argument("--top", type=int, default=3, metavar="K",
                    help="the best plan of each of the K best families (degrees tp, cp, ep, pp and the schedule) other "
                         "than the chosen plan's, from the same search (default 3; 0 skips it)")
@@ -778,7 +832,8 @@ def build_parser() -> argparse.ArgumentParser:
     cm.add_argument("--plan", action="append", metavar="PLAN",
                     help="a plan file (YAML/JSON, a solution JSON) or inline tp=8,pp=4,...; once: against the "
                          "solver's chosen plan; twice: the two plans; none: the problem's `plan:` against the chosen")
-    cm.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver safety net (default 60)")
+    cm.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                    help=f"solver safety net (default {DEFAULT_TIME_LIMIT_S:g})")
     cm.add_argument("--json", action="store_true")
     cm.add_argument("--quiet", action="store_true", help="no live progress on stderr")
 
@@ -787,6 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plan", metavar="PLAN", help="plan file (YAML/JSON, or a solution JSON / YAML) or inline "
                    "tp=8,pp=4,...; default: the problem's `plan:`")
     e.add_argument("--json", action="store_true")
+    e.add_argument("--strict", action="store_true",
+                   help="exit 1 when the framework's launcher would refuse the plan (rank order, ZeRO beside a "
+                        "pipeline: `launch_reasons` in --json); without it the plan is priced and flagged")
     e.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
 
     c = add("collective", cmd_collective, "Time of one collective on a cluster preset (ring and tree formulas level by level, as the solver prices them).")
@@ -857,8 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR")
     b.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="problems solved at once, each in its own process (default 1: in this process; 0: one per CPU)")
-    b.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                   help="wall-clock safety net per problem in seconds (default 60; the budget is deterministic work)")
+    b.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                   help=f"wall-clock safety net per problem in seconds (default {DEFAULT_TIME_LIMIT_S:g}, as `solve`; the "
+                        "budget is deterministic work)")
     b.add_argument("--top", type=int, default=3, metavar="K",
                    help="alternatives per problem: the best plan of the K next-best families (default 3; 0 skips them)")
     b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",

@@ -90,6 +90,10 @@ class FrameworkProfile:
     unplanned_schedules: tuple[str, ...] = ()
     # rank orders (placements, innermost axis first) its launcher can set; empty = any
     placements: tuple[str, ...] = ()
+    # ZeRO stages its launcher runs beside a pipeline (pp > 1); empty = every stage it runs
+    # (`cost.launch_reasons`), and where that rule is stated
+    pipeline_zero_stages: tuple[int, ...] = ()
+    pipeline_zero_source: str = ""
     # HBM its runs hold per byte the cost model counts at the peak (the PyTorch caching allocator's
     # split and cached blocks, communication buckets): the usable capacity is divided by it
     allocator_overhead: float = 1.0
@@ -211,6 +215,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             planned_recompute_modules=tuple(row.get("planned_recompute_modules") or ()),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),
+            pipeline_zero_stages=tuple(row.get("pipeline_zero_stages") or ()),
+            pipeline_zero_source=str(row.get("pipeline_zero_source") or ""),
             allocator_overhead=_overhead(name, row.get("allocator_overhead", 1.0)),
             optimizer_offload_zero_stages=tuple(int(z) for z in row.get("optimizer_offload_zero_stages") or ()),
             optimizer_offload_name=str(row.get("optimizer_offload_name", "")),

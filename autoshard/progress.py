@@ -59,14 +59,24 @@ class TerminalLine:
 
 
 def status_text(event: dict[str, Any]) -> str:
-    """`search 1,024/27,512 configurations  best 4.925 s  bound 4.920 s  gap 0.10%`."""
+    """The solve's phase as it happens: `candidates: enumerating`, `bounds 405,956 configurations`,
+    `warm start ...`, `search 1,024/27,512 configurations  best 4.925 s  bound 4.920 s  gap 0.10%`,
+    `CP-SAT 1,030/27,512 ...` (after each round of CP-SAT descents: the incumbent and the gap), and
+    the work spent so far (deterministic units)."""
     inc, lb, gap = event.get("incumbent_s"), event.get("bound_s"), event.get("gap")
-    parts = [f"{event.get('phase', '')} {event.get('visited', 0):,}/{event.get('total', 0):,} configurations"]
+    phase, total = event.get("phase", ""), event.get("total", 0)
+    if phase == "candidates":
+        return "candidates: enumerating the declared space"
+    if phase == "bounds":
+        return f"bounds: {total:,} configurations (numpy time and memory bounds)"
+    parts = [f"{phase} {event.get('visited', 0):,}/{total:,} configurations"]
     parts.append(f"best {inc:.3f} s" if inc is not None else "no plan yet")
     if lb is not None:
         parts.append(f"bound {lb:.3f} s")
     if gap is not None:
         parts.append(f"gap {100 * gap:.2f}%")
+    if event.get("work_s") is not None:
+        parts.append(f"work {event['work_s']:.1f}")
     return "  ".join(parts)
 
 

@@ -509,6 +509,9 @@ def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
     """The human report of a solved problem (Markdown); `point` as in `solution_record`."""
     plan, est, st = solution.plan, solution.estimate, solution.solver
     out = [f"# {_title(problem)}", ""]
+    if getattr(st, "limit_fired", None):  # first: the answer is not proven (or may depend on the machine)
+        out += [f"**Limit fired ({st.limit_fired}):** {st.status}, proven gap {100 * (st.gap or 0):.2f}%; to prove "
+                f"the optimum, solve again with `{st.prove_command}`.", ""]
     if getattr(problem, "description", None):
         out += [problem.description.strip(), ""]
     out += [f"**Plan:** `{plan.short()}`: {fmt_s(est.step_time_s)} per step, {fmt_num(est.tokens_per_s)} tokens/s, "
@@ -547,6 +550,13 @@ def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
         ["pruned by memory bound", st.pruned_by_memory],
         ["pruned by time bound", st.pruned_by_bound],
         ["CP-SAT solves", st.cp_sat_solves],
+        ["memory headroom kept by the search", f"{getattr(st, 'headroom_gib', 0.0):g} GiB per GPU"
+         + (" (default: 5% of HBM, the memory model's measured error; --headroom 0 for the edge)"
+            if getattr(st, "headroom_default", False) else "")],
+        ["limit fired", {"wall": "the wall-clock safety net (the answer may depend on the machine's load)",
+                         "work": "the work budget (the proof stopped; the gap is proven)"}.get(
+                             getattr(st, "limit_fired", None) or "", "none (the search ended by itself)")
+         + (f"; to prove the optimum: {st.prove_command}" if getattr(st, "prove_command", "") else "")],
         ["solve time", f"{st.solve_time_s:.2f} s"],
     ], "lr")
     return "\n".join(out) + "\n"

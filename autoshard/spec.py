@@ -60,6 +60,11 @@ def mode_order(modes: list[str]) -> list[str]:
     """The distinct modes of a per-layer list: none, selective, full first, then modules as they come."""
     return [m for m in RECOMPUTES if m in modes] + [m for m in dict.fromkeys(modes) if m not in RECOMPUTES]
 DEFAULT_GAP_LIMIT = 1e-3  # relative gap under which a solve counts as OPTIMAL (0.1%, far below the model's error)
+# The solver's budget in deterministic work units (CP-SAT deterministic time plus counted Python work,
+# about a second of one core each: `solver.search`), and the wall-clock safety net, sized far above
+# what that budget takes on a loaded 2-core machine so that it never decides an answer (docs/solver.md).
+DEFAULT_WORK_LIMIT = 100.0  # (40 units of CP-SAT time alone before Python work counted: DeepSeek-V3 on 256 GPUs spends ~29 in Python)
+DEFAULT_TIME_LIMIT_S = 600.0
 MESH_AXES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_PLACEMENT = "tp-cp-ep-dp-pp"
 GATED_ACTS = frozenset({"silu", "swiglu"})
@@ -477,9 +482,15 @@ class SearchSpec(Strict):
         "Cap on the configurations the solver enumerates."))
     # HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (`--headroom`):
     # a margin for fragmentation, a larger batch later, or a model the estimate underprices.
+    # Left unset, `evaluate` keeps none and the solver (solve, batch, whatif) keeps 5% of the GPU's
+    # HBM (4.0 GiB on an 80 GiB GPU): two standard deviations (2 x 2.29 GiB) of the memory model's
+    # error against the 21 measured nvidia-smi peaks of BLOOM's logbook (validation ablations_dev.json,
+    # A100 80GB), 5.7% of 80 GiB rounded down (solver.search.DEFAULT_HEADROOM_FRACTION, docs/solver.md).
+    # Set 0 (`--headroom 0`) for plans at the edge.
     headroom_gib: Annotated[float, Field(ge=0, le=1024)] = Field(default=0.0, description=(
-        "HBM (GiB per GPU) the plan must leave free on top of the 2 GiB reserve (`--headroom`): a margin for "
-        "fragmentation, a larger batch later, or a model the estimate underprices."))
+        "HBM (GiB per GPU) the plan must leave free on top of the 2 GiB reserve (`--headroom`). Unset: evaluate "
+        "keeps none; the solver keeps 5% of HBM, two standard deviations of the memory model's error against the "
+        "21 measured peaks of BLOOM's logbook (docs/solver.md); 0 for plans at the edge."))
 
     @field_validator("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch_size")
     @classmethod

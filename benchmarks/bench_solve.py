@@ -6,10 +6,11 @@
     python benchmarks/bench_solve.py --layers       # solve time vs number of layers (24 -> 200)
     python benchmarks/bench_solve.py --brute-force  # same optimum as enumeration, and the time ratio
     python benchmarks/bench_solve.py --random 40    # default settings (--top 3) over random realistic problems
+    python benchmarks/bench_solve.py --issue --only deepseek   # issue 30's list (MoE 256-16,384 GPUs, 122 layers, dense)
 
 Figures are wall and CPU seconds (CPU: this process, so a busy machine shows in wall only), the
 status and proven gap, and the CP-SAT deterministic work; every solve uses `solve`'s defaults
-(top 3 alternatives by family, the default work budget, a 60 s wall-clock safety net) unless
+(top 3 alternatives by family, the default work budget, the default wall-clock safety net) unless
 --top / --time-limit say otherwise.
 
 Each case is a bundled problem file (model, training, cluster and topology as shipped) with
@@ -28,6 +29,7 @@ from pathlib import Path
 from autoshard import load_problem
 from autoshard.loader import read_document
 from autoshard.solver import solve
+from autoshard.spec import DEFAULT_TIME_LIMIT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {
@@ -35,6 +37,37 @@ CASES = {
     "deepseek-v3 on 2,048 H800 (fp8)": "deepseek-v3-2048xh800.yaml",
     "gpt3-175b on 1,024 A100": "gpt3-175b-1024xa100.yaml",
     "llama3-70b on 640 H100 (seed)": "llama3-70b-640xh100.yaml",
+}
+
+
+# The issue-30 list: MoE and dense problems nobody tuned for, unrestricted search, defaults (top 3).
+# Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json (56 layers, hidden 6144, 48 heads, 8 KV heads,
+# FFN 16384, 8 experts top-2, vocab 32768). Kimi-K2-like: moonshotai/Kimi-K2-Instruct config.json
+# (61 layers, first 1 dense, hidden 7168, 64 heads MLA, 384 routed + 1 shared experts top-8, expert FFN
+# 2048, dense FFN 18432, vocab 163840).
+MIXTRAL_8X22B = {"num_hidden_layers": 56, "hidden_size": 6144, "intermediate_size": 16384,
+                 "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32768,
+                 "tie_word_embeddings": False, "hidden_act": "silu", "num_experts": 8, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 16384}
+KIMI_K2 = {"preset": "deepseek-v3", "num_attention_heads": 64, "num_key_value_heads": 64, "num_experts": 384,
+           "first_k_dense_replace": 1, "vocab_size": 163840}
+
+
+def issue_case(model, gpus: int, gpu: str = "h100-sxm", topology: str = "dgx-h100-superpod",
+               seq: int = 4096, tokens: int = 16 * 2**20, precision: str = "bf16") -> dict:
+    return {"model": model, "training": {"seq_len": seq, "global_batch_size": max(gpus, tokens // seq),
+                                          "precision": precision},
+            "cluster": {"gpu": gpu, "num_gpus": gpus, "topology": topology}}
+
+
+ISSUE = {
+    **{f"deepseek-v3 on {n:,} H100": issue_case("deepseek-v3", n) for n in (256, 2048, 16384)},
+    **{f"qwen3-235b-a22b on {n:,} H100": issue_case("qwen3-235b-a22b", n) for n in (256, 2048, 16384)},
+    **{f"mixtral-8x22b on {n:,} H100": issue_case(MIXTRAL_8X22B, n) for n in (256, 2048, 16384)},
+    **{f"kimi-k2-like on {n:,} H100": issue_case(KIMI_K2, n) for n in (256, 2048)},
+    "deepseek-v3 122 layers on 2,048 H100": issue_case({"preset": "deepseek-v3", "num_hidden_layers": 122}, 2048),
+    "llama3-405b on 256 H100": issue_case("llama3-405b", 256),
+    "llama3-70b on 131,072 H100": issue_case("llama3-70b", 131072, tokens=64 * 2**20),
 }
 
 
@@ -62,8 +95,8 @@ def run(name: str, doc: dict, limit: float, repeat: int = 1) -> None:
     print(f"{name}: {dt:6.2f} s wall{spread}, {statistics.median(cpus):.2f} s CPU  {st.status}  "
           f"step {s.estimate.step_time_s:.3f} s  MFU {s.estimate.mfu:.1%}  "
           f"candidates {st.candidates}  pruned mem {st.pruned_by_memory} bound {st.pruned_by_bound}  "
-          f"CP-SAT solves {st.cp_sat_solves} (work {st.work_s:.2f})  gap {100 * st.gap:.2f}%"
-          f"{f'  stopped by {st.stopped_by}' if st.stopped_by else ''}\n    plan: {s.plan.short()}  placement "
+          f"CP-SAT solves {st.cp_sat_solves} (work {st.work_s:.2f}, CP-SAT {st.cp_sat_work_s:.2f})  gap {100 * st.gap:.2f}%"
+          f"  limit fired: {st.limit_fired}{f'  stopped by {st.stopped_by}' if st.stopped_by else ''}\n    plan: {s.plan.short()}  placement "
           f"{s.plan.placement}  stages {s.plan.stage_layers}", flush=True)
     for a in s.alternatives:
         print(f"    alternative [{a.family}] +{a.slower_pct:.2f}%: {a.plan.short()}", flush=True)
@@ -174,10 +207,12 @@ if __name__ == "__main__":
     ap.add_argument("--brute-force", action="store_true", help="compare with enumeration of a small space")
     ap.add_argument("--bundled", action="store_true", help="also solve each problem with its own search: restrictions")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this text")
-    ap.add_argument("--time-limit", type=float, default=60.0, help="wall-clock safety net per solve (default 60)")
+    ap.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
+                    help=f"wall-clock safety net per solve (default {DEFAULT_TIME_LIMIT_S:g}, as `solve`)")
     ap.add_argument("--top", type=int, default=3, help="alternatives per solve (default 3, as `solve`)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the median time is printed")
     ap.add_argument("--random", type=int, default=0, metavar="N", help="N random realistic problems instead")
+    ap.add_argument("--issue", action="store_true", help="the issue-30 list (MoE and dense, 256 to 131,072 GPUs) instead")
     a = ap.parse_args()
     TOP_K = a.top
     if a.layers:
@@ -188,6 +223,11 @@ if __name__ == "__main__":
         sys.exit(0)
     if a.random:
         random_problems(a.random, a.time_limit)
+        sys.exit(0)
+    if a.issue:
+        for name, doc in ISSUE.items():
+            if a.only is None or a.only in name:
+                run(name, doc, a.time_limit, a.repeat)
         sys.exit(0)
     for name, file in CASES.items():
         if a.only is None or a.only in name:

@@ -12,6 +12,7 @@ from autoshard.cost import Config, assemble, context, evaluate, layer_table
 from autoshard.errors import InfeasibleError
 from autoshard.solver import solve
 from autoshard.solver.layouts import block_layers, expressible, recompute_layout
+from autoshard.solver.search import search_headroom
 from autoshard.spec import MESH_AXES
 
 
@@ -25,6 +26,10 @@ def compositions(total, parts):
 def brute_force(problem):
     """Minimum step time over every plan of the declared space, each priced by the
     evaluator's own table + assembly (the two halves of `evaluate`)."""
+    # The space the solver searches: with the HBM it keeps free (`search_headroom`: the problem's
+    # headroom, else the default share of HBM), which `evaluate` alone does not keep.
+    head, _ = search_headroom(problem)
+    problem = problem.model_copy(update={"search": problem.search.model_copy(update={"headroom_gib": head})})
     s = problem.search
     n = problem.cluster.num_gpus
     L = problem.model.num_hidden_layers
@@ -648,7 +653,8 @@ def test_torchtitan_plans_every_nth_block_and_matches_enumeration():
              "framework": "torchtitan", "training": {"seq_len": 32768, "global_batch_size": 16},
              "cluster": {"gpu": "rtx-4090", "num_gpus": 8},
              "search": {"tp": [2], "pp": [2, 4], "cp": [1], "zero_stage": [3], "micro_batch_size": [1],
-                        "schedule": ["1f1b"], "recompute": ["none", "full"], "placement": ["tp-cp-ep-dp-pp"]}}
+                        "schedule": ["1f1b"], "recompute": ["none", "full"], "placement": ["tp-cp-ep-dp-pp"],
+                        "headroom_gib": 0}}  # (at the HBM edge: with the default 1.2 GiB free, every 2nd block)
     bf, got = _exact_optimum_or_infeasible(load_problem(small))
     assert every_nth_layers_of(got) == 4  # pp2 [4, 4]: the 4th block of each rank
 

@@ -23,8 +23,11 @@ from autoshard.spec import MESH_AXES
 
 ROOT_PROBLEMS = Path(__file__).resolve().parent.parent / "problems"
 
+# (headroom 0: the plans at the HBM edge these tests were written on; the default headroom has its
+# own tests in test_solver.py's brute force and test_solver_runnable.py)
 SEED = {"model": "llama3-70b", "training": {"seq_len": 4096, "global_batch_size": 960},
-        "cluster": {"gpu": "h100-sxm", "num_gpus": 640, "topology": "dgx-h100-superpod"}}
+        "cluster": {"gpu": "h100-sxm", "num_gpus": 640, "topology": "dgx-h100-superpod"},
+        "search": {"headroom_gib": 0}}
 
 # A space small enough to enumerate every plan with the evaluator: 4 layers, 8 GPUs.
 TINY = {"model": {"name": "tiny", "num_hidden_layers": 4, "hidden_size": 4096, "intermediate_size": 14336,
@@ -111,7 +114,7 @@ def test_named_alternative_is_the_restricted_optimum(seed_solutions, name, searc
     sol = solve(p, top_k=0, alternatives=[name])
     (alt,) = sol.alternatives
     assert alt.family == name
-    restricted = solve(load_problem({**SEED, "search": search}), top_k=0)  # the same question, in `search:`
+    restricted = solve(load_problem({**SEED, "search": {**SEED["search"], **search}}), top_k=0)  # the same question, in `search:`
     assert alt.estimate.step_time_s == pytest.approx(restricted.estimate.step_time_s, rel=2.5e-3)
     plan = alt.plan
     if name == "no-cp":
@@ -191,8 +194,16 @@ def test_fingerprint_covers_inputs_version_and_budget_not_the_clock():
 
 def test_progress_events():
     events = []
-    sol = solve(load_problem(TINY), top_k=1, progress=events.append)
-    assert events and events[0]["phase"] == "warm start"
+    sol = solve(load_problem(TINY), top_k=1, gap_limit=0.0, progress=events.append)  # (exact: CP-SAT runs)
+    assert sol.solver.cp_sat_solves > 0
+    phases = list(dict.fromkeys(e["phase"] for e in events))  # in the order they first happen
+    assert phases[:3] == ["candidates", "bounds", "warm start"] and {"search", "CP-SAT"} <= set(phases), phases
+    assert events[1]["total"] == sol.solver.candidates  # the bounds phase names the configurations bounded
+    cpsat = [e for e in events if e["phase"] == "CP-SAT"]
+    assert len(cpsat) >= 1 and cpsat[-1]["incumbent_s"] is not None and cpsat[-1]["gap"] is not None
+    from autoshard.progress import status_text
+
+    assert status_text(events[0]).startswith("candidates") and status_text(cpsat[-1]).startswith("CP-SAT")
     search = [e for e in events if e["phase"] == "search"]
     assert search[-1]["visited"] == search[-1]["total"]
     incumbents = [e["incumbent_s"] for e in search if e["incumbent_s"] is not None]
@@ -268,9 +279,9 @@ def test_same_answer_with_one_or_two_threads():
      "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 48}, "framework": "deepspeed"}])
 def test_candidates_are_every_valid_configuration_in_order(doc):
     """`candidates` (validity probed once per degrees and schedule, rows built into Config on read)
-    lists exactly what checking `config_reasons` with every micro-batch size lists, in the same
+    lists exactly what checking `config_reasons` and `launch_reasons` with every micro-batch size lists, in the same
     order; reading it behaves as a list."""
-    from autoshard.cost import config_reasons
+    from autoshard.cost import config_reasons, launch_reasons
     from autoshard.solver import candidates
     from autoshard.solver.candidates import _space, planned_cp_comm, planned_dispatcher
     from autoshard.spec import Plan
@@ -296,7 +307,7 @@ def test_candidates_are_every_valid_configuration_in_order(doc):
         cp_comm = planned_cp_comm(p, ctx) if cp > 1 else "p2p"  # (DeepSpeed: Ulysses all-to-all only)
         plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched, etp=etp,
                     zero_stage=zero, cp_comm_type=cp_comm, sequence_parallel=sp)
-        if config_reasons(p, plan)[1]:
+        if config_reasons(p, plan)[1] or launch_reasons(p, plan):  # (invalid, or its launcher refuses it)
             continue
         want.append(Config(tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, plan.placement, etp,
                            dispatcher=dispatcher, cp_comm=cp_comm))
@@ -399,3 +410,24 @@ def test_megatron_plans_its_recompute_modules():
                                   "search": {**ds.search.model_dump(exclude_none=True),
                                              "recompute": ["none", "selective", "full"]}}), top_k=0)
     assert sol.plan.recompute == "mla_up_proj" and sol.estimate.step_time_s < 0.92 * classic.estimate.step_time_s
+
+
+def test_alternatives_argue_fsdp_against_zero1_and_collapse_near_ties():
+    """Without a pipeline, ZeRO-3 / FSDP and ZeRO 0-2 are families of their own; families within 0.5%
+    of a line's first share its line, which names each one and what differs."""
+    import re
+
+    from autoshard.solver.families import family_name
+    from autoshard.solver.search import NEAR_TIE
+
+    sol = solve(load_problem(ROOT_PROBLEMS / "llama3-8b-64xh100.yaml"), top_k=3)
+    assert sol.plan.pp == 1 and sol.plan.zero_stage < 3
+    fsdp = [a for a in sol.alternatives if a.family.endswith("fsdp")]
+    assert fsdp and fsdp[0].plan.zero_stage == 3 and fsdp[0].plan.pp == 1
+    assert family_name(family_key(fsdp[0].plan)) == fsdp[0].family
+    pcts = [a.slower_pct for a in sol.alternatives]
+    for a, b in zip(pcts, pcts[1:]):  # lines are more than the near-tie apart
+        assert (100 + b) > (100 + a) * (1 + NEAR_TIE) - 1e-9
+    for a in sol.alternatives:
+        for pct in re.findall(r"within 0\.5%: [^(]+\(\+([0-9.]+)%", a.differs):
+            assert a.slower_pct <= float(pct) <= (100 + a.slower_pct) * (1 + NEAR_TIE) - 100 + 0.01

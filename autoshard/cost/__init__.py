@@ -72,8 +72,11 @@ from .context import (  # noqa: F401
     context,
     ep_overlap_refusals,
     even_split,
+    launch_reasons,
     layout_split,
+    live_axes,
     num_microbatches,
+    pipeline_zero_refused,
     with_modes,
 )
 from .kernels import (  # noqa: F401

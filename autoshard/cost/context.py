@@ -1,5 +1,6 @@
 """What a plan is priced against: the problem resolved once (`Context`), the global knobs of a plan
-(`Config`), and whether a plan is valid for the problem (`config_reasons`)."""
+(`Config`), whether a plan is valid for the problem (`config_reasons`) and whether its framework's
+launcher runs it (`launch_reasons`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from ..catalog import GPU, get_gpu, get_recipe
 from ..frameworks import FrameworkProfile, get_framework
-from ..spec import RECOMPUTES, Plan, Problem, ProblemParts
+from ..spec import RECOMPUTES, Plan, Problem, ProblemParts, parse_placement
 from ..topology import ClusterGraph, Level, cluster_graph, resolve_levels
 from .constants import BF16, GIB, RESERVE_GIB
 
@@ -383,6 +384,61 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
             bad("cp_comm_type", f"cp_comm_type a2a scatters heads over cp={plan.cp}: the {m.num_attention_heads} "
                 f"query and {heads} key/value heads per tp={plan.tp} group must divide by it")
     return dp, reasons
+
+
+def live_axes(plan: Plan | Config, dp: int) -> list[str]:
+    """The mesh axes of size > 1, in the placement's order (innermost first): two placements with
+    the same live order lay the ranks out alike, wherever their size-1 axes sit. Without folding the
+    placement's ep axis is carved out of the data-parallel one (dp / ep); with folding the experts
+    follow the attention ranks and ep has no axis of its own."""
+    cfg = plan if isinstance(plan, Config) else Config.of(plan, dp)
+    sizes = {"tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "dp": max(1, cfg.dp // cfg.ep), "pp": cfg.pp}
+    if cfg.folded:
+        sizes.update(ep=1, dp=cfg.dp)
+    axes = parse_placement(cfg.placement) if cfg.placement else ("tp", "cp", "ep", "dp", "pp")
+    return [a for a in axes if sizes.get(a, 1) > 1]
+
+
+def pipeline_zero_refused(fw: FrameworkProfile, pp: int, zero: int) -> bool:
+    """Whether the framework's launcher refuses ZeRO stage `zero` beside `pp` pipeline stages
+    (`FrameworkProfile.pipeline_zero_stages`; `launch_reasons`, and the solver's candidates)."""
+    return pp > 1 and bool(fw.pipeline_zero_stages) and zero not in fw.pipeline_zero_stages
+
+
+def launch_reasons(problem: Problem, plan: Plan) -> list[Reason]:
+    """Why the framework's launcher would refuse a plan `config_reasons` accepts (empty: it launches):
+    the rules the cost model can still price, so `evaluate` prices the plan and says so (`--strict`
+    makes it an error), while the solver, `compare` and `export` never propose it.
+
+    - Rank order: the placement's live axes (`live_axes`) must be those of an order the launcher sets
+      (`FrameworkProfile.rank_orders`: Megatron initialize_model_parallel's tp-cp-ep-dp-pp, or
+      tp-cp-ep-pp-dp under --use-tp-pp-dp-mapping only where attention and experts have the same
+      data-parallel size; the fixed meshes of torchtitan, AutoModel, DeepSpeed), unless the problem
+      maps ranks by hand (`search.placement_layout: any`).
+    - ZeRO x pipeline: the ZeRO stages the framework runs beside pp > 1 (`FrameworkProfile.
+      pipeline_zero_stages`: DeepSpeed's PipelineEngine asserts stage < 2)."""
+    fw = get_framework(problem.framework)
+    n = problem.cluster.num_gpus
+    mp = plan.tp * plan.cp * plan.pp
+    dp = plan.dp if plan.dp is not None else max(1, n // mp)
+    reasons: list[Reason] = []
+    cfg = Config.of(plan, dp)
+    orders = fw.rank_orders(cfg)
+    if orders and problem.search.placement_layout != "any":
+        mine = live_axes(cfg, dp)
+        if all(live_axes(dataclasses.replace(cfg, placement=o), dp) != mine for o in orders):
+            inner = [o for o in fw.placements if o not in orders
+                     and live_axes(dataclasses.replace(cfg, placement=o), dp) == mine]
+            why = (f" ({inner[0]} only where attention and experts have the same data-parallel size: "
+                   f"dp={dp}, expert dp={cfg.expert_dp})" if inner else "")
+            reasons.append(Reason(f"{problem.framework}'s launcher sets the rank order {' or '.join(orders)}, not "
+                                  f"{plan.placement}{why}; set search.placement_layout: any if the ranks are "
+                                  "mapped by hand", field="placement"))
+    if pipeline_zero_refused(fw, plan.pp, plan.zero_stage):
+        reasons.append(Reason(f"{problem.framework} runs ZeRO stages {list(fw.pipeline_zero_stages)} with a pipeline, "
+                              f"not zero_stage={plan.zero_stage} with pp={plan.pp} ({fw.pipeline_zero_source})",
+                              field="zero_stage"))
+    return reasons
 
 
 def layout_split(num_layers: int, chunks: int) -> list[int]:

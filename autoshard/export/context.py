@@ -139,11 +139,16 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
         raise InputError(f"gpus_per_node must be >= 1, got {gpus_per_node}", field="gpus_per_node")
     full_plan = plan.model_copy(update={"dp": dp})
     t = problem.training
+    from ..cost import launch_reasons  # noqa: PLC0415  (the predicate `evaluate --strict` and the solver use)
+
+    refused = [str(r) for r in launch_reasons(problem, plan)]
     ctx = _Ctx(problem=problem, plan=full_plan, dp=dp, world=problem.cluster.num_gpus, stages=stages,
                even=len(set(stages)) == 1, recompute=list(plan.recompute_per_layer(n)),
                microbatches=t.global_batch_size // (dp * plan.micro_batch_size),
                gpus_per_node=gpus_per_node, fmt=fmt)
     ctx.tp_overlap, ctx.ep_overlap = _overlaps(problem, full_plan)
+    for reason in refused:
+        ctx.warn(f"{problem.framework}'s launcher refuses this plan: {reason}")
     target_fw = FRAMEWORK_OF[fmt]
     if problem.framework != target_fw:
         ctx.warn(f"the plan was priced for {problem.framework} (problem `framework:`), which keeps other bytes per "

@@ -36,16 +36,23 @@ CP-SAT (nothing under the cutoff, or solved to optimality) (tests check every bo
 brute-force enumeration). Every returned plan is re-evaluated with `evaluate`, and the
 CP-SAT objective must match it to within the rounding.
 
-Determinism: the budget is deterministic work (CP-SAT deterministic time, counted
-configurations), the wall-clock limit only a safety net that reports itself
-(`SolverStats.stopped_by`); candidates are enumerated in a fixed order, each CP-SAT solve runs
+Determinism: the budget is deterministic work (CP-SAT deterministic time plus counted Python work:
+candidates, warm-start configurations, visits, memory bounds, placement tables, stage models;
+`search.UNIT_*`), the wall-clock limit only a safety net that reports itself (`SolverStats.
+limit_fired`, `stopped_by`, `prove_command`); candidates are enumerated in a fixed order, each CP-SAT solve runs
 single-threaded with a fixed seed (two placements' descents may run in two threads, from the same
 incumbent, merged in order), ties are broken by a second CP-SAT pass (fewest recomputed
 layers, then layers as early as possible) and by candidate order. `SolverStats.fingerprint`
 hashes the problem, the versions and the budget.
 
 Alternatives (`families`): the best plan of each of the K best families (degrees and schedule
-kind) other than the chosen plan's, from the same search.
+kind) other than the chosen plan's, from the same search; families within 0.5% of each other share
+one line naming what differs.
+
+Runnable: candidates and placements pass `cost.launch_reasons` (the launchers' rank orders, ZeRO
+beside a pipeline), the predicate `evaluate --strict`, `compare` and `export` use. Headroom: the
+search keeps `search.DEFAULT_HEADROOM_FRACTION` of HBM free unless the problem sets
+`search.headroom_gib` (docs/solver.md); the answer is evaluated on the problem as given.
 
 The package, by part: `candidates` (the declared space, placements), `bounds` (numpy and
 table bounds), `stage_model` (the CP-SAT model), `warm_start` (greedy plans), `search` (branch

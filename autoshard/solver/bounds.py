@@ -464,9 +464,13 @@ def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> 
         k = np.maximum(0.0, np.ceil(over / save - 1e-9)) if save > 0 else np.where(over > 0, np.inf, 0.0)
         return np.where(k <= n, n * fast.total_s + np.minimum(k, n) * (lean.total_s - fast.total_s), np.inf)
     B, T = _padded_fronts(table, kind, useful, room.shape[-1] - 1)
-    # per rank and count: how many front points (bytes ascending) fit, i.e. the leanest that fits
-    i = (B <= room[..., None]).sum(axis=-1) - 1
-    return np.where(i >= 0, T[n, np.maximum(i, 0)], np.inf)
+    # per rank and count: how many front points (bytes ascending) fit, i.e. the leanest that fits; a
+    # binary search per count (O(log width) per cell, not a comparison with every point of the front)
+    out = np.empty(room.shape)
+    for j in range(room.shape[-1]):
+        i = np.searchsorted(B[j], room[..., j], side="right") - 1
+        out[..., j] = np.where(i >= 0, T[j, np.maximum(i, 0)], np.inf)
+    return out
 
 
 def _padded_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> tuple[np.ndarray, np.ndarray]:

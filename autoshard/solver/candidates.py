@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from itertools import product
 from typing import Any
 
-from ..cost import Config, Context, config_reasons, ep_overlap_allowed, ep_overlap_blocked
+from ..cost import (
+    Config,
+    Context,
+    config_reasons,
+    ep_overlap_allowed,
+    ep_overlap_blocked,
+    launch_reasons,
+    pipeline_zero_refused,
+)
 from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, UNPLANNABLE_SCHEDULES, Plan, Problem, divisors
 from ..topology import place_axes
@@ -143,6 +151,14 @@ def candidates(problem: Problem, ctx: Context, opt_offload: bool = False) -> Can
     # here (dp x mbs divides the batch; interleaving: pp divides the micro-batches): checked once
     # per set of the other degrees and schedule.
     probed: dict[tuple, str | None] = {}
+    # ZeRO stages the launcher refuses beside a pipeline (`cost.launch_reasons`'s rule)
+    refused_zero = {z for z in sp_["zero_stage"] if pipeline_zero_refused(ctx.framework, 2, z)}
+
+    def probe_of(key: tuple, zero: int, dp_: int | None = None, mbs_: int = 1) -> Plan:
+        tp_, cp_, pp_, ep_, etp_, sched_, vpp_ = key
+        return Plan(tp=tp_, cp=cp_, ep=ep_, pp=pp_, dp=dp_ if dp_ is not None else n // (tp_ * cp_ * pp_), vpp=vpp_,
+                    micro_batch_size=mbs_, schedule=sched_, etp=etp_, zero_stage=zero,
+                    cp_comm_type=cp_comm if cp_ > 1 else "p2p", sequence_parallel=False)
     L = problem.model.num_hidden_layers
     zero_sp = [(zero, sp) for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"])]
     # Where the framework refuses the EP overlap beside a recompute mode the search plans (Megatron:
@@ -175,14 +191,14 @@ def candidates(problem: Problem, ctx: Context, opt_offload: bool = False) -> Can
                     continue
                 key = (tp, cp, pp, ep, etp, sched, vpp)
                 if key not in probed:  # (the rules do not depend on the ZeRO stage, nor on SP but below)
-                    probe = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=sched,
-                                 etp=etp, zero_stage=sp_["zero_stage"][0], cp_comm_type=cp_comm if cp > 1 else "p2p",
-                                 sequence_parallel=False)
+                    probe = probe_of(key, sp_["zero_stage"][0], dp, mbs)
                     probed[key] = None if config_reasons(problem, probe)[1] else probe.placement
                 placement = probed[key]
                 if placement is None:
                     continue
                 for zero, sp in zero_sp:
+                    if pp > 1 and zero in refused_zero:  # (its launcher refuses it beside a pipeline)
+                        continue
                     if tp == 1 and not sp and sp_choice:
                         continue  # sp is meaningless at tp=1: keep one of the two
                     if single and zero > 0:
@@ -220,6 +236,9 @@ def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None 
         allowed = list(ctx.framework.rank_orders(cfg))  # what its launcher can set
     if allowed:
         orders = ["-".join(Plan(placement=p).axes) for p in allowed]
+        if problem.search.placement_layout != "any":  # (orders its launcher refuses: `launch_reasons`)
+            orders = [o for o in orders if not any(r.field == "placement" for r in launch_reasons(
+                problem, _with_placement(cfg, o).plan()))] or orders[:0]
     else:
         sizes = {"tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "dp": max(1, cfg.dp // cfg.ep), "pp": cfg.pp}
         if cfg.folded:  # the expert mesh follows the attention ranks: no ep axis of its own

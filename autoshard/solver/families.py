@@ -1,8 +1,8 @@
 """Plan families (what makes two plans structurally different) and the named alternatives a
 user can ask for (`--alternatives no-cp,tp-in-node,1f1b,even-stages`).
 
-A family is the parallelism degrees that shape the step (tp, cp, ep, expert tp, pp) and the
-schedule kind; the ZeRO stage, micro-batch, sequence parallelism, vpp, placement, stage split
+A family is the parallelism degrees that shape the step (tp, cp, ep, expert tp, pp), the
+schedule kind and, without a pipeline, full sharding (ZeRO-3 / FSDP) or not; the other ZeRO stages, micro-batch, sequence parallelism, vpp, placement, stage split
 and recompute mix are refinements inside a family. `--top K` reports the best plan of the K
 best families other than the chosen plan's.
 """
@@ -21,21 +21,29 @@ Family = tuple
 
 
 def family_key(x: Any) -> Family:
-    """(tp, cp, ep, etp, pp, schedule) of a Config or a Plan (etp None: experts follow tp)."""
+    """(tp, cp, ep, etp, pp, schedule, sharding) of a Config or a Plan (etp None: experts follow tp).
+    Without a pipeline, fully sharded weights (ZeRO-3 / FSDP: a gather per layer) and replicated ones
+    (ZeRO 0-2) are families of their own ("fsdp" / None): the choice a team argues about when
+    there is no pipeline to shard the model by layers."""
     etp = getattr(x, "etp", None)
     tp = x.tp
-    return (tp, x.cp, x.ep, None if etp in (None, tp) else etp, x.pp, x.schedule)
+    zero = x.zero if hasattr(x, "zero") else x.zero_stage
+    shard = "fsdp" if x.pp == 1 and zero >= 3 else None
+    return (tp, x.cp, x.ep, None if etp in (None, tp) else etp, x.pp, x.schedule, shard)
 
 
 def family_name(key: Family) -> str:
-    """`tp2 cp4 ep8 pp8 interleaved`: the degrees above 1 and the schedule kind."""
-    tp, cp, ep, etp, pp, sched = key
+    """`tp2 cp4 ep8 pp8 interleaved`, `tp1 cp2 pp1 fsdp`: the degrees above 1, the schedule kind, and
+    full sharding without a pipeline."""
+    tp, cp, ep, etp, pp, sched, shard = key
     parts = [f"tp{tp}"] + [f"{n}{v}" for n, v in (("cp", cp), ("ep", ep)) if v > 1]
     if etp is not None:
         parts.append(f"etp{etp}")
     parts.append(f"pp{pp}")
     if pp > 1:
         parts.append(sched)
+    if shard:
+        parts.append(shard)
     return " ".join(parts)
 
 

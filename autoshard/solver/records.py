@@ -24,9 +24,20 @@ class SolverStats(BaseModel):
     # The budget is deterministic work: CP-SAT's deterministic time (about a second per unit on a
     # current core) and counted configurations, so a solve stopped by it returns the same plan and
     # gap on a busy or a quiet machine. The wall-clock limit is only a safety net.
-    work_s: float = 0.0  # CP-SAT deterministic time spent
-    work_limit: float = 0.0  # the budget of deterministic time
+    work_s: float = 0.0  # deterministic work spent: CP-SAT deterministic time + counted Python work
+    cp_sat_work_s: float = 0.0  # of which CP-SAT's deterministic time
+    work_limit: float = 0.0  # the budget of deterministic work
     stopped_by: str = ""  # "" (proof complete) | "work budget" | "wall-clock safety net"
+    # Which limit stopped the search: "wall" (the wall-clock safety net: the answer may then depend on
+    # the machine and its load), "work" (the deterministic budget stopped the proof: FEASIBLE with its
+    # proven gap, the same on any machine), or None (the proof and alternatives completed by budget).
+    limit_fired: str | None = None
+    prove_command: str = ""  # where a limit fired: the options that let the proof finish (e.g. --work-limit 160)
+    # HBM per GPU the search kept free beside each stage's peak (on top of the 2 GiB reserve), and
+    # whether it is the default (`search.DEFAULT_HEADROOM_FRACTION` of HBM: the memory model's measured
+    # error) rather than the problem's `search.headroom_gib` / `--headroom`
+    headroom_gib: float = 0.0
+    headroom_default: bool = False
     alternatives_complete: bool = True  # False: the alternatives' share of the budget ran out
     fingerprint: str = ""  # sha256 of the problem, autoshard and OR-Tools versions and the budget
 

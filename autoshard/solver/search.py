@@ -1,8 +1,9 @@
 """Branch and bound over the configurations (`_Search`) and the entry point `solve`.
 
 The budget is deterministic work (`_Budget`): CP-SAT's deterministic time, summed over every
-solve, and counted configurations (warm start, alternatives). The wall-clock limit is only a
-safety net; when it fires, `SolverStats.stopped_by` says so. So a solve stopped by its budget
+solve, plus counted Python work at fixed charges (`UNIT_*`: candidates, warm start, visits, memory
+bounds, placement tables, stage models). The wall-clock limit is only a safety net; when it fires,
+`SolverStats.limit_fired` ('wall') and `stopped_by` say so. So a solve stopped by its budget
 returns the same plan and gap on a busy or a quiet machine.
 
 CP-SAT runs as a descent: each solve stops at its first solution under the cutoff (the
@@ -34,7 +35,7 @@ from ..cost import Config, Context, Table, context, ep_overlap_blocked, layer_ta
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
-from ..spec import DEFAULT_GAP_LIMIT, Plan, Problem
+from ..spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Plan, Problem
 from .bounds import _bounds, _optimistic_table, _table_bound
 from .candidates import _placements, candidates, offload_passes
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
@@ -44,7 +45,6 @@ from .records import Alternative, Solution, SolverStats
 from .stage_model import TIME_UNIT_S, StageModel, _rounding_tolerance, _t
 from .warm_start import WARM_START_CONFIGS, _warm_start
 
-DEFAULT_WORK_LIMIT = 40.0  # CP-SAT deterministic time per solve, all solves together (~ s of one core)
 FIRST_CAP = 0.1  # deterministic time per configuration on the first pass (stopped proofs resume later)
 RETRY_CAP = 0.5  # ... on the first round of resumed proofs (x4 each round)
 TIEBREAK_WORK = 0.5  # the final tie-break pass (fewest recomputed layers, earliest layers)
@@ -54,12 +54,45 @@ ALT_CAP = 0.1  # deterministic time per configuration while looking for alternat
 ALT_MIN_SOLVES = 12  # ... and at least this many CP-SAT calls
 ALT_MIN_VISITS = 64  # ... and configurations visited
 ALT_GAP = 0.002  # an alternative is its family's best to within 0.2% when its search completes
-NAMED_SHARE = 0.5  # a named alternative's budget: this share of the proof's work, at least 1 unit
 ROUND = 2  # placements whose descents start from the same incumbent (run in threads with jobs > 1)
 RUNNER_UP_SLOWER = 0.5  # families more than 50% slower than the chosen plan are not reported
+NEAR_TIE = 0.005  # alternatives within 0.5% of each other share one line naming what differs (far below the model's error)
 RUNNER_UP_CONFIGS = 3000  # configurations ranked for alternatives (in numpy-bound order)
 
+# Python work, counted in the budget's units (about a second of one core each, like CP-SAT's
+# deterministic time): fixed charges per counted operation, measured with cProfile on the bundled
+# problems and the issue-30 list (2-core x86 machine). Fixed counts, never a clock: the same problem
+# spends the same work on a busy or a quiet machine, so the budget stops it at the same point.
+UNIT_CANDIDATE = 2e-5  # per configuration enumerated and bounded with numpy (`candidates`, `_bounds`)
+UNIT_WARM = 4e-3  # per configuration the warm start tries (greedy recompute and split, evaluated)
+UNIT_VISIT = 5e-4  # per configuration visited (its placement-free bound)
+UNIT_MEMORY_BOUND = 2e-3  # per bound with the recompute HBM forces (`_memory_tmax`)
+UNIT_TABLE = 3e-4  # per placement's layer table bounded
+UNIT_SOLVE = 4e-3  # per CP-SAT call beyond its deterministic time: the stage model built, the plan evaluated
+
+# The HBM the search keeps free per GPU where the problem sets no `search.headroom_gib` (nor
+# `--headroom`): 5% of the GPU's HBM. The memory model's error against measured peaks: on the BLOOM
+# logbook's 21 nvidia-smi readings (validation ablations_dev.json, A100 80GB, DeepSpeed), measured
+# peaks exceed the priced peak x the profile's 1.2 allocator overhead by a median of 6.8 GiB (4.8
+# beyond the 2 GiB reserve), scattered with a standard deviation of 2.29 GiB. The allocator factor
+# was fitted on that logbook's OOM boundary, so the scatter is what a plan at the edge risks: two
+# standard deviations, 4.6 GiB, are 5.7% of the A100's 80 GiB, rounded down to 5%. Applied in the
+# search only: `evaluate`'s fit predicate (and validation's OOM/fit figures) keep no headroom.
+DEFAULT_HEADROOM_FRACTION = 0.05
+
 ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def search_headroom(problem: Problem) -> tuple[float, bool]:
+    """(GiB per GPU the search keeps free, whether it is the default): the problem's
+    `search.headroom_gib` where it (or `--headroom`) sets one, else DEFAULT_HEADROOM_FRACTION of HBM."""
+    if "headroom_gib" in problem.search.model_fields_set:
+        return float(problem.search.headroom_gib), False
+    from ..catalog import get_gpu  # noqa: PLC0415
+    from ..cost import GIB  # noqa: PLC0415
+
+    gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
+    return round(DEFAULT_HEADROOM_FRACTION * gpu.hbm_bytes / GIB, 1), True
 
 
 @dataclass(order=True)
@@ -89,11 +122,13 @@ class _Outcome:
 
 
 class _Budget:
-    """Deterministic work (CP-SAT deterministic time) and a wall-clock safety net."""
+    """Deterministic work (CP-SAT deterministic time plus counted Python work, `UNIT_*`) and a
+    wall-clock safety net."""
 
     def __init__(self, work_limit: float, deadline: float):
         self.work_limit, self.deadline = work_limit, deadline
-        self.work = 0.0
+        self.work = 0.0  # everything: CP-SAT and Python
+        self.cp_sat = 0.0  # of which CP-SAT's deterministic time
         self.wall_fired = False
 
     def work_left(self) -> float:
@@ -104,7 +139,12 @@ class _Budget:
 
     def spend(self, work_s: float, wall_fired: bool = False) -> None:
         self.work += work_s
+        self.cp_sat += work_s
         self.wall_fired |= wall_fired
+
+    def count(self, units: float) -> None:
+        """Python work (`UNIT_*` x a count): deterministic, whatever the machine's load."""
+        self.work += units
 
     def exhausted(self) -> bool:
         if self.wall_left() <= 0:
@@ -138,6 +178,8 @@ class _Search:
         self.orders: dict = {}  # distinct placements per set of degrees (`_placements`)
         self.opt_bounds: dict = {}  # per configuration: its placement-free bound, cheap and with memory
         self.pool: Any = None  # a thread pool when jobs > 1 (CP-SAT releases the GIL)
+        self.total = 0  # configurations to visit (for progress)
+        self.frontier = -math.inf  # the numpy bound of the configuration being visited: bounds all those after it
         self.inflight: set = set()  # stage models being solved (stopped on Ctrl-C)
         # the planned modes a configuration that runs the EP overlap may use (`modes_for`)
         self.overlap_modes = [m for m in modes if not ep_overlap_blocked(ctx, [m])]
@@ -279,6 +321,7 @@ class _Search:
         """Fold one descent's outcome into the search (in the round's order)."""
         self.solves += out.solves
         self.budget.spend(out.work, out.wall_fired)
+        self.budget.count(UNIT_SOLVE * out.solves)
         for f in out.found:
             self.add(*f)
         if out.kind == "closed":
@@ -314,6 +357,8 @@ class _Search:
             outs = [self.descend(t, b, g, w, w, resumed) for (t, b, g), w in zip(todo, shares)]
         for out in outs:
             self.merge(out)
+        self.report("CP-SAT" if self.proving else "alternatives (CP-SAT)", self.visited, self.total,
+                    self.frontier if self.proving else None)
 
     def attempt(self, table: Table, tbound: float, cap_s: float) -> None:
         """One descent on its own (a round of one)."""
@@ -324,12 +369,14 @@ class _Search:
         HBM forces where the cheap one does not reach `target` (memoized per configuration)."""
         got = self.opt_bounds.get(cfg)
         if got is None:
+            self.budget.count(UNIT_VISIT)
             optimistic = _optimistic_table(self.ctx, cfg, opt_cache)
             got = [_table_bound(self.ctx, optimistic, self.modes, exact_windows=False), None, optimistic]
             self.opt_bounds[cfg] = got
         if got[0] >= target:
             return got[0]
         if got[1] is None:
+            self.budget.count(UNIT_MEMORY_BOUND)
             got[1] = _table_bound(self.ctx, got[2], self.modes, exact_windows=False, memory=True)
         return got[1]
 
@@ -356,6 +403,7 @@ class _Search:
             return False
         if tables is None:
             tables = self.tables_of(cfg)
+        self.budget.count(UNIT_TABLE * len(tables))
         ranked = sorted(((max(opt_bound, _table_bound(ctx, tb, self.modes_for(tb) or modes)), j, tb)
                          for j, tb in enumerate(tables)),
                         key=lambda x: x[:2])
@@ -371,6 +419,7 @@ class _Search:
                     break
                 if table.cfg in self.solved:  # (looking for alternatives: its best plan is known)
                     continue
+                self.budget.count(UNIT_MEMORY_BOUND)
                 with_memory = _table_bound(ctx, table, self.modes_for(table) or modes, memory=True)
                 if with_memory >= self.target(table.cfg):  # HBM forces enough recompute to lose: no CP-SAT needed
                     self.close(with_memory)
@@ -388,7 +437,7 @@ class _Search:
         """The proof: candidates in order of their numpy bound until the next bound cannot beat the
         target or the budget is spent. Returns how many the numpy bound pruned."""
         pruned = 0
-        total = len(order)
+        total = self.total = len(order)
         for pos, i in enumerate(order):
             if t_lb[i] >= self.target():  # candidates come in order of their numpy bound
                 pruned += len(order) - pos
@@ -400,6 +449,7 @@ class _Search:
                 break
             if self.allow is not None and not self.allow(cands[i]):
                 continue
+            self.frontier = float(t_lb[i])
             pruned += not self.visit(cands[i], opt_cache)
             if self.visited % 8 == 0:
                 self.report("search", pos + 1, total, float(t_lb[i]))
@@ -532,7 +582,7 @@ def check_solve_arguments(*, time_limit_s: Any, top_k: Any, gap_limit: Any, work
         raise InputError(f"must be a whole number >= 1, got {jobs!r}", field="jobs")
 
 
-def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
+def solve(problem: Problem | Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, top_k: int = 3,
           gap_limit: float = DEFAULT_GAP_LIMIT, work_limit: float | None = None,
           alternatives: Sequence[str] = (), progress: ProgressFn | None = None, jobs: int | None = None) -> Solution:
     """The fastest plan that fits, with proof.
@@ -562,7 +612,22 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     t0 = time.perf_counter()
     check_solve_arguments(time_limit_s=time_limit_s, top_k=top_k, gap_limit=gap_limit, work_limit=work_limit,
                           jobs=jobs)
-    problem = load_problem(problem)
+    shown = load_problem(problem)  # what the answer is evaluated against: no headroom unless it sets one
+    headroom_gib, default_headroom = search_headroom(shown)
+    problem = shown.model_copy(update={"search": shown.search.model_copy(update={"headroom_gib": headroom_gib})})
+    try:
+        return _solve_with(problem, shown, headroom_gib, default_headroom, t0, time_limit_s, top_k, gap_limit,
+                           work_limit, alternatives, progress, jobs)
+    except InfeasibleError as exc:
+        if default_headroom and headroom_gib > 0:  # the default margin may be what rules every plan out
+            raise InfeasibleError(exc.reason, [*exc.suggestions, f"--headroom 0 (the search kept {headroom_gib:g} GiB "
+                                               "per GPU free by default)"]) from None
+        raise
+
+
+def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_headroom: bool, t0: float,
+                time_limit_s: float, top_k: int, gap_limit: float, work_limit: float | None,
+                alternatives: Sequence[str], progress: ProgressFn | None, jobs: int | None) -> Solution:
     ctx = context(problem)
     # The default modes (with the framework's recompute-module sets), or those `search: recompute` names.
     modes = search_modes(problem, ctx)
@@ -576,16 +641,17 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     failed: InfeasibleError | None = None
     for offload in passes:  # (CPU optimizer offload: searched where asked, or where nothing fits without it)
         try:
-            found.append(_solve_space(problem, ctx, modes, requests, work_limit, t0, time_limit_s, top_k, gap_limit,
-                                      alternatives, progress, jobs, offload))
+            found.append(_solve_space(problem, shown, headroom_gib, default_headroom, ctx, modes, requests, work_limit,
+                                      t0, time_limit_s, top_k, gap_limit, alternatives, progress, jobs, offload))
         except InfeasibleError as exc:
             failed = failed or exc
     if not found and fallback:
         offload_cands = candidates(problem, ctx, opt_offload=True)
         if offload_cands:
             try:
-                found.append(_solve_space(problem, ctx, modes, requests, work_limit, t0, time_limit_s, top_k,
-                                          gap_limit, alternatives, progress, jobs, True))
+                found.append(_solve_space(problem, shown, headroom_gib, default_headroom, ctx, modes, requests,
+                                          work_limit, t0, time_limit_s, top_k, gap_limit, alternatives, progress,
+                                          jobs, True))
             except InfeasibleError:
                 pass  # the plain search's reason stands (it names offload where offload alone would not do)
     if not found:
@@ -594,14 +660,22 @@ def solve(problem: Problem | Any, *, time_limit_s: float = 60.0, top_k: int = 3,
     return min(found, key=lambda s: s.estimate.step_time_s)  # (ties: the first pass, without offload)
 
 
-def _solve_space(problem: Problem, ctx: Context, modes: list[str], requests: list[Named], work_limit: float,
-                 t0: float, time_limit_s: float, top_k: int, gap_limit: float, alternatives: Sequence[str],
-                 progress: ProgressFn | None, jobs: int | None, opt_offload: bool) -> Solution:
+def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_headroom: bool, ctx: Context,
+                 modes: list[str], requests: list[Named], work_limit: float, t0: float, time_limit_s: float,
+                 top_k: int, gap_limit: float, alternatives: Sequence[str], progress: ProgressFn | None,
+                 jobs: int | None, opt_offload: bool) -> Solution:
     """`solve` over the configurations with the optimizer in host memory (`opt_offload`) or without."""
     budget = _Budget(work_limit, t0 + time_limit_s)
+    if progress is not None:
+        progress({"phase": "candidates", "visited": 0, "total": 0, "incumbent_s": None, "bound_s": None, "gap": None,
+                  "work_s": budget.work})
     cands = candidates(problem, ctx, opt_offload=opt_offload)
+    budget.count(UNIT_CANDIDATE * len(cands))
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
+    if progress is not None:
+        progress({"phase": "bounds", "visited": 0, "total": len(cands), "incumbent_s": None, "bound_s": None,
+                  "gap": None, "work_s": budget.work})
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
     t_lb, m_lb, could_fit = _bounds(ctx, cands, opt_cache)
     fits = (m_lb <= ctx.capacity_bytes) & could_fit
@@ -612,11 +686,17 @@ def _solve_space(problem: Problem, ctx: Context, modes: list[str], requests: lis
     if jobs > 1:
         search.pool = ThreadPoolExecutor(max_workers=min(jobs, ROUND), thread_name_prefix="autoshard-cpsat")
     try:
-        return _solve(problem, ctx, search, cands, order, t_lb, m_lb, pruned_mem, opt_cache, requests, budget,
-                      t0, time_limit_s, top_k, gap_limit, work_limit, alternatives, modes)
+        sol = _solve(problem, ctx, search, cands, order, t_lb, m_lb, pruned_mem, opt_cache, requests, budget,
+                     t0, time_limit_s, top_k, gap_limit, work_limit, alternatives, modes)
     finally:
         if search.pool is not None:
             search.pool.shutdown(wait=True)
+    # The answer as `evaluate` prices it on the problem as given (its fit predicate keeps no default
+    # headroom): the free memory the reports show is the plan's real margin.
+    return sol.model_copy(update={
+        "estimate": _evaluate(shown, sol.plan),
+        "alternatives": [a.model_copy(update={"estimate": _evaluate(shown, a.plan)}) for a in sol.alternatives],
+        "solver": sol.solver.model_copy(update={"headroom_gib": headroom_gib, "headroom_default": default_headroom})})
 
 
 def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config], order: list[int], t_lb: np.ndarray,
@@ -628,7 +708,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
     # (no CP-SAT, a counted number of configurations); a strong incumbent early makes every
     # cutoff and bound bite. Its wall-clock deadline is only a safety net.
     search.report("warm start", 0, len(order))
-    warm_deadline = t0 + time_limit_s / 2
+    warm_deadline = budget.deadline  # (a safety net only: the warm start's effort is a count)
     # (Twins with the EP overlap off are left out: their greedy plans are their twins', priced as
     # evaluate prices them.)
     firsts = [cands[i] for i in order[:2 * WARM_START_CONFIGS] if cands[i].ep_overlap is not False]
@@ -637,6 +717,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
                        sink=(lambda e: search.add(e.plan, e.step_time_s, e.step_time_s, 0.0)) if top_k else None)
     if time.perf_counter() > warm_deadline:
         budget.wall_fired = True
+    budget.count(UNIT_WARM * len(firsts[:WARM_START_CONFIGS]))
     if warm is not None:
         search.add(warm.plan, warm.step_time_s, warm.step_time_s, 0.0)
 
@@ -665,29 +746,41 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
     mine = family_key(best.plan)
     others = sorted((f for k, f in search.found.items() if k != mine), key=lambda f: (f.step_s, f.order))
     alts = []
-    for f in others:  # families as fast as the one before (within rounding) are collapsed into it
+    for f in others:  # near-ties (within NEAR_TIE of the line's first family) are collapsed into its line
         if f.step_s > best.step_s * (1 + RUNNER_UP_SLOWER):
             break
         fam = family_name(family_key(f.plan))
-        if alts and abs(f.step_s - alts[-1].estimate.step_time_s) <= max(f.tolerance_s, 1e-9 * f.step_s):
-            alts[-1] = alts[-1].model_copy(update={"differs": f"{alts[-1].differs}; as fast: {fam}"})
+        if alts and f.step_s <= alts[-1].estimate.step_time_s * (1 + NEAR_TIE) + f.tolerance_s:
+            head = alts[-1]
+            what = describe_difference(head.plan, f.plan)
+            alts[-1] = head.model_copy(update={"differs": f"{head.differs}; within {100 * NEAR_TIE:g}%: {fam} "
+                                                          f"(+{100 * (f.step_s / best.step_s - 1):.2f}%: {what})"})
             continue
         if len(alts) == top_k:
             break
         alts.append(_alternative(problem, best, f, fam))
     for req in requests:
         alts.append(_named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
-                                       max(1.0, NAMED_SHARE * proof_work), budget.deadline))
+                                       work_limit, budget.deadline))
     stopped_by = ("wall-clock safety net" if budget.wall_fired else "work budget") if stopped and not optimal else (
         "wall-clock safety net" if budget.wall_fired else "")
+    limit_fired = "wall" if budget.wall_fired else ("work" if stopped and not optimal else None)
+    # What lets the proof finish: a work budget four times as large, or a safety net that leaves the
+    # budget, not the clock, to end the search (four times as long, at least the default).
+    prove = ""
+    if limit_fired == "work":
+        prove = f"--work-limit {4 * work_limit:g}"
+    elif limit_fired == "wall":
+        prove = f"--time-limit {max(4 * time_limit_s, DEFAULT_TIME_LIMIT_S):g}"
     settings = {"work_limit": work_limit, "gap_limit": gap_limit, "top_k": top_k,
                 "alternatives": list(dict.fromkeys(alternatives))}
     stats = SolverStats(
         status="OPTIMAL" if optimal else "FEASIBLE", solve_time_s=time.perf_counter() - t0,
         objective_s=best.objective_s, objective_bound_s=bound, gap=gap, gap_limit=gap_limit, candidates=len(cands),
         pruned_by_memory=pruned_mem, pruned_by_bound=pruned_bound, cp_sat_solves=search.solves,
-        rounding_tolerance_s=best.tolerance_s, work_s=round(budget.work, 3), work_limit=work_limit,
-        stopped_by=stopped_by, alternatives_complete=alternatives_complete,
+        rounding_tolerance_s=best.tolerance_s, work_s=round(budget.work, 3), cp_sat_work_s=round(budget.cp_sat, 3),
+        work_limit=work_limit, stopped_by=stopped_by, limit_fired=limit_fired, prove_command=prove,
+        alternatives_complete=alternatives_complete,
         fingerprint=fingerprint(problem, settings))
     return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=[a for a in alts if a is not None])
 
