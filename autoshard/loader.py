@@ -321,11 +321,8 @@ def check_search(problem: Problem) -> None:
                (lambda v: v == 1 or m.num_experts % v == 0, f"must divide num_experts ({m.num_experts})"), div_n],
         "micro_batch_size": [(lambda v: t.global_batch_size % v == 0,
                               f"must divide global_batch_size ({t.global_batch_size})")],
-        # DualPipe and DualPipeV hold two stages per rank: the solver's stage model has no such layout
-        "schedule": [(lambda v: v not in UNPLANNABLE_SCHEDULES,
-                      "is not planned by the solver (two stages per rank; `evaluate` and `compare` price it): "
-                      "search 1f1b, interleaved, zero_bubble or gpipe")],
     }
+    _check_search_schedule(problem)  # before the degrees: a schedule no plan can use names search.schedule
     for knob, checks in rules.items():
         left = s.allowed(knob, [])
         for ok, what in checks:
@@ -335,12 +332,6 @@ def check_search(problem: Problem) -> None:
                     f"none of the allowed values ({', '.join(map(str, left))}) fits:"
                 raise InputError(f"{who} {knob} {what}", field=f"search.{knob}")
             left = keep
-    _check_search_schedule(problem)
-
-
-# Schedules the solver prices when a plan names them but never plans (solver.candidates): DualPipeV's
-# V-shaped two-chunk layout is evaluated, not searched.
-UNSEARCHED_SCHEDULES = ("dualpipev",)
 
 
 def _check_search_schedule(problem: Problem) -> None:
@@ -358,10 +349,11 @@ def _check_search_schedule(problem: Problem) -> None:
         listed = ", ".join(repr(x) for x in asked)
         raise InputError(f"{problem.framework} has no {listed} pipeline schedule (it runs {', '.join(fw.schedules)}; "
                          "data/frameworks.yaml)", field="search.schedule")
-    if all(x in UNSEARCHED_SCHEDULES for x in runs):
-        raise InputError(f"the solver does not plan {', '.join(repr(x) for x in runs)} (priced when a plan names it, "
-                         "not searched): price such a plan with `autoshard evaluate --plan` (schedule=dualpipev needs "
-                         "pp >= 2 and vpp=2), or allow another schedule", field="search.schedule")
+    if all(x in UNPLANNABLE_SCHEDULES for x in runs):  # two stages per rank: no layout of the solver's stage model
+        raise InputError(f"the solver does not plan {', '.join(repr(x) for x in runs)} (two stages per rank; priced "
+                         "when a plan names it, not searched): price such a plan with `autoshard evaluate --plan` "
+                         "(or `compare`), or allow another schedule (1f1b, interleaved, zero_bubble or gpipe)",
+                         field="search.schedule")
 
 
 def load_plan(source: str | os.PathLike[str] | Mapping[str, Any] | Plan) -> Plan:

@@ -180,7 +180,7 @@ def test_a_search_naming_only_two_stage_schedules_is_one_line_bad_input(tmp_path
     assert main(["solve", str(f)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
-    assert "search.schedule" in err and "not planned by the solver" in err
+    assert "search.schedule" in err and "the solver does not plan" in err
     # beside a schedule the solver plans, the two-stage one is left out (no internal error)
     f.write_text(doc.replace("[dualpipe]", "[dualpipe, 1f1b]"), encoding="utf-8")
     assert main(["solve", str(f), "--top", "0"]) == 0
