@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import solver  # (looked up at call time: `autoshard.solver.solve` may be replaced)
 from .errors import InfeasibleError, InputError, is_input_overflow
 from .fileio import atomic_write, dumps_json, read_document, read_json_file, same_file
 from .loader import file_folder, problem_paths, resolve_path
@@ -75,6 +76,12 @@ from .render import (
     solution_markdown,
     solution_record,
 )
+import hashlib
+from .fileio import MAX_FILE_BYTES, read_limited
+from .loader import load_problem, with_headroom
+from .progress import status_text
+from .render import strip_timing
+from .whatif.runner import _import_distributed, _local_cluster, _sigint_deferred
 
 PROBLEM_SUFFIXES = (".yaml", ".yml", ".json")
 SUMMARY_NAME = "summary.csv"
@@ -355,8 +362,6 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
 
     A named file counts by its path as written and its bytes, read where the solve reads it
     (relative to the problem file's folder): the hash does not depend on the working directory."""
-    from .fileio import MAX_FILE_BYTES, read_limited  # noqa: PLC0415
-
     try:  # never more than the size limit (a 20 GiB file is an error record, not an out-of-memory)
         data = read_limited(path, MAX_FILE_BYTES)
     except InputError:
@@ -408,16 +413,12 @@ def find_problem_file(info: dict[str, Any], record_path: str | os.PathLike[str])
 def solve_task(task: _Task, on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[str, dict[str, Any], str]:
     """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt).
     `on_event`: the solve's progress events (`autoshard.solve(progress=...)`)."""
-    from .loader import load_problem, with_headroom  # noqa: PLC0415
-
     settings = _settings(task.time_limit_s, task.top_k, task.gap_limit, task.headroom_gib)
     common = {"input_sha256": task.key, "settings": settings, "name": task.name}
     problem = None
     try:
         problem = with_headroom(load_problem(task.path), task.headroom_gib)
-        from .solver import solve  # noqa: PLC0415
-
-        sol = solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit,
+        sol = solver.solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit,
                     progress=on_event)
     except InputError as exc:
         rec = error_record(task.path, "input", exc.at(task.path).line(), problem=problem, **common)
@@ -585,10 +586,6 @@ RECORD_HASH_KEY = "record_sha256"
 def record_digest(record: dict[str, Any]) -> str:
     """sha256 of a record's canonical JSON without its own `record_sha256` and the timing
     fields (`strip_timing`), so that the same solution gives the same digest on every run."""
-    import hashlib  # noqa: PLC0415
-
-    from .render import strip_timing  # noqa: PLC0415
-
     body = strip_timing({k: v for k, v in record.items() if k != RECORD_HASH_KEY})
     return hashlib.sha256(dumps_json(body).encode("utf-8")).hexdigest()
 
@@ -632,8 +629,6 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
     if scheduler and executor != "dask":
         raise InputError("a scheduler address needs the dask executor", field="scheduler")
     if executor == "dask":
-        from .whatif.runner import _import_distributed  # noqa: PLC0415
-
         _import_distributed()  # a missing extra: one line, before anything is written
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
@@ -774,8 +769,6 @@ def _run_dask(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
     as each completes. The workers read the problem files (and the catalogs / HF configs they name) at
     the paths this process sees them: a shared filesystem. On an interrupt the pending tasks are
     cancelled, the client (and a cluster started here) closed; the records written stay."""
-    from .whatif.runner import _import_distributed, _local_cluster, _sigint_deferred  # noqa: PLC0415
-
     distributed = _import_distributed()
     cluster = client = None
     futures: list[Any] = []
@@ -849,7 +842,6 @@ class ProgressBar(TerminalLine):
         nothing (one line per finished problem stays the log)."""
         if not self.tty:
             return
-        from .progress import status_text  # noqa: PLC0415
 
         done, total = self.last
         self._draw(done, total, f"{name}: {status_text(event)}")

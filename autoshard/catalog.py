@@ -33,6 +33,8 @@ from pydantic import Field, ValidationError
 from .errors import InputError, closest
 from .fileio import MAX_YAML_BYTES, check_input_file, parse_yaml, read_text
 from .spec import EfficiencyFactor, ModelSpec, Strict, TopologyLevel
+from .hf import model_from_hf_config
+from .loader import format_validation_error
 
 
 GemmDtype = Literal["bf16", "fp16", "fp8", "fp4"]  # GEMM_DTYPES
@@ -420,8 +422,6 @@ def resolve_model(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if "hf_config" in value:
-        from .hf import model_from_hf_config  # noqa: PLC0415  (optional path, imported on use)
-
         not_a_fifo(value["hf_config"])
         rest = {k: v for k, v in value.items() if k != "hf_config"}
         base = model_from_hf_config(value["hf_config"]).model_dump(exclude_none=True)
@@ -474,7 +474,6 @@ def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
                 out[_aliases().get(_norm(k), k)] = Efficiency(**v["efficiency"])
             except ValidationError as exc:
                 # Not str(exc): it would repr the whole input, which a YAML alias bomb makes endless.
-                from .loader import format_validation_error  # noqa: PLC0415
 
                 loc, msg = format_validation_error(exc, Efficiency)
                 raise InputError(f"malformed calibrated catalog: {msg}", source=path,

@@ -33,6 +33,8 @@ from .fileio import (  # noqa: F401  (re-exported: the loader's names before fil
     check_input_file, check_output_file, dumps_json, guard_output, parse_json, parse_yaml, read_document,
     read_limited, read_text)
 from .spec import Plan, Problem
+import csv
+from .frameworks import profiles
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -277,7 +279,6 @@ def with_headroom(problem: Problem, headroom_gib: float | None, option: str = "-
     a value that is negative, not finite or leaves no memory is bad input naming the option."""
     if headroom_gib is None:
         return problem
-    import math  # noqa: PLC0415
 
     if not (math.isfinite(headroom_gib) and headroom_gib >= 0):
         raise InputError(f"must be a number of GiB >= 0, got {headroom_gib:g}", field=option)
@@ -343,8 +344,6 @@ def _check_search_schedule(problem: Problem) -> None:
     """`search.schedule` must leave a schedule that the problem's framework runs (its profile's
     `schedules` in data/frameworks.yaml) and that the solver plans: else no plan exists whatever the
     degrees, which is bad input naming `search.schedule`, not an infeasible problem."""
-    from .frameworks import profiles  # noqa: PLC0415
-
     asked = problem.search.allowed("schedule", [])
     if not asked:
         return
@@ -438,8 +437,6 @@ def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     text = read_text(p, MAX_FILE_BYTES, what="runs file")  # regular files only, size checked before reading
     where: list[str] = []  # per row: how to name it in a message
     if p.suffix.lower() == ".csv":
-        import csv  # noqa: PLC0415
-
         lines = text.splitlines()
         header = next((ln for ln in lines if ln.strip()), "")
         if header.count(";") > header.count(",") or header.count("\t") > header.count(","):

@@ -14,6 +14,15 @@ from ..frameworks import FrameworkProfile, get_framework
 from ..spec import RECOMPUTES, Plan, Problem, ProblemParts
 from ..topology import ClusterGraph, Level, cluster_graph, resolve_levels
 from .constants import BF16, GIB, RESERVE_GIB
+from ..catalog import (
+    attention_flops_per_s,
+    gemm_flops_per_s,
+    gemm_peak_flops_per_s,
+    low_precision_fraction,
+    quant_overhead_bytes_per_element,
+    saved_input_bytes_per_element,
+    weight_copy_bytes_per_param,
+)
 
 
 @dataclass(frozen=True)
@@ -38,27 +47,20 @@ class Context(ProblemParts):
         size where the framework keeps it quantized (Transformer Engine), else bf16."""
         if not self.framework.quantized_saved_inputs:
             return float(BF16)
-        from ..catalog import saved_input_bytes_per_element  # noqa: PLC0415
 
         return saved_input_bytes_per_element(self.training.precision, self.gpu)
 
     @functools.cached_property
     def peak(self) -> float:
-        from ..catalog import gemm_peak_flops_per_s  # noqa: PLC0415
-
         return gemm_peak_flops_per_s(self.gpu, self.training.precision)
 
     @functools.cached_property
     def mm_flops_per_s(self) -> float:
-        from ..catalog import gemm_flops_per_s  # noqa: PLC0415  (the recipe's GEMM rate, catalog.py)
-
         return gemm_flops_per_s(self.gpu, self.training.precision)
 
     @functools.cached_property
     def hp_flops_per_s(self) -> float:
         """GEMM rate of the layers every recipe keeps in 16 bits (the router, the LM head)."""
-        from ..catalog import attention_flops_per_s  # noqa: PLC0415
-
         return attention_flops_per_s(self.gpu)
 
     @functools.cached_property
@@ -69,8 +71,6 @@ class Context(ProblemParts):
         recipe keeps no low-precision copy for the step (torchao recasts them every micro-batch;
         Transformer Engine caches them), at the framework's measured bytes where its kernels move
         more than the recipe's count. (0, 0) for 16-bit recipes. `kernels._gemm_s` charges them."""
-        from ..catalog import low_precision_fraction, quant_overhead_bytes_per_element  # noqa: PLC0415
-
         prec = self.training.precision
         per = dict(self.framework.quant_hbm_bytes_per_element).get(get_recipe(prec).id) \
             or quant_overhead_bytes_per_element(prec, self.gpu)
@@ -81,8 +81,6 @@ class Context(ProblemParts):
     def weight_copy_bytes_per_param(self) -> float:
         """Bytes per parameter of the low-precision weight copies kept for the step: the recipe's
         (`catalog.weight_copy_bytes_per_param`) where the framework caches them, else 0."""
-        from ..catalog import weight_copy_bytes_per_param  # noqa: PLC0415
-
         if not self.framework.fp8_weight_cache:
             return 0.0
         return weight_copy_bytes_per_param(self.training.precision, self.gpu)
@@ -303,8 +301,6 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
     if why := fw.main_grads_reason(t.main_grads):
         bad("training.main_grads", why)
     if t.fp8_params:
-        from ..catalog import get_recipe  # noqa: PLC0415
-
         if not fw.fp8_params:
             bad("training.fp8_params", f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
         elif get_recipe(t.precision).gemm_dtype not in ("fp8", "fp4") or t.finetune != "full":

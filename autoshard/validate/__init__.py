@@ -73,6 +73,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import InputError
+from .. import cost
+from ..catalog import resolve_gpu_id, unknown_gpu_message
+from ..cost import evaluate
+from ..cost.layers import _activation_bytes
+from ..errors import InfeasibleError
+from ..frameworks import get_framework
+from ..loader import load_problem, read_runs
+from ..solver import solve
+from ..spec import Plan
 
 RUNS_ENV = "AUTOSHARD_VALIDATION"
 
@@ -220,8 +229,6 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     """One dev_runs row -> a Case (Problem, Plan, measured step) or a Skip with the reason.
 
     Rows of modern_runs_dev.json (with its extra fields) go through `modern.modern_row_to_case`."""
-    from ..loader import load_problem  # noqa: PLC0415
-    from ..spec import Plan  # noqa: PLC0415
     from .modern import _flag, is_modern_row, modern_row_to_case, topology_of  # noqa: PLC0415
 
     if is_modern_row(row):
@@ -246,7 +253,6 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     notes.append(f"measured step {how}")
 
     # ---- hardware
-    from ..catalog import resolve_gpu_id, unknown_gpu_message  # noqa: PLC0415
 
     gpu_name = str(row.get("gpu") or "").strip()
     gpu = resolve_gpu_id(gpu_name)
@@ -347,10 +353,6 @@ def completed_plan(case: Case) -> Any:
     stay as published and the stages even)."""
     if case.recompute_published:
         return case.plan
-    from ..errors import InfeasibleError  # noqa: PLC0415
-    from ..solver import solve  # noqa: PLC0415
-
-    from ..frameworks import get_framework  # noqa: PLC0415
 
     p = case.plan
     fixed = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
@@ -416,8 +418,6 @@ def default_runs_path() -> Path:
 def load_runs(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
     """Rows from a dev_runs-shaped JSON file (a list, or {runs: [...]}) or a CSV with the same columns,
     every cell checked: one line naming the file, row and column (see `autoshard.loader.read_runs`)."""
-    from ..loader import read_runs  # noqa: PLC0415
-
     return read_runs(path if path is not None else default_runs_path())
 
 
@@ -581,8 +581,6 @@ def summarize_regimes(results: list[RunResult]) -> list[GroupSummary]:
 
 
 def evaluate_case(case: Case) -> RunResult | Skip:
-    from ..cost import evaluate  # noqa: PLC0415
-
     from .modern import gpu_arch  # noqa: PLC0415
 
     est = evaluate(case.problem, completed_plan(case))
@@ -714,8 +712,6 @@ def format_groups(groups: list[GroupSummary], title: str) -> list[str]:
 
 
 def _gpt3_layer_problem(s: int, h: int, a: int, layers: int, vocab: int, b: int, num_gpus: int):
-    from ..loader import load_problem  # noqa: PLC0415
-
     return load_problem({
         "name": "korthikanti-check",
         "model": {"name": "gpt3-style", "num_hidden_layers": layers, "hidden_size": h,
@@ -733,9 +729,6 @@ def korthikanti_check(s: int = 2048, h: int = 12288, a: int = 96, b: int = 1, t:
     GPT-3 style layer (gelu MLP of 4h, dropout, materialized attention scores: FlashAttention
     off). Rows: configuration, formula, cost-model bytes, formula bytes, ratio.
     """
-    from .. import cost  # noqa: PLC0415
-    from ..cost.layers import _activation_bytes  # noqa: PLC0415
-
     problem = _gpt3_layer_problem(s, h, a, layers=max(8, t), vocab=51200, b=b, num_gpus=t)
     ctx = cost.context(problem)
 

@@ -55,6 +55,10 @@ from ..calibrate import GRID_POINTS, HI, LO  # calibrate's search range and grid
 from . import Case, completed_plan, convert, load_runs, p90, with_catalog
 from .ablations import group_result, load_groups, summarize_ablations
 from .modern import precision_family, source_family
+from .. import frameworks as fw
+from ..catalog import get_gpu
+from ..cost import evaluate
+from ..frameworks import profiles
 
 FD = 1.1  # finite-difference step that finds the rows a framework factor moves
 
@@ -129,9 +133,6 @@ MERGED_BLACKWELL: tuple[Factor, ...] = tuple(
 
 def catalog_value(f: Factor) -> float:
     """The factor's value as shipped (in the unit of its name)."""
-    from ..catalog import get_gpu  # noqa: PLC0415
-    from ..frameworks import profiles  # noqa: PLC0415
-
     if f.kind == "matmul":
         return float(get_gpu(f.targets[0]).efficiency.matmul[f.precision])
     return float(getattr(profiles()[f.framework], f.attribute)) / f.scale
@@ -146,8 +147,6 @@ class Pricer:
         self.count = 0
 
     def overlay(self, values: Mapping[Factor, float]) -> str | None:
-        from ..catalog import get_gpu  # noqa: PLC0415
-
         entries: dict[str, dict[str, Any]] = {}
         for f, v in values.items():
             if f.kind != "matmul":
@@ -167,8 +166,6 @@ class Pricer:
 
     @contextlib.contextmanager
     def frameworks(self, values: Mapping[Factor, float]) -> Iterator[None]:
-        from .. import frameworks as fw  # noqa: PLC0415
-
         table = fw.profiles()
         saved = dict(table)
         try:
@@ -183,8 +180,6 @@ class Pricer:
             fw.get_framework.cache_clear()
 
     def steps(self, cases: list[Case], values: Mapping[Factor, float]) -> np.ndarray:
-        from ..cost import evaluate  # noqa: PLC0415
-
         path = self.overlay(values)
         with self.frameworks(values):
             return np.array([evaluate(with_catalog(c, path).problem, c.plan).step_time_s for c in cases], dtype=float)

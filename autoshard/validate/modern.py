@@ -69,6 +69,11 @@ import yaml
 
 from ..errors import InputError
 from . import _int, global_batch_seqs, row_dp
+from pydantic import ValidationError
+from . import Case, Skip, measured_peak_memory_gib, measured_step
+from ..catalog import get_gpu, get_topology, resolve_gpu_id, unknown_gpu_message
+from ..loader import load_problem
+from ..spec import Plan, Precision, canonical_recompute
 
 # One line to switch: True = give `training.precision` the recipe wherever autoshard.spec accepts it.
 USE_RECIPES = True
@@ -93,8 +98,6 @@ def gpu_id(name: str) -> str | None:
     """A row's GPU / system name -> its catalog id through the catalog's alias table
     (`catalog.resolve_gpu_id`: 'DGX-B200', 'H100-SXM5-80GB', 'NVIDIA H100 SXM5', 'MI355' ...); None
     where the table has no such spelling."""
-    from ..catalog import resolve_gpu_id  # noqa: PLC0415
-
     return resolve_gpu_id(name) if name.strip() else None
 
 
@@ -106,8 +109,6 @@ ARCH_FAMILIES = {"volta": "Volta", "ampere": "Ampere", "hopper": "Hopper", "blac
 def gpu_arch(gid: str) -> str:
     """'Hopper', 'Blackwell', 'Ampere', 'CDNA3', 'CDNA4', ... of a catalog id: its catalog `arch`
     (`ARCH_FAMILIES`; Blackwell Ultra counts as Blackwell), 'other' for the rest."""
-    from ..catalog import get_gpu  # noqa: PLC0415
-
     try:
         return ARCH_FAMILIES.get(get_gpu(gid).arch, "other")
     except InputError:
@@ -163,8 +164,6 @@ def precision_recipe(row: Mapping[str, Any], arch: str) -> tuple[str | None, str
 def spec_precision(recipe: str) -> str:
     """The `training.precision` value for a recipe: itself where autoshard.spec accepts it
     (and USE_RECIPES), else its family ('fp8' for every fp8 recipe; nvfp4 too: the nearest rate)."""
-    from ..spec import Precision  # noqa: PLC0415
-
     accepted = set(get_args(Precision))
     if USE_RECIPES and recipe in accepted:
         return recipe
@@ -223,7 +222,6 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
         return (["none", "full"] * layers)[:layers], f"{raw!r}: full recompute on every 2nd layer (torchtitan selective_ac_option 2)", True
     mods = re.fullmatch(r"selective\s*:\s*([a-z_,\s+]+)", low)
     if mods:  # "selective: mla_up_proj, mlp": Megatron recompute modules
-        from ..spec import canonical_recompute  # noqa: PLC0415
 
         try:
             return canonical_recompute(mods.group(1)), None, True
@@ -245,8 +243,6 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
             if names == []:
                 return "none", "recompute_modules=[]: nothing recomputed", True
             if names:
-                from ..spec import canonical_recompute  # noqa: PLC0415
-
                 try:
                     return canonical_recompute("+".join(names)), None, True
                 except ValueError:
@@ -368,8 +364,6 @@ def dispatcher_of_row(row: Mapping[str, Any]) -> str | None:
 
 def topology_of(gid: str) -> str:
     """The GPU's default topology (a row's `topology` field names another)."""
-    from ..catalog import get_gpu  # noqa: PLC0415
-
     return get_gpu(gid).default_topology
 
 
@@ -380,12 +374,6 @@ def topology_of(gid: str) -> str:
 
 def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     """One modern row -> a Case or a Skip with the reason (see the module docstring)."""
-    from ..catalog import get_topology  # noqa: PLC0415
-    from ..loader import load_problem  # noqa: PLC0415
-    from ..spec import Plan  # noqa: PLC0415
-    from . import Case, Skip, measured_peak_memory_gib, measured_step  # noqa: PLC0415
-    from pydantic import ValidationError  # noqa: PLC0415
-
     rid = str(row.get("id") or "?")
     framework, group = framework_of(row)
     notes: list[str] = []
@@ -405,8 +393,6 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     gpu_name = str(row.get("gpu") or "").strip()
     gid = gpu_id(gpu_name)
     if gid is None:
-        from ..catalog import unknown_gpu_message  # noqa: PLC0415
-
         raise InputError(unknown_gpu_message(gpu_name), field=f"{rid}.gpu")
     arch = gpu_arch(gid)
     recipe, prec_how = precision_recipe(row, arch)

@@ -96,8 +96,8 @@ from .schema import (
     StudySpec,
     Workload,
     WorkloadSpec,
-    load_study,
 )
+from .study import load_study
 from .sensitivity import HBM_SIBLING, SLOWDOWN, SolvedOption, _levels_problem, sensitivities, solve_option
 
 __all__ = [

@@ -21,6 +21,7 @@ from typing import Any
 from ..fileio import atomic_write, dumps_json
 from .schema import _fmt_tokens
 from .sensitivity import BINDING_MIN_GAIN_PCT
+import warnings
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "host", "offload",
              "pipeline_bubble", "dp_comm", "optimizer")
@@ -610,8 +611,6 @@ def _summary_rows(rows: list[dict], limit: int = 40) -> list[dict]:
 def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write report.md, report.html and the PNG plots for a results.json document; return the paths.
     matplotlib's layout warnings (a crowded figure) are not printed: the plots are written as they are."""
-    import warnings  # noqa: PLC0415
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return _write_report(doc, out_dir)

@@ -40,10 +40,12 @@ from .schema import (
     Study,
     StudySpec,
     Workload,
-    load_study,
     power_figures,
 )
 from .sensitivity import sensitivities, solve_option
+from .study import load_study
+from ..cost import FLOP_CONVENTION, flops_per_token_parts, total_params
+from .report import write_report
 
 CSV_COLUMNS = (
     "workload", "option", "gpu", "num_gpus", "topology", "mode", "feasible", "meets_constraints", "pareto",
@@ -428,8 +430,6 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
 def workload_flops(w: Workload) -> dict[str, Any]:
     """A workload's training FLOP budget under the cost model's convention (cost.FLOP_CONVENTION):
     model FLOPs per token x its tokens, and the plain 6 N T (4 N T for LoRA) beside it."""
-    from ..cost import FLOP_CONVENTION, flops_per_token_parts  # noqa: PLC0415
-
     per_n, n, attn = flops_per_token_parts(w.model, w.training)
     per_token = per_n * n + attn
     return {"convention": FLOP_CONVENTION, "matmul_params": float(n), "model_flops_per_token": float(per_token),
@@ -438,8 +438,6 @@ def workload_flops(w: Workload) -> dict[str, Any]:
 
 
 def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> dict[str, Any]:
-    from ..cost import total_params  # noqa: PLC0415
-
     row: dict[str, Any] = {"workload": w.name, "option": o.id, "gpu": o.gpu, "num_gpus": o.num_gpus,
                            "topology": o.topology, "mode": o.mode, "tokens": w.tokens}
     if res is None or res.get("status") != "ok":
@@ -785,8 +783,6 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
             kind = AutoshardError if any(r.get("input_error") for r in errors) else InternalError
             raise kind(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]['reason']}")
         if report:
-            from .report import write_report  # noqa: PLC0415  (matplotlib is imported there, on use)
-
             with _write_errors(out):
                 files += write_report(doc, out)
     return StudyResult(out, True, rows, doc["recommended"], doc["recommendations"], files,
