@@ -81,7 +81,7 @@ from .fileio import MAX_FILE_BYTES, read_limited
 from .loader import load_problem, with_headroom
 from .progress import status_text
 from .render import strip_timing
-from .whatif.runner import _import_distributed, _local_cluster, _sigint_deferred
+from .whatif.runner import import_distributed, local_cluster, sigint_deferred
 
 PROBLEM_SUFFIXES = (".yaml", ".yml", ".json")
 SUMMARY_NAME = "summary.csv"
@@ -608,6 +608,34 @@ def _result_of(record: dict[str, Any]) -> str:
     return "error"
 
 
+def _checked_args(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], jobs: int, time_limit_s: float,
+                  top_k: int, gap_limit: float, executor: str, scheduler: str | None,
+                  ) -> tuple[Sequence[str | os.PathLike[str]], int]:
+    """`run_batch`'s arguments checked (a one-line InputError before anything is written): the
+    inputs as a sequence, and the number of worker processes (0: one per CPU)."""
+    if executor not in ("local", "dask"):
+        raise InputError(f"unknown executor {executor!r} (local, dask)", field="executor")
+    if scheduler and executor != "dask":
+        raise InputError("a scheduler address needs the dask executor", field="scheduler")
+    if executor == "dask":
+        import_distributed()  # a missing extra: one line, before anything is written
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    if not inputs:
+        raise InputError("no input files or directories given")
+    if jobs == 0:
+        jobs = os.cpu_count() or 1
+    if jobs < 0:
+        raise InputError(f"jobs must be >= 0, got {jobs}", field="jobs")
+    if not time_limit_s > 0:
+        raise InputError(f"the time limit must be > 0 s, got {time_limit_s}", field="time_limit")
+    if top_k < 0:
+        raise InputError(f"top_k must be >= 0, got {top_k}", field="top")
+    if not 0 <= gap_limit < 1:
+        raise InputError(f"the gap limit must be a fraction in [0, 1), got {gap_limit}", field="gap")
+    return inputs, jobs
+
+
 def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.PathLike[str], *, jobs: int = 1,
               time_limit_s: float = 30, force: bool = False, top_k: int = 3, gap_limit: float = DEFAULT_GAP_LIMIT,
               progress: ProgressFn | None = None, headroom_gib: float | None = None, executor: str = "local",
@@ -624,26 +652,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
     `batch_result` attribute).
     """
     t0 = time.perf_counter()
-    if executor not in ("local", "dask"):
-        raise InputError(f"unknown executor {executor!r} (local, dask)", field="executor")
-    if scheduler and executor != "dask":
-        raise InputError("a scheduler address needs the dask executor", field="scheduler")
-    if executor == "dask":
-        _import_distributed()  # a missing extra: one line, before anything is written
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    if not inputs:
-        raise InputError("no input files or directories given")
-    if jobs == 0:
-        jobs = os.cpu_count() or 1
-    if jobs < 0:
-        raise InputError(f"jobs must be >= 0, got {jobs}", field="jobs")
-    if not time_limit_s > 0:
-        raise InputError(f"the time limit must be > 0 s, got {time_limit_s}", field="time_limit")
-    if top_k < 0:
-        raise InputError(f"top_k must be >= 0, got {top_k}", field="top")
-    if not 0 <= gap_limit < 1:
-        raise InputError(f"the gap limit must be a fraction in [0, 1), got {gap_limit}", field="gap")
+    inputs, jobs = _checked_args(inputs, jobs, time_limit_s, top_k, gap_limit, executor, scheduler)
     out = _prepare_out_dir(out_dir)
     found, notes = find_problems(list(inputs), exclude=out)
     if not found:
@@ -769,7 +778,7 @@ def _run_dask(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
     as each completes. The workers read the problem files (and the catalogs / HF configs they name) at
     the paths this process sees them: a shared filesystem. On an interrupt the pending tasks are
     cancelled, the client (and a cluster started here) closed; the records written stay."""
-    distributed = _import_distributed()
+    distributed = import_distributed()
     cluster = client = None
     futures: list[Any] = []
     by_key: dict[str, _Task] = {}
@@ -782,8 +791,8 @@ def _run_dask(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
                 raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
                                  source=scheduler) from None
         else:
-            with _sigint_deferred():
-                cluster = _local_cluster(distributed, max(1, min(jobs, len(tasks))))
+            with sigint_deferred():
+                cluster = local_cluster(distributed, max(1, min(jobs, len(tasks))))
             client = distributed.Client(cluster, set_as_default=False)
         run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other batches too
         for i, t in enumerate(tasks):

@@ -140,14 +140,14 @@ def _set(eff: dict[str, Any], name: str, value: float) -> dict[str, Any]:
     return out
 
 
-def _base_efficiencies(base_catalog: str | None) -> dict[str, dict[str, Any]]:
+def base_efficiencies(base_catalog: str | None) -> dict[str, dict[str, Any]]:
     """The entries of the base overlay file as plain dicts ({} for the built-in catalog)."""
     if base_catalog is None:
         return {}
     return {gid: e.model_dump() for gid, e in load_overlay(base_catalog).items()}
 
 
-def _efficiency_of(gpu: str, base: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def efficiency_of(gpu: str, base: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if gpu in base:
         return _copy(base[gpu])
     return get_gpu(gpu).efficiency.model_dump()
@@ -298,7 +298,7 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
             progress(text)
 
     base_path = str(base_catalog) if base_catalog is not None else None
-    base = _base_efficiencies(base_path)
+    base = base_efficiencies(base_path)
     if cases is None:
         guard_output(out_path, [measurements_path, base_path])  # never an input; a read-only or impossible -o
         rows = load_runs(measurements_path)                     # fails before the fit, not after
@@ -340,7 +340,7 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
             say(f"{where}: which factors its {len(gcases)} runs determine")
             trials = _Trials(tmp, gcases)
             measured = np.array([c.measured_step_s for c in gcases])
-            eff0 = _efficiency_of(gpu, base)
+            eff0 = efficiency_of(gpu, base)
             precisions = {c.precision for c in gcases}
             candidates = []
             for name in FACTOR_ORDER:

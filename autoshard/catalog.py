@@ -34,7 +34,7 @@ from .errors import InputError, closest
 from .fileio import MAX_YAML_BYTES, check_input_file, parse_yaml, read_text
 from .spec import EfficiencyFactor, ModelSpec, Strict, TopologyLevel
 from .hf import model_from_hf_config
-from .loader import format_validation_error
+from .schema_errors import format_validation_error
 
 
 GemmDtype = Literal["bf16", "fp16", "fp8", "fp4"]  # GEMM_DTYPES
@@ -111,10 +111,10 @@ class GPU(Strict):
         """Dense peak FLOP/s of a GEMM data type or recipe (`fp8-current` -> fp8). A type the GPU
         lacks falls back to the next wider it has (fp4 -> fp8 -> bf16 <-> fp16); problem files never
         get there: `check_precision` rejects a recipe the GPU does not run."""
-        return 1e12 * self._dtype(self.peak_tflops, _gemm_dtype_of(precision))
+        return 1e12 * self._dtype(self.peak_tflops, gemm_dtype_of(precision))
 
     def matmul_efficiency(self, precision: str) -> float:
-        return self._dtype(self.efficiency.matmul, _gemm_dtype_of(precision))
+        return self._dtype(self.efficiency.matmul, gemm_dtype_of(precision))
 
     @property
     def hbm_gib(self) -> float:
@@ -333,7 +333,7 @@ def get_recipe(name: str) -> Recipe:
     return _recipes()[0][rid]
 
 
-def _gemm_dtype_of(precision: str) -> str:
+def gemm_dtype_of(precision: str) -> str:
     if precision in GEMM_DTYPES:
         return precision
     rid = precision_id(precision)

@@ -56,16 +56,9 @@ KNOWN_CIRCLES = {
     ("autoshard.spec", "autoshard.catalog"):
         "spec's validators resolve model / GPU names in the catalog, and the catalog's records are spec "
         "models: the validators that read the catalog belong in load_problem (loader), leaving spec data",
-    ("autoshard.loader", "autoshard.catalog"):
-        "the catalog reads its overlays and reports errors through the loader's formatting",
-    ("autoshard.loader", "autoshard.topology"):
-        "topology reads the catalog, which reads through the loader (the same circle as above)",
     ("autoshard.cost.context", "autoshard.solver.layouts"):
         "the recompute-layout predicate lives in solver/, whose package imports cost; it belongs in a "
         "module both import",
-    ("autoshard.validate", "autoshard.validate.modern"):
-        "modern.py builds validate's Case records: Case / Skip / the measured-figure helpers belong in "
-        "their own module (validate/runs.py)",
 }
 
 

@@ -40,8 +40,8 @@ from .logs import LogRun, read_log, read_toml
 from .nccl import NcclTest, read_nccl_tests
 from .runs import MeasuredRun, RunContext, measured_run
 from .trace import TraceSummary, collective_busbw, read_trace
-from ..calibrate import _base_efficiencies, _efficiency_of, calibrate, network_warnings
-from ..catalog import _gemm_dtype_of, get_gpu, get_topology
+from ..calibrate import base_efficiencies, efficiency_of, calibrate, network_warnings
+from ..catalog import gemm_dtype_of, get_gpu, get_topology
 from ..cost import evaluate
 from ..validate import with_catalog
 from ..validate.modern import gpu_id
@@ -101,7 +101,7 @@ def _med(errs: dict[str, float]) -> str:
 
 
 def _gemm_key(precision: str) -> str:
-    return _gemm_dtype_of(precision)
+    return gemm_dtype_of(precision)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def trace_factors(runs: list[MeasuredRun], traces: dict[str, list[TraceSummary]]
 
 
 def _base_efficiency(gpu: str, base_catalog: str | None) -> dict[str, Any]:
-    return _efficiency_of(gpu, _base_efficiencies(base_catalog))
+    return efficiency_of(gpu, base_efficiencies(base_catalog))
 
 
 def _errors(cases: list[Any], catalog: str | None) -> dict[str, float]:
@@ -267,7 +267,7 @@ def _fit(runs: list[MeasuredRun], tests: list[NcclTest], traces: dict[str, list[
     for g, m in trace_factors(runs, traces, base, {n for g in gpus for n in measured[g].factors}).items():
         measured[g].factors.update(m.factors)
         measured[g].warnings.extend(m.warnings)
-    entries = {g: e for g, e in _base_efficiencies(base_catalog).items()}
+    entries = {g: e for g, e in base_efficiencies(base_catalog).items()}
     keep: set[str] = set()
     for g in gpus:
         eff = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base[g].items()}

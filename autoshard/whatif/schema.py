@@ -13,7 +13,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from ..catalog import get_gpu, gpu_ids, resolve_model
 from ..fileio import dumps_json
 from ..spec import MAX_GPUS, ModelSpec, Problem, SearchSpec, Strict, TopologyLevel, TrainingSpec
-from ..loader import format_validation_error
+from ..schema_errors import format_validation_error
 
 Mode = Literal["cloud", "own", "spot"]  # spot: rented preemptible capacity (cloud price less spot_discount)
 Objective = Literal["auto", "time", "cost"]
@@ -377,7 +377,7 @@ def power_figures(options: Sequence[Option]) -> list[str]:
     return out
 
 
-def _fmt_tokens(t: float) -> str:
+def fmt_tokens(t: float) -> str:
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
         if t >= div:
             return f"{t / div:g}{unit}"

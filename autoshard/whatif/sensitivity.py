@@ -48,7 +48,7 @@ def solve_option(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S
     return SolvedOption(sol.plan, sol.estimate, sol.solver.status, sol.solver.solve_time_s)
 
 
-def _levels_problem(problem: Problem, factor: Callable[[int], float]) -> Problem:
+def levels_problem(problem: Problem, factor: Callable[[int], float]) -> Problem:
     """The problem with explicit topology levels, bandwidth of level i multiplied by factor(i)."""
     gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
     levels = resolve_levels(problem.cluster, gpu)
@@ -125,9 +125,9 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
         return None if t is None else 100.0 * (1.0 - t / base)
 
     nlev = len(_level_names(problem))
-    out["gains_pct"]["internode_2x"] = gain(best(_levels_problem(problem, lambda i: 2.0 if i > 0 else 1.0))) \
+    out["gains_pct"]["internode_2x"] = gain(best(levels_problem(problem, lambda i: 2.0 if i > 0 else 1.0))) \
         if nlev > 1 else 0.0
-    out["gains_pct"]["nvlink_2x"] = gain(best(_levels_problem(problem, lambda i: 2.0 if i == 0 else 1.0)))
+    out["gains_pct"]["nvlink_2x"] = gain(best(levels_problem(problem, lambda i: 2.0 if i == 0 else 1.0)))
     sib = HBM_SIBLING.get(get_gpu(problem.cluster.gpu).id)
     hbm_bw_only = None
     sib_problem = problem
@@ -167,7 +167,7 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
         shares["compute"] = share(_overlay_problem(problem, scratch, matmul=SLOWDOWN))
         shares["hbm_bandwidth"] = share(_overlay_problem(problem, scratch, hbm=SLOWDOWN))
         for i, name in enumerate(_level_names(problem)):
-            shares[f"net:{name}"] = share(_levels_problem(problem, lambda j, i=i: 1.0 / SLOWDOWN if j == i else 1.0))
+            shares[f"net:{name}"] = share(levels_problem(problem, lambda j, i=i: 1.0 / SLOWDOWN if j == i else 1.0))
     finally:
         if own_scratch:
             shutil.rmtree(scratch, ignore_errors=True)

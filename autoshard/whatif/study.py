@@ -20,7 +20,7 @@ from .schema import (
     Study,
     StudySpec,
     Workload,
-    _fmt_tokens,
+    fmt_tokens,
     power_figures,
 )
 
@@ -36,6 +36,23 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
 
     Raises a one-line `InputError` (`file: field.path: what is wrong`) on bad input.
     """
+    spec, src = _read_spec(source)
+    workloads = _workloads(spec, src)
+    _check_networks(spec, src)
+    _check_pricing_gpus(spec, src)
+    options = _options(spec, src)
+    pools = _pools(spec, src, options)
+    opts = tuple(sorted(options.values(), key=Option.sort_key))
+    figures = power_figures([Option(g, 1, "", "cloud") for g in gpu_ids()])  # any the catalog has; a GPU
+    if spec.pricing.power_figure not in figures:                           # without it uses `catalog`
+        raise InputError(f"unknown power figure {spec.pricing.power_figure!r} (valid: {', '.join(figures)})",
+                         source=src, field="pricing.power_figure")
+    return Study(spec, tuple(workloads), opts, src, tuple(default_notes(spec, opts)), tuple(pools))
+
+
+def _read_spec(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -> tuple[StudySpec, str | None]:
+    """The StudySpec and the file it came from (None for a dict or a StudySpec): presets and
+    config.json files resolved, paths in a file taken relative to its folder."""
     src: str | None = None
     if isinstance(source, StudySpec):
         spec = source
@@ -69,8 +86,11 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
             data = {**data, "fleet": [{**o, "catalog": resolve_path(o["catalog"], folder)}
                                       if isinstance(o, dict) and "catalog" in o else o for o in data["fleet"]]}
         spec = validate(StudySpec, data, source=src)
+    return spec, src
 
-    # Workloads: one per token budget.
+
+def _workloads(spec: StudySpec, src: str | None) -> list[Workload]:
+    """One workload per token budget, each named distinctly."""
     workloads: list[Workload] = []
     for i, w in enumerate(spec.workloads):
         budgets = w.tokens if isinstance(w.tokens, list) else [w.tokens]
@@ -78,14 +98,17 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
             raise InputError("an empty list allows nothing", source=src, field=f"workloads.{i}.tokens")
         base = w.name or w.model.name
         for t in budgets:
-            name = base if len(budgets) == 1 else f"{base} @ {_fmt_tokens(t)} tokens"
+            name = base if len(budgets) == 1 else f"{base} @ {fmt_tokens(t)} tokens"
             workloads.append(Workload(len(workloads), name, w.model, w.training, w.search, float(t), base))
     names = [w.name for w in workloads]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise InputError(f"two workloads are named {dup!r}; give each a distinct name", source=src, field="workloads")
+    return workloads
 
-    # Networks.
+
+def _check_networks(spec: StudySpec, src: str | None) -> None:
+    """The study's networks: level sizes grow and each divides the next."""
     for name, net in spec.networks.items():
         lv = net.levels
         for i in range(1, len(lv)):
@@ -93,7 +116,9 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                 raise InputError(f"level sizes must grow and each divide the next ({lv[i - 1].size} -> {lv[i].size})",
                                  source=src, field=f"networks.{name}.levels.{i}.size")
 
-    # Pricing dictionaries keyed by GPU.
+
+def _check_pricing_gpus(spec: StudySpec, src: str | None) -> None:
+    """Pricing and reliability tables keyed by GPU name only known GPUs."""
     for key in ("usd_per_gpu_hour", "purchase_usd_per_gpu"):
         for g in getattr(spec.pricing, key):
             _norm_gpu(g, f"pricing.{key}.{g}", src)
@@ -107,7 +132,10 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
         for g in spec.reliability.failures_per_gpu_hour:
             _norm_gpu(g, f"reliability.failures_per_gpu_hour.{g}", src)
 
-    # Options: the cartesian product of every option entry.
+
+def _options(spec: StudySpec, src: str | None) -> dict[str, Option]:
+    """The hardware options: the cartesian product of every option entry (GPU x count x topology x
+    pricing mode), by id."""
     default_modes = spec.pricing.mode if isinstance(spec.pricing.mode, list) else [spec.pricing.mode]
     options: dict[str, Option] = {}
     for i, o in enumerate(spec.options):
@@ -144,6 +172,11 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
                     raise InputError(f"the study expands to more than {MAX_OPTIONS:,} hardware options (GPU x count x "
                                      "topology x pricing mode): split it, or sweep with a larger step or factor",
                                      source=src, field=f"options.{i}")
+    return options
+
+
+def _pools(spec: StudySpec, src: str | None, options: dict[str, Option]) -> list[Pool]:
+    """The fleet's pools; each is an owned option, added to `options`."""
     pools: list[Pool] = []
     for i, ps in enumerate(spec.fleet):  # each pool is an owned option; the fleet answer reads its rows
         gid = _norm_gpu(ps.gpu, f"fleet.{i}.gpu", src)
@@ -161,9 +194,4 @@ def load_study(source: str | os.PathLike[str] | Mapping[str, Any] | StudySpec) -
         opt = Option(gid, ps.num_gpus, t, "own", ps.catalog)
         options.setdefault(opt.id, opt)
         pools.append(Pool(ps.name, opt, ps.owned))
-    opts = tuple(sorted(options.values(), key=Option.sort_key))
-    figures = power_figures([Option(g, 1, "", "cloud") for g in gpu_ids()])  # any the catalog has; a GPU
-    if spec.pricing.power_figure not in figures:                           # without it uses `catalog`
-        raise InputError(f"unknown power figure {spec.pricing.power_figure!r} (valid: {', '.join(figures)})",
-                         source=src, field="pricing.power_figure")
-    return Study(spec, tuple(workloads), opts, src, tuple(default_notes(spec, opts)), tuple(pools))
+    return pools
