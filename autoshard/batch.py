@@ -414,7 +414,7 @@ def solve_task(task: _Task, on_event: Callable[[dict[str, Any]], None] | None = 
     """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt).
     `on_event`: the solve's progress events (`autoshard.solve(progress=...)`)."""
     settings = _settings(task.time_limit_s, task.top_k, task.gap_limit, task.headroom_gib)
-    common = {"input_sha256": task.key, "settings": settings, "name": task.name}
+    common: dict[str, Any] = {"input_sha256": task.key, "settings": settings, "name": task.name}
     problem = None
     try:
         problem = with_headroom(load_problem(task.path), task.headroom_gib)

@@ -100,7 +100,7 @@ class GPU(Strict):
     sources: dict[str, str]
 
     @staticmethod
-    def _dtype(table: dict[str, float], dtype: str) -> float:
+    def _dtype(table: dict[Any, float], dtype: str) -> float:  # keyed by GEMM dtype names
         seen = set()
         while dtype not in table and dtype not in seen:
             seen.add(dtype)

@@ -351,7 +351,7 @@ def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise InputError(f"missing column(s): {', '.join(missing)} (the header has: {', '.join(columns[:12])}"
                              f"{', ...' if len(columns) > 12 else ''}; columns as in dev_runs.json)",
                              source=src, field="line 1")
-        rows = []
+        rows: Any = []
         for i, r in enumerate(reader, start=1):
             extra = r.get(None)
             if extra:

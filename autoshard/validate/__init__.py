@@ -179,6 +179,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     fsdp = bool(row.get("fsdp"))
     tp, pp = as_int(row.get("tp"), 1), as_int(row.get("pp"), 1)
     cp, ep = as_int(row.get("cp"), 1), as_int(row.get("ep"), 1)
+    dp: int | None
     if fsdp:
         if tp != 1 or pp != 1:
             notes.append(f"fsdp row with tp={tp} pp={pp}: priced as tp=pp=1")
@@ -188,7 +189,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     else:
         dp, why = row_dp(row, n, tp, pp, cp, notes)
         if dp is None:
-            return skip(why)
+            return skip(why or "")
         zero = as_int(row.get("zero_stage"), 1)  # absent: 1, Megatron's distributed optimizer
     mbs = as_int(row.get("micro_batch"), 1)
     gbs = global_batch_seqs(row)
@@ -548,8 +549,8 @@ def format_report(report: Report) -> str:
     if report.skipped:
         lines.append("")
         lines.append(f"skipped ({len(report.skipped)}):")
-        for s in report.skipped:
-            lines.append(f"  {s.id:<44} {s.reason}")
+        for sk in report.skipped:
+            lines.append(f"  {sk.id:<44} {sk.reason}")
     not_fit = [r for r in report.results if not r.fits]
     if not_fit:
         lines.append("")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from ..errors import InputError
 
@@ -111,7 +111,12 @@ def measured_step(row: Mapping[str, Any]) -> tuple[float | None, str]:
     return None, "no measured step time (no step_time_s, tflops_per_gpu or tokens_per_sec)"
 
 
+@overload
+def as_int(v: Any, default: int) -> int: ...
+@overload
+def as_int(v: Any, default: None = None) -> int | None: ...
 def as_int(v: Any, default: int | None = None) -> int | None:
+    """A row's integer field (`default` where absent or empty)."""
     if v is None or v == "":
         return default
     return int(v)

@@ -495,7 +495,7 @@ def _row_parallel(row: Mapping[str, Any], framework: str, n: int, notes: list[st
     fsdp = bool(row.get("fsdp"))
     dp, why = row_dp(row, n, tp, pp, cp, notes)
     if dp is None:
-        raise _SkipRow(why)
+        raise _SkipRow(why or "")
     if etp is None and ep > 1 and dp % ep and (tp * cp * dp) % ep == 0:
         etp = 1
         notes.append(f"etp not published: ep={ep} does not divide dp={dp}, so the run folds experts over "
@@ -507,7 +507,7 @@ def _row_parallel(row: Mapping[str, Any], framework: str, n: int, notes: list[st
         raise _SkipRow("global batch not published")
     mbs = as_int(row.get("micro_batch"))
     if mbs is None:
-        other = row.get("other_metrics") if isinstance(row.get("other_metrics"), Mapping) else {}
+        other: Mapping[str, Any] = row["other_metrics"] if isinstance(row.get("other_metrics"), Mapping) else {}
         local = as_int(other.get("local_batch_size")) or max(1, gbs // dp)
         if framework == "torchtitan" and as_int(row.get("grad_accum")) in (None, 1):
             mbs = max(1, local // pp)

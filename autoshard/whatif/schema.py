@@ -69,7 +69,8 @@ class RangeSpec(Strict):
         return len(self.values())
 
     def values(self) -> list[int]:
-        out, n = [], self.start
+        out: list[int] = []
+        n = self.start
         if self.step is not None:
             return list(range(self.start, self.stop + 1, self.step))[:MAX_SWEEP_VALUES + 1]
         factor = self.factor or 2.0
