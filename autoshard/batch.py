@@ -474,7 +474,7 @@ class _CpSatKeepsSigint:
 
         CpSolver.__name__ = CpSolver.__qualname__ = base.__name__
         self.saved = (cp_model, base)
-        cp_model.CpSolver = CpSolver
+        cp_model.CpSolver = CpSolver  # type: ignore[misc]
         return self
 
     def __exit__(self, *exc: Any) -> None:

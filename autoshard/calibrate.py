@@ -208,7 +208,7 @@ def _identify(trials: _Trials, gpu: str, eff: dict[str, Any], candidates: list[s
         else:
             resid = col
         rms = float(np.linalg.norm(resid) / math.sqrt(n))
-        share = float(np.linalg.norm(resid) / max(np.linalg.norm(col), 1e-300))
+        share = float(np.linalg.norm(resid) / max(float(np.linalg.norm(col)), 1e-300))
         if len(chosen) >= max(1, n // RUNS_PER_FACTOR):
             kept[name] = f"{n} runs identify at most {max(1, n // RUNS_PER_FACTOR)} factor(s)"
         elif rms >= MIN_RESIDUAL_RMS and share >= MIN_RESIDUAL_SHARE:

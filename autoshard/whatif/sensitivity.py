@@ -190,7 +190,7 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
         if hp is not None:
             relax["hbm_capacity"] = hp - hbm_bw_only
     out["relax_gain_pct"] = {k: round(v, 4) for k, v in relax.items()}
-    best = max(relax, key=lambda k: (relax[k], k)) if relax else None
-    binding = best if best is not None and relax[best] >= BINDING_MIN_GAIN_PCT else "none"
+    top = max(relax, key=lambda k: (relax[k], k)) if relax else None
+    binding = top if top is not None and relax[top] >= BINDING_MIN_GAIN_PCT else "none"
     out["binding"] = binding
     return out
