@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import solver  # (looked up at call time: `autoshard.solver.solve` may be replaced)
 from .errors import InfeasibleError, InputError, is_input_overflow
 from .fileio import atomic_write, dumps_json, read_document, read_json_file, same_file
 from .loader import file_folder, problem_paths, resolve_path
@@ -75,6 +76,12 @@ from .render import (
     solution_markdown,
     solution_record,
 )
+import hashlib
+from .fileio import MAX_FILE_BYTES, read_limited
+from .loader import load_problem, with_headroom
+from .progress import status_text
+from .render import strip_timing
+from .whatif.runner import import_distributed, local_cluster, sigint_deferred
 
 PROBLEM_SUFFIXES = (".yaml", ".yml", ".json")
 SUMMARY_NAME = "summary.csv"
@@ -355,8 +362,6 @@ def input_key(path: str | os.PathLike[str], time_limit_s: float, top_k: int,
 
     A named file counts by its path as written and its bytes, read where the solve reads it
     (relative to the problem file's folder): the hash does not depend on the working directory."""
-    from .fileio import MAX_FILE_BYTES, read_limited  # noqa: PLC0415
-
     try:  # never more than the size limit (a 20 GiB file is an error record, not an out-of-memory)
         data = read_limited(path, MAX_FILE_BYTES)
     except InputError:
@@ -408,16 +413,12 @@ def find_problem_file(info: dict[str, Any], record_path: str | os.PathLike[str])
 def solve_task(task: _Task, on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[str, dict[str, Any], str]:
     """(name, record, markdown) of one problem; never raises (except KeyboardInterrupt).
     `on_event`: the solve's progress events (`autoshard.solve(progress=...)`)."""
-    from .loader import load_problem, with_headroom  # noqa: PLC0415
-
     settings = _settings(task.time_limit_s, task.top_k, task.gap_limit, task.headroom_gib)
-    common = {"input_sha256": task.key, "settings": settings, "name": task.name}
+    common: dict[str, Any] = {"input_sha256": task.key, "settings": settings, "name": task.name}
     problem = None
     try:
         problem = with_headroom(load_problem(task.path), task.headroom_gib)
-        from .solver import solve  # noqa: PLC0415
-
-        sol = solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit,
+        sol = solver.solve(problem, time_limit_s=task.time_limit_s, top_k=task.top_k, gap_limit=task.gap_limit,
                     progress=on_event)
     except InputError as exc:
         rec = error_record(task.path, "input", exc.at(task.path).line(), problem=problem, **common)
@@ -473,7 +474,7 @@ class _CpSatKeepsSigint:
 
         CpSolver.__name__ = CpSolver.__qualname__ = base.__name__
         self.saved = (cp_model, base)
-        cp_model.CpSolver = CpSolver
+        cp_model.CpSolver = CpSolver  # type: ignore[misc]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -585,10 +586,6 @@ RECORD_HASH_KEY = "record_sha256"
 def record_digest(record: dict[str, Any]) -> str:
     """sha256 of a record's canonical JSON without its own `record_sha256` and the timing
     fields (`strip_timing`), so that the same solution gives the same digest on every run."""
-    import hashlib  # noqa: PLC0415
-
-    from .render import strip_timing  # noqa: PLC0415
-
     body = strip_timing({k: v for k, v in record.items() if k != RECORD_HASH_KEY})
     return hashlib.sha256(dumps_json(body).encode("utf-8")).hexdigest()
 
@@ -611,6 +608,34 @@ def _result_of(record: dict[str, Any]) -> str:
     return "error"
 
 
+def _checked_args(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], jobs: int, time_limit_s: float,
+                  top_k: int, gap_limit: float, executor: str, scheduler: str | None,
+                  ) -> tuple[Sequence[str | os.PathLike[str]], int]:
+    """`run_batch`'s arguments checked (a one-line InputError before anything is written): the
+    inputs as a sequence, and the number of worker processes (0: one per CPU)."""
+    if executor not in ("local", "dask"):
+        raise InputError(f"unknown executor {executor!r} (local, dask)", field="executor")
+    if scheduler and executor != "dask":
+        raise InputError("a scheduler address needs the dask executor", field="scheduler")
+    if executor == "dask":
+        import_distributed()  # a missing extra: one line, before anything is written
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    if not inputs:
+        raise InputError("no input files or directories given")
+    if jobs == 0:
+        jobs = os.cpu_count() or 1
+    if jobs < 0:
+        raise InputError(f"jobs must be >= 0, got {jobs}", field="jobs")
+    if not time_limit_s > 0:
+        raise InputError(f"the time limit must be > 0 s, got {time_limit_s}", field="time_limit")
+    if top_k < 0:
+        raise InputError(f"top_k must be >= 0, got {top_k}", field="top")
+    if not 0 <= gap_limit < 1:
+        raise InputError(f"the gap limit must be a fraction in [0, 1), got {gap_limit}", field="gap")
+    return inputs, jobs
+
+
 def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.PathLike[str], *, jobs: int = 1,
               time_limit_s: float = 30, force: bool = False, top_k: int = 3, gap_limit: float = DEFAULT_GAP_LIMIT,
               progress: ProgressFn | None = None, headroom_gib: float | None = None, executor: str = "local",
@@ -627,28 +652,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
     `batch_result` attribute).
     """
     t0 = time.perf_counter()
-    if executor not in ("local", "dask"):
-        raise InputError(f"unknown executor {executor!r} (local, dask)", field="executor")
-    if scheduler and executor != "dask":
-        raise InputError("a scheduler address needs the dask executor", field="scheduler")
-    if executor == "dask":
-        from .whatif.runner import _import_distributed  # noqa: PLC0415
-
-        _import_distributed()  # a missing extra: one line, before anything is written
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    if not inputs:
-        raise InputError("no input files or directories given")
-    if jobs == 0:
-        jobs = os.cpu_count() or 1
-    if jobs < 0:
-        raise InputError(f"jobs must be >= 0, got {jobs}", field="jobs")
-    if not time_limit_s > 0:
-        raise InputError(f"the time limit must be > 0 s, got {time_limit_s}", field="time_limit")
-    if top_k < 0:
-        raise InputError(f"top_k must be >= 0, got {top_k}", field="top")
-    if not 0 <= gap_limit < 1:
-        raise InputError(f"the gap limit must be a fraction in [0, 1), got {gap_limit}", field="gap")
+    inputs, jobs = _checked_args(inputs, jobs, time_limit_s, top_k, gap_limit, executor, scheduler)
     out = _prepare_out_dir(out_dir)
     found, notes = find_problems(list(inputs), exclude=out)
     if not found:
@@ -774,9 +778,7 @@ def _run_dask(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
     as each completes. The workers read the problem files (and the catalogs / HF configs they name) at
     the paths this process sees them: a shared filesystem. On an interrupt the pending tasks are
     cancelled, the client (and a cluster started here) closed; the records written stay."""
-    from .whatif.runner import _import_distributed, _local_cluster, _sigint_deferred  # noqa: PLC0415
-
-    distributed = _import_distributed()
+    distributed = import_distributed()
     cluster = client = None
     futures: list[Any] = []
     by_key: dict[str, _Task] = {}
@@ -789,8 +791,8 @@ def _run_dask(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[st
                 raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
                                  source=scheduler) from None
         else:
-            with _sigint_deferred():
-                cluster = _local_cluster(distributed, max(1, min(jobs, len(tasks))))
+            with sigint_deferred():
+                cluster = local_cluster(distributed, max(1, min(jobs, len(tasks))))
             client = distributed.Client(cluster, set_as_default=False)
         run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other batches too
         for i, t in enumerate(tasks):
@@ -849,7 +851,6 @@ class ProgressBar(TerminalLine):
         nothing (one line per finished problem stays the log)."""
         if not self.tty:
             return
-        from .progress import status_text  # noqa: PLC0415
 
         done, total = self.last
         self._draw(done, total, f"{name}: {status_text(event)}")

@@ -60,6 +60,8 @@ import yaml
 from .errors import InputError
 from .fileio import atomic_write, guard_output
 from .validate import Case, completed_plan, convert, load_runs, with_catalog
+from .catalog import get_gpu, load_overlay
+from .cost import evaluate
 
 LO, HI = 0.2, 1.0
 GRID_POINTS = 17
@@ -155,18 +157,14 @@ def _set(eff: dict[str, Any], name: str, value: float) -> dict[str, Any]:
     return out
 
 
-def _base_efficiencies(base_catalog: str | None) -> dict[str, dict[str, Any]]:
+def base_efficiencies(base_catalog: str | None) -> dict[str, dict[str, Any]]:
     """The entries of the base overlay file as plain dicts ({} for the built-in catalog)."""
-    from .catalog import load_overlay  # noqa: PLC0415
-
     if base_catalog is None:
         return {}
     return {gid: e.model_dump() for gid, e in load_overlay(base_catalog).items()}
 
 
-def _efficiency_of(gpu: str, base: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    from .catalog import get_gpu  # noqa: PLC0415
-
+def efficiency_of(gpu: str, base: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if gpu in base:
         return _copy(base[gpu])
     return get_gpu(gpu).efficiency.model_dump()
@@ -190,8 +188,6 @@ class _Trials:
         self.count = 0
 
     def steps(self, gpu: str, eff: dict[str, Any]) -> np.ndarray:
-        from .cost import evaluate  # noqa: PLC0415
-
         self.count += 1
         path = self.dir / f"trial-{self.count:06d}.yaml"
         path.write_text(_overlay_text({gpu: eff}), encoding="utf-8")
@@ -312,8 +308,6 @@ def _summary(errs: dict[str, float]) -> ErrorSummary:
 
 
 def _errors(cases: list[Case], catalog: str | None) -> dict[str, float]:
-    from .cost import evaluate  # noqa: PLC0415
-
     out = {}
     for c in cases:
         est = evaluate(with_catalog(c, catalog).problem, c.plan)
@@ -354,14 +348,12 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     `cases`: runs already converted (autoshard.artifacts reads them from training logs); then
     `measurements_path` only names them. `keep_factors`: factors measured elsewhere (nccl-tests,
     traces) that keep their base value, whatever the runs identify."""
-    from .cost import evaluate  # noqa: PLC0415
-
     def say(text: str) -> None:
         if progress is not None:
             progress(text)
 
     base_path = str(base_catalog) if base_catalog is not None else None
-    base = _base_efficiencies(base_path)
+    base = base_efficiencies(base_path)
     if cases is None:
         guard_output(out_path, [measurements_path, base_path])  # never an input; a read-only or impossible -o
         rows = load_runs(measurements_path)                     # fails before the fit, not after
@@ -403,7 +395,7 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
             say(f"{where}: which factors its {len(gcases)} runs determine")
             trials = _Trials(tmp, gcases)
             measured = np.array([c.measured_step_s for c in gcases])
-            eff0 = _efficiency_of(gpu, base)
+            eff0 = efficiency_of(gpu, base)
             precisions = {c.precision for c in gcases}
             candidates = []
             for name in FACTOR_ORDER:

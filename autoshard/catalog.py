@@ -38,6 +38,8 @@ from pydantic import Field, ValidationError
 from .errors import InputError, closest
 from .fileio import MAX_YAML_BYTES, check_input_file, parse_yaml, read_text
 from .spec import EfficiencyFactor, ModelSpec, Strict, TopologyLevel
+from .hf import model_from_hf_config
+from .schema_errors import format_validation_error
 
 
 GemmDtype = Literal["bf16", "fp16", "fp8", "fp4"]  # GEMM_DTYPES
@@ -109,7 +111,7 @@ class GPU(Strict):
     sources: dict[str, str]
 
     @staticmethod
-    def _dtype(table: dict[str, float], dtype: str) -> float:
+    def _dtype(table: dict[Any, float], dtype: str) -> float:  # keyed by GEMM dtype names
         seen = set()
         while dtype not in table and dtype not in seen:
             seen.add(dtype)
@@ -120,7 +122,7 @@ class GPU(Strict):
         """Dense peak FLOP/s of a GEMM data type or recipe (`fp8-current` -> fp8). A type the GPU
         lacks falls back to the next wider it has (fp4 -> fp8 -> bf16 <-> fp16); problem files never
         get there: `check_precision` rejects a recipe the GPU does not run."""
-        return 1e12 * self._dtype(self.peak_tflops, _gemm_dtype_of(precision))
+        return 1e12 * self._dtype(self.peak_tflops, gemm_dtype_of(precision))
 
     def clock_fraction(self, power_cap_w: float | None = None) -> float:
         """Sustained tensor clock under a power limit, as a fraction of the clock at `rated_power_w`:
@@ -133,7 +135,7 @@ class GPU(Strict):
         """Achieved / peak tensor FLOP/s of a large GEMM in training (efficiency.matmul: for a catalog GPU
         derived at load, gemm_achievable x clock fraction x its generation's end-to-end factor, matmul.yaml;
         a calibrated overlay replaces it)."""
-        return self._dtype(self.efficiency.matmul, _gemm_dtype_of(precision))
+        return self._dtype(self.efficiency.matmul, gemm_dtype_of(precision))
 
     def sourced_gemm_rate(self, dtype: str) -> float:
         """The GPU's sourced large-GEMM fraction of peak under its power limit (gemm_achievable x
@@ -413,7 +415,7 @@ def get_recipe(name: str) -> Recipe:
     return _recipes()[0][rid]
 
 
-def _gemm_dtype_of(precision: str) -> str:
+def gemm_dtype_of(precision: str) -> str:
     if precision in GEMM_DTYPES:
         return precision
     rid = precision_id(precision)
@@ -502,8 +504,6 @@ def resolve_model(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if "hf_config" in value:
-        from .hf import model_from_hf_config  # noqa: PLC0415  (optional path, imported on use)
-
         not_a_fifo(value["hf_config"])
         rest = {k: v for k, v in value.items() if k != "hf_config"}
         base = model_from_hf_config(value["hf_config"]).model_dump(exclude_none=True)
@@ -556,7 +556,6 @@ def _overlay_cached(path: str, mtime: float) -> dict[str, Efficiency]:
                 out[_aliases().get(_norm(k), k)] = Efficiency(**v["efficiency"])
             except ValidationError as exc:
                 # Not str(exc): it would repr the whole input, which a YAML alias bomb makes endless.
-                from .loader import format_validation_error  # noqa: PLC0415
 
                 loc, msg = format_validation_error(exc, Efficiency)
                 raise InputError(f"malformed calibrated catalog: {msg}", source=path,

@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import __version__
 from .errors import AutoshardError, InfeasibleError, InputError, InternalError, is_input_overflow
@@ -26,6 +26,27 @@ from .spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # AUTOSHARD_DEBUG=1 lets an internal error (exit 3) raise with its traceback, for a bug report.
 DEBUG_ENV = "AUTOSHARD_DEBUG"
+
+
+class Command(NamedTuple):
+    """One subcommand: its handler, the function that adds its arguments, its one-line help."""
+
+    name: str
+    run: Callable[[argparse.Namespace], int]
+    add_args: Callable[[argparse.ArgumentParser], None]
+    help: str
+
+
+COMMANDS: dict[str, Command] = {}  # by name; `build_parser` adds them in COMMAND_ORDER
+
+
+def command(name: str, help_: str, add_args: Callable[[argparse.ArgumentParser], None],
+            ) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Register `autoshard NAME`: the decorated handler, beside the function that adds its arguments."""
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS[name] = Command(name, run, add_args, help_)
+        return run
+    return register
 
 
 def _print_json(obj: Any) -> None:
@@ -152,6 +173,20 @@ def plan_from_argument(text: str) -> tuple[Any, str, str]:
 # ---- commands ----------------------------------------------------------------------------
 
 
+def _add_evaluate_args(e: argparse.ArgumentParser) -> None:
+    """`autoshard evaluate`'s arguments."""
+    e.add_argument("problem", metavar="PROBLEM")
+    e.add_argument("--plan", metavar="PLAN", help="plan file (YAML/JSON, or a solution JSON / YAML) or inline "
+                   "tp=8,pp=4,...; default: the problem's `plan:`")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--strict", action="store_true",
+                   help="exit 1 when the framework's launcher would refuse the plan (rank order, ZeRO beside a "
+                        "pipeline: `launch_reasons` in --json); without it the plan is priced and flagged")
+    e.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
+
+
+@command("evaluate", "Step time, MFU and per-stage memory of a given plan.",
+         _add_evaluate_args)
 def cmd_evaluate(a: argparse.Namespace) -> int:
     from .cost import evaluate  # noqa: PLC0415
     from .loader import load_plan, load_problem, with_headroom  # noqa: PLC0415
@@ -227,6 +262,42 @@ def _named_paths(problem_file: str) -> list[str]:
     return [resolve_path(v, file_folder(problem_file)) for _, v in problem_paths(doc) if isinstance(v, str)]
 
 
+def _add_solve_args(s: argparse.ArgumentParser) -> None:
+    """`autoshard solve`'s arguments."""
+    s.add_argument("problem", metavar="PROBLEM", help="problem file (YAML or JSON)")
+    s.add_argument("--json", action="store_true", help="print the solution as one JSON object")
+    s.add_argument("-o", "--output", metavar="FILE",
+                   help="write the solution: .json the machine record (as --json), .yaml / .yml the same record "
+                        "in YAML, any other name the Markdown report")
+    s.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                   help=f"wall-clock safety net in seconds (default {DEFAULT_TIME_LIMIT_S:g}); the budget is --work-limit, "
+                        "so the answer does not depend on the machine unless this fires (the report's first lines "
+                        "say so; --json: solver.limit_fired 'wall')")
+    s.add_argument("--work-limit", type=float, default=None, metavar="W",
+                   help="search budget in deterministic work units: CP-SAT's deterministic time plus counted "
+                        "Python work (candidates, bounds, stage models), about a second of one core each "
+                        f"(default {DEFAULT_WORK_LIMIT:g}); --json: solver.limit_fired 'work' when it stops the proof")
+    s.add_argument("--top", type=int, default=3, metavar="K",
+                   help="the best plan of each of the K best families (degrees tp, cp, ep, pp and the schedule) other "
+                        "than the chosen plan's, from the same search (default 3; 0 skips it)")
+    s.add_argument("--alternatives", metavar="NAMES",
+                   help="named alternatives, comma-separated: no-cp, no-pp, no-ep, tp-in-node, 1f1b, even-stages, "
+                        "no-recompute, or a fixed degree such as tp8 (each the best plan under that restriction)")
+    s.add_argument("--compare", metavar="PLAN",
+                   help="also explain, term by term, how the chosen plan differs from this one (a plan file or "
+                        "inline tp=8,pp=4,...)")
+    s.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
+    s.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
+                   help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
+    s.add_argument("--robust", action="store_true",
+                   help="choose, among the optimum and its alternatives, the plan whose 80%% prediction "
+                        "interval has the lowest upper end (the least bad case the validation residuals allow)")
+    s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
+    s.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
+
+
+@command("solve", "Find the minimum-step-time plan that fits (CP-SAT), with proof of optimality.",
+         _add_solve_args)
 def cmd_solve(a: argparse.Namespace) -> int:
     from .loader import load_problem, with_headroom  # noqa: PLC0415
     from .render import estimate_text, solution_markdown, solution_record  # noqa: PLC0415
@@ -340,6 +411,21 @@ def _plan_label(arg: str, index: int) -> str:
     return f"plan {arg}" if len(arg) < 40 else f"plan {'AB'[index]}"
 
 
+def _add_compare_args(cm: argparse.ArgumentParser) -> None:
+    """`autoshard compare`'s arguments."""
+    cm.add_argument("problem", metavar="PROBLEM")
+    cm.add_argument("--plan", action="append", metavar="PLAN",
+                    help="a plan file (YAML/JSON, a solution JSON) or inline tp=8,pp=4,...; once: against the "
+                         "solver's chosen plan; twice: the two plans; none: the problem's `plan:` against the chosen")
+    cm.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                    help=f"solver safety net (default {DEFAULT_TIME_LIMIT_S:g})")
+    cm.add_argument("--json", action="store_true")
+    cm.add_argument("--quiet", action="store_true", help="no live progress on stderr")
+
+
+@command("compare", "Why one plan is faster than another: both evaluated, the step-time difference "
+                    "decomposed term by term and the memory by component, one sentence per term.",
+         _add_compare_args)
 def cmd_compare(a: argparse.Namespace) -> int:
     from .compare import compare, comparison_text, plan_argument  # noqa: PLC0415
     from .loader import load_problem  # noqa: PLC0415
@@ -384,6 +470,24 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_collective_args(c: argparse.ArgumentParser) -> None:
+    """`autoshard collective`'s arguments."""
+    c.add_argument("op", choices=["all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+                                  "all-gather", "reduce-scatter", "all-reduce", "all-to-all"], metavar="OP",
+                   help="all_gather | reduce_scatter | all_reduce | all_to_all")
+    c.add_argument("bytes", metavar="BYTES", help="message size: total gathered / reduced bytes (all_to_all: sent per GPU)")
+    c.add_argument("--cluster", required=True, metavar="PRESET", help="topology preset, e.g. dgx-h100-superpod")
+    c.add_argument("--gpus", required=True, type=int, metavar="N", help="GPUs in the group (consecutive ranks)")
+    c.add_argument("--gpu", metavar="GPU", help="GPU type (for its network efficiency; default h100-sxm)")
+    c.add_argument("--raw", action="store_true",
+                   help="price at the raw link rates (default: the GPU's achievable-bandwidth efficiencies, as the "
+                        "solver applies them)")
+    c.add_argument("--efficiency", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    c.add_argument("--json", action="store_true")
+
+
+@command("collective", "Time of one collective on a cluster preset (ring and tree formulas level by level, as the solver prices them).",
+         _add_collective_args)
 def cmd_collective(a: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
@@ -429,6 +533,13 @@ def cmd_collective(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_catalog_args(k: argparse.ArgumentParser) -> None:
+    """`autoshard catalog`'s arguments."""
+    k.add_argument("--json", action="store_true")
+
+
+@command("catalog", "List GPUs, topologies, precisions and model presets.",
+         _add_catalog_args)
 def cmd_catalog(a: argparse.Namespace) -> int:
     from .catalog import _models, get_gpu, get_topology, gpu_ids, model_ids, topology_ids  # noqa: PLC0415
 
@@ -486,6 +597,22 @@ def _model_arg(text: str):
         raise InputError(f"{err.get('msg', 'invalid model')}", field="MODEL." + ".".join(str(x) for x in err.get("loc", ()))) from None
 
 
+def _add_rooflines_args(r: argparse.ArgumentParser) -> None:
+    """`autoshard rooflines`'s arguments."""
+    r.add_argument("model", metavar="MODEL", help="model preset, Hugging Face config.json, or a problem file (YAML: "
+                   "its model, GPU, topology, precision and GPU count, each overridable)")
+    r.add_argument("--gpu", metavar="GPU", help="GPU id or alias (autoshard catalog); required unless MODEL is a problem")
+    r.add_argument("--topology", metavar="PRESET", help="topology preset (default: the GPU's standard system)")
+    r.add_argument("--precision", default=None, metavar="P", help="training precision: its GEMM peak is C (default bf16)")
+    r.add_argument("--gpus", type=int, metavar="N", help="cluster size (default: the topology's top level)")
+    r.add_argument("--achievable", action="store_true",
+                   help="use the catalog's matmul and network efficiencies (default: dense peak and full link rates, the idealized rooflines)")
+    r.add_argument("--json", action="store_true")
+
+
+@command("rooflines", "Seed 001's rooflines: tokens per GPU above which DP, FSDP and EP stay "
+                      "compute-bound, and the TP bound F / divisor, per topology level.",
+         _add_rooflines_args)
 def cmd_rooflines(a: argparse.Namespace) -> int:
     from .catalog import get_gpu, get_topology  # noqa: PLC0415
     from .rooflines import render, rooflines  # noqa: PLC0415
@@ -516,6 +643,35 @@ def cmd_rooflines(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_serve_memory_args(sm: argparse.ArgumentParser) -> None:
+    """`autoshard serve-memory`'s arguments."""
+    sm.add_argument("model", nargs="?", metavar="MODEL",
+                    help="model preset, Hugging Face config.json, or a problem file (its model and GPU)")
+    sm.add_argument("--params", metavar="N", help="weights only: a parameter count instead of MODEL (e.g. 100e12)")
+    sm.add_argument("--gpu", metavar="GPU", help="GPU id or alias; required unless MODEL is a problem file")
+    sm.add_argument("--batch", type=int, default=1, metavar="B", help="concurrent sequences (default 1)")
+    sm.add_argument("--context", type=int, default=4096, metavar="L", help="tokens per sequence, prompt + output (default 4096)")
+    sm.add_argument("--precision", default="bf16", metavar="P",
+                    help="weight precision: bf16, fp16, fp8, mxfp8, nvfp4 (default bf16)")
+    sm.add_argument("--kv-precision", default="bf16", metavar="P", help="KV-cache precision: bf16, fp16, fp8 (default bf16)")
+    sm.add_argument("--prefill-tokens", type=int, default=8192, metavar="T",
+                    help="tokens of one prefill chunk (vLLM's max_num_batched_tokens; default 8192)")
+    sm.add_argument("--memory-utilization", type=float, default=0.9, metavar="F",
+                    help="share of usable HBM the server may use (vLLM's gpu_memory_utilization; default 0.9)")
+    sm.add_argument("--gpus-per-node", type=int, default=8, metavar="N", help="largest TP degree (default 8)")
+    sm.add_argument("--request-rate", type=float, metavar="R",
+                    help="disaggregated prefill/decode sizing for R requests/s: each pool's GPUs and the KV "
+                         "transfer between them")
+    sm.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens per request (default: --context)")
+    sm.add_argument("--output-tokens", type=int, metavar="O", help="output tokens per request (default 256)")
+    sm.add_argument("--tpot-ms", type=float, metavar="MS",
+                    help="time-per-output-token target: decode batches no larger than meet it")
+    sm.add_argument("--json", action="store_true")
+
+
+@command("serve-memory", "Inference memory: weights + KV cache (GQA/MLA) + activations, "
+                         "and the fewest GPUs to hold and to serve a model.",
+         _add_serve_memory_args)
 def cmd_serve_memory(a: argparse.Namespace) -> int:
     from .catalog import get_gpu  # noqa: PLC0415
     from .serving import disaggregated, render, render_disaggregated, serve_memory  # noqa: PLC0415
@@ -579,6 +735,19 @@ def _hf_model_of_record(info: dict[str, Any], solution: str) -> Any:
                      field="problem.hf_config")
 
 
+def _add_export_args(x: argparse.ArgumentParser) -> None:
+    """`autoshard export`'s arguments."""
+    x.add_argument("solution", metavar="SOLUTION", help="solution JSON (from solve/batch) or a plan file")
+    x.add_argument("--format", required=True, choices=["megatron", "torchtitan", "deepspeed", "maxtext", "jax"],
+                   help="megatron: pretrain_gpt.py flags; torchtitan: v0.2 TOML (+ 0.3 overrides); deepspeed: "
+                        "JSON config; maxtext: MaxText YAML config; jax: JSON of mesh and PartitionSpecs")
+    x.add_argument("--problem", metavar="PROBLEM", help="the problem file (default: the one named in the solution)")
+    x.add_argument("-o", "--output", metavar="FILE")
+
+
+@command("export", "Write a plan as launcher configuration (megatron, torchtitan, deepspeed, "
+                   "maxtext, jax).",
+         _add_export_args)
 def cmd_export(a: argparse.Namespace) -> int:
     from .export import export_plan  # noqa: PLC0415
     from .loader import load_plan, load_problem  # noqa: PLC0415
@@ -614,6 +783,33 @@ def cmd_export(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_batch_args(b: argparse.ArgumentParser) -> None:
+    """`autoshard batch`'s arguments."""
+    b.add_argument("inputs", nargs="+", metavar="DIR_OR_GLOB")
+    b.add_argument("-o", "--output", required=True, metavar="DIR")
+    b.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="problems solved at once, each in its own process (default 1: in this process; 0: one per CPU)")
+    b.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                   help=f"wall-clock safety net per problem in seconds (default {DEFAULT_TIME_LIMIT_S:g}, as `solve`; the "
+                        "budget is deterministic work)")
+    b.add_argument("--top", type=int, default=3, metavar="K",
+                   help="alternatives per problem: the best plan of the K next-best families (default 3; 0 skips them)")
+    b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
+                   help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
+    b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--executor", choices=["local", "dask"], default=None,
+                   help="local: this process or a process pool (default); dask: a Dask cluster solves the problems "
+                        "and this process writes the records (needs pip install 'autoshard[dask]'; the workers read "
+                        "the problem files at the same paths: a shared filesystem)")
+    b.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask; default: a local "
+                        "cluster of --jobs workers started for the run)")
+    b.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: each problem's `search: {headroom_gib: X}`, else 0)")
+
+
+@command("batch", "Solve every problem file in directories / globs, in parallel, incrementally.",
+         _add_batch_args)
 def cmd_batch(a: argparse.Namespace) -> int:
     from .batch import ProgressBar, run_batch, summary_table  # noqa: PLC0415
 
@@ -630,6 +826,26 @@ def cmd_batch(a: argparse.Namespace) -> int:
 WHATIF_OUTPUTS = ("results.json", "results.csv", "report.md", "report.html")  # what `whatif -o DIR` writes
 
 
+def _add_whatif_args(w: argparse.ArgumentParser) -> None:
+    """`autoshard whatif`'s arguments."""
+    w.add_argument("study", metavar="STUDY")
+    w.add_argument("-o", "--output", required=True, metavar="DIR")
+    w.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="worker processes (0: one per CPU); with --executor dask and no --scheduler, "
+                        "the workers of the local Dask cluster")
+    w.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="solver limit per option (default: the study's time_limit_s, else 10 s)")
+    w.add_argument("--executor", choices=["local", "dask"], default=None,
+                   help="local: a process pool on this machine (default); dask: a Dask cluster "
+                        "(needs pip install 'autoshard[dask]')")
+    w.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask; default: "
+                        "a local cluster of --jobs workers started for the run)")
+    w.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+@command("whatif", "What-if study of hardware options: time, money, energy, Pareto front, report.",
+         _add_whatif_args)
 def cmd_whatif(a: argparse.Namespace) -> int:
     from .whatif import ProgressLine, load_study, run_study  # noqa: PLC0415
 
@@ -660,6 +876,19 @@ def cmd_whatif(a: argparse.Namespace) -> int:
     return EXIT_INFEASIBLE if missing else EXIT_OK
 
 
+def _add_validate_args(v: argparse.ArgumentParser) -> None:
+    """`autoshard validate`'s arguments."""
+    v.add_argument("runs", nargs="?", default=None, metavar="RUNS.json",
+                   help="measured runs (dev_runs / modern_runs shape; default: the project's validation/dev_runs.json, or $AUTOSHARD_VALIDATION); "
+                        "a file of ablation groups is detected and ranked as with --ablations")
+    v.add_argument("--ablations", metavar="FILE", help="groups of measured configurations of one model on one "
+                   "cluster: measured vs predicted order, pairwise concordance, top-1 and OOM/fit agreement")
+    v.add_argument("--catalog", metavar="CATALOG", help="calibrated catalog overlay to apply")
+    v.add_argument("--json", action="store_true")
+
+
+@command("validate", "Compare predicted step times with published measured runs.",
+         _add_validate_args)
 def cmd_validate(a: argparse.Namespace) -> int:
     from .validate import format_report, validate  # noqa: PLC0415
     from .validate.ablations import format_ablations, is_ablations_file, validate_ablations  # noqa: PLC0415
@@ -681,6 +910,42 @@ def cmd_validate(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_calibrate_args(cal: argparse.ArgumentParser) -> None:
+    """`autoshard calibrate`'s arguments."""
+    cal.add_argument("measurements", nargs="?", default=None, metavar="MEASUREMENTS",
+                     help="runs as JSON (dev_runs shape) or CSV (or give --logs instead)")
+    cal.add_argument("-o", "--output", required=True, metavar="CATALOG.yaml")
+    cal.add_argument("--logs", nargs="+", metavar="DIR|FILE", help="training logs (Megatron-LM, Megatron-DeepSpeed, "
+                     "torchtitan, DeepSpeed), one run per file; a directory: its *.log, *.txt, *.out, *.err files")
+    cal.add_argument("--traces", nargs="+", metavar="DIR|FILE", help="PyTorch profiler Chrome traces (.json, "
+                     ".json.gz) of those runs: each belongs to the log in its folder (or to the only log)")
+    cal.add_argument("--nccl-tests", nargs="+", metavar="DIR|FILE", help="nccl-tests output (all_reduce_perf, "
+                     "all_gather_perf, reduce_scatter_perf, alltoall_perf): the topology's level efficiencies")
+    cal.add_argument("--config", nargs="+", metavar="TOML", help="torchtitan job configs (one for all torchtitan "
+                     "logs, or one per log folder; a .toml next to the log is not read unless named)")
+    cal.add_argument("--problem", metavar="PROBLEM", help="a problem file: its cluster (GPU, topology), and its model "
+                     "and batch where a log does not give them")
+    cal.add_argument("--model", metavar="MODEL", help="the model of logs that do not give its dimensions (torchtitan): "
+                     "a preset name or a Hugging Face config.json")
+    cal.add_argument("--gpu", metavar="ID", help="the GPU of the runs (catalog id; default: the problem file's, else "
+                     "the one the log names)")
+    cal.add_argument("--topology", metavar="PRESET", help="the cluster's topology preset (default: the problem "
+                     "file's, else the GPU's)")
+    cal.add_argument("--catalog", metavar="CATALOG", help="start from this overlay instead of the built-in catalog")
+    cal.add_argument("--no-loo", action="store_true", help="with --logs: skip the leave-one-run-out check (one refit "
+                     "per run; on by default)")
+    cal.add_argument("--loo", action="store_true", help="with a runs file: add the leave-one-run-out check (each run "
+                     "predicted by a fit on the others, before -> after)")
+    cal.add_argument("--common-ratio", action="store_true", help="fit first one ratio that moves every fitted "
+                     "efficiency factor together (the step-level ratio two trial runs measure best), then the "
+                     "factors the runs tell apart from it (docs/calibration.md)")
+    cal.add_argument("--json", action="store_true", help="print the result as JSON (with --logs)")
+    cal.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
+
+
+@command("calibrate", "Fit the catalog's efficiency factors to your own measured runs: a runs "
+                      "file, or the training logs, profiler traces and nccl-tests output of your cluster (docs/calibration.md).",
+         _add_calibrate_args)
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from .calibrate import calibrate, network_warnings  # noqa: PLC0415
     from .progress import TerminalLine, wanted  # noqa: PLC0415
@@ -779,6 +1044,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
+# The order of `autoshard --help`'s command list.
+COMMAND_ORDER = ("solve", "compare", "evaluate", "collective", "catalog", "rooflines", "serve-memory", "export", "batch", "whatif", "validate", "calibrate")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="autoshard",
@@ -788,207 +1057,11 @@ def build_parser() -> argparse.ArgumentParser:
                "SIGTERM (finished options kept).")
     p.add_argument("--version", action="version", version=f"autoshard {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, description=help_)
-        sp.set_defaults(func=fn)
-        return sp
-
-    s = add("solve", cmd_solve, "Find the minimum-step-time plan that fits (CP-SAT), with proof of optimality.")
-    s.add_argument("problem", metavar="PROBLEM", help="problem file (YAML or JSON)")
-    s.add_argument("--json", action="store_true", help="print the solution as one JSON object")
-    s.add_argument("-o", "--output", metavar="FILE",
-                   help="write the solution: .json the machine record (as --json), .yaml / .yml the same record "
-                        "in YAML, any other name the Markdown report")
-    s.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
-                   help=f"wall-clock safety net in seconds (default {DEFAULT_TIME_LIMIT_S:g}); the budget is --work-limit, "
-                        "so the answer does not depend on the machine unless this fires (the report's first lines "
-                        "say so; --json: solver.limit_fired 'wall')")
-    s.add_argument("--work-limit", type=float, default=None, metavar="W",
-                   help="search budget in deterministic work units: CP-SAT's deterministic time plus counted "
-                        "Python work (candidates, bounds, stage models), about a second of one core each "
-                        f"(default {DEFAULT_WORK_LIMIT:g}); --json: solver.limit_fired 'work' when it stops the proof")
-    s.add_argument("--top", type=int, default=3, metavar="K",
-                   help="the best plan of each of the K best families (degrees tp, cp, ep, pp and the schedule) other "
-                        "than the chosen plan's, from the same search (default 3; 0 skips it)")
-    s.add_argument("--alternatives", metavar="NAMES",
-                   help="named alternatives, comma-separated: no-cp, no-pp, no-ep, tp-in-node, 1f1b, even-stages, "
-                        "no-recompute, or a fixed degree such as tp8 (each the best plan under that restriction)")
-    s.add_argument("--compare", metavar="PLAN",
-                   help="also explain, term by term, how the chosen plan differs from this one (a plan file or "
-                        "inline tp=8,pp=4,...)")
-    s.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
-    s.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
-                   help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
-    s.add_argument("--robust", action="store_true",
-                   help="choose, among the optimum and its alternatives, the plan whose 80%% prediction "
-                        "interval has the lowest upper end (the least bad case the validation residuals allow)")
-    s.add_argument("--hf-config", metavar="CONFIG_JSON", help="take the model from a Hugging Face config.json")
-    s.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
-
-    cm = add("compare", cmd_compare, "Why one plan is faster than another: both evaluated, the step-time difference "
-             "decomposed term by term and the memory by component, one sentence per term.")
-    cm.add_argument("problem", metavar="PROBLEM")
-    cm.add_argument("--plan", action="append", metavar="PLAN",
-                    help="a plan file (YAML/JSON, a solution JSON) or inline tp=8,pp=4,...; once: against the "
-                         "solver's chosen plan; twice: the two plans; none: the problem's `plan:` against the chosen")
-    cm.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
-                    help=f"solver safety net (default {DEFAULT_TIME_LIMIT_S:g})")
-    cm.add_argument("--json", action="store_true")
-    cm.add_argument("--quiet", action="store_true", help="no live progress on stderr")
-
-    e = add("evaluate", cmd_evaluate, "Step time, MFU and per-stage memory of a given plan.")
-    e.add_argument("problem", metavar="PROBLEM")
-    e.add_argument("--plan", metavar="PLAN", help="plan file (YAML/JSON, or a solution JSON / YAML) or inline "
-                   "tp=8,pp=4,...; default: the problem's `plan:`")
-    e.add_argument("--json", action="store_true")
-    e.add_argument("--strict", action="store_true",
-                   help="exit 1 when the framework's launcher would refuse the plan (rank order, ZeRO beside a "
-                        "pipeline: `launch_reasons` in --json); without it the plan is priced and flagged")
-    e.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: the problem's `search: {headroom_gib: X}`, else 0)")
-
-    c = add("collective", cmd_collective, "Time of one collective on a cluster preset (ring and tree formulas level by level, as the solver prices them).")
-    c.add_argument("op", choices=["all_gather", "reduce_scatter", "all_reduce", "all_to_all",
-                                  "all-gather", "reduce-scatter", "all-reduce", "all-to-all"], metavar="OP",
-                   help="all_gather | reduce_scatter | all_reduce | all_to_all")
-    c.add_argument("bytes", metavar="BYTES", help="message size: total gathered / reduced bytes (all_to_all: sent per GPU)")
-    c.add_argument("--cluster", required=True, metavar="PRESET", help="topology preset, e.g. dgx-h100-superpod")
-    c.add_argument("--gpus", required=True, type=int, metavar="N", help="GPUs in the group (consecutive ranks)")
-    c.add_argument("--gpu", metavar="GPU", help="GPU type (for its network efficiency; default h100-sxm)")
-    c.add_argument("--raw", action="store_true",
-                   help="price at the raw link rates (default: the GPU's achievable-bandwidth efficiencies, as the "
-                        "solver applies them)")
-    c.add_argument("--efficiency", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
-    c.add_argument("--json", action="store_true")
-
-    k = add("catalog", cmd_catalog, "List GPUs, topologies, precisions and model presets.")
-    k.add_argument("--json", action="store_true")
-
-    r = add("rooflines", cmd_rooflines, "Seed 001's rooflines: tokens per GPU above which DP, FSDP and EP stay "
-            "compute-bound, and the TP bound F / divisor, per topology level.")
-    r.add_argument("model", metavar="MODEL", help="model preset, Hugging Face config.json, or a problem file (YAML: "
-                   "its model, GPU, topology, precision and GPU count, each overridable)")
-    r.add_argument("--gpu", metavar="GPU", help="GPU id or alias (autoshard catalog); required unless MODEL is a problem")
-    r.add_argument("--topology", metavar="PRESET", help="topology preset (default: the GPU's standard system)")
-    r.add_argument("--precision", default=None, metavar="P", help="training precision: its GEMM peak is C (default bf16)")
-    r.add_argument("--gpus", type=int, metavar="N", help="cluster size (default: the topology's top level)")
-    r.add_argument("--achievable", action="store_true",
-                   help="use the catalog's matmul and network efficiencies (default: dense peak and full link rates, the idealized rooflines)")
-    r.add_argument("--json", action="store_true")
-
-    sm = add("serve-memory", cmd_serve_memory, "Inference memory: weights + KV cache (GQA/MLA) + activations, "
-             "and the fewest GPUs to hold and to serve a model.")
-    sm.add_argument("model", nargs="?", metavar="MODEL",
-                    help="model preset, Hugging Face config.json, or a problem file (its model and GPU)")
-    sm.add_argument("--params", metavar="N", help="weights only: a parameter count instead of MODEL (e.g. 100e12)")
-    sm.add_argument("--gpu", metavar="GPU", help="GPU id or alias; required unless MODEL is a problem file")
-    sm.add_argument("--batch", type=int, default=1, metavar="B", help="concurrent sequences (default 1)")
-    sm.add_argument("--context", type=int, default=4096, metavar="L", help="tokens per sequence, prompt + output (default 4096)")
-    sm.add_argument("--precision", default="bf16", metavar="P",
-                    help="weight precision: bf16, fp16, fp8, mxfp8, nvfp4 (default bf16)")
-    sm.add_argument("--kv-precision", default="bf16", metavar="P", help="KV-cache precision: bf16, fp16, fp8 (default bf16)")
-    sm.add_argument("--prefill-tokens", type=int, default=8192, metavar="T",
-                    help="tokens of one prefill chunk (vLLM's max_num_batched_tokens; default 8192)")
-    sm.add_argument("--memory-utilization", type=float, default=0.9, metavar="F",
-                    help="share of usable HBM the server may use (vLLM's gpu_memory_utilization; default 0.9)")
-    sm.add_argument("--gpus-per-node", type=int, default=8, metavar="N", help="largest TP degree (default 8)")
-    sm.add_argument("--request-rate", type=float, metavar="R",
-                    help="disaggregated prefill/decode sizing for R requests/s: each pool's GPUs and the KV "
-                         "transfer between them")
-    sm.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens per request (default: --context)")
-    sm.add_argument("--output-tokens", type=int, metavar="O", help="output tokens per request (default 256)")
-    sm.add_argument("--tpot-ms", type=float, metavar="MS",
-                    help="time-per-output-token target: decode batches no larger than meet it")
-    sm.add_argument("--json", action="store_true")
-
-    x = add("export", cmd_export, "Write a plan as launcher configuration (megatron, torchtitan, deepspeed, "
-            "maxtext, jax).")
-    x.add_argument("solution", metavar="SOLUTION", help="solution JSON (from solve/batch) or a plan file")
-    x.add_argument("--format", required=True, choices=["megatron", "torchtitan", "deepspeed", "maxtext", "jax"],
-                   help="megatron: pretrain_gpt.py flags; torchtitan: v0.2 TOML (+ 0.3 overrides); deepspeed: "
-                        "JSON config; maxtext: MaxText YAML config; jax: JSON of mesh and PartitionSpecs")
-    x.add_argument("--problem", metavar="PROBLEM", help="the problem file (default: the one named in the solution)")
-    x.add_argument("-o", "--output", metavar="FILE")
-
-    b = add("batch", cmd_batch, "Solve every problem file in directories / globs, in parallel, incrementally.")
-    b.add_argument("inputs", nargs="+", metavar="DIR_OR_GLOB")
-    b.add_argument("-o", "--output", required=True, metavar="DIR")
-    b.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="problems solved at once, each in its own process (default 1: in this process; 0: one per CPU)")
-    b.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
-                   help=f"wall-clock safety net per problem in seconds (default {DEFAULT_TIME_LIMIT_S:g}, as `solve`; the "
-                        "budget is deterministic work)")
-    b.add_argument("--top", type=int, default=3, metavar="K",
-                   help="alternatives per problem: the best plan of the K next-best families (default 3; 0 skips them)")
-    b.add_argument("--gap", type=float, default=DEFAULT_GAP_LIMIT, metavar="G",
-                   help="relative optimality gap that counts as OPTIMAL (default 0.001; 0 = exact proof)")
-    b.add_argument("--force", action="store_true", help="re-solve problems whose input did not change")
-    b.add_argument("--quiet", action="store_true", help="no progress bar")
-    b.add_argument("--executor", choices=["local", "dask"], default=None,
-                   help="local: this process or a process pool (default); dask: a Dask cluster solves the problems "
-                        "and this process writes the records (needs pip install 'autoshard[dask]'; the workers read "
-                        "the problem files at the same paths: a shared filesystem)")
-    b.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                   help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask; default: a local "
-                        "cluster of --jobs workers started for the run)")
-    b.add_argument("--headroom", type=float, default=None, metavar="GIB", help="HBM (GiB per GPU) the plan must leave free, on top of the 2 GiB reserve (default: each problem's `search: {headroom_gib: X}`, else 0)")
-
-    w = add("whatif", cmd_whatif, "What-if study of hardware options: time, money, energy, Pareto front, report.")
-    w.add_argument("study", metavar="STUDY")
-    w.add_argument("-o", "--output", required=True, metavar="DIR")
-    w.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="worker processes (0: one per CPU); with --executor dask and no --scheduler, "
-                        "the workers of the local Dask cluster")
-    w.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="solver limit per option (default: the study's time_limit_s, else 10 s)")
-    w.add_argument("--executor", choices=["local", "dask"], default=None,
-                   help="local: a process pool on this machine (default); dask: a Dask cluster "
-                        "(needs pip install 'autoshard[dask]')")
-    w.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                   help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask; default: "
-                        "a local cluster of --jobs workers started for the run)")
-    w.add_argument("--quiet", action="store_true", help="no progress on stderr")
-
-    v = add("validate", cmd_validate, "Compare predicted step times with published measured runs.")
-    v.add_argument("runs", nargs="?", default=None, metavar="RUNS.json",
-                   help="measured runs (dev_runs / modern_runs shape; default: the project's validation/dev_runs.json, or $AUTOSHARD_VALIDATION); "
-                        "a file of ablation groups is detected and ranked as with --ablations")
-    v.add_argument("--ablations", metavar="FILE", help="groups of measured configurations of one model on one "
-                   "cluster: measured vs predicted order, pairwise concordance, top-1 and OOM/fit agreement")
-    v.add_argument("--catalog", metavar="CATALOG", help="calibrated catalog overlay to apply")
-    v.add_argument("--json", action="store_true")
-
-    cal = add("calibrate", cmd_calibrate, "Fit the catalog's efficiency factors to your own measured runs: a runs "
-              "file, or the training logs, profiler traces and nccl-tests output of your cluster (docs/calibration.md).")
-    cal.add_argument("measurements", nargs="?", default=None, metavar="MEASUREMENTS",
-                     help="runs as JSON (dev_runs shape) or CSV (or give --logs instead)")
-    cal.add_argument("-o", "--output", required=True, metavar="CATALOG.yaml")
-    cal.add_argument("--logs", nargs="+", metavar="DIR|FILE", help="training logs (Megatron-LM, Megatron-DeepSpeed, "
-                     "torchtitan, DeepSpeed), one run per file; a directory: its *.log, *.txt, *.out, *.err files")
-    cal.add_argument("--traces", nargs="+", metavar="DIR|FILE", help="PyTorch profiler Chrome traces (.json, "
-                     ".json.gz) of those runs: each belongs to the log in its folder (or to the only log)")
-    cal.add_argument("--nccl-tests", nargs="+", metavar="DIR|FILE", help="nccl-tests output (all_reduce_perf, "
-                     "all_gather_perf, reduce_scatter_perf, alltoall_perf): the topology's level efficiencies")
-    cal.add_argument("--config", nargs="+", metavar="TOML", help="torchtitan job configs (one for all torchtitan "
-                     "logs, or one per log folder; a .toml next to the log is not read unless named)")
-    cal.add_argument("--problem", metavar="PROBLEM", help="a problem file: its cluster (GPU, topology), and its model "
-                     "and batch where a log does not give them")
-    cal.add_argument("--model", metavar="MODEL", help="the model of logs that do not give its dimensions (torchtitan): "
-                     "a preset name or a Hugging Face config.json")
-    cal.add_argument("--gpu", metavar="ID", help="the GPU of the runs (catalog id; default: the problem file's, else "
-                     "the one the log names)")
-    cal.add_argument("--topology", metavar="PRESET", help="the cluster's topology preset (default: the problem "
-                     "file's, else the GPU's)")
-    cal.add_argument("--catalog", metavar="CATALOG", help="start from this overlay instead of the built-in catalog")
-    cal.add_argument("--no-loo", action="store_true", help="with --logs: skip the leave-one-run-out check (one refit "
-                     "per run; on by default)")
-    cal.add_argument("--loo", action="store_true", help="with a runs file: add the leave-one-run-out check (each run "
-                     "predicted by a fit on the others, before -> after)")
-    cal.add_argument("--common-ratio", action="store_true", help="fit first one ratio that moves every fitted "
-                     "efficiency factor together (the step-level ratio two trial runs measure best), then the "
-                     "factors the runs tell apart from it (docs/calibration.md)")
-    cal.add_argument("--json", action="store_true", help="print the result as JSON (with --logs)")
-    cal.add_argument("--quiet", action="store_true", help="no live progress on stderr (it is drawn only on a terminal)")
+    for name in COMMAND_ORDER:
+        c = COMMANDS[name]
+        sp = sub.add_parser(name, help=c.help, description=c.help)
+        sp.set_defaults(func=c.run)
+        c.add_args(sp)
     return p
 
 

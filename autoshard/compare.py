@@ -25,6 +25,8 @@ from .cost import Estimate, evaluate
 from .errors import InputError
 from .spec import Plan, Problem
 from .tables import table_text
+import yaml
+from .loader import load_plan
 
 # Printed names of the breakdown keys (unknown keys are printed as they are).
 TIME_NAMES = {
@@ -253,11 +255,7 @@ _INLINE = re.compile(r"\s*[a-z_]+\s*=\s*[^,=]+(\s*,\s*[a-z_]+\s*=\s*[^,=]+)*\s*"
 def plan_argument(text: str) -> Plan:
     """`--plan` value: a plan file (YAML/JSON, a problem file with `plan:`, a solution JSON) or
     inline `knob=value` pairs (`tp=8,pp=4,zero_stage=1,sequence_parallel=true`)."""
-    from .loader import load_plan  # noqa: PLC0415
-
     if not Path(text).exists() and _INLINE.fullmatch(text):
-        import yaml  # noqa: PLC0415
-
         doc: dict[str, Any] = {}
         for kv in text.split(","):
             k, v = (x.strip() for x in kv.split("=", 1))

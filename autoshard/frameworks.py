@@ -9,6 +9,8 @@ from importlib import resources
 from typing import Any
 
 import yaml
+from typing import get_args
+from .spec import Dispatcher
 
 # FlashAttention-style kernels count the backward as 2.5x the forward's FLOPs (cost.ATTN_BWD_FACTOR) but
 # run it slower: the backward recomputes the scores, writes dQ with atomics and keeps more operands
@@ -143,10 +145,6 @@ class FrameworkProfile:
 
 def _dispatchers(name: str, values: list[str]) -> tuple[str, ...]:
     """A profile's expert dispatchers, checked against the names plans take (spec.Dispatcher)."""
-    from typing import get_args  # noqa: PLC0415
-
-    from .spec import Dispatcher  # noqa: PLC0415
-
     bad = [v for v in values if v not in get_args(Dispatcher)]
     if bad or not values:
         raise ValueError(f"frameworks.yaml: {name}.moe_dispatchers: {bad or 'empty'} (valid: {get_args(Dispatcher)})")

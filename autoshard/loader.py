@@ -17,24 +17,24 @@ directory, when used.
 
 from __future__ import annotations
 
+import csv
 import math
 import os
-import reprlib
-import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from .errors import InputError, closest
+from .catalog import _aliases, _norm, get_gpu, load_overlay, resolve_model
+from .errors import InputError
 from .fileio import (  # noqa: F401  (re-exported: the loader's names before fileio existed)
     MAX_DEPTH, MAX_FILE_BYTES, MAX_YAML_BYTES, DuplicateKeyError, StrictSafeLoader, atomic_write,
     check_input_file, check_output_file, dumps_json, guard_output, parse_json, parse_yaml, read_document,
     read_limited, read_text)
+from .frameworks import profiles
+from .schema_errors import format_validation_error, short_repr, validate  # noqa: F401  (re-exported)
 from .spec import UNPLANNABLE_SCHEDULES, Plan, Problem
+from .topology import check_cluster
 
-M = TypeVar("M", bound=BaseModel)
 
 # Tokens per training step (global_batch_size sequences x seq_len) above which a batch is taken for a
 # unit mistake (tokens given as sequences): 1e9 is 60x the largest published batch (Llama 3 405B: 16M
@@ -98,103 +98,6 @@ def named_file_error(exc: InputError, source: str | None, field: str) -> InputEr
     return InputError(exc.message, source=": ".join(p for p in (source, field, exc.source) if p), field=exc.field)
 
 
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 60, 60
-
-
-def _short_repr(value: Any) -> str:
-    """repr() bounded in time and length (inputs may be huge or share structure: YAML aliases)."""
-    return _REPR.repr(value)
-
-
-def _is_union_tag(item: Any) -> bool:
-    """pydantic's name of a union member in an error location (`int`, `list[int]`, `literal[...]`)."""
-    return isinstance(item, str) and ("[" in item or item in ("int", "str", "bool", "float", "none")
-                                      or item[:1].isupper())
-
-
-def _model_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The schema class whose fields are valid at `loc` (None when it cannot be told)."""
-    cls = model
-    for item in loc:
-        if cls is None:
-            return None
-        if isinstance(item, int) or _is_union_tag(item):
-            continue
-        info = cls.model_fields.get(str(item))
-        if info is None:
-            return None
-        cls = _find_model(info.annotation)
-    return cls
-
-
-def _find_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _find_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel] | None = None) -> tuple[str, str]:
-    """(field path, message) of the most useful error of a pydantic ValidationError.
-
-    An unknown field (a typo) is reported before the required field it was meant to be,
-    with the closest valid names; of the members of a union (`int | list[int]`) the one
-    that got furthest into the input is reported, and the member names are left out of
-    the path.
-    """
-    errors = exc.errors(include_url=False)
-    extra = [e for e in errors if e["type"] == "extra_forbidden"]
-    err = extra[0] if extra else errors[0]
-    loc = tuple(x for x in err["loc"] if not str(x).startswith("function-"))
-    tag = next((i for i, x in enumerate(loc) if _is_union_tag(x)), None)
-    if tag is not None and not extra:
-        prefix = loc[:tag]
-        siblings = [e for e in errors
-                    if tuple(x for x in e["loc"] if not str(x).startswith("function-"))[:tag] == prefix]
-        err = max(siblings, key=lambda e: len(e["loc"]))  # first of the longest: the most specific
-        loc = tuple(x for x in err["loc"] if not str(x).startswith("function-"))
-    # The last item of an unknown-field location is the user's key, whatever it looks like.
-    kept = [x for x in loc[:-1] if not _is_union_tag(x)] + [loc[-1]] if err["type"] == "extra_forbidden" else \
-        [x for x in loc if not _is_union_tag(x)]
-    path = ".".join(str(x) for x in kept)
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown field"
-        cls = _model_at(model, loc[:-1])
-        if cls is not None:
-            msg += f" ({closest(str(loc[-1]), cls.model_fields)})"
-    elif err["type"] == "missing":
-        msg = "required field is missing"
-    elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
-        msg = f"{msg} (got {_short_repr(err['input'])})"[:300]
-    msg = msg.removeprefix("Value error, ")
-    return path, msg
-
-
-def validate(model: type[M], data: Any, *, source: str | None = None, root: str = "") -> M:
-    """Build a pydantic model from data, turning failures into one-line InputErrors."""
-    if not isinstance(data, Mapping):
-        kind = "empty document" if data is None else f"a {type(data).__name__}"
-        raise InputError(f"expected a mapping of fields, got {kind}", source=source, field=root or None)
-    odd = next((k for k in data if not isinstance(k, str)), None)
-    if odd is not None:
-        raise InputError(f"field names must be text, got {_short_repr(odd)}", source=source, field=root or None)
-    try:
-        return model(**data)
-    except InputError as exc:  # raised while resolving presets / hf_config
-        raise exc.at(source) from None
-    except ValidationError as exc:
-        loc, msg = format_validation_error(exc, model)
-        field = ".".join(x for x in (root, loc) if x)
-        raise InputError(msg, source=source, field=field or None) from None
-    except (TypeError, ValueError) as exc:
-        raise InputError(str(exc).splitlines()[0], source=source, field=root or None) from None
-
-
 def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -> Problem:
     """A `Problem` from a YAML/JSON path, a dict, or a Problem (returned as is).
 
@@ -216,14 +119,11 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
             raise InputError("this is a Hugging Face config.json, not a problem file: pass it with --hf-config, "
                              "or as `model: {hf_config: PATH}` in a problem file", source=src, field="model")
         if "model" in data and all(isinstance(k, str) for k in data):
-            from .catalog import resolve_model  # noqa: PLC0415
-
             try:  # here rather than in Problem's validator, so that an error in the config.json names both files
                 data["model"] = resolve_model(data["model"])
             except InputError as exc:
                 raise named_file_error(exc, src, "model.hf_config") from None
     problem = validate(Problem, data, source=src)
-    from .topology import check_cluster  # noqa: PLC0415
 
     try:
         check_cluster(problem)
@@ -263,7 +163,6 @@ def check_catalog(problem: Problem) -> None:
     path = problem.cluster.catalog
     if not path:
         return
-    from .catalog import _aliases, _norm, load_overlay  # noqa: PLC0415
 
     overlay = load_overlay(path)
     gid = _aliases().get(_norm(problem.cluster.gpu), problem.cluster.gpu)
@@ -277,7 +176,6 @@ def with_headroom(problem: Problem, headroom_gib: float | None, option: str = "-
     a value that is negative, not finite or leaves no memory is bad input naming the option."""
     if headroom_gib is None:
         return problem
-    import math  # noqa: PLC0415
 
     if not (math.isfinite(headroom_gib) and headroom_gib >= 0):
         raise InputError(f"must be a number of GiB >= 0, got {headroom_gib:g}", field=option)
@@ -295,7 +193,6 @@ def _check_headroom(problem: Problem) -> None:
     head = problem.search.headroom_gib
     if not head:
         return
-    from .catalog import get_gpu  # noqa: PLC0415
 
     gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
     usable = gpu.hbm_bytes / 2**30 - 2.0  # less the reserve (cost.RESERVE_GIB)
@@ -338,8 +235,6 @@ def _check_search_schedule(problem: Problem) -> None:
     """`search.schedule` must leave a schedule that the problem's framework runs (its profile's
     `schedules` in data/frameworks.yaml) and that the solver plans: else no plan exists whatever the
     degrees, which is bad input naming `search.schedule`, not an infeasible problem."""
-    from .frameworks import profiles  # noqa: PLC0415
-
     asked = problem.search.allowed("schedule", [])
     if not asked:
         return
@@ -409,7 +304,7 @@ def _check_run_value(key: str, value: Any) -> str | None:
         return None
     if key in RUN_INT_COLUMNS or key in RUN_FLOAT_COLUMNS:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"not a number ({_short_repr(value)})"
+            return f"not a number ({short_repr(value)})"
         if not math.isfinite(value):
             return f"not a finite number ({value})"
         if key in RUN_INT_COLUMNS and value != int(value):
@@ -418,7 +313,7 @@ def _check_run_value(key: str, value: Any) -> str | None:
         if not lo <= value <= hi:
             return f"{value:g} is outside the plausible range [{lo:g}, {hi:g}]"
     elif key == "id" and not (isinstance(value, (str, int)) and str(value).strip()):
-        return f"a run id must be non-empty text (got {_short_repr(value)})"
+        return f"a run id must be non-empty text (got {short_repr(value)})"
     return None
 
 
@@ -434,8 +329,6 @@ def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     text = read_text(p, MAX_FILE_BYTES, what="runs file")  # regular files only, size checked before reading
     where: list[str] = []  # per row: how to name it in a message
     if p.suffix.lower() == ".csv":
-        import csv  # noqa: PLC0415
-
         lines = text.splitlines()
         header = next((ln for ln in lines if ln.strip()), "")
         if header.count(";") > header.count(",") or header.count("\t") > header.count(","):
@@ -454,7 +347,7 @@ def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise InputError(f"missing column(s): {', '.join(missing)} (the header has: {', '.join(columns[:12])}"
                              f"{', ...' if len(columns) > 12 else ''}; columns as in dev_runs.json)",
                              source=src, field="line 1")
-        rows = []
+        rows: Any = []
         for i, r in enumerate(reader, start=1):
             extra = r.get(None)
             if extra:

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from typing import Any, Callable, TextIO
+import shutil
 
 
 def wanted(quiet: bool) -> bool:
@@ -47,8 +48,6 @@ class TerminalLine:
 
     def show(self, text: str) -> None:
         """Redraw the open line with `text`, cut to the terminal's width."""
-        import shutil  # noqa: PLC0415
-
         cols = shutil.get_terminal_size((80, 24)).columns
         try:
             self.stream.write("\r" + text[:max(10, cols - 1)] + "\x1b[K")

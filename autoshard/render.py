@@ -24,6 +24,14 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from . import __version__
+from .catalog import gemm_peak_flops_per_s, get_gpu, get_recipe
+from .cost import Config, context, dp_overlaps_refused, ep_overlap_state
+from .cost.params import active_params, total_params
+from .errors import AutoshardError
+from .frameworks import get_framework
+from .intervals import interval_source, overlaps, upper
+from .spec import mode_order
 
 ERROR_KINDS = {"input": 2, "infeasible": 1, "internal": 3}
 TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
@@ -37,8 +45,6 @@ SOLVE_TIME_ROW = "| solve time |"
 
 
 def autoshard_version() -> str:
-    from . import __version__  # noqa: PLC0415
-
     return str(__version__)
 
 
@@ -84,8 +90,6 @@ def json_safe(x: Any) -> Any:
 
 def _gpu_id(problem: Any) -> str:
     try:
-        from .catalog import get_gpu  # noqa: PLC0415
-
         return get_gpu(problem.cluster.gpu, problem.cluster.catalog).id
     except Exception:  # noqa: BLE001  (a label only; the solver reports a bad GPU properly)
         return str(problem.cluster.gpu)
@@ -254,8 +258,6 @@ def _plan_value(plan: Any, knob: str) -> str:
     if knob == "sequence_parallel":
         return "on" if plan.sp else "off"
     if knob == "recompute" and not isinstance(v, str):
-        from .spec import mode_order  # noqa: PLC0415
-
         return "per layer: " + ", ".join(f"{m} {v.count(m)}" for m in mode_order(v) if v.count(m))
     if knob == "stage_layers":
         return "even" if v is None else ", ".join(str(x) for x in v)
@@ -284,7 +286,6 @@ def capacity_note(problem: Any) -> str:
     model counts (`FrameworkProfile.allocator_overhead` divides the usable HBM), else ""."""
     if problem is None:
         return ""
-    from .frameworks import get_framework  # noqa: PLC0415
 
     note = get_framework(problem.framework).allocator_note()
     return f" ({note})" if note else ""
@@ -321,9 +322,6 @@ def training_settings(t: Any) -> list[str]:
 def mfu_denominator(problem: Any) -> str:
     """` of the fp8 peak (1,979 TFLOP/s)` for a plan whose GEMMs run below 16 bits (MFU is against the
     dense peak of the recipe's GEMM data type, `catalog.gemm_peak_flops_per_s`), else "" (16-bit peak)."""
-    from .catalog import gemm_peak_flops_per_s, get_gpu, get_recipe  # noqa: PLC0415  (render loads lazily)
-    from .errors import AutoshardError  # noqa: PLC0415
-
     try:
         dtype = get_recipe(problem.training.precision).gemm_dtype
         if dtype in ("bf16", "fp16"):
@@ -342,8 +340,6 @@ def fmt_params(n: float) -> str:
 def model_text(problem: Any) -> str:
     """`70.6B parameters, all active; priced for megatron` (MoE: `671.0B parameters, 37.6B active per
     token`): what the model file was read as and which framework's launcher the plan is priced for."""
-    from .cost.params import active_params, total_params  # noqa: PLC0415  (render loads lazily)
-
     m = problem.model
     total, active = total_params(m), active_params(m)
     share = "all active" if active >= total else f"{fmt_params(active)} active per token"
@@ -396,8 +392,6 @@ def binding_text(est: Any) -> str:
 
 def _interval_source(problem: Any, est: Any) -> str:
     """Which validation runs the estimate's interval comes from (`intervals.interval_source`)."""
-    from .intervals import interval_source  # noqa: PLC0415
-
     moe = problem is not None and problem.model.is_moe
     return interval_source(est, moe) or "the validation runs"
 
@@ -484,8 +478,6 @@ def _estimate_markdown(est: Any, problem: Any = None) -> list[str]:
 def robust_text(point: Any, solution: Any) -> str:
     """What `solve --robust` did, in one sentence: which plan it picked and why, against the
     point-estimate optimum (`point`) that the solver's objective and status are about."""
-    from .intervals import upper  # noqa: PLC0415
-
     if point.plan == solution.plan:
         return (f"--robust: the point-estimate optimum also has the lowest upper end of the 80% interval "
                 f"({fmt_s(upper(solution.estimate))}): kept")
@@ -584,14 +576,10 @@ def error_markdown(record: Mapping[str, Any]) -> str:
 def ep_overlap_text(problem: Any, plan: Any) -> str | None:
     """What the estimate assumed of the EP overlap where the plan could run it and does not ask for it
     (`cost.ep_overlap_state`): exports set the same; None where there is nothing to say."""
-    from .cost import ep_overlap_state  # noqa: PLC0415
-
     if problem is None or plan is None or getattr(plan, "ep_overlap", True) is True or plan.ep <= 1:
         return None
     state = ep_overlap_state(problem, plan)
     if state == "refused":
-        from .frameworks import get_framework  # noqa: PLC0415
-
         refused = "/".join(get_framework(problem.framework).ep_overlap_excludes_recompute)
         return f"EP overlap off: {problem.framework} refuses it beside this recompute ({refused})"
     return {"on": "EP overlap on: expert all-to-all under the other micro-batch's compute",
@@ -603,8 +591,6 @@ def ep_overlap_text(problem: Any, plan: Any) -> str | None:
 def dp_overlap_text(problem: Any, plan: Any) -> str | None:
     """Which data-parallel overlaps the plan asks for and its framework's engine does not run
     (`cost.dp_overlaps`), None where none is refused."""
-    from .cost import Config, context, dp_overlaps_refused  # noqa: PLC0415
-
     if problem is None or plan is None or not plan.dp:
         return None
     grad, param = dp_overlaps_refused(context(problem), Config.of(plan, plan.dp))
@@ -675,8 +661,6 @@ def solution_text(problem: Any, solution: Any) -> str:
 
 def indistinguishable(best: Any, other: Any) -> bool:
     """Whether the 80% prediction intervals of two estimates overlap."""
-    from .intervals import overlaps  # noqa: PLC0415
-
     return overlaps(getattr(best, "step_time_interval_s", None), getattr(other, "step_time_interval_s", None))
 
 

@@ -35,6 +35,7 @@ from .catalog import GPU, gemm_flops_per_s, gemm_peak_flops_per_s, check_precisi
 from .spec import ClusterSpec, ModelSpec, TopologyLevel
 from .tables import table_text
 from .topology import Level, Profile, all_gather_s, all_reduce_s, resolve_levels
+from .catalog import get_topology
 
 PROBE_BYTES = 1e9  # message size the bandwidths are read at (latency is zeroed: only the slope counts)
 BACKWARD_FLOPS_PER_PARAM_TOKEN = 4.0  # the all-reduce hides under the backward pass (seed 001)
@@ -63,8 +64,6 @@ def strided_profile(levels: tuple[Level, ...], size: int, stride: int = 1) -> Pr
 
 
 def top_size(gpu: GPU, topology: str | list[TopologyLevel] | None) -> int:
-    from .catalog import get_topology  # noqa: PLC0415
-
     topo = topology if topology is not None else gpu.default_topology
     levels = get_topology(topo).levels if isinstance(topo, str) else list(topo)
     return levels[-1].size

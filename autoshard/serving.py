@@ -41,6 +41,7 @@ from typing import Any
 
 from .catalog import GPU, attention_flops_per_s, check_precision, gemm_flops_per_s, get_topology
 from .cost import active_matmul_params, total_params
+from .cost.params import mla_dim
 from .errors import InputError
 from .spec import ModelSpec
 
@@ -65,7 +66,7 @@ def activation_bytes(m: ModelSpec, tokens: int, batch: int) -> float:
     """One layer's transient working set for `tokens` prefill tokens (16-bit), plus fp32 logits of the
     last position of each of the `batch` sequences."""
     h = m.hidden_size
-    q = m.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim if m.is_mla else m.head_size)
+    q = m.num_attention_heads * (mla_dim(m.qk_nope_head_dim) + mla_dim(m.qk_rope_head_dim) if m.is_mla else m.head_size)
     kv = kv_values_per_token_layer(m) if m.is_mla else 2 * m.kv_heads * m.head_size
     mult = 2 if m.gated else 1
     if m.is_moe:
@@ -146,7 +147,7 @@ def prefill_flops(m: ModelSpec, prompt: int) -> tuple[float, float]:
     head = m.vocab_size * m.hidden_size
     matmul = 2.0 * (active_matmul_params(m) - head) * prompt + 2.0 * head
     if m.is_mla:
-        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+        d_qk, d_v = mla_dim(m.qk_nope_head_dim) + mla_dim(m.qk_rope_head_dim), mla_dim(m.v_head_dim)
     else:
         d_qk = d_v = m.head_size
     attn = float(m.num_hidden_layers * m.num_attention_heads * (d_qk + d_v)) * prompt * prompt \
@@ -176,7 +177,7 @@ def disaggregated(gpu: GPU, model: ModelSpec, *, request_rate: float, prompt_tok
             raise InputError(f"must be a whole number >= 1, got {v!r}", field=name)
     if tpot_ms is not None and not (math.isfinite(tpot_ms) and tpot_ms > 0):
         raise InputError(f"must be a positive number of milliseconds, got {tpot_ms!r}", field="--tpot-ms")
-    common = dict(precision=precision, kv_precision=kv_precision, memory_utilization=memory_utilization,
+    common: dict[str, Any] = dict(precision=precision, kv_precision=kv_precision, memory_utilization=memory_utilization,
                   gpus_per_node=gpus_per_node)
     # Prefill: compute-bound, one prompt (a chunk of it) at a time per instance.
     pre = serve_memory(gpu, model=model, batch=1, context=prompt_tokens,
@@ -234,7 +235,7 @@ def disaggregated(gpu: GPU, model: ModelSpec, *, request_rate: float, prompt_tok
     # KV transfer: the prompt's cache from a prefill instance to a decode instance.
     kv_req = prompt_tokens * kv_token
     link, link_name = scaleout_bytes_per_s(gpu)
-    out = {
+    out: dict[str, Any] = {
         "request_rate_per_s": request_rate, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
         "tpot_ms_target": tpot_ms,
         "prefill": {

@@ -36,6 +36,8 @@ import numpy as np
 from .catalog import GPU, get_gpu, get_topology
 from .errors import InputError
 from .spec import MESH_AXES, ClusterSpec, Plan, Problem, TopologyLevel, parse_placement
+import itertools
+from .catalog import check_precision
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,6 @@ def level_size_error(sizes: list[int]) -> tuple[int, str] | None:
 def check_cluster(problem: Problem) -> None:
     """Resolve the GPU and topology names now, so that a bad name is an input error; reject a
     precision the GPU cannot run (fp8 on A100, bf16 on V100)."""
-    from .catalog import check_precision  # noqa: PLC0415
-
     gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
     topo = problem.cluster.topology
     if isinstance(topo, list):
@@ -351,8 +351,6 @@ def _runs_profile(graph: ClusterGraph, runs: tuple[tuple[int, bool], ...]) -> Pr
 def placements(plan_axes_sizes: dict[str, int]) -> list[str]:
     """Distinct placements for the given axis sizes: orders of the axes larger than 1
     (size-1 axes do not change any group), in a deterministic order."""
-    import itertools  # noqa: PLC0415
-
     live = [a for a in MESH_AXES if plan_axes_sizes.get(a, 1) > 1]
     out = []
     for perm in itertools.permutations(live):

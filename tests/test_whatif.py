@@ -15,7 +15,7 @@ from autoshard.whatif import (
     Candidate,
     ConstraintSpec,
     ReliabilitySpec,
-    _levels_problem,
+    levels_problem,
     goodput,
     load_study,
     optimize_purchase,
@@ -171,8 +171,8 @@ def test_doubled_levels_baseline_is_identical():
                       "cluster": {"gpu": "h100", "num_gpus": 64}})
     plan = Plan(tp=2, pp=2, zero_stage=1)
     base = evaluate(p, plan).step_time_s
-    assert evaluate(_levels_problem(p, lambda i: 1.0), plan).step_time_s == pytest.approx(base, rel=1e-12)
-    assert evaluate(_levels_problem(p, lambda i: 2.0), plan).step_time_s <= base
+    assert evaluate(levels_problem(p, lambda i: 1.0), plan).step_time_s == pytest.approx(base, rel=1e-12)
+    assert evaluate(levels_problem(p, lambda i: 2.0), plan).step_time_s <= base
 
 
 # ---- end to end ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 from autoshard.errors import InputError
 from autoshard.whatif import run_study
-from autoshard.whatif.schema import load_study
+from autoshard.whatif.study import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "problems" / "studies" / "fleet-h100-plus-b200.yaml"

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .files import MAX_CONFIG_BYTES, MAX_LOG_BYTES, at_line, read_text
+import tomllib
 
 WARMUP_ITERATIONS = 3
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -304,8 +305,6 @@ def _megatron_args_only(lines: list[str]) -> dict[str, Any]:
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A torchtitan job config (TOML) as a dict; a syntax error is one line with its line number."""
-    import tomllib  # noqa: PLC0415  (Python >= 3.11)
-
     text = read_text(path, MAX_CONFIG_BYTES, "job config")
     try:
         return tomllib.loads(text)

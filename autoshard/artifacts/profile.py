@@ -40,6 +40,11 @@ from .logs import LogRun, read_log, read_toml
 from .nccl import NcclTest, read_nccl_tests
 from .runs import MeasuredRun, RunContext, measured_run
 from .trace import TraceSummary, collective_busbw, read_trace
+from ..calibrate import base_efficiencies, efficiency_of, calibrate, network_warnings
+from ..catalog import gemm_dtype_of, get_gpu, get_topology
+from ..cost import evaluate
+from ..validate import with_catalog
+from ..validate.modern import gpu_id
 
 LOG_PATTERNS = ("*.log", "*.txt", "*.out", "*.err")
 TRACE_PATTERNS = ("*.json", "*.json.gz")
@@ -96,9 +101,7 @@ def _med(errs: dict[str, float]) -> str:
 
 
 def _gemm_key(precision: str) -> str:
-    from ..catalog import _gemm_dtype_of  # noqa: PLC0415
-
-    return _gemm_dtype_of(precision)
+    return gemm_dtype_of(precision)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,8 +110,6 @@ def _gemm_key(precision: str) -> str:
 
 
 def _levels_of(problem: Any) -> list[Any]:
-    from ..catalog import get_gpu, get_topology  # noqa: PLC0415
-
     topo = problem.cluster.topology if problem.cluster.topology is not None else get_gpu(problem.cluster.gpu).default_topology
     return list(get_topology(topo).levels) if isinstance(topo, str) else list(topo)
 
@@ -158,8 +159,6 @@ def nccl_factors(tests: list[NcclTest], problem: Any) -> Measured:
 
 
 def _with_matmul(case: Any, gpu_eff: dict[str, Any], key: str, value: float, tmp: Path, n: int) -> Any:
-    from ..validate import with_catalog  # noqa: PLC0415
-
     eff = {k: (dict(v) if isinstance(v, dict) else v) for k, v in gpu_eff.items()}
     eff["matmul"][key] = value
     p = tmp / f"gemm-{n}.yaml"
@@ -170,8 +169,6 @@ def _with_matmul(case: Any, gpu_eff: dict[str, Any], key: str, value: float, tmp
 def model_gemm_time_s(case: Any, base_eff: dict[str, Any]) -> float:
     """The cost model's GEMM time of the run per step at 100 % GEMM efficiency: compute + recompute is
     G / f + rest in the GEMM efficiency f, so G = (T(f1) - T(f2)) / (1/f1 - 1/f2)."""
-    from ..cost import evaluate  # noqa: PLC0415
-
     key = _gemm_key(case.precision)
     f0 = float(base_eff["matmul"].get(key, base_eff["matmul"].get("bf16")))
     f1, f2 = f0, f0 * 0.8
@@ -245,15 +242,10 @@ def trace_factors(runs: list[MeasuredRun], traces: dict[str, list[TraceSummary]]
 
 
 def _base_efficiency(gpu: str, base_catalog: str | None) -> dict[str, Any]:
-    from ..calibrate import _base_efficiencies, _efficiency_of  # noqa: PLC0415
-
-    return _efficiency_of(gpu, _base_efficiencies(base_catalog))
+    return efficiency_of(gpu, base_efficiencies(base_catalog))
 
 
 def _errors(cases: list[Any], catalog: str | None) -> dict[str, float]:
-    from ..cost import evaluate  # noqa: PLC0415
-    from ..validate import with_catalog  # noqa: PLC0415
-
     out = {}
     for c in cases:
         est = evaluate(with_catalog(c, catalog).problem, c.plan)
@@ -266,8 +258,6 @@ def _fit(runs: list[MeasuredRun], tests: list[NcclTest], traces: dict[str, list[
          progress: Callable[[str], None] | None = None, common_ratio: bool = False
          ) -> tuple[Any, dict[str, Measured], str]:
     """Measure, then fit the rest: returns (calibrate's result, measured factors per GPU, base overlay path)."""
-    from ..calibrate import _base_efficiencies, calibrate  # noqa: PLC0415
-
     cases = [r.case() for r in runs]
     gpus = sorted({c.gpu for c in cases})
     base = {g: _base_efficiency(g, base_catalog) for g in gpus}
@@ -278,7 +268,7 @@ def _fit(runs: list[MeasuredRun], tests: list[NcclTest], traces: dict[str, list[
     for g, m in trace_factors(runs, traces, base, {n for g in gpus for n in measured[g].factors}).items():
         measured[g].factors.update(m.factors)
         measured[g].warnings.extend(m.warnings)
-    entries = {g: e for g, e in _base_efficiencies(base_catalog).items()}
+    entries = {g: e for g, e in base_efficiencies(base_catalog).items()}
     keep: set[str] = set()
     for g in gpus:
         eff = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base[g].items()}
@@ -298,8 +288,6 @@ def _fit(runs: list[MeasuredRun], tests: list[NcclTest], traces: dict[str, list[
 
 
 def _same_gpu(name: str, gpu: str) -> bool:
-    from ..validate.modern import gpu_id  # noqa: PLC0415
-
     gid = gpu_id(name)
     return gid is None or gid == gpu
 
@@ -388,7 +376,6 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
                 moved = "moves with the common ratio only" if "step" in fit.fitted else "keeps its base value"
                 warnings.append(f"{fit.gpu}: the runs cannot tell {name} apart from the factors before it ({why}); it "
                                 f"{moved}: add runs that differ in it (another size, parallel layout or node count)")
-    from ..calibrate import network_warnings  # noqa: PLC0415
 
     warnings.extend(network_warnings(res))
     if len(runs) < 2:
@@ -446,8 +433,6 @@ def leave_one_out(cases: list[Any], ids: list[str], base_catalog: str | None = N
     """Leave-one-run-out of `calibrate()` on converted runs (a runs file): for each run of `ids`, fit on
     the others and predict it. Returns (before, after): signed errors % under the base catalog and under
     the fit without the run."""
-    from ..calibrate import calibrate  # noqa: PLC0415
-
     by_id = {c.id: c for c in cases}
     before: dict[str, float] = {}
     after: dict[str, float] = {}

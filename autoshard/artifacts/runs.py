@@ -57,6 +57,11 @@ from typing import Any
 
 from ..errors import InputError
 from .logs import LogRun, finish_torchtitan, read_toml
+from pydantic import ValidationError
+from ..loader import load_problem
+from ..spec import Plan
+from ..validate import Case
+from ..validate.modern import gpu_id
 
 FP8_RECIPES = {"delayed": "fp8-delayed", "tensorwise": "fp8-current", "blockwise": "fp8-blockwise",
                "mxfp8": "mxfp8"}
@@ -82,8 +87,6 @@ class MeasuredRun:
     notes: list[str]
 
     def case(self) -> Any:
-        from ..validate import Case  # noqa: PLC0415
-
         p = self.problem
         return Case(self.id, "your runs", p.cluster.gpu, p.training.precision, p.cluster.num_gpus, p, self.plan,
                     self.log.step_s, tuple(self.notes), True, framework=p.framework)
@@ -113,8 +116,6 @@ def _flag(args: dict[str, Any], key: str) -> bool:
 
 
 def _gpu_from_name(name: str | None) -> str | None:
-    from ..validate.modern import gpu_id  # noqa: PLC0415
-
     return gpu_id(name) if name else None
 
 
@@ -298,11 +299,6 @@ def _torchtitan_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], d
 
 def measured_run(run: LogRun, ctx: RunContext, index: int) -> MeasuredRun:
     """The log's run as a Problem, a Plan and its steady step time."""
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from ..loader import load_problem  # noqa: PLC0415
-    from ..spec import Plan  # noqa: PLC0415
-
     if run.format == "torchtitan":
         parts, plan_doc, notes = _torchtitan_problem(run, ctx)
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,15 @@ from ..frameworks import FrameworkProfile, get_framework
 from ..spec import RECOMPUTES, Plan, Problem, ProblemParts, parse_placement
 from ..topology import ClusterGraph, Level, cluster_graph, resolve_levels
 from .constants import BF16, GIB, RESERVE_GIB
+from ..catalog import (
+    attention_flops_per_s,
+    gemm_flops_per_s,
+    gemm_peak_flops_per_s,
+    low_precision_fraction,
+    quant_overhead_bytes_per_element,
+    saved_input_bytes_per_element,
+    weight_copy_bytes_per_param,
+)
 
 
 @dataclass(frozen=True)
@@ -39,27 +48,20 @@ class Context(ProblemParts):
         size where the framework keeps it quantized (Transformer Engine), else bf16."""
         if not self.framework.quantized_saved_inputs:
             return float(BF16)
-        from ..catalog import saved_input_bytes_per_element  # noqa: PLC0415
 
         return saved_input_bytes_per_element(self.training.precision, self.gpu)
 
     @functools.cached_property
     def peak(self) -> float:
-        from ..catalog import gemm_peak_flops_per_s  # noqa: PLC0415
-
         return gemm_peak_flops_per_s(self.gpu, self.training.precision)
 
     @functools.cached_property
     def mm_flops_per_s(self) -> float:
-        from ..catalog import gemm_flops_per_s  # noqa: PLC0415  (the recipe's GEMM rate, catalog.py)
-
         return gemm_flops_per_s(self.gpu, self.training.precision)
 
     @functools.cached_property
     def hp_flops_per_s(self) -> float:
         """GEMM rate of the layers every recipe keeps in 16 bits (the router, the LM head)."""
-        from ..catalog import attention_flops_per_s  # noqa: PLC0415
-
         return attention_flops_per_s(self.gpu)
 
     @functools.cached_property
@@ -70,8 +72,6 @@ class Context(ProblemParts):
         recipe keeps no low-precision copy for the step (torchao recasts them every micro-batch;
         Transformer Engine caches them), at the framework's measured bytes where its kernels move
         more than the recipe's count. (0, 0) for 16-bit recipes. `kernels._gemm_s` charges them."""
-        from ..catalog import low_precision_fraction, quant_overhead_bytes_per_element  # noqa: PLC0415
-
         prec = self.training.precision
         per = dict(self.framework.quant_hbm_bytes_per_element).get(get_recipe(prec).id) \
             or quant_overhead_bytes_per_element(prec, self.gpu)
@@ -82,8 +82,6 @@ class Context(ProblemParts):
     def weight_copy_bytes_per_param(self) -> float:
         """Bytes per parameter of the low-precision weight copies kept for the step: the recipe's
         (`catalog.weight_copy_bytes_per_param`) where the framework caches them, else 0."""
-        from ..catalog import weight_copy_bytes_per_param  # noqa: PLC0415
-
         if not self.framework.fp8_weight_cache:
             return 0.0
         return weight_copy_bytes_per_param(self.training.precision, self.gpu)
@@ -218,10 +216,14 @@ def _first_not_dividing(plan: Plan, num_gpus: int) -> str:
     return "pp"
 
 
+ReasonSink = Callable[[str, str], None]  # bad(field, text): records a reason a plan is invalid
+
+
 def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
     """(dp, reasons the global degrees are invalid); reasons empty means valid. Each reason is a
-    `Reason`, a str that names the field it is about (`Reason.field`, never None here)."""
-    m, t, n = problem.model, problem.training, problem.cluster.num_gpus
+    `Reason`, a str that names the field it is about (`Reason.field`, never None here). One
+    function per family of rules (`CONFIG_RULES`), in the order their reasons are reported."""
+    n = problem.cluster.num_gpus
     reasons: list[Reason] = []
 
     def bad(field: str, text: str) -> None:
@@ -229,6 +231,16 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
 
     mp = plan.tp * plan.cp * plan.pp
     dp = plan.dp if plan.dp is not None else (n // mp if n % mp == 0 else 0)
+    fw = get_framework(problem.framework)
+    for rule in CONFIG_RULES:
+        rule(problem, plan, fw, dp, bad)
+    return dp, reasons
+
+
+def _mesh_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
+    """The mesh covers the GPUs; TP divides the heads and FFNs; CP splits the sequence in 2*cp chunks."""
+    m, t, n = problem.model, problem.training, problem.cluster.num_gpus
+    mp = plan.tp * plan.cp * plan.pp
     if plan.dp is None and n % mp:
         bad(_first_not_dividing(plan, n), f"tp*cp*pp = {mp} does not divide the {n} GPUs")
     elif mp * dp != n:
@@ -244,7 +256,11 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
         bad("tp", f"tp={plan.tp} does not divide moe_intermediate_size={m.expert_ffn}")
     if plan.cp > 1 and t.seq_len % (2 * plan.cp):
         bad("cp", f"cp={plan.cp}: seq_len={t.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
-    fw = get_framework(problem.framework)
+
+
+def _context_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
+    """Context parallelism as the framework runs it: beside sequence parallelism, its comm types."""
+    m = problem.model
     if plan.cp > 1 and fw.cp_excludes_sp and plan.sp and plan.tp > 1:
         bad("sequence_parallel", f"{problem.framework}'s context parallelism (cp={plan.cp}) cannot run beside TP "
             "sequence parallelism: set sequence_parallel false")
@@ -256,6 +272,11 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
         bad("cp_comm_type", f"cp={plan.cp} with sliding-window attention: {problem.framework}'s Transformer Engine "
             f"attention runs it only with cp_comm_type {' or '.join(fw.window_cp_comm_types)}, "
             f"not {plan.cp_comm_type}")
+
+
+def _expert_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
+    """Expert parallelism: a MoE model, EP and ETP dividing the experts, the expert mesh, folding."""
+    m = problem.model
     etp = plan.expert_tp
     if plan.ep > 1 or etp != plan.tp:
         if not m.is_moe:
@@ -272,6 +293,11 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
         elif folded and not fw.moe_folding:
             bad("ep", f"{problem.framework} cannot fold expert parallelism over TP/CP ranks "
                 f"(etp != tp or ep not dividing dp={dp})")
+
+
+def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
+    """Sequence parallelism's split, then each feature the plan asks of the framework."""
+    m, t = problem.model, problem.training
     if plan.sp and t.seq_len % plan.tp:
         bad("sequence_parallel", f"sequence parallelism splits the {t.seq_len} tokens over tp={plan.tp}: "
             "not divisible")
@@ -304,8 +330,6 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
     if why := fw.main_grads_reason(t.main_grads):
         bad("training.main_grads", why)
     if t.fp8_params:
-        from ..catalog import get_recipe  # noqa: PLC0415
-
         if not fw.fp8_params:
             bad("training.fp8_params", f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
         elif get_recipe(t.precision).gemm_dtype not in ("fp8", "fp4") or t.finetune != "full":
@@ -318,6 +342,11 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
         elif (plan.moe_dispatcher or fw.moe_dispatchers[0]) == "deepep":
             bad("moe_dispatcher", "the DeepEP dispatcher cannot pad expert inputs to a capacity (Megatron raises "
                 "with --moe-pad-expert-input-to-capacity): token dropping needs alltoall or hybridep")
+
+
+def _schedule_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
+    """The global batch over dp*micro_batch_size, virtual stages, and each schedule's needs."""
+    m, t = problem.model, problem.training
     if dp:
         per = dp * plan.micro_batch_size
         if t.global_batch_size % per:
@@ -362,6 +391,14 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
                 bad("micro_batch_size", f"interleaved schedule: {mb} micro-batches is not a multiple of pp={plan.pp}")
     if plan.schedule == "zero_bubble" and plan.pp < 2:
         bad("schedule", "schedule 'zero_bubble' needs pp >= 2")
+
+
+def _layout_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
+    """stage_layers, and a recompute list the framework's launcher can express."""
+    m = problem.model
+    chunks = plan.pp * plan.vpp
+    stage_bad = plan.stage_layers is not None and (len(plan.stage_layers) != chunks
+                                                   or sum(plan.stage_layers) != m.num_hidden_layers)
     if plan.stage_layers is not None:
         if len(plan.stage_layers) != chunks:
             bad("stage_layers", f"stage_layers has {len(plan.stage_layers)} entries, expected pp*vpp = {chunks}")
@@ -370,7 +407,7 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
                 f"{m.num_hidden_layers} layers")
     if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
         bad("recompute", f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
-    elif not any(r.field == "stage_layers" for r in reasons):
+    elif not stage_bad:
         from ..solver.layouts import layout_reason  # noqa: PLC0415  (solver imports cost)
 
         layout = "per_layer" if problem.search.recompute_layout == "per_layer" else fw.recompute_layout
@@ -378,12 +415,20 @@ def config_reasons(problem: Problem, plan: Plan) -> tuple[int, list[Reason]]:
         if why := layout_reason(layout, split, list(plan.recompute_per_layer(m.num_hidden_layers)), plan.pp):
             bad("recompute", f"{problem.framework} cannot run this recompute list: {why} (plan a list it runs, "
                 "or `search: {recompute_layout: per_layer}` for a stack that takes any list)")
+
+
+def _a2a_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
+    """All-to-all context parallelism scatters heads over cp."""
+    m = problem.model
     if plan.cp > 1 and plan.cp_comm_type == "a2a":
         heads = m.kv_heads if not m.is_mla else m.num_attention_heads
         if (m.num_attention_heads // plan.tp) % plan.cp or max(1, heads // plan.tp) % plan.cp:
             bad("cp_comm_type", f"cp_comm_type a2a scatters heads over cp={plan.cp}: the {m.num_attention_heads} "
                 f"query and {heads} key/value heads per tp={plan.tp} group must divide by it")
-    return dp, reasons
+
+
+CONFIG_RULES = (_mesh_reasons, _context_reasons, _expert_reasons, _feature_reasons, _schedule_reasons,
+                _layout_reasons, _a2a_reasons)
 
 
 def live_axes(plan: Plan | Config, dp: int) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..spec import Recompute
@@ -51,35 +50,7 @@ from .moe import (
     routed_tokens,
 )
 from .params import QLORA_BYTES_PER_PARAM, layer_params, mla_dim, zero3_bytes_per_param
-
-
-@dataclass
-class Cost:
-    """Time of one micro-batch through one piece (layer, embedding or head), split by category."""
-
-    fwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
-    bwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
-    wgrad_s: float = 0.0  # part of the backward that computes weight gradients (zero-bubble fills)
-    act_bytes: float = 0.0  # activations kept per in-flight micro-batch
-    work_bytes: float = 0.0  # transient working memory while this piece runs backward
-    params: float = 0.0  # parameters held on this GPU (before ZeRO sharding)
-    expert_params: float = 0.0  # of which expert weights (sharded over expert-DP instead of DP)
-    hfu_flops: float = 0.0  # FLOPs executed (incl. recompute), per micro-batch on this GPU
-    base_flops: float = 0.0  # FLOPs a step needs without recompute (forward + backward)
-    # time the EP overlap saves this piece (all-to-all hidden less host time exposed: `ep_overlap_pays`)
-    ep_overlap_gain_s: float = 0.0
-
-    @property
-    def fwd_s(self) -> float:
-        return sum(self.fwd.values())
-
-    @property
-    def bwd_s(self) -> float:
-        return sum(self.bwd.values())
-
-    @property
-    def total_s(self) -> float:
-        return self.fwd_s + self.bwd_s
+from .table import Cost, Table  # noqa: F401  (re-exported: moved to cost/table.py)
 
 
 def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
@@ -538,20 +509,6 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     # bf16 logits + fp32 softmax of one micro-batch, and the cuBLAS workspaces
     c.work_bytes = (BF16 + 4) * T * V + cublas_workspace_bytes(ctx)
     return c
-
-
-@dataclass
-class Table:
-    """Everything about a config that does not depend on per-layer choices."""
-
-    cfg: Config
-    placement: Placement
-    layers: dict[tuple[str, str], Cost]  # (kind, recompute) -> cost
-    embed: Cost
-    head: Cost
-    pp_p2p_s: float  # one send of a micro-batch's activation to the next stage
-    microbatches: int
-    memo: dict = field(default_factory=dict)  # figures derived from layers / embed / head alone (shared with them)
 
 
 def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, key: Any) -> tuple:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from .context import Config, Context, ep_overlap_refusals, num_microbatches
 from .kernels import Shapes
-
-if TYPE_CHECKING:
-    from .layers import Cost
+from .table import Cost
 
 
 def moe_imbalance(ctx: Context, cfg: Config) -> float:

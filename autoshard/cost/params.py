@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..spec import Problem
 from .constants import BF16
-
-if TYPE_CHECKING:
-    from .context import Config, Context
-    from .layers import Cost
+from .context import Config, Context
+from .table import Cost
+from ..catalog import get_recipe, saved_input_bytes_per_element
 
 
 def mla_dim(value: int | None) -> int:
@@ -74,7 +73,6 @@ def gathered_weight_bytes(ctx: "Context") -> float:
     (`training.fp8_params`) one FP8 / FP4 copy with its scales (the recipe's bf16 layers: bf16)."""
     if not ctx.training.fp8_params:
         return float(BF16)
-    from ..catalog import saved_input_bytes_per_element  # noqa: PLC0415  (one quantized copy, as saved)
 
     return saved_input_bytes_per_element(ctx.training.precision, ctx.gpu)
 
@@ -116,7 +114,6 @@ def param_bytes(ctx: "Context") -> tuple[float, float, float]:
     opt_b = fw.optimizer_state_bytes(tr.optimizer)
     if tr.finetune == "full":  # FP8/FP4 primary weights: no 16-bit copy but in the recipe's bf16 layers
         if tr.fp8_params:  # (the low-precision copies are counted apart: weight_copy_bytes_per_param)
-            from ..catalog import get_recipe  # noqa: PLC0415
 
             return BF16 * get_recipe(tr.precision).bf16_layer_fraction, fw.grad_bytes, opt_b
         return fw.weight_bytes, fw.grad_bytes, opt_b

@@ -35,6 +35,8 @@ from .params import (
     param_bytes,
     zero3_gathered_for,
 )
+from ..loader import load_plan, load_problem
+from .intervals import with_interval
 
 
 @dataclass
@@ -525,8 +527,6 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
 
     Never raises for an invalid plan: `fits=False` and `reasons` lists every problem.
     """
-    from ..loader import load_plan, load_problem  # noqa: PLC0415
-
     problem = load_problem(problem)
     plan = load_plan(plan)
     ctx = with_modes(context(problem), plan.recompute)
@@ -543,7 +543,6 @@ def evaluate(problem: Problem | Any, plan: Plan | Any) -> Estimate:
     if why := unfused_softmax_reason(ctx, Shapes(ctx, cfg)):
         warnings.append(f"attention softmax runs unfused in PyTorch (fp32, 8-11x the fused kernel's HBM traffic): {why}")
     stage_layers = plan.stage_layers or layout_split(n, cfg.pp * cfg.vpp)
-    from ..intervals import with_interval  # noqa: PLC0415
 
     est = assemble(ctx, table, stage_layers, plan.recompute_per_layer(n), plan, warnings)
     return with_interval(est, problem.model.is_moe)  # step_time_interval_s from the validation residuals

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from .context import _Ctx
+from ..spec import mode_order
 
 
 def dumps_json(obj: Any, indent: int = 2) -> str:
@@ -38,8 +39,6 @@ def dumps_json(obj: Any, indent: int = 2) -> str:
 
 
 def _recompute_counts(ctx: _Ctx) -> dict[str, int]:
-    from ..spec import mode_order  # noqa: PLC0415
-
     return {m: ctx.recompute.count(m) for m in mode_order(ctx.recompute) if ctx.recompute.count(m)}
 
 

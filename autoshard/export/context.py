@@ -6,9 +6,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import __version__
+from ..catalog import get_gpu
 from ..errors import InputError
 from ..spec import Plan, Problem, ProblemParts
 from .model_facts import model_family
+from ..cost import (
+    Config,
+    Shapes,
+    config_reasons,
+    context,
+    ep_overlap_priced,
+    even_split,
+    unfused_softmax_reason,
+)
+from ..frameworks import get_framework
+from ..topology import resolve_levels
 
 FORMATS = ("megatron", "torchtitan", "deepspeed", "maxtext", "jax")
 
@@ -37,10 +50,6 @@ class Export:
 
 
 def autoshard_version() -> str:
-    try:
-        from .. import __version__  # noqa: PLC0415
-    except ImportError:
-        return "dev"
     return str(__version__) if __version__ else "dev"
 
 
@@ -113,9 +122,6 @@ TARGETS_SHORT = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspe
 def _default_gpus_per_node(problem: Problem) -> int:
     """The size of the innermost (scale-up) network domain of the cluster."""
     try:
-        from ..catalog import get_gpu  # noqa: PLC0415
-        from ..topology import resolve_levels  # noqa: PLC0415
-
         levels = resolve_levels(problem.cluster, get_gpu(problem.cluster.gpu, problem.cluster.catalog))
         return max(1, int(levels[0].size))
     except InputError:
@@ -125,8 +131,6 @@ def _default_gpus_per_node(problem: Problem) -> int:
 
 
 def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) -> _Ctx:
-    from ..cost import config_reasons, even_split  # noqa: PLC0415  (cost model: single source of truth)
-
     dp, reasons = config_reasons(problem, plan)
     if reasons:
         raise InputError("plan cannot be exported: " + "; ".join(reasons), field="plan")
@@ -164,7 +168,6 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
             and not (fmt == "deepspeed" and plan.cp_comm_type == "a2a"):  # (Ulysses: written below)
         ctx.warn(f"cp_comm_type {plan.cp_comm_type} is not exported: {TARGETS_SHORT[fmt]} runs its own context "
                  "parallelism exchange (the step time differs from the estimate)")
-    from ..frameworks import get_framework  # noqa: PLC0415
 
     if problem.model.is_moe and problem.training.moe_capacity_factor is not None \
             and not get_framework(target_fw).moe_token_drop:
@@ -175,8 +178,6 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
                  f"{problem.training.moe_capacity_factor}, drop_tokens=True) or Megatron-DeepSpeed "
                  f"--moe-train-capacity-factor {problem.training.moe_capacity_factor}")
     if not problem.training.flash_attention and fmt in ("megatron", "deepspeed"):
-        from ..cost import Config, Shapes, context, unfused_softmax_reason  # noqa: PLC0415
-
         cctx = context(problem)
         if why := unfused_softmax_reason(cctx, Shapes(cctx, Config.of(full_plan, dp))):
             ctx.warn(f"attention softmax runs unfused in PyTorch under this plan ({why}): Megatron falls back "
@@ -201,9 +202,6 @@ def _overlaps(problem: Problem, plan: Plan) -> tuple[bool, bool]:
     leaves it open (None) the problem framework's default where the plan allows it. The EP overlap is
     the cost model's own answer (`cost.ep_overlap_priced`: Megatron's conditions, the recompute it
     refuses, and where left open, whether it pays)."""
-    from ..cost import ep_overlap_priced  # noqa: PLC0415
-    from ..frameworks import get_framework  # noqa: PLC0415
-
     fw = get_framework(problem.framework)
     tp = bool(plan.sp and plan.tp > 1 and plan.tp_comm_overlap is not False
               and (plan.tp_comm_overlap or fw.tp_comm_overlap))

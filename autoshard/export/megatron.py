@@ -11,6 +11,9 @@ from ..spec import Plan
 from .common import _recompute_counts
 from .context import _Ctx
 from .model_facts import _recipe_settings, gpu_arch, hierarchical_cp_sizes, model_family
+from ..catalog import get_recipe
+from ..solver.layouts import megatron_reason, megatron_recompute
+from ..spec import RECOMPUTE_MODULES
 
 
 def megatron_layout(stages: list[int], mtp_layers: int = 0) -> str:
@@ -173,7 +176,6 @@ def _megatron(ctx: _Ctx) -> str:
     if t.main_grads == "bf16":  # main_grad buffers and the gradient reduction in bf16
         add("--grad-reduce-in-bf16")
     if t.fp8_params:  # FP8 / FP4 primary weights, all-gathered in that precision
-        from ..catalog import get_recipe  # noqa: PLC0415
 
         if get_recipe(t.precision).gemm_dtype == "fp4":
             add("--fp4-param-gather")
@@ -321,9 +323,6 @@ def _megatron_recompute(ctx: _Ctx, add) -> None:
     """The recompute / offload flags that run exactly the planned per-layer list
     (`solver.layouts.megatron_recompute`, the predicate evaluate and the solver use), or InputError
     (exit 2) naming why Megatron cannot run it: a plan is never exported as something else."""
-    from ..solver.layouts import megatron_reason, megatron_recompute  # noqa: PLC0415  (solver imports cost)
-    from ..spec import RECOMPUTE_MODULES  # noqa: PLC0415
-
     split, pp = list(ctx.stages), ctx.plan.pp
     rc = megatron_recompute(split, ctx.recompute, pp)
     if rc is None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..spec import Plan, Problem
+from ..catalog import get_gpu, get_model, precision_id
+from ..cost import Config, context, cp_hierarchy
+from ..topology import place_axes
 
 FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("deepseek-v3", "deepseek_v3", "deepseekv3"), {
@@ -76,7 +79,6 @@ def titan_flavor(model) -> tuple[str, str] | None:
     flavor = fam["titan"] if "titan" in fam else fam.get("titan_flavors", {}).get(str(model.name).lower())
     if flavor is None:
         return None
-    from ..catalog import get_model  # noqa: PLC0415  (catalog imports spec, as this module does)
 
     try:
         preset = get_model(str(model.name))
@@ -122,9 +124,6 @@ def titan_llama3_args(model) -> tuple[dict[str, Any] | None, str]:
 
 def hierarchical_cp_sizes(problem: Problem, plan: Plan) -> tuple[int, int]:
     """(inner a2a, outer p2p) sizes the cost model priced for cp_comm_type a2a+p2p (cost.cp_hierarchy)."""
-    from ..cost import Config, context, cp_hierarchy  # noqa: PLC0415
-    from ..topology import place_axes  # noqa: PLC0415
-
     ctx = context(problem)
     cfg = Config.of(plan, plan.dp)
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
@@ -133,8 +132,6 @@ def hierarchical_cp_sizes(problem: Problem, plan: Plan) -> tuple[int, int]:
 
 def gpu_arch(problem: Problem) -> str:
     try:
-        from ..catalog import get_gpu  # noqa: PLC0415
-
         return str(get_gpu(problem.cluster.gpu, problem.cluster.catalog).arch)
     except Exception:  # noqa: BLE001 - unknown GPU: treated as pre-Blackwell
         return "unknown"
@@ -174,6 +171,4 @@ PRECISION_RECIPES: dict[str, dict[str, Any]] = {
 
 def _recipe_settings(precision: str) -> dict[str, Any] | None:
     """The launcher settings of a training precision, its aliases resolved (`fp8` -> fp8-delayed)."""
-    from ..catalog import precision_id  # noqa: PLC0415
-
     return PRECISION_RECIPES.get(precision_id(str(precision)) or str(precision))

@@ -12,6 +12,7 @@ from .common import _recompute_counts
 from .context import _Ctx
 from .megatron import megatron_order
 from .model_facts import _recipe_settings, titan_flavor, titan_llama3_args
+from ..solver.layouts import every_nth_layers
 
 
 def _toml_value(v: Any) -> str:
@@ -62,7 +63,6 @@ def _titan_ac(ctx: _Ctx) -> dict[str, Any]:
         return {"mode": "selective", "selective_ac_option": "op"}
     # torchtitan's layer SAC (distributed/activation_checkpoint.py _apply_layer_sac): a counter over
     # the blocks each rank wraps, in order (its chunks in order); every Nth block is fully checkpointed.
-    from ..solver.layouts import every_nth_layers  # noqa: PLC0415
 
     n = every_nth_layers(ctx.stages, list(modes), ctx.plan.pp)
     if n is not None:

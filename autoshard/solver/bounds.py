@@ -26,6 +26,31 @@ from ..cost import (
     zero3_gathered_bytes,
     zero3_gathered_for,
 )
+from itertools import permutations
+from operator import attrgetter
+from ..cost import (
+    OPT_TRAFFIC_BYTES,
+    dp_overlaps,
+    dp_tail_s,
+    lora_fraction,
+    num_microbatches,
+    param_bytes,
+    shared_costs,
+    tail_model,
+    zero3_bytes_per_param,
+)
+from ..spec import MESH_AXES
+from ..topology import (
+    Placement,
+    _is_folded,
+    _runs_profile,
+    all_gather_s,
+    contiguous_profile,
+    group_runs,
+    place_axes,
+    reduce_scatter_s,
+)
+from .candidates import Candidates
 
 
 def _groups(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +146,6 @@ def _bounds(ctx: Context, cands: list[Config],
     dense = total - expert + m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
     dense_gpu = dense / (tp * pp)
     exp_gpu = expert / (tp * pp * ep)
-    from ..cost import lora_fraction, param_bytes  # noqa: PLC0415
 
     w_b, g_b, opt_b = param_bytes(ctx)  # (the precision recipe's weight copies only add to w_b)
     dpc = dp * cp
@@ -130,14 +154,11 @@ def _bounds(ctx: Context, cands: list[Config],
     def per(nb: float, sharded: np.ndarray) -> np.ndarray:
         return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
 
-    from .candidates import Candidates  # noqa: PLC0415
-
     # (optimizer states in host memory: Candidates share one setting, a list says per configuration)
     offload = cands.opt_offload if isinstance(cands, Candidates) else np.array([c.opt_offload for c in cands], bool)
     static = per(w_b, zero >= 3) + per(g_b, zero >= 2) + np.where(offload, 0.0, per(opt_b, zero >= 1))
     # The data-parallel tail includes the optimizer step of the rank holding the most
     # parameters, at least the mean rank's (see `cost.tail_model`).
-    from ..cost import OPT_TRAFFIC_BYTES  # noqa: PLC0415
 
     opt_traffic = OPT_TRAFFIC_BYTES * (1.0 if tr.optimizer in ("adam", "adamw") else 2 / 3)
     shard = np.where(zero >= 1, 1.0 / dpc, 1.0)
@@ -153,10 +174,6 @@ def _bounds(ctx: Context, cands: list[Config],
 def _fields(cands: list[Config]) -> np.ndarray:
     """(n, 11): each candidate's `_FIELDS` and schedule (`_SCHEDULES`), etp None as -1; read off
     `Candidates` rows where the candidates are (no Config built)."""
-    from operator import attrgetter  # noqa: PLC0415
-
-    from .candidates import Candidates  # noqa: PLC0415
-
     if isinstance(cands, Candidates) and cands.rows:
         cols = dict(zip(Candidates.ROW, zip(*cands.rows)))
         cols["etp"] = [-1 if x is None else x for x in cols["etp"]]
@@ -232,10 +249,6 @@ def _could_fit(ctx: Context, cands: list[Config], tables: list[Table], inv: np.n
 def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
     """ZeRO-3 traffic of one micro-batch through every layer (all-gather for the forward, again
     for the backward, reduce-scatter of the gradients), each group on consecutive GPUs."""
-    from ..topology import all_gather_s, contiguous_profile, reduce_scatter_s  # noqa: PLC0415
-
-    from ..cost import zero3_bytes_per_param  # noqa: PLC0415
-
     m, lv, g = ctx.model, ctx.levels, ctx.graph
     dp_cp = contiguous_profile(g, cfg.dp * cfg.cp)
     edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep))
@@ -588,8 +601,6 @@ def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact
     the mean rank's time at its fastest modes up to tmax, capped at the slowest modes.
     Without exact windows (a table that stands for every placement), the tail's affine form
     is the cheapest of every placement order's, coefficient by coefficient (`_free_tail_model`)."""
-    from ..cost import dp_tail_s  # noqa: PLC0415
-
     s = _summary(ctx, table, modes)
     p = table.cfg.pp
     hops = (table.cfg.pp * table.cfg.vpp - 1) * table.pp_p2p_s / p  # mean sends / receives per rank
@@ -607,8 +618,6 @@ def _tail_bound(ctx: Context, table: Table, modes: list[str], tmax: float, exact
 def _placed_tail_model(ctx: Context, table: Table) -> TailModel:
     """`cost.tail_model` of the table, memoized in `Table.memo` on everything it reads of the
     configuration and placement (the rest is the solve's context)."""
-    from ..cost import dp_overlaps, tail_model  # noqa: PLC0415
-
     cfg, pl = table.cfg, table.placement
     key = ("tail", pl.dp_cp, pl.edp, cfg.zero, cfg.dp, cfg.cp, table.microbatches if cfg.zero == 2 else 0,
            dp_overlaps(ctx, cfg), cfg.opt_offload)
@@ -699,9 +708,6 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
     can have, so its bound holds for every placement of cfg. `cache` (one per solve) shares
     the per-layer costs between configurations that differ only in what they do not depend
     on (pipeline degree and schedule, and the ZeRO stage below 3)."""
-    from ..cost import num_microbatches, shared_costs  # noqa: PLC0415
-    from ..topology import Placement, contiguous_profile  # noqa: PLC0415
-
     g = ctx.graph
     edp = max(1, cfg.tp * cfg.cp * cfg.dp // (cfg.expert_tp * cfg.ep))
     pl = Placement(tp=contiguous_profile(g, cfg.tp), cp=contiguous_profile(g, cfg.cp),
@@ -727,8 +733,6 @@ def _free_tail_model(ctx: Context, table: Table) -> TailModel:
     expert reduction about 8x cheaper than any placement could (the dense coefficient stays the
     consecutive one: some order still puts dp and cp innermost, at TP's expense, which the layer
     costs price on their own)."""
-    from ..cost import dp_overlaps, tail_model  # noqa: PLC0415
-
     cfg = table.cfg
     if not cfg.folded:  # some order puts ep, dp and cp innermost: both groups consecutive at once
         return tail_model(ctx, table)
@@ -752,11 +756,6 @@ def _tail_profiles(graph, tp: int, cp: int, ep: int, dp: int, pp: int, etp: int 
     """The distinct (dense reduction, expert reduction) profile pairs over every order of the
     mesh axes (`topology._place`'s dp_cp and edp), from their rank runs (`group_runs`,
     `_runs_profile`): no rank arrays but one per distinct layout."""
-    from itertools import permutations  # noqa: PLC0415
-
-    from ..spec import MESH_AXES  # noqa: PLC0415
-    from ..topology import _is_folded, _runs_profile, group_runs, place_axes  # noqa: PLC0415
-
     etp_ = tp if etp is None else etp
     folded = _is_folded(tp, ep, dp, etp_)
     sizes = {"tp": tp, "cp": cp, "ep": 1 if folded else ep, "dp": dp if folded else max(1, dp // ep), "pp": pp}

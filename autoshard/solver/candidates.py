@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, UNPLANNABLE_SCHEDULES, Plan, Problem, divisors
 from ..topology import place_axes
 from .layouts import search_modes
+from itertools import permutations
 
 DEFAULT_MBS = (1, 2, 4, 8, 16)
 DEFAULT_MAX_VPP = 8
@@ -229,7 +230,6 @@ def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None 
     degrees = (cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)  # (all the orders depend on)
     if cache is not None and degrees in cache:
         return [_with_placement(cfg, order) for order in cache[degrees]]
-    from itertools import permutations  # noqa: PLC0415
 
     allowed = problem.search.allowed("placement", [])
     if not allowed and problem.search.placement_layout != "any":

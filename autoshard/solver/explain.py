@@ -10,6 +10,11 @@ from ..catalog import get_gpu, gpu_ids
 from ..cost import GIB, Config, Context
 from ..cost import evaluate as _evaluate
 from ..spec import mode_order, Plan, Problem
+from ..cost import context, with_modes
+from ..frameworks import profiles
+from .bounds import _bounds
+from .candidates import candidates
+from .layouts import search_modes
 
 
 def run_length(xs: list[int]) -> str:
@@ -107,12 +112,6 @@ def offload_fix(problem: Problem, cap_gib: float) -> str | None:
     (Plan.optimizer_offload; Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload), makes one fit,
     on this framework or, where it has no offload, on the first one that has (frameworks.yaml). The
     fix names the plan and its memory; None where offload alone does not make one fit."""
-    from ..cost import context, with_modes  # noqa: PLC0415
-    from ..frameworks import profiles  # noqa: PLC0415
-    from .bounds import _bounds  # noqa: PLC0415
-    from .candidates import candidates  # noqa: PLC0415
-    from .layouts import search_modes  # noqa: PLC0415
-
     names = [problem.framework] + [n for n in profiles() if n != problem.framework]
     target = next((n for n in names if profiles()[n].optimizer_offload_zero_stages), None)
     if target is None:

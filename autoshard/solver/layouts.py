@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from ..spec import RECOMPUTES
 
 if TYPE_CHECKING:  # (cost imports this module's predicates: no import cycle at run time)
     from ..cost import Context
@@ -233,8 +234,6 @@ def planned_modes(ctx: Context) -> list[str]:
     """The recompute modes the solver plans where `search: recompute` is not given: none, selective,
     full, and the framework's recompute-module sets (Megatron) whose modules the model has: moe_act and
     moe need experts, mla_up_proj MLA, mlp a dense layer, shared_experts shared experts."""
-    from ..spec import RECOMPUTES  # noqa: PLC0415
-
     m = ctx.model
     has = {"core_attn": True, "layernorm": True, "mlp": m.num_dense_layers > 0, "moe": m.is_moe,
            "moe_act": m.is_moe, "mla_up_proj": m.is_mla, "shared_experts": m.is_moe and m.num_shared_experts > 0}
@@ -245,7 +244,5 @@ def planned_modes(ctx: Context) -> list[str]:
 def search_modes(problem, ctx: Context) -> list[str]:
     """The recompute modes a solve plans: `planned_modes`, or those `search: recompute` names, the
     built-in modes first."""
-    from ..spec import RECOMPUTES  # noqa: PLC0415
-
     modes = list(dict.fromkeys(problem.search.allowed("recompute", planned_modes(ctx))))
     return [r for r in RECOMPUTES if r in modes] + [r for r in modes if r not in RECOMPUTES]

@@ -44,6 +44,7 @@ from .layouts import search_modes
 from .records import Alternative, Solution, SolverStats
 from .stage_model import TIME_UNIT_S, StageModel, _rounding_tolerance, _t
 from .warm_start import WARM_START_CONFIGS, _warm_start
+from .. import __version__
 
 FIRST_CAP = 0.1  # deterministic time per configuration on the first pass (stopped proofs resume later)
 RETRY_CAP = 0.5  # ... on the first round of resumed proofs (x4 each round)
@@ -540,8 +541,6 @@ class _Search:
 def fingerprint(problem: Problem, settings: dict[str, Any]) -> str:
     """sha256 of what determines a solve's answer: the problem, the autoshard and OR-Tools
     versions, and the budget settings (not the wall-clock limit, only a safety net)."""
-    from .. import __version__  # noqa: PLC0415
-
     try:
         from ortools import __version__ as ortools_version  # noqa: PLC0415
     except ImportError:  # pragma: no cover

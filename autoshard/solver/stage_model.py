@@ -22,6 +22,8 @@ from ..cost import (
 from ..spec import RECOMPUTES
 from .bounds import _memory_tmax, _rank_times, _stage_extras, balanced_max
 from .layouts import recompute_layout
+from ..cost import even_split
+from .layouts import every_nth_list
 
 TIME_UNIT_S = 1e-7
 MEM_UNIT_BYTES = 1024
@@ -91,8 +93,6 @@ class StageModel:
         for k in self.kinds:
             md.add(sum(self.n[c][k][r] for c in range(self.V) for r in self.modes) == self.count[k])
         if self.uniform:
-            from ..cost import even_split  # noqa: PLC0415
-
             for c, want in enumerate(even_split(self.ctx.model.num_hidden_layers, self.V)):
                 md.add(self.size[c] == want)
         else:
@@ -376,8 +376,6 @@ class StageModel:
             md.add(self.step <= self.cutoff * scale)
         md.minimize(self.step)
         if not self.uniform:
-            from ..cost import even_split  # noqa: PLC0415
-
             layer_kinds = self.ctx.model.layer_kinds()
             start = 0
             for c, size in enumerate(even_split(len(layer_kinds), self.V)):
@@ -511,8 +509,6 @@ class StageModel:
                     size += cnt
             stage_layers.append(size)
         if set(recompute) == {"full", "none"} and ("every_nth", "", "") in counts:
-            from .layouts import every_nth_list  # noqa: PLC0415  (the blocks' positions, not just counts)
-
             n = counts[("every_nth", "", "")]
             laid = every_nth_list(stage_layers, self.cfg.pp, n)
             if sorted(laid) == sorted(recompute):

@@ -12,6 +12,7 @@ from ..spec import Problem
 from .bounds import _optimistic_table, _table_bound, _useful_modes
 from .candidates import _placements
 from .layouts import project, recompute_layout
+from ..cost import assemble, even_split
 
 WARM_START_CONFIGS = 800  # configurations the greedy pass tries, in numpy-bound order (a count: deterministic)
 
@@ -31,8 +32,6 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
     the lowest placement-free bound (memory-aware): the two placements with the lowest table
     bounds, and the stage split too (`_Greedy.split`: the least max stage time, memory-aware).
     `sink` receives every plan that fits (the search keeps the best of each family)."""
-    from ..cost import assemble, even_split  # noqa: PLC0415
-
     best: Estimate | None = None
     L = ctx.model.num_hidden_layers
     promising: list[tuple[float, int, Config]] = []
@@ -183,8 +182,6 @@ class _Greedy:
     def split(self) -> tuple[list[int] | None, list[str] | None]:
         """The stage split (one chunk per rank) with the least max stage time the greedy
         recompute allows: a bisection on the time limit of `_fill`."""
-        from ..cost import even_split  # noqa: PLC0415
-
         even = even_split(len(self.kinds), self.cfg.pp)
         start = [self.rank(p, list(range(sum(even[:p]), sum(even[:p + 1])))) for p in range(self.cfg.pp)]
         hi = max(r[1] for r in start) if all(start) else 1e6

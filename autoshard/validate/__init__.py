@@ -73,135 +73,32 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import InputError
+from .. import cost
+from ..catalog import resolve_gpu_id, unknown_gpu_message
+from ..cost import evaluate
+from ..cost.layers import _activation_bytes
+from ..errors import InfeasibleError
+from ..frameworks import get_framework
+from ..loader import load_problem, read_runs
+from ..solver import solve
+from ..spec import Plan
+from .cases import (  # noqa: F401  (re-exported: the run records and row readers, cases.py)
+    Case,
+    GB_PER_GIB,
+    PRECISION_MAP,
+    Skip,
+    as_int,
+    filled_notes,
+    global_batch_seqs,
+    measured_peak_memory_gib,
+    measured_step,
+    narayanan_flops,
+    row_dp,
+    source_group,
+)
+from .modern import row_flag, gpu_arch, is_modern_row, modern_row_to_case, precision_family, topology_of
 
 RUNS_ENV = "AUTOSHARD_VALIDATION"
-
-PRECISION_MAP = {
-    "fp16 mixed": "bf16",
-    "fp16": "bf16",
-    "bf16": "bf16",
-    "bf16 mixed": "bf16",
-    "fp8": "fp8",
-}
-
-
-# ---------------------------------------------------------------------------------------
-# Rows -> cases
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Case:
-    """One measured run, ready for `evaluate`."""
-
-    id: str
-    source_group: str
-    gpu: str
-    precision: str
-    gpu_count: int
-    problem: Any  # autoshard.spec.Problem
-    plan: Any  # autoshard.spec.Plan
-    measured_step_s: float
-    notes: tuple[str, ...] = ()
-    recompute_published: bool = True
-    recipe: str = ""  # the precision recipe as run (fp8-current, mxfp8, ...); "" = `precision`
-    framework: str = "megatron"
-    arch: str = ""  # Hopper, Blackwell, ...; "" = from the GPU id
-    measured_peak_memory_gib: float | None = None  # torch.cuda.max_memory_allocated as the row states it
-
-
-@dataclass(frozen=True)
-class Skip:
-    id: str
-    source_group: str
-    reason: str
-
-
-def source_group(row: Mapping[str, Any]) -> str:
-    """The row's `source_group` (the label of its per-source table line), else its `source_family`, else
-    its `source` up to the first comma."""
-    for key in ("source_group", "source_family"):
-        if str(row.get(key) or "").strip():
-            return str(row[key]).strip()
-    return str(row.get("source") or "unknown").split(",")[0].strip() or "unknown"
-
-
-def filled_notes(row: Mapping[str, Any]) -> list[str]:
-    """A row's `filled` (field -> where a value the source did not print comes from) as notes; a flat
-    text (a CSV cell) is one note."""
-    filled = row.get("filled")
-    if not filled:
-        return []
-    if isinstance(filled, Mapping):
-        return [f"{k} filled: {v}" for k, v in sorted(filled.items())]
-    return [f"filled: {filled}"]
-
-
-GB_PER_GIB = 2**30 / 1e9
-
-
-def measured_peak_memory_gib(row: Mapping[str, Any]) -> float | None:
-    """A row's measured peak memory per GPU in GiB: `measured_peak_memory_gib`, else
-    `measured_peak_memory_gb` (1e9 bytes) converted; None where the row states neither."""
-    gib, gb = row.get("measured_peak_memory_gib"), row.get("measured_peak_memory_gb")
-    for key, v in (("measured_peak_memory_gib", gib), ("measured_peak_memory_gb", gb)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e5):
-            raise InputError(f"expected a positive number, got {v!r}", field=f"{row.get('id')}.{key}")
-    if gib is not None:
-        return float(gib)
-    if gb is not None:
-        return float(gb) / GB_PER_GIB
-    return None
-
-
-def narayanan_flops(row: Mapping[str, Any]) -> float:
-    """FLOPs per iteration of Narayanan et al. 2021 eq. (3) (counts the recompute forward)."""
-    B, s, l, h, V = (float(row[k]) for k in ("global_batch_seqs", "seq_len", "layers", "hidden", "vocab"))
-    return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
-
-
-def measured_step(row: Mapping[str, Any]) -> tuple[float | None, str]:
-    """(measured step time in s, how it was obtained) or (None, why not)."""
-    if row.get("step_time_s"):
-        return float(row["step_time_s"]), "step_time_s as published"
-    if row.get("tflops_formula") == "megatron-eq3" and row.get("tflops_per_gpu") and row.get("gpu_count"):
-        if any(row.get(k) in (None, 0) for k in ("global_batch_seqs", "seq_len", "layers", "hidden", "vocab")):
-            return None, "eq. (3) needs B, s, l, h, V"
-        f = narayanan_flops(row)
-        return f / (float(row["tflops_per_gpu"]) * 1e12 * int(row["gpu_count"])), \
-            f"derived: eq.(3) F={f:.4g} / ({row['tflops_per_gpu']} TFLOP/s x {row['gpu_count']} GPUs)"
-    if row.get("tokens_per_sec") and row.get("global_batch_tokens"):
-        return float(row["global_batch_tokens"]) / float(row["tokens_per_sec"]), \
-            "derived: global_batch_tokens / tokens_per_sec"
-    return None, "no measured step time (no step_time_s, tflops_per_gpu or tokens_per_sec)"
-
-
-def _int(v: Any, default: int | None = None) -> int | None:
-    if v is None or v == "":
-        return default
-    return int(v)
-
-
-def global_batch_seqs(row: Mapping[str, Any]) -> int | None:
-    """A row's global batch in sequences: as given, or its tokens over the sequence length."""
-    gbs = _int(row.get("global_batch_seqs"))
-    if gbs is None and row.get("global_batch_tokens"):
-        gbs = int(row["global_batch_tokens"]) // int(row["seq_len"])
-    return gbs
-
-
-def row_dp(row: Mapping[str, Any], n: int, tp: int, pp: int, cp: int,
-           notes: list[str]) -> tuple[int | None, str | None]:
-    """A row's data-parallel degree and, where it cannot be had, why: its `dp` as given, else
-    gpu_count / (tp*pp*cp) (noted in `notes`), or (None, the reason) where that does not divide."""
-    dp = _int(row.get("dp"))
-    if dp is None:
-        if n % (tp * pp * cp):
-            return None, f"tp*pp*cp = {tp * pp * cp} does not divide gpu_count = {n}"
-        dp = n // (tp * pp * cp)
-        notes.append(f"dp derived: {dp}")
-    return dp, None
-
 
 def _recompute(value: Any) -> str | None:
     if value is None:
@@ -220,10 +117,6 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     """One dev_runs row -> a Case (Problem, Plan, measured step) or a Skip with the reason.
 
     Rows of modern_runs_dev.json (with its extra fields) go through `modern.modern_row_to_case`."""
-    from ..loader import load_problem  # noqa: PLC0415
-    from ..spec import Plan  # noqa: PLC0415
-    from .modern import _flag, is_modern_row, modern_row_to_case, topology_of  # noqa: PLC0415
-
     if is_modern_row(row):
         try:
             return modern_row_to_case(row)
@@ -246,7 +139,6 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     notes.append(f"measured step {how}")
 
     # ---- hardware
-    from ..catalog import resolve_gpu_id, unknown_gpu_message  # noqa: PLC0415
 
     gpu_name = str(row.get("gpu") or "").strip()
     gpu = resolve_gpu_id(gpu_name)
@@ -256,7 +148,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     precision = PRECISION_MAP.get(prec_name.lower())
     if precision is None:
         return skip(f"precision {prec_name!r} has no mapping")
-    n = _int(row.get("gpu_count"))
+    n = as_int(row.get("gpu_count"))
     if not n:
         return skip("gpu_count not published")
 
@@ -269,24 +161,25 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     if missing:
         return skip(f"model dimensions not published ({', '.join(missing)} null)")
     layers, hidden = int(row["layers"]), int(row["hidden"])
-    heads, ffn = _int(row.get("heads")), _int(row.get("ffn"))
+    heads, ffn = as_int(row.get("heads")), as_int(row.get("ffn"))
     if heads is None:
         return skip("model dimensions not published (heads null)")
     if ffn is None:
         return skip("model dimensions not published (ffn null)")
     notes += filled_notes(row)
     # The architecture from the row's fields (validation/README.md), never from the model's name.
-    model = dict(hidden_act=str(row.get("hidden_act") or "silu"), dropout=_flag(row, "dropout", False),
-                 tie_word_embeddings=_flag(row, "tie_word_embeddings", False),
-                 num_key_value_heads=_int(row.get("kv_heads"), heads))
+    model = dict(hidden_act=str(row.get("hidden_act") or "silu"), dropout=row_flag(row, "dropout", False),
+                 tie_word_embeddings=row_flag(row, "tie_word_embeddings", False),
+                 num_key_value_heads=as_int(row.get("kv_heads"), heads))
     model.update(name=str(row.get("model") or rid), num_hidden_layers=layers, hidden_size=hidden,
                  intermediate_size=ffn, num_attention_heads=heads, vocab_size=int(row["vocab"]),
                  source=f"dev_runs {rid}")
 
     # ---- parallel plan
     fsdp = bool(row.get("fsdp"))
-    tp, pp = _int(row.get("tp"), 1), _int(row.get("pp"), 1)
-    cp, ep = _int(row.get("cp"), 1), _int(row.get("ep"), 1)
+    tp, pp = as_int(row.get("tp"), 1), as_int(row.get("pp"), 1)
+    cp, ep = as_int(row.get("cp"), 1), as_int(row.get("ep"), 1)
+    dp: int | None
     if fsdp:
         if tp != 1 or pp != 1:
             notes.append(f"fsdp row with tp={tp} pp={pp}: priced as tp=pp=1")
@@ -296,18 +189,18 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     else:
         dp, why = row_dp(row, n, tp, pp, cp, notes)
         if dp is None:
-            return skip(why)
-        zero = _int(row.get("zero_stage"), 1)  # absent: 1, Megatron's distributed optimizer
-    mbs = _int(row.get("micro_batch"), 1)
+            return skip(why or "")
+        zero = as_int(row.get("zero_stage"), 1)  # absent: 1, Megatron's distributed optimizer
+    mbs = as_int(row.get("micro_batch"), 1)
     gbs = global_batch_seqs(row)
     if gbs is None:
         return skip("global batch not published")
-    vpp = _int(row.get("vpp_chunks"))
+    vpp = as_int(row.get("vpp_chunks"))
     if vpp is None and row.get("layers_per_virtual_stage"):
         vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
     vpp = vpp or 1
     schedule = "interleaved" if vpp > 1 else "1f1b"
-    sp = _flag(row, "sp", tp > 1)  # absent: on with TP (the Megatron / NeMo recipes)
+    sp = row_flag(row, "sp", tp > 1)  # absent: on with TP (the Megatron / NeMo recipes)
     rc = _recompute(row.get("activation_recompute"))
     if rc is None:
         return skip(f"activation_recompute {row.get('activation_recompute')!r} has no mapping")
@@ -315,7 +208,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     if not published_rc:
         notes.append("activation_recompute not published: the least recompute that fits, chosen per layer "
                      "by the solver with every published degree fixed")
-    ga = _int(row.get("grad_accum"))
+    ga = as_int(row.get("grad_accum"))
     if ga is not None and dp * mbs * ga != gbs:
         notes.append(f"dp*mbs*grad_accum = {dp * mbs * ga} != global batch {gbs}")
 
@@ -323,7 +216,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
         "name": rid,
         "model": model,
         "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
-                     "optimizer": "adam", "flash_attention": _flag(row, "flash_attention", True)},
+                     "optimizer": "adam", "flash_attention": row_flag(row, "flash_attention", True)},
         "cluster": {"gpu": gpu, "num_gpus": n, "topology": str(row.get("topology") or topology_of(gpu)),
                     "power_cap_w": row.get("power_cap_w")},
     }
@@ -348,10 +241,6 @@ def completed_plan(case: Case) -> Any:
     stay as published and the stages even)."""
     if case.recompute_published:
         return case.plan
-    from ..errors import InfeasibleError  # noqa: PLC0415
-    from ..solver import solve  # noqa: PLC0415
-
-    from ..frameworks import get_framework  # noqa: PLC0415
 
     p = case.plan
     fixed = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
@@ -417,8 +306,6 @@ def default_runs_path() -> Path:
 def load_runs(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
     """Rows from a dev_runs-shaped JSON file (a list, or {runs: [...]}) or a CSV with the same columns,
     every cell checked: one line naming the file, row and column (see `autoshard.loader.read_runs`)."""
-    from ..loader import read_runs  # noqa: PLC0415
-
     return read_runs(path if path is not None else default_runs_path())
 
 
@@ -464,8 +351,6 @@ class RunResult:
     @property
     def regimes(self) -> list[str]:
         """The regimes this run counts in: dense/MoE, the GPU architecture, the precision family."""
-        from .modern import precision_family  # noqa: PLC0415
-
         return ["MoE" if self.moe else "dense", self.arch or "other",
                 precision_family(self.recipe or self.precision)]
 
@@ -582,10 +467,6 @@ def summarize_regimes(results: list[RunResult]) -> list[GroupSummary]:
 
 
 def evaluate_case(case: Case) -> RunResult | Skip:
-    from ..cost import evaluate  # noqa: PLC0415
-
-    from .modern import gpu_arch  # noqa: PLC0415
-
     est = evaluate(case.problem, completed_plan(case))
     if not est.step_time_s > 0:
         return Skip(case.id, case.source_group, "plan rejected by the cost model: " + "; ".join(est.reasons))
@@ -669,8 +550,8 @@ def format_report(report: Report) -> str:
     if report.skipped:
         lines.append("")
         lines.append(f"skipped ({len(report.skipped)}):")
-        for s in report.skipped:
-            lines.append(f"  {s.id:<44} {s.reason}")
+        for sk in report.skipped:
+            lines.append(f"  {sk.id:<44} {sk.reason}")
     not_fit = [r for r in report.results if not r.fits]
     if not_fit:
         lines.append("")
@@ -715,8 +596,6 @@ def format_groups(groups: list[GroupSummary], title: str) -> list[str]:
 
 
 def _gpt3_layer_problem(s: int, h: int, a: int, layers: int, vocab: int, b: int, num_gpus: int):
-    from ..loader import load_problem  # noqa: PLC0415
-
     return load_problem({
         "name": "korthikanti-check",
         "model": {"name": "gpt3-style", "num_hidden_layers": layers, "hidden_size": h,
@@ -734,9 +613,6 @@ def korthikanti_check(s: int = 2048, h: int = 12288, a: int = 96, b: int = 1, t:
     GPT-3 style layer (gelu MLP of 4h, dropout, materialized attention scores: FlashAttention
     off). Rows: configuration, formula, cost-model bytes, formula bytes, ratio.
     """
-    from .. import cost  # noqa: PLC0415
-    from ..cost.layers import _activation_bytes  # noqa: PLC0415
-
     problem = _gpt3_layer_problem(s, h, a, layers=max(8, t), vocab=51200, b=b, num_gpus=t)
     ctx = cost.context(problem)
 

@@ -36,6 +36,9 @@ from typing import Any
 from ..errors import InputError
 from ..fileio import read_json_file
 from . import filled_notes
+from . import Case, completed_plan, with_catalog
+from ..cost import evaluate
+from .modern import modern_row_to_case
 
 APART = 0.08  # pairs measured at least this far apart (relative) must be ordered right
 BLIND = 0.04  # pairs measured at least this far apart that the model predicts equal are reported
@@ -278,10 +281,6 @@ def pairs_of(configs: list[ConfigResult]) -> list[Pair]:
 
 
 def group_result(group: dict[str, Any], catalog: str | os.PathLike[str] | None = None) -> GroupResult:
-    from ..cost import evaluate  # noqa: PLC0415
-    from . import Case, completed_plan, with_catalog  # noqa: PLC0415
-    from .modern import modern_row_to_case  # noqa: PLC0415
-
     configs = group["configs"]
     metric = _metric(configs) or ""
     results: list[ConfigResult] = []

@@ -59,6 +59,10 @@ from ..calibrate import GRID_POINTS, HI, LO  # calibrate's search range and grid
 from . import Case, completed_plan, convert, load_runs, p90, with_catalog
 from .ablations import group_result, load_groups, summarize_ablations
 from .modern import precision_family, source_family
+from .. import frameworks as fw
+from ..catalog import _gpus, _matmul_model, end_to_end_factor, get_gpu, matmul_generation
+from ..cost import evaluate
+from ..frameworks import profiles
 
 FD = 1.1  # finite-difference step that finds the rows a framework factor moves
 
@@ -98,8 +102,6 @@ FRAMEWORK_FACTORS: tuple[Factor, ...] = (
 def _generation_factors() -> tuple[Factor, ...]:
     """The catalog's fitted matmul factors (autoshard/data/matmul.yaml `end_to_end`): one per precision family
     and GPU generation (or `all` generations), each applied to the sourced GEMM rate of every GPU it covers."""
-    from ..catalog import _gpus, _matmul_model, matmul_generation  # noqa: PLC0415
-
     out = []
     for family, table in _matmul_model()["end_to_end"].items():
         for gen in table:
@@ -156,16 +158,11 @@ FRAMEWORK_PRIOR = {"allocator_overhead": 1.0}  # the value without the fitted te
 def sourced_rate(f: Factor) -> float:
     """A matmul factor's sourced GEMM rate: its first GPU's achievable large-GEMM fraction (gpus.yaml
     gemm_achievable) x its sustained-clock fraction under its power limit; 0 where the GPU states none."""
-    from ..catalog import get_gpu  # noqa: PLC0415
-
     return get_gpu(f.targets[0]).sourced_gemm_rate(f.precision) if f.kind == "matmul" else 0.0
 
 
 def catalog_value(f: Factor) -> float:
     """The factor's value as shipped (in the unit of its name)."""
-    from ..catalog import end_to_end_factor, get_gpu, matmul_generation  # noqa: PLC0415
-    from ..frameworks import profiles  # noqa: PLC0415
-
     if f.kind == "scaled":  # matmul.yaml's end-to-end factor (for `all` over several: the first GPU's)
         gen = f.generation if f.generation != "all" else matmul_generation(get_gpu(f.targets[0]).arch)
         return end_to_end_factor(f.precision, gen)
@@ -183,8 +180,6 @@ class Pricer:
         self.count = 0
 
     def overlay(self, values: Mapping[Factor, float]) -> str | None:
-        from ..catalog import get_gpu  # noqa: PLC0415
-
         entries: dict[str, dict[str, Any]] = {}
         for f, v in values.items():
             if f.kind not in ("matmul", "scaled"):
@@ -210,8 +205,6 @@ class Pricer:
 
     @contextlib.contextmanager
     def frameworks(self, values: Mapping[Factor, float]) -> Iterator[None]:
-        from .. import frameworks as fw  # noqa: PLC0415
-
         table = fw.profiles()
         saved = dict(table)
         try:
@@ -226,8 +219,6 @@ class Pricer:
             fw.get_framework.cache_clear()
 
     def steps(self, cases: list[Case], values: Mapping[Factor, float]) -> np.ndarray:
-        from ..cost import evaluate  # noqa: PLC0415
-
         path = self.overlay(values)
         with self.frameworks(values):
             return np.array([evaluate(with_catalog(c, path).problem, c.plan).step_time_s for c in cases], dtype=float)

@@ -68,7 +68,12 @@ from typing import Any, get_args
 import yaml
 
 from ..errors import InputError
-from . import _int, global_batch_seqs, row_dp
+from .cases import as_int, global_batch_seqs, row_dp
+from pydantic import ValidationError
+from .cases import Case, Skip, measured_peak_memory_gib, measured_step
+from ..catalog import get_gpu, get_topology, resolve_gpu_id, unknown_gpu_message
+from ..loader import load_problem
+from ..spec import Plan, Precision, canonical_recompute
 
 # One line to switch: True = give `training.precision` the recipe wherever autoshard.spec accepts it.
 USE_RECIPES = True
@@ -93,8 +98,6 @@ def gpu_id(name: str) -> str | None:
     """A row's GPU / system name -> its catalog id through the catalog's alias table
     (`catalog.resolve_gpu_id`: 'DGX-B200', 'H100-SXM5-80GB', 'NVIDIA H100 SXM5', 'MI355' ...); None
     where the table has no such spelling."""
-    from ..catalog import resolve_gpu_id  # noqa: PLC0415
-
     return resolve_gpu_id(name) if name.strip() else None
 
 
@@ -106,8 +109,6 @@ ARCH_FAMILIES = {"volta": "Volta", "ampere": "Ampere", "hopper": "Hopper", "blac
 def gpu_arch(gid: str) -> str:
     """'Hopper', 'Blackwell', 'Ampere', 'CDNA3', 'CDNA4', ... of a catalog id: its catalog `arch`
     (`ARCH_FAMILIES`; Blackwell Ultra counts as Blackwell), 'other' for the rest."""
-    from ..catalog import get_gpu  # noqa: PLC0415
-
     try:
         return ARCH_FAMILIES.get(get_gpu(gid).arch, "other")
     except InputError:
@@ -163,8 +164,6 @@ def precision_recipe(row: Mapping[str, Any], arch: str) -> tuple[str | None, str
 def spec_precision(recipe: str) -> str:
     """The `training.precision` value for a recipe: itself where autoshard.spec accepts it
     (and USE_RECIPES), else its family ('fp8' for every fp8 recipe; nvfp4 too: the nearest rate)."""
-    from ..spec import Precision  # noqa: PLC0415
-
     accepted = set(get_args(Precision))
     if USE_RECIPES and recipe in accepted:
         return recipe
@@ -186,7 +185,7 @@ def framework_of(row: Mapping[str, Any]) -> tuple[str, str]:
     return str(row.get("framework") or "megatron"), source_family(row)
 
 
-def _flag(row: Mapping[str, Any], key: str, default: bool | None) -> bool | None:
+def row_flag(row: Mapping[str, Any], key: str, default: bool | None) -> bool | None:
     """A true/false field of a row (absent or null: `default`); anything else is bad input."""
     v = row.get(key)
     if v is None:
@@ -223,7 +222,6 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
         return (["none", "full"] * layers)[:layers], f"{raw!r}: full recompute on every 2nd layer (torchtitan selective_ac_option 2)", True
     mods = re.fullmatch(r"selective\s*:\s*([a-z_,\s+]+)", low)
     if mods:  # "selective: mla_up_proj, mlp": Megatron recompute modules
-        from ..spec import canonical_recompute  # noqa: PLC0415
 
         try:
             return canonical_recompute(mods.group(1)), None, True
@@ -245,8 +243,6 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
             if names == []:
                 return "none", "recompute_modules=[]: nothing recomputed", True
             if names:
-                from ..spec import canonical_recompute  # noqa: PLC0415
-
                 try:
                     return canonical_recompute("+".join(names)), None, True
                 except ValueError:
@@ -263,7 +259,7 @@ def recompute_of(text: Any, layers: int, pp: int, vpp: int) -> tuple[Any, str | 
 
 def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[str]]:
     """(tp_comm_overlap, ep_overlap, notes) from the row's fields of those names; None where absent."""
-    tp_ov, ep_ov = _flag(row, "tp_comm_overlap", None), _flag(row, "ep_overlap", None)
+    tp_ov, ep_ov = row_flag(row, "tp_comm_overlap", None), row_flag(row, "ep_overlap", None)
     found = []
     if tp_ov is not None:
         found.append(f"tp_comm_overlap={tp_ov} (stated)")
@@ -276,7 +272,7 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     """Whether the row states the step ran as a full-iteration CUDA graph (`cuda_graphs: true`: MLPerf's
     config_common_cg.sh, Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8 or
     _apply_gpt_oss_120b_full_iter_fp8mx_configs, cuda_graph_impl full_iteration)."""
-    return bool(_flag(row, "cuda_graphs", False))
+    return bool(row_flag(row, "cuda_graphs", False))
 
 
 RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
@@ -306,7 +302,7 @@ def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
         same = [e for e in table.values() if (e["release"], e["model"], e["gpu"]) == key]
         # the entry of the row's own table line (precision as printed and GPU count), where one is recorded
         line = [e for e in same if str(e.get("precision", "")).lower() == str(row.get("precision") or "").lower()
-                and e.get("num_gpus") == _int(row.get("gpu_count"))]
+                and e.get("num_gpus") == as_int(row.get("gpu_count"))]
         same = line or same
         own = {k: same[0].get(k) for k in RECIPE_KNOBS
                if same and all(e.get(k) == same[0].get(k) for e in same)} | (
@@ -368,8 +364,6 @@ def dispatcher_of_row(row: Mapping[str, Any]) -> str | None:
 
 def topology_of(gid: str) -> str:
     """The GPU's default topology (a row's `topology` field names another)."""
-    from ..catalog import get_gpu  # noqa: PLC0415
-
     return get_gpu(gid).default_topology
 
 
@@ -378,137 +372,167 @@ def topology_of(gid: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def modern_row_to_case(row: Mapping[str, Any]) -> Any:
-    """One modern row -> a Case or a Skip with the reason (see the module docstring)."""
-    from ..catalog import get_topology  # noqa: PLC0415
-    from ..loader import load_problem  # noqa: PLC0415
-    from ..spec import Plan  # noqa: PLC0415
-    from . import Case, Skip, measured_peak_memory_gib, measured_step  # noqa: PLC0415
-    from pydantic import ValidationError  # noqa: PLC0415
+class _SkipRow(Exception):
+    """A row the model cannot price: `modern_row_to_case` returns a Skip with this reason."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def modern_row_to_case(row: Mapping[str, Any]) -> Any:
+    """One modern row -> a Case or a Skip with the reason (see the module docstring). The parts, in
+    the order their notes and skip reasons appear: the measured step, the hardware, the model, the
+    parallel plan, the recompute and the release's recipe, then the problem and the plan."""
     rid = str(row.get("id") or "?")
     framework, group = framework_of(row)
     notes: list[str] = []
+    try:
+        meas = _row_step(row, notes)
+        hw = _row_hardware(row, rid, notes)
+        model = _row_model(row, rid, notes)
+        par = _row_parallel(row, framework, hw["n"], notes)
+        rec = _row_recipe(row, framework, model, par, notes)
+        problem, plan = _row_problem_plan(row, rid, framework, hw, model, par, rec, notes)
+    except _SkipRow as s:
+        return Skip(rid, group, s.reason)
+    return Case(rid, group, hw["gid"], hw["precision"], hw["n"], problem, plan, float(meas), tuple(notes),
+                rec["published_rc"], recipe=hw["recipe"], framework=framework, arch=hw["arch"],
+                measured_peak_memory_gib=measured_peak_memory_gib(row))
 
-    def skip(reason: str) -> Skip:
-        return Skip(rid, group, reason)
 
-    # ---- measured step
+def _row_step(row: Mapping[str, Any], notes: list[str]) -> float:
+    """The measured step time (s)."""
     meas, how = measured_step(row)
     if meas is None or not meas > 0:
         if row.get("global_batch_tokens") is None and row.get("global_batch_seqs") is None:
-            return skip("no measured step time (global batch and sequence length not published)")
-        return skip(how)
+            raise _SkipRow("no measured step time (global batch and sequence length not published)")
+        raise _SkipRow(how)
     notes.append(f"measured step {how}")
+    return meas
 
-    # ---- hardware
+
+def _row_hardware(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, Any]:
+    """GPU id and architecture, precision recipe and the precision it is priced as, GPU count, topology."""
     gpu_name = str(row.get("gpu") or "").strip()
     gid = gpu_id(gpu_name)
     if gid is None:
-        from ..catalog import unknown_gpu_message  # noqa: PLC0415
-
         raise InputError(unknown_gpu_message(gpu_name), field=f"{rid}.gpu")
     arch = gpu_arch(gid)
     recipe, prec_how = precision_recipe(row, arch)
     if recipe is None:
-        return skip(prec_how)
+        raise _SkipRow(prec_how)
     precision = spec_precision(recipe)
     if precision != recipe:
         notes.append(f"precision {prec_how} -> recipe {recipe}, priced as {precision} (spec does not take {recipe} yet)")
     elif prec_how != str(row.get("precision")):
         notes.append(f"precision {prec_how}")
-    n = _int(row.get("gpu_count"))
+    n = as_int(row.get("gpu_count"))
     if not n:
-        return skip("gpu_count not published")
+        raise _SkipRow("gpu_count not published")
     topo = str(row.get("topology") or topology_of(gid))  # a named cluster (ablations.config_row)
-    dom = _int(row.get("nvlink_domain_gpus"))
+    dom = as_int(row.get("nvlink_domain_gpus"))
     try:
         first = get_topology(topo).levels[0].size
     except InputError:
-        return skip(f"topology {topo!r} of {gid} not in the catalog")
+        raise _SkipRow(f"topology {topo!r} of {gid} not in the catalog") from None
     if dom and first != dom:
         notes.append(f"nvlink_domain_gpus={dom} but topology {topo} has {first} GPUs in its first level")
+    return {"gid": gid, "arch": arch, "recipe": recipe, "precision": precision, "n": n, "topo": topo}
 
-    # ---- model
+
+def _row_model(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, Any]:
+    """The model's fields, from the row's config fields (validation/README.md): never from its name."""
     model_name = str(row.get("model") or rid)
-    if _int(row.get("mamba_layers"), 0):
-        return skip(f"{model_name}: {row['mamba_layers']} Mamba2 layers (mamba_layers): hybrid Mamba2/attention "
-                    "layers are not modelled")
+    if as_int(row.get("mamba_layers"), 0):
+        raise _SkipRow(f"{model_name}: {row['mamba_layers']} Mamba2 layers (mamba_layers): hybrid Mamba2/attention "
+                       "layers are not modelled")
     missing = [k for k in ("layers", "hidden", "ffn", "heads", "vocab", "seq_len") if row.get(k) in (None, "")]
     if missing:
-        return skip(f"model dimensions not published ({', '.join(missing)} null)")
+        raise _SkipRow(f"model dimensions not published ({', '.join(missing)} null)")
     model: dict[str, Any] = dict(
         name=model_name, num_hidden_layers=int(row["layers"]), hidden_size=int(row["hidden"]),
         intermediate_size=int(row["ffn"]), num_attention_heads=int(row["heads"]),
-        num_key_value_heads=_int(row.get("kv_heads"), int(row["heads"])), vocab_size=int(row["vocab"]),
+        num_key_value_heads=as_int(row.get("kv_heads"), int(row["heads"])), vocab_size=int(row["vocab"]),
         source=f"modern_runs {rid}")
-    # The architecture from the row's config fields (validation/README.md): never from the model's name.
     model.update(hidden_act=str(row.get("hidden_act") or "silu"),
-                 tie_word_embeddings=_flag(row, "tie_word_embeddings", False))
+                 tie_word_embeddings=row_flag(row, "tie_word_embeddings", False))
     if row.get("dropout") is not None:
-        model["dropout"] = _flag(row, "dropout", False)
+        model["dropout"] = row_flag(row, "dropout", False)
     if row.get("kv_lora_rank"):  # multi-head latent attention: its dims replace head_dim
-        model.update({k: _int(row.get(k)) for k in MLA_KEYS})
+        model.update({k: as_int(row.get(k)) for k in MLA_KEYS})
         notes.append("MLA dims from the row (q_lora " + str(row.get("q_lora_rank")) + f", kv_lora {row['kv_lora_rank']}, "
                      f"nope {row.get('qk_nope_head_dim')}, rope {row.get('qk_rope_head_dim')}, v {row.get('v_head_dim')})")
     elif row.get("head_dim"):
         model["head_dim"] = int(row["head_dim"])
-    if _int(row.get("mtp_layers"), 0):
+    if as_int(row.get("mtp_layers"), 0):
         notes.append(f"{row['mtp_layers']} multi-token-prediction layer(s) not priced")
     if row.get("sliding_window"):
         model.update(sliding_window=int(row["sliding_window"]),
                      sliding_window_layers=float(row.get("sliding_window_layers") or 1.0))
         notes.append(f"sliding window of {row['sliding_window']} tokens on a share "
                      f"{model['sliding_window_layers']:g} of the layers")
-    if _flag(row, "expert_bias", False):
+    if row_flag(row, "expert_bias", False):
         model["expert_bias"] = True
     if row.get("moe_experts"):
         if not row.get("moe_top_k"):
-            return skip("MoE top-k not published")
+            raise _SkipRow("MoE top-k not published")
         model.update(num_experts=int(row["moe_experts"]), num_experts_per_tok=int(row["moe_top_k"]),
-                     moe_intermediate_size=_int(row.get("moe_ffn"), int(row["ffn"])),
-                     num_shared_experts=_int(row.get("moe_shared_experts"), 0) or 0,
-                     first_k_dense_replace=_int(row.get("first_k_dense"), 0) or 0)
+                     moe_intermediate_size=as_int(row.get("moe_ffn"), int(row["ffn"])),
+                     num_shared_experts=as_int(row.get("moe_shared_experts"), 0) or 0,
+                     first_k_dense_replace=as_int(row.get("first_k_dense"), 0) or 0)
         if row.get("moe_ffn") is None:
             notes.append(f"moe_ffn null: experts of ffn = {row['ffn']} (Mixtral-style)")
+    return model
 
-    # ---- parallel plan
+
+def _row_parallel(row: Mapping[str, Any], framework: str, n: int, notes: list[str]) -> dict[str, Any]:
+    """The parallel degrees, ZeRO stage, global and micro batch, virtual stages and schedule."""
     layers = int(row["layers"])
-    tp, pp = _int(row.get("tp"), 1), _int(row.get("pp"), 1)
-    cp, ep = _int(row.get("cp"), 1), _int(row.get("ep"), 1)
-    etp = _int(row.get("etp"))
+    tp, pp = as_int(row.get("tp"), 1), as_int(row.get("pp"), 1)
+    cp, ep = as_int(row.get("cp"), 1), as_int(row.get("ep"), 1)
+    etp = as_int(row.get("etp"))
     fsdp = bool(row.get("fsdp"))
     dp, why = row_dp(row, n, tp, pp, cp, notes)
     if dp is None:
-        return skip(why)
+        raise _SkipRow(why or "")
     if etp is None and ep > 1 and dp % ep and (tp * cp * dp) % ep == 0:
         etp = 1
         notes.append(f"etp not published: ep={ep} does not divide dp={dp}, so the run folds experts over "
                      f"TP/CP ranks (MoE parallel folding); etp=1 as Megatron-Bridge's MoE recipes set")
-    zs = _int(row.get("zero_stage"))
+    zs = as_int(row.get("zero_stage"))
     zero = 3 if fsdp else zs if zs is not None else (1 if framework == "megatron" else 0)
     gbs = global_batch_seqs(row)
     if gbs is None:
-        return skip("global batch not published")
-    mbs = _int(row.get("micro_batch"))
+        raise _SkipRow("global batch not published")
+    mbs = as_int(row.get("micro_batch"))
     if mbs is None:
-        other = row.get("other_metrics") if isinstance(row.get("other_metrics"), Mapping) else {}
-        local = _int(other.get("local_batch_size")) or max(1, gbs // dp)
-        if framework == "torchtitan" and _int(row.get("grad_accum")) in (None, 1):
+        other: Mapping[str, Any] = row["other_metrics"] if isinstance(row.get("other_metrics"), Mapping) else {}
+        local = as_int(other.get("local_batch_size")) or max(1, gbs // dp)
+        if framework == "torchtitan" and as_int(row.get("grad_accum")) in (None, 1):
             mbs = max(1, local // pp)
             notes.append(f"micro_batch: local batch {local}" + (f" in {pp} micro-batches (one per stage)" if pp > 1 else ""))
         else:
             mbs = 1
             notes.append("micro_batch not published: 1")
-    vpp = _int(row.get("vpp_chunks"))
+    vpp = as_int(row.get("vpp_chunks"))
     if vpp is None and row.get("layers_per_virtual_stage"):
         vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
     vpp = vpp or 1
     schedule = "interleaved" if vpp > 1 else "1f1b"
     sp = bool(row["sp"]) if row.get("sp") is not None else tp > 1
+    return {"layers": layers, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "dp": dp, "zero": zero, "gbs": gbs,
+            "mbs": mbs, "vpp": vpp, "schedule": schedule, "sp": sp}
+
+
+def _row_recipe(row: Mapping[str, Any], framework: str, model: Mapping[str, Any], par: Mapping[str, Any],
+                notes: list[str]) -> dict[str, Any]:
+    """Recompute, overlaps, pipeline layout and token drop: from the row, else from the release's
+    Megatron-Bridge recipe."""
+    layers, pp, vpp = par["layers"], par["pp"], par["vpp"]
     rc, rc_note, published_rc = recompute_of(row.get("activation_recompute"), layers, pp, vpp)
     if rc is None:
-        return skip(rc_note or "activation_recompute has no mapping")
+        raise _SkipRow(rc_note or "activation_recompute has no mapping")
     if rc_note:
         notes.append(rc_note)
     mb_recipe = recipe_of(row) if framework == "megatron" else {}
@@ -542,34 +566,45 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         capacity = float(mb_recipe["capacity_factor"])
     if capacity is not None:
         notes.append(f"token-drop run: moe_capacity_factor {capacity}, padded to capacity")
-    ga = _int(row.get("grad_accum"))
-    if ga is not None and dp * mbs * ga != gbs:
-        notes.append(f"grad_accum {ga} x dp {dp} x mbs {mbs} != global batch {gbs}")
+    ga = as_int(row.get("grad_accum"))
+    if ga is not None and par["dp"] * par["mbs"] * ga != par["gbs"]:
+        notes.append(f"grad_accum {ga} x dp {par['dp']} x mbs {par['mbs']} != global batch {par['gbs']}")
+    return {"rc": rc, "published_rc": published_rc, "mb_recipe": mb_recipe, "tp_ov": tp_ov, "ep_ov": ep_ov,
+            "stage_layers": stage_layers, "capacity": capacity}
+
+
+def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapping[str, Any],
+                      model: dict[str, Any], par: Mapping[str, Any], rec: Mapping[str, Any],
+                      notes: list[str]) -> tuple[Any, Plan]:
+    """The Problem and the Plan of the run (a row that does not convert is skipped with the reason)."""
+    mb_recipe = rec["mb_recipe"]
     try:
         problem = load_problem({
             "name": rid, "model": model, "framework": framework,
-            "training": {"seq_len": int(row["seq_len"]), "global_batch_size": gbs, "precision": precision,
-                         "optimizer": "adam", "flash_attention": _flag(row, "flash_attention", True),
-                         "launch_blocking": _flag(row, "launch_blocking", False),
+            "training": {"seq_len": int(row["seq_len"]), "global_batch_size": par["gbs"], "precision": hw["precision"],
+                         "optimizer": "adam", "flash_attention": row_flag(row, "flash_attention", True),
+                         "launch_blocking": row_flag(row, "launch_blocking", False),
                          "softmax_fusion": row.get("softmax_fusion") or "megatron",
-                         "moe_capacity_factor": capacity,
+                         "moe_capacity_factor": rec["capacity"],
                          # stated per row (validation/README.md): e.g. every Megatron-Bridge performance
                          # recipe runs grad_reduce_in_fp32 false and keeps FP8 primary weights in its FP8
                          # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
                          "main_grads": row.get("main_grads"),
-                         "fp8_params": _flag(row, "fp8_params", False)},
-            "cluster": {"gpu": gid, "num_gpus": n, "topology": topo, "power_cap_w": row.get("power_cap_w")},
+                         "fp8_params": row_flag(row, "fp8_params", False)},
+            "cluster": {"gpu": hw["gid"], "num_gpus": hw["n"], "topology": hw["topo"], "power_cap_w": row.get("power_cap_w")},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
         if graphs:
             notes.append("full-iteration CUDA graphs (stated in the row or its recipe): cuda_graphs=True")
-        dispatcher = (dispatcher_of_row(row) or mb_recipe.get("dispatcher")) if framework == "megatron" and ep > 1 else None
+        dispatcher = ((dispatcher_of_row(row) or mb_recipe.get("dispatcher"))
+                      if framework == "megatron" and par["ep"] > 1 else None)
         if dispatcher:
             notes.append(f"expert dispatcher {dispatcher} (stated in the row or its recipe)")
-        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
-                    sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs, recompute=rc,
-                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs, moe_dispatcher=dispatcher)
+        plan = Plan(tp=par["tp"], pp=par["pp"], dp=par["dp"], cp=par["cp"], ep=par["ep"], etp=par["etp"],
+                    vpp=par["vpp"], schedule=par["schedule"], stage_layers=rec["stage_layers"],
+                    sequence_parallel=par["sp"], zero_stage=par["zero"], micro_batch_size=par["mbs"],
+                    recompute=rec["rc"], tp_comm_overlap=rec["tp_ov"], ep_overlap=rec["ep_ov"], cuda_graphs=graphs,
+                    moe_dispatcher=dispatcher)
     except (InputError, ValidationError, ValueError) as exc:
-        return skip(f"does not convert: {str(exc).splitlines()[0]}")
-    return Case(rid, group, gid, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
-                recipe=recipe, framework=framework, arch=arch, measured_peak_memory_gib=measured_peak_memory_gib(row))
+        raise _SkipRow(f"does not convert: {str(exc).splitlines()[0]}") from None
+    return problem, plan

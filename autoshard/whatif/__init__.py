@@ -96,9 +96,9 @@ from .schema import (
     StudySpec,
     Workload,
     WorkloadSpec,
-    load_study,
 )
-from .sensitivity import HBM_SIBLING, SLOWDOWN, SolvedOption, _levels_problem, sensitivities, solve_option
+from .study import load_study
+from .sensitivity import HBM_SIBLING, SLOWDOWN, SolvedOption, levels_problem, sensitivities, solve_option
 
 __all__ = [
     "AMORTIZATION_YEARS", "CSV_COLUMNS", "DASK_EXTRA_HINT", "DEFAULT_TIME_LIMIT_S", "EXECUTORS", "HBM_SIBLING",
@@ -109,5 +109,5 @@ __all__ = [
     "failure_rate", "goodput", "load_study", "node_overhead_w", "optimize_purchase", "pareto_front",
     "port_price_usd", "price_option", "reliability_defaults", "resolve_objective", "results_csv", "run_study",
     "run_task", "sensitivities", "solve_option", "violations", "young_daly_interval_s", "_execute",
-    "_levels_problem",
+    "levels_problem",
 ]

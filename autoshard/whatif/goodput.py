@@ -41,7 +41,7 @@ class Goodput:
     preemptions_per_gpu_hour: float = 0.0  # spot capacity reclaimed (spot options only)
 
 
-def _rel(spec: ReliabilitySpec, key: str) -> float:
+def reliability_figure(spec: ReliabilitySpec, key: str) -> float:
     v = getattr(spec, key)
     return float(reliability_defaults()[key] if v is None else v)
 
@@ -64,15 +64,15 @@ def goodput(num_gpus: int, params: float, spec: ReliabilitySpec | None = None, g
     preemptions (`spot_preemptions_per_gpu_hour`, counted even when reliability is disabled); each
     costs a restart and on average half a checkpoint interval of work."""
     spec = spec or ReliabilitySpec()
-    size = params * _rel(spec, "checkpoint_bytes_per_param")
-    bw = max(_rel(spec, "storage_min_gb_per_s"), num_gpus * _rel(spec, "storage_gb_per_s_per_gpu"))
+    size = params * reliability_figure(spec, "checkpoint_bytes_per_param")
+    bw = max(reliability_figure(spec, "storage_min_gb_per_s"), num_gpus * reliability_figure(spec, "storage_gb_per_s_per_gpu"))
     if spec.storage_max_gb_per_s is not None:
         bw = min(bw, spec.storage_max_gb_per_s)
     io_s = size / (bw * 1e9)
-    delta = _rel(spec, "checkpoint_overhead_s") + io_s
-    restart = _rel(spec, "restart_s") + io_s
+    delta = reliability_figure(spec, "checkpoint_overhead_s") + io_s
+    restart = reliability_figure(spec, "restart_s") + io_s
     fail = failure_rate(spec, gpu) if spec.enabled else 0.0
-    pre = _rel(spec, "spot_preemptions_per_gpu_hour") if spot else 0.0
+    pre = reliability_figure(spec, "spot_preemptions_per_gpu_hour") if spot else 0.0
     lam = fail + pre
     if lam <= 0:
         return Goodput(1.0, math.inf, size, delta, math.inf, restart, fail, pre)

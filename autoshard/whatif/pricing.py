@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from ..catalog import get_gpu, get_topology, gpu_ids
 from ..spec import TopologyLevel
-from .goodput import _rel, failure_rate, reliability_defaults
+from .goodput import reliability_figure, failure_rate, reliability_defaults
 from .schema import SPOT_DISCOUNT, Option, PricingSpec, Study, StudySpec
 
 NODE_OVERHEAD_FRACTION = 0.30  # assumption: CPUs, NICs, switches, fans as a share of GPU TDP. A DGX H100
@@ -147,20 +147,20 @@ def default_notes(spec: StudySpec, options: Sequence[Option]) -> list[str]:
         notes.append(f"failures: {failure_rate(rel, 'h100-sxm'):.3g}/GPU-h"
                      + (" (Llama 3 paper: 419 unexpected interruptions in 54 days on 16,384 H100)"
                         if rel.failures_per_gpu_hour is None else " (study)")
-                     + f"; restart {_rel(rel, 'restart_s'):g} s + checkpoint read; checkpoint "
-                     f"{_rel(rel, 'checkpoint_bytes_per_param'):g} B/param at "
-                     f"{_rel(rel, 'storage_gb_per_s_per_gpu'):g} GB/s per GPU "
-                     f"(min {_rel(rel, 'storage_min_gb_per_s'):g} GB/s)"
+                     + f"; restart {reliability_figure(rel, 'restart_s'):g} s + checkpoint read; checkpoint "
+                     f"{reliability_figure(rel, 'checkpoint_bytes_per_param'):g} B/param at "
+                     f"{reliability_figure(rel, 'storage_gb_per_s_per_gpu'):g} GB/s per GPU "
+                     f"(min {reliability_figure(rel, 'storage_min_gb_per_s'):g} GB/s)"
                      + ("" if rel.storage_gb_per_s_per_gpu is not None else
                         f" ({d['storage_source'].strip()[:60]}...)"))
     else:
         notes.append("reliability disabled: no failure losses")
     if "spot" in modes:
-        notes.append(f"spot preemptions: {_rel(rel, 'spot_preemptions_per_gpu_hour'):.3g}/GPU-h on top of failures, "
+        notes.append(f"spot preemptions: {reliability_figure(rel, 'spot_preemptions_per_gpu_hour'):.3g}/GPU-h on top of failures, "
                      "each costing a restart and half a checkpoint interval"
                      + (" (AWS Spot Instance Advisor's top bucket, > 20% of instances reclaimed per month, on 8-GPU "
                         "instances; assumption)" if rel.spot_preemptions_per_gpu_hour is None else " (study)"))
-    loss = _rel(rel, "other_loss_fraction")
+    loss = reliability_figure(rel, "other_loss_fraction")
     if loss:
         notes.append(f"other losses outside the cost model (input stalls, stragglers, congestion): {100 * loss:g}% "
                      "of wall time (study)")

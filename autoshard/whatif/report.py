@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import atomic_write, dumps_json
-from .schema import _fmt_tokens
+from .schema import fmt_tokens
 from .sensitivity import BINDING_MIN_GAIN_PCT
+import warnings
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "host", "offload",
              "pipeline_bubble", "dp_comm", "optimizer")
@@ -610,8 +611,6 @@ def _summary_rows(rows: list[dict], limit: int = 40) -> list[dict]:
 def write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write report.md, report.html and the PNG plots for a results.json document; return the paths.
     matplotlib's layout warnings (a crowded figure) are not printed: the plots are written as they are."""
-    import warnings  # noqa: PLC0415
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return _write_report(doc, out_dir)
@@ -650,6 +649,33 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
         d.p(doc["description"].strip())
     if not doc.get("complete", True):
         d.p("**Incomplete run**: only the options that finished are shown.")
+    _recommendation_section(d, doc)
+
+    gpu_order: list[str] = []
+    for r in rows_all:
+        if r["gpu"] not in gpu_order:
+            gpu_order.append(r["gpu"])
+    files: list[Path] = []
+    images: list[tuple[str, bytes]] = []
+    cons = doc.get("constraints", {})
+    done_groups: set[str] = set()
+    for wi, w in enumerate(doc["workloads"]):
+        _workload_section(d, doc, wi, w, [r for r in rows_all if r["workload"] == w["name"]], gpu_order, cons,
+                          done_groups, images)
+    d.h(2, "Files")
+    d.p("`results.json` (every row, the Pareto fronts, the recommendation), `results.csv` (one row per option and "
+        "workload), and the PNG plots next to this report.")
+    for name, png in images:
+        atomic_write(out / name, png)
+        files.append(out / name)
+    atomic_write(out / "report.md", d.markdown())
+    atomic_write(out / "report.html", d.html(title))
+    return files + [out / "report.md", out / "report.html"]
+
+
+def _recommendation_section(d: _Doc, doc: dict[str, Any]) -> None:
+    """The recommendation per scope (and under the other power figures), how it was decided, the
+    fleet, the warnings and the assumptions."""
     d.h(2, "Recommendation")
     recs = doc.get("recommendations") or []
     for rec in recs:
@@ -679,109 +705,104 @@ def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[
     d.h(2, "Assumptions")
     d.ul(doc.get("assumptions", []))
 
-    gpu_order: list[str] = []
-    for r in rows_all:
-        if r["gpu"] not in gpu_order:
-            gpu_order.append(r["gpu"])
-    files: list[Path] = []
-    images: list[tuple[str, bytes]] = []
-    cons = doc.get("constraints", {})
-    done_groups: set[str] = set()
-    for wi, w in enumerate(doc["workloads"]):
-        rows = [r for r in rows_all if r["workload"] == w["name"]]
-        slug = f"w{wi + 1}"
-        with_topo = len({(r["gpu"], r["topology"]) for r in rows}) > len({r["gpu"] for r in rows})
-        d.h(2, f"Workload {wi + 1}: {w['name']}")
-        t = w["training"]
-        d.p(f"Model `{w['model']}`, {_fmt_tokens(w['tokens'])} tokens, sequence {t['seq_len']}, global batch "
-            f"{t['global_batch_size']} sequences, {t['precision']}.")
-        if fb := w.get("flop_budget"):
-            d.p(f"FLOP budget: {fb['model_flops']:.3g} model FLOPs ({fb['model_flops_per_token']:.3g} per token: "
-                f"{fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N + causal attention, the convention MFU "
-                f"counts; the plain {fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N T alone is "
-                f"{fb['weight_flops']:.3g}); each option's hardware FLOPs, with its plan's recompute, are in "
-                f"results.csv (`hardware_flops`).")
-        feas = [r for r in rows if r.get("feasible")]
-        infeasible = [r for r in rows if not r.get("feasible")]
-        if feas:
-            fastest = min(feas, key=lambda r: r["time_to_train_days"])
-            cheapest = min(feas, key=lambda r: r["cost_usd"])
-            d.ul([f"fastest: {fastest['option']}, {fastest['time_to_train_days']:.1f} days, "
-                  f"{money(fastest['cost_usd'])}",
-                  f"cheapest: {cheapest['option']}, {cheapest['time_to_train_days']:.1f} days, "
-                  f"{money(cheapest['cost_usd'])}",
-                  f"Pareto front (time vs cost): {', '.join(doc['pareto'].get(w['name'], [])) or '-'}"])
-            name = f"time_vs_cost_{slug}.png"
-            png = plot_time_cost(rows, gpu_order, cons, f"{w['name']}: time vs cost")
-            images.append((name, png))
-            d.img(name, f"{w['name']}: time to train vs cost, Pareto front and constraints", png)
-            d.p("`*` marks the recommended option. Pareto: on the front of time vs cost among the options that "
-                "meet every constraint (budget, capex, power cap, deadline); meets: yes, or what the option breaks.")
-            d.table(["option", "plan", "step s", "tokens/s", "MFU", "goodput", "days", "cost", "capex", "MWh",
-                     "power", "tokens/$", "Pareto", "meets"],
-                    [[("* " if r.get("recommended") else "") + r["option"], r.get("plan_short", ""),
-                      f"{r['step_time_s']:.3g}", num(r["tokens_per_s"]), pct(r["mfu"]), pct(r["goodput"]),
-                      f"{r['time_to_train_days']:.1f}", money(r["cost_usd"]), money(r["capex_usd"]) if r["capex_usd"]
-                      else "-", f"{r['energy_mwh']:,.0f}" if r["energy_mwh"] >= 10 else f"{r['energy_mwh']:.2g}",
-                      power(r["power_mw"]), num(r.get("tokens_per_usd")), "yes" if r.get("pareto") else "",
-                      "yes" if r.get("meets_constraints") else "; ".join(r.get("violations", []))]
-                     for r in _summary_rows(rows)])
-            name = f"cost_energy_{slug}.png"
-            png = plot_cost_energy(rows, f"{w['name']}: cost and energy to train", with_topo)
-            images.append((name, png))
-            d.img(name, f"{w['name']}: cost and energy breakdown", png)
-            d.h(3, "Goodput")
-            d.p("Goodput: the share of wall time spent on useful training (failures, checkpoints, restarts, spot "
-                "preemptions, other losses). Efficiency: useful tokens per second over the "
-                "cluster's theoretical maximum at peak FLOP/s, i.e. MFU x goodput.")
-            gp_rows = sorted({(r["num_gpus"], r["gpu"], r["topology"], r["mode"] == "spot"): r for r in feas}.values(),
-                             key=lambda r: (r["num_gpus"], r["gpu"], r["topology"], r["mode"]))
-            spot = any(r["mode"] == "spot" for r in gp_rows)
-            d.table(["hardware", "cluster MTBF h", "checkpoint GB", "write s", "interval (Young/Daly) s", "restart s",
-                     "goodput", "efficiency"],
-                    [[label(r, with_topo, with_mode=spot), fixed(r["mtbf_h"], ".3g"), fixed(r["checkpoint_gb"], ",.0f"),
-                      fixed(r["checkpoint_s"], ".3g"), fixed(r["checkpoint_interval_s"], ",.0f"), fixed(r["restart_s"], ".0f"),
-                      pct(r["goodput"]), pct(r.get("goodput_efficiency"))] for r in gp_rows[:60]])
-            group = dumps_json([w["model"], w["training"]])
-            if group not in done_groups:
-                done_groups.add(group)
-                d.h(3, "Where the step time goes, and what faster hardware would buy")
-                name = f"step_breakdown_{slug}.png"
-                png = plot_step_breakdown(rows, f"{w['model']}: step-time breakdown", with_topo, gpu_order)
-                images.append((name, png))
-                d.img(name, f"{w['model']}: share of the step time per category", png)
-                name = f"sensitivity_{slug}.png"
-                png = plot_sensitivity(rows, f"{w['model']}: step-time gain from faster hardware", with_topo,
-                                       gpu_order)
-                images.append((name, png))
-                d.img(name, f"{w['model']}: step-time reduction with 2x inter-node bandwidth, 2x NVLink, "
-                            "the larger-HBM sibling GPU, fp8", png)
-                d.p(f"Binding: the resource whose relaxation cuts the step time the most, named only when that cut "
-                    f"is at least {BINDING_MIN_GAIN_PCT:g}% (else none): twice a resource's speed is estimated "
-                    "to save half its share of the step (each share measured by slowing that resource 1.25x); "
-                    "HBM capacity counts for a plan filling >= 90% of its memory, as the plan re-solved on the "
-                    "larger-HBM sibling minus what the same plan gains there from faster HBM alone.")
-                d.table(["hardware", "binding", "2x inter-node", "2x NVLink", "+HBM", "fp8", "notes"],
-                        [[label(r, with_topo, with_mode=False), r.get("binding") or "-",
-                          *[gain(r.get(k)) for k, _ in GAINS],
-                          "; ".join(r.get("sensitivity_notes") or [])
-                          + (f" (+HBM = {r['hbm_plus_gpu']})" if r.get("hbm_plus_gpu") else "")]
-                         for r in sorted(_hardware_rows(rows), key=lambda r: (
-                             gpu_order.index(r["gpu"]), r["topology"], r["num_gpus"]))][:60])
-                if len({r["num_gpus"] for r in feas}) > 1:
-                    name = f"scaling_{slug}.png"
-                    png = plot_scaling(rows, f"{w['model']}: scaling with the GPU count", gpu_order)
-                    images.append((name, png))
-                    d.img(name, f"{w['model']}: tokens/s, MFU and goodput vs GPU count", png)
-        if infeasible:
-            d.h(3, "Options without a feasible plan")
-            d.table(["option", "reason"], [[r["option"], r.get("reason", "")] for r in infeasible[:60]])
-    d.h(2, "Files")
-    d.p("`results.json` (every row, the Pareto fronts, the recommendation), `results.csv` (one row per option and "
-        "workload), and the PNG plots next to this report.")
-    for name, png in images:
-        atomic_write(out / name, png)
-        files.append(out / name)
-    atomic_write(out / "report.md", d.markdown())
-    atomic_write(out / "report.html", d.html(title))
-    return files + [out / "report.md", out / "report.html"]
+
+def _workload_section(d: _Doc, doc: dict[str, Any], wi: int, w: dict[str, Any], rows: list[dict[str, Any]],
+                      gpu_order: list[str], cons: dict[str, Any], done_groups: set[str],
+                      images: list[tuple[str, bytes]]) -> None:
+    """One workload: its options' summary table and plots, goodput, where the step time goes (once per
+    model and training), and the options without a feasible plan. Plots are appended to `images`."""
+    slug = f"w{wi + 1}"
+    with_topo = len({(r["gpu"], r["topology"]) for r in rows}) > len({r["gpu"] for r in rows})
+    d.h(2, f"Workload {wi + 1}: {w['name']}")
+    t = w["training"]
+    d.p(f"Model `{w['model']}`, {fmt_tokens(w['tokens'])} tokens, sequence {t['seq_len']}, global batch "
+        f"{t['global_batch_size']} sequences, {t['precision']}.")
+    if fb := w.get("flop_budget"):
+        d.p(f"FLOP budget: {fb['model_flops']:.3g} model FLOPs ({fb['model_flops_per_token']:.3g} per token: "
+            f"{fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N + causal attention, the convention MFU "
+            f"counts; the plain {fb['weight_flops_per_token'] / fb['matmul_params']:.0f} N T alone is "
+            f"{fb['weight_flops']:.3g}); each option's hardware FLOPs, with its plan's recompute, are in "
+            f"results.csv (`hardware_flops`).")
+    feas = [r for r in rows if r.get("feasible")]
+    infeasible = [r for r in rows if not r.get("feasible")]
+    if feas:
+        fastest = min(feas, key=lambda r: r["time_to_train_days"])
+        cheapest = min(feas, key=lambda r: r["cost_usd"])
+        d.ul([f"fastest: {fastest['option']}, {fastest['time_to_train_days']:.1f} days, "
+              f"{money(fastest['cost_usd'])}",
+              f"cheapest: {cheapest['option']}, {cheapest['time_to_train_days']:.1f} days, "
+              f"{money(cheapest['cost_usd'])}",
+              f"Pareto front (time vs cost): {', '.join(doc['pareto'].get(w['name'], [])) or '-'}"])
+        name = f"time_vs_cost_{slug}.png"
+        png = plot_time_cost(rows, gpu_order, cons, f"{w['name']}: time vs cost")
+        images.append((name, png))
+        d.img(name, f"{w['name']}: time to train vs cost, Pareto front and constraints", png)
+        d.p("`*` marks the recommended option. Pareto: on the front of time vs cost among the options that "
+            "meet every constraint (budget, capex, power cap, deadline); meets: yes, or what the option breaks.")
+        d.table(["option", "plan", "step s", "tokens/s", "MFU", "goodput", "days", "cost", "capex", "MWh",
+                 "power", "tokens/$", "Pareto", "meets"],
+                [[("* " if r.get("recommended") else "") + r["option"], r.get("plan_short", ""),
+                  f"{r['step_time_s']:.3g}", num(r["tokens_per_s"]), pct(r["mfu"]), pct(r["goodput"]),
+                  f"{r['time_to_train_days']:.1f}", money(r["cost_usd"]), money(r["capex_usd"]) if r["capex_usd"]
+                  else "-", f"{r['energy_mwh']:,.0f}" if r["energy_mwh"] >= 10 else f"{r['energy_mwh']:.2g}",
+                  power(r["power_mw"]), num(r.get("tokens_per_usd")), "yes" if r.get("pareto") else "",
+                  "yes" if r.get("meets_constraints") else "; ".join(r.get("violations", []))]
+                 for r in _summary_rows(rows)])
+        name = f"cost_energy_{slug}.png"
+        png = plot_cost_energy(rows, f"{w['name']}: cost and energy to train", with_topo)
+        images.append((name, png))
+        d.img(name, f"{w['name']}: cost and energy breakdown", png)
+        d.h(3, "Goodput")
+        d.p("Goodput: the share of wall time spent on useful training (failures, checkpoints, restarts, spot "
+            "preemptions, other losses). Efficiency: useful tokens per second over the "
+            "cluster's theoretical maximum at peak FLOP/s, i.e. MFU x goodput.")
+        gp_rows = sorted({(r["num_gpus"], r["gpu"], r["topology"], r["mode"] == "spot"): r for r in feas}.values(),
+                         key=lambda r: (r["num_gpus"], r["gpu"], r["topology"], r["mode"]))
+        spot = any(r["mode"] == "spot" for r in gp_rows)
+        d.table(["hardware", "cluster MTBF h", "checkpoint GB", "write s", "interval (Young/Daly) s", "restart s",
+                 "goodput", "efficiency"],
+                [[label(r, with_topo, with_mode=spot), fixed(r["mtbf_h"], ".3g"), fixed(r["checkpoint_gb"], ",.0f"),
+                  fixed(r["checkpoint_s"], ".3g"), fixed(r["checkpoint_interval_s"], ",.0f"), fixed(r["restart_s"], ".0f"),
+                  pct(r["goodput"]), pct(r.get("goodput_efficiency"))] for r in gp_rows[:60]])
+        group = dumps_json([w["model"], w["training"]])
+        if group not in done_groups:
+            done_groups.add(group)
+            _hardware_section(d, w, rows, feas, slug, with_topo, gpu_order, images)
+    if infeasible:
+        d.h(3, "Options without a feasible plan")
+        d.table(["option", "reason"], [[r["option"], r.get("reason", "")] for r in infeasible[:60]])
+
+
+def _hardware_section(d: _Doc, w: dict[str, Any], rows: list[dict[str, Any]], feas: list[dict[str, Any]], slug: str,
+                      with_topo: bool, gpu_order: list[str], images: list[tuple[str, bytes]]) -> None:
+    """Where the step time goes, what faster hardware would buy (the binding resource), and scaling."""
+    d.h(3, "Where the step time goes, and what faster hardware would buy")
+    name = f"step_breakdown_{slug}.png"
+    png = plot_step_breakdown(rows, f"{w['model']}: step-time breakdown", with_topo, gpu_order)
+    images.append((name, png))
+    d.img(name, f"{w['model']}: share of the step time per category", png)
+    name = f"sensitivity_{slug}.png"
+    png = plot_sensitivity(rows, f"{w['model']}: step-time gain from faster hardware", with_topo,
+                           gpu_order)
+    images.append((name, png))
+    d.img(name, f"{w['model']}: step-time reduction with 2x inter-node bandwidth, 2x NVLink, "
+                "the larger-HBM sibling GPU, fp8", png)
+    d.p(f"Binding: the resource whose relaxation cuts the step time the most, named only when that cut "
+        f"is at least {BINDING_MIN_GAIN_PCT:g}% (else none): twice a resource's speed is estimated "
+        "to save half its share of the step (each share measured by slowing that resource 1.25x); "
+        "HBM capacity counts for a plan filling >= 90% of its memory, as the plan re-solved on the "
+        "larger-HBM sibling minus what the same plan gains there from faster HBM alone.")
+    d.table(["hardware", "binding", "2x inter-node", "2x NVLink", "+HBM", "fp8", "notes"],
+            [[label(r, with_topo, with_mode=False), r.get("binding") or "-",
+              *[gain(r.get(k)) for k, _ in GAINS],
+              "; ".join(r.get("sensitivity_notes") or [])
+              + (f" (+HBM = {r['hbm_plus_gpu']})" if r.get("hbm_plus_gpu") else "")]
+             for r in sorted(_hardware_rows(rows), key=lambda r: (
+                 gpu_order.index(r["gpu"]), r["topology"], r["num_gpus"]))][:60])
+    if len({r["num_gpus"] for r in feas}) > 1:
+        name = f"scaling_{slug}.png"
+        png = plot_scaling(rows, f"{w['model']}: scaling with the GPU count", gpu_order)
+        images.append((name, png))
+        d.img(name, f"{w['model']}: tokens/s, MFU and goodput vs GPU count", png)
+
+

@@ -40,10 +40,12 @@ from .schema import (
     Study,
     StudySpec,
     Workload,
-    load_study,
     power_figures,
 )
 from .sensitivity import sensitivities, solve_option
+from .study import load_study
+from ..cost import FLOP_CONVENTION, flops_per_token_parts, total_params
+from .report import write_report
 
 CSV_COLUMNS = (
     "workload", "option", "gpu", "num_gpus", "topology", "mode", "feasible", "meets_constraints", "pareto",
@@ -299,7 +301,7 @@ EXECUTORS = ("local", "dask")
 DASK_EXTRA_HINT = "the dask executor needs `pip install 'autoshard[dask]'`"
 
 
-def _import_distributed() -> Any:
+def import_distributed() -> Any:
     """The `distributed` module, or a one-line InputError naming the extra."""
     try:
         import distributed  # noqa: PLC0415
@@ -321,7 +323,7 @@ def dask_setup(worker):
 
 
 @contextlib.contextmanager
-def _sigint_deferred() -> Any:
+def sigint_deferred() -> Any:
     """Hold a Ctrl-C (or a SIGTERM that run_study turns into `Terminated`) that arrives inside the
     block and raise it on exit: a cluster being started is assigned first, so the caller can close it."""
     if threading.current_thread() is not threading.main_thread():
@@ -347,7 +349,7 @@ def _sigint_deferred() -> Any:
             previous(signum, frame)
 
 
-def _local_cluster(distributed: Any, n_workers: int) -> Any:
+def local_cluster(distributed: Any, n_workers: int) -> Any:
     # On 127.0.0.1, no dashboard, the scheduler's HTTP routes (health, metrics) on a free port instead of
     # 8787 (which another cluster may hold); worker logs only at CRITICAL: a cancel logs warnings, and a
     # stop mid-run logs errors (CommClosedError from heartbeats to the closed scheduler); a task that
@@ -370,7 +372,7 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
     single-threaded worker processes started for this run. The same `run_task` as the local pool;
     results are gathered as they complete. On an interrupt the pending futures are cancelled and the
     client (and a cluster started here) closed; what finished stays in `done`."""
-    distributed = _import_distributed()
+    distributed = import_distributed()
     total = len(order)
     cluster = client = None
     futures: list[Any] = []
@@ -383,8 +385,8 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
                 raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
                                  source=scheduler) from None
         else:
-            with _sigint_deferred():  # a Ctrl-C while it starts is raised after `cluster` is set
-                cluster = _local_cluster(distributed, min(jobs, total))
+            with sigint_deferred():  # a Ctrl-C while it starts is raised after `cluster` is set
+                cluster = local_cluster(distributed, min(jobs, total))
             client = distributed.Client(cluster, set_as_default=False)
         run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other sweeps too
         for i, t in enumerate(order):  # big clusters first, as in the local pool
@@ -428,8 +430,6 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
 def workload_flops(w: Workload) -> dict[str, Any]:
     """A workload's training FLOP budget under the cost model's convention (cost.FLOP_CONVENTION):
     model FLOPs per token x its tokens, and the plain 6 N T (4 N T for LoRA) beside it."""
-    from ..cost import FLOP_CONVENTION, flops_per_token_parts  # noqa: PLC0415
-
     per_n, n, attn = flops_per_token_parts(w.model, w.training)
     per_token = per_n * n + attn
     return {"convention": FLOP_CONVENTION, "matmul_params": float(n), "model_flops_per_token": float(per_token),
@@ -438,8 +438,6 @@ def workload_flops(w: Workload) -> dict[str, Any]:
 
 
 def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> dict[str, Any]:
-    from ..cost import total_params  # noqa: PLC0415
-
     row: dict[str, Any] = {"workload": w.name, "option": o.id, "gpu": o.gpu, "num_gpus": o.num_gpus,
                            "topology": o.topology, "mode": o.mode, "tokens": w.tokens}
     if res is None or res.get("status") != "ok":
@@ -749,7 +747,7 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
     if scheduler and executor != "dask":
         raise InputError("a scheduler address needs the dask executor", field="scheduler")
     if executor == "dask":
-        _import_distributed()  # fail on the missing extra before any work
+        import_distributed()  # fail on the missing extra before any work
     st = study if isinstance(study, Study) else load_study(study)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -785,8 +783,6 @@ def run_study(study: str | os.PathLike[str] | Mapping[str, Any] | StudySpec | St
             kind = AutoshardError if any(r.get("input_error") for r in errors) else InternalError
             raise kind(f"every option failed to solve (see {out / 'results.json'}); the first: {errors[0]['reason']}")
         if report:
-            from .report import write_report  # noqa: PLC0415  (matplotlib is imported there, on use)
-
             with _write_errors(out):
                 files += write_report(doc, out)
     return StudyResult(out, True, rows, doc["recommended"], doc["recommendations"], files,

@@ -18,6 +18,9 @@ from ..errors import InfeasibleError
 from ..fileio import atomic_write
 from ..spec import Plan, Problem, TopologyLevel
 from .schema import DEFAULT_TIME_LIMIT_S, SensitivityMode
+from ..cost import evaluate
+from ..solver import solve
+from ..topology import resolve_levels
 
 # Larger-HBM siblings for the "+HBM" sensitivity (same compute die, more and faster memory).
 HBM_SIBLING = {"h100-sxm": "h200-sxm", "a100-sxm-40gb": "a100-sxm-80gb"}
@@ -41,16 +44,12 @@ class SolvedOption:
 
 def solve_option(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> SolvedOption:
     """The best plan of one option. Raises InfeasibleError when nothing fits."""
-    from ..solver import solve  # noqa: PLC0415  (CP-SAT is imported in the worker only)
-
     sol = solve(problem, time_limit_s=time_limit_s, top_k=0)
     return SolvedOption(sol.plan, sol.estimate, sol.solver.status, sol.solver.solve_time_s)
 
 
-def _levels_problem(problem: Problem, factor: Callable[[int], float]) -> Problem:
+def levels_problem(problem: Problem, factor: Callable[[int], float]) -> Problem:
     """The problem with explicit topology levels, bandwidth of level i multiplied by factor(i)."""
-    from ..topology import resolve_levels  # noqa: PLC0415
-
     gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
     levels = resolve_levels(problem.cluster, gpu)
     out, prev = [], 1
@@ -64,8 +63,6 @@ def _levels_problem(problem: Problem, factor: Callable[[int], float]) -> Problem
 
 
 def _level_names(problem: Problem) -> list[str]:
-    from ..topology import resolve_levels  # noqa: PLC0415
-
     return [lv.name for lv in resolve_levels(problem.cluster, get_gpu(problem.cluster.gpu, problem.cluster.catalog))]
 
 
@@ -84,8 +81,6 @@ def _overlay_problem(problem: Problem, scratch: str, *, matmul: float = 1.0, hbm
 
 
 def _step(problem: Problem, plan: Plan) -> float | None:
-    from ..cost import evaluate  # noqa: PLC0415
-
     est = evaluate(problem, plan)
     return est.step_time_s if est.fits else None
 
@@ -130,9 +125,9 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
         return None if t is None else 100.0 * (1.0 - t / base)
 
     nlev = len(_level_names(problem))
-    out["gains_pct"]["internode_2x"] = gain(best(_levels_problem(problem, lambda i: 2.0 if i > 0 else 1.0))) \
+    out["gains_pct"]["internode_2x"] = gain(best(levels_problem(problem, lambda i: 2.0 if i > 0 else 1.0))) \
         if nlev > 1 else 0.0
-    out["gains_pct"]["nvlink_2x"] = gain(best(_levels_problem(problem, lambda i: 2.0 if i == 0 else 1.0)))
+    out["gains_pct"]["nvlink_2x"] = gain(best(levels_problem(problem, lambda i: 2.0 if i == 0 else 1.0)))
     sib = HBM_SIBLING.get(get_gpu(problem.cluster.gpu).id)
     hbm_bw_only = None
     sib_problem = problem
@@ -172,7 +167,7 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
         shares["compute"] = share(_overlay_problem(problem, scratch, matmul=SLOWDOWN))
         shares["hbm_bandwidth"] = share(_overlay_problem(problem, scratch, hbm=SLOWDOWN))
         for i, name in enumerate(_level_names(problem)):
-            shares[f"net:{name}"] = share(_levels_problem(problem, lambda j, i=i: 1.0 / SLOWDOWN if j == i else 1.0))
+            shares[f"net:{name}"] = share(levels_problem(problem, lambda j, i=i: 1.0 / SLOWDOWN if j == i else 1.0))
     finally:
         if own_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -195,7 +190,7 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
         if hp is not None:
             relax["hbm_capacity"] = hp - hbm_bw_only
     out["relax_gain_pct"] = {k: round(v, 4) for k, v in relax.items()}
-    best = max(relax, key=lambda k: (relax[k], k)) if relax else None
-    binding = best if best is not None and relax[best] >= BINDING_MIN_GAIN_PCT else "none"
+    top = max(relax, key=lambda k: (relax[k], k)) if relax else None
+    binding = top if top is not None and relax[top] >= BINDING_MIN_GAIN_PCT else "none"
     out["binding"] = binding
     return out
