@@ -11,7 +11,8 @@ from ..catalog import get_gpu
 from ..errors import InputError
 from ..spec import Plan, Problem, ProblemParts
 from .model_facts import model_family
-from ..cost import (
+from ..cost import (  # launch_reasons: the predicate `evaluate --strict` and the solver use
+    launch_reasons,
     Config,
     Shapes,
     config_reasons,
@@ -143,8 +144,6 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
         raise InputError(f"gpus_per_node must be >= 1, got {gpus_per_node}", field="gpus_per_node")
     full_plan = plan.model_copy(update={"dp": dp})
     t = problem.training
-    from ..cost import launch_reasons  # noqa: PLC0415  (the predicate `evaluate --strict` and the solver use)
-
     refused = [str(r) for r in launch_reasons(problem, plan)]
     ctx = _Ctx(problem=problem, plan=full_plan, dp=dp, world=problem.cluster.num_gpus, stages=stages,
                even=len(set(stages)) == 1, recompute=list(plan.recompute_per_layer(n)),

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cost import Config, Context, Table, context, ep_overlap_blocked, layer_table, with_modes
+from ..catalog import get_gpu
+from ..cost import GIB, Config, Context, Table, context, ep_overlap_blocked, layer_table, with_modes
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
@@ -89,9 +90,6 @@ def search_headroom(problem: Problem) -> tuple[float, bool]:
     `search.headroom_gib` where it (or `--headroom`) sets one, else DEFAULT_HEADROOM_FRACTION of HBM."""
     if "headroom_gib" in problem.search.model_fields_set:
         return float(problem.search.headroom_gib), False
-    from ..catalog import get_gpu  # noqa: PLC0415
-    from ..cost import GIB  # noqa: PLC0415
-
     gpu = get_gpu(problem.cluster.gpu, problem.cluster.catalog)
     return round(DEFAULT_HEADROOM_FRACTION * gpu.hbm_bytes / GIB, 1), True
 
