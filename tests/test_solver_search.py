@@ -197,13 +197,16 @@ def test_progress_events():
     sol = solve(load_problem(TINY), top_k=1, gap_limit=0.0, progress=events.append)  # (exact: CP-SAT runs)
     assert sol.solver.cp_sat_solves > 0
     phases = list(dict.fromkeys(e["phase"] for e in events))  # in the order they first happen
-    assert phases[:3] == ["candidates", "bounds", "warm start"] and {"search", "CP-SAT"} <= set(phases), phases
+    # CP-SAT's rounds report as "CP-SAT" (the proof) or "alternatives (CP-SAT)" (the other families) where
+    # the warm start and the bounds already proved the optimum
+    assert phases[:3] == ["candidates", "bounds", "warm start"] and "search" in phases, phases
+    assert any("CP-SAT" in ph for ph in phases), phases
     assert events[1]["total"] == sol.solver.candidates  # the bounds phase names the configurations bounded
-    cpsat = [e for e in events if e["phase"] == "CP-SAT"]
+    cpsat = [e for e in events if "CP-SAT" in e["phase"]]
     assert len(cpsat) >= 1 and cpsat[-1]["incumbent_s"] is not None and cpsat[-1]["gap"] is not None
     from autoshard.progress import status_text
 
-    assert status_text(events[0]).startswith("candidates") and status_text(cpsat[-1]).startswith("CP-SAT")
+    assert status_text(events[0]).startswith("candidates") and "CP-SAT" in status_text(cpsat[-1])
     search = [e for e in events if e["phase"] == "search"]
     assert search[-1]["visited"] == search[-1]["total"]
     incumbents = [e["incumbent_s"] for e in search if e["incumbent_s"] is not None]

@@ -40,7 +40,7 @@ def test_owned_h100_and_candidate_b200_end_to_end(fleet_run):
     # Owned pools only: both jobs one after the other on the H100s.
     own = by["owned pools only"]
     assert own["makespan_days"] == pytest.approx(days[(jobs[0], "owned-h100")] + days[(jobs[1], "owned-h100")])
-    assert own["capex_usd"] == 0 and own["violations"]  # 25 days > the 21-day deadline
+    assert own["capex_usd"] == 0 and own["violations"]  # 26 days > the 24-day deadline
     # With the B200 pool: brute force over the 4 assignments, the cheapest that meets the deadline.
     buy = by["owned + buy new-b200"]
     best = None
@@ -49,7 +49,7 @@ def test_owned_h100_and_candidate_b200_end_to_end(fleet_run):
         for j, p in zip(jobs, a):
             busy[p] = busy.get(p, 0.0) + days[(j, p)]
         span, c = max(busy.values()), sum(cost[(j, p)] for j, p in zip(jobs, a))
-        if span <= 21 and (best is None or c < best[1]):
+        if span <= 24 and (best is None or c < best[1]):
             best = (dict(zip(jobs, a)), c, span)
     assert buy["assignment"] == best[0] == {"llama3-70b-2T": "owned-h100", "llama3-8b-4T": "new-b200"}
     assert buy["running_cost_usd"] == pytest.approx(best[1]) and buy["makespan_days"] == pytest.approx(best[2])
