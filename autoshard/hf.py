@@ -4,16 +4,16 @@ Families: Llama (1/2/3/3.1, `rope_scaling` or `rope_parameters`), Mistral, Qwen2
 Qwen3 (explicit `head_dim`), Mixtral (`num_local_experts`, every layer MoE, expert
 FFN = `intermediate_size`), Qwen2-MoE / Qwen3-MoE (`num_experts`,
 `moe_intermediate_size`, `decoder_sparse_step`, `mlp_only_layers`,
-`shared_expert_intermediate_size`), DeepSeek-V2/V3 (`n_routed_experts`,
-`n_shared_experts`, `first_k_dense_replace`, `moe_layer_freq`, MLA dims) and
+`shared_expert_intermediate_size`, read exactly where it is no multiple of the expert
+width), DeepSeek-V2/V3 (`n_routed_experts`, `n_shared_experts`, `first_k_dense_replace`,
+`moe_layer_freq`, MLA dims, `num_nextn_predict_layers` MTP depths) and
 GPT-2 / GPT-J / GPT-NeoX style (`n_layer`, `n_embd`, `n_head`, `n_inner`).
 Multimodal wrappers are read through their `text_config`.
 
 Field spellings are data (`ALIASES`); per-family defaults are data
 (`TIED_BY_DEFAULT`, `FFN_4X_BY_DEFAULT`). Every problem is one `InputError`
 line naming the file and the config field. Where the config cannot be expressed
-exactly (interleaved dense/MoE layers, a shared-expert width that is not a
-multiple of the expert width) the approximation is stated in `ModelSpec.source`.
+exactly (interleaved dense/MoE layers) the approximation is stated in `ModelSpec.source`.
 """
 
 from __future__ import annotations
@@ -51,9 +51,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
+    # multi-token prediction depths (DeepSeek-V3 config.json; Megatron-Bridge writes mtp_num_layers)
+    "num_nextn_predict_layers": ("num_nextn_predict_layers", "mtp_num_layers"),
 }
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
-MAY_BE_ZERO = frozenset({"num_experts", "num_experts_per_tok", "num_shared_experts", "first_k_dense_replace"})
+MAY_BE_ZERO = frozenset({"num_experts", "num_experts_per_tok", "num_shared_experts", "first_k_dense_replace",
+                         "num_nextn_predict_layers"})
+# The shared experts' total width: Qwen2/3-MoE, and Nemotron-H / Nemotron 3 (NemotronH config).
+SHARED_WIDTH_KEYS = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 # HF activation name -> ModelSpec.hidden_act.
@@ -288,9 +293,10 @@ def _moe(r: _Reader, layers: int, ffn: int) -> tuple[dict[str, Any], list[str]]:
     expert_ffn = r.integer("moe_intermediate_size") or ffn  # Mixtral: intermediate_size is per expert
     out = {"num_experts": experts, "num_experts_per_tok": top_k, "moe_intermediate_size": expert_ffn}
     notes: list[str] = []
-    shared, note = _shared_experts(r, expert_ffn)
+    shared, width = _shared_experts(r, expert_ffn)
     out["num_shared_experts"] = shared
-    notes += note
+    if width is not None:
+        out["shared_expert_intermediate_size"] = width
     mask = _moe_layer_mask(r, layers)
     dense = mask.count(False)
     out["first_k_dense_replace"] = dense
@@ -301,22 +307,25 @@ def _moe(r: _Reader, layers: int, ffn: int) -> tuple[dict[str, Any], list[str]]:
     return out, notes
 
 
-def _shared_experts(r: _Reader, expert_ffn: int) -> tuple[int, list[str]]:
-    """DeepSeek `n_shared_experts`, or Qwen2-MoE's shared FFN width in units of expert widths."""
+def _shared_experts(r: _Reader, expert_ffn: int) -> tuple[int, int | None]:
+    """(num_shared_experts, shared_expert_intermediate_size or None): DeepSeek's `n_shared_experts`
+    (each of the expert width, unless a total width is also given), or the shared MLP's total width
+    (Qwen2-MoE `shared_expert_intermediate_size`, Nemotron-H `moe_shared_expert_intermediate_size`): a
+    multiple of the expert width as that many experts, any other width as one expert of that width."""
     count = r.integer("num_shared_experts")
-    if count is not None:
-        return count, []
-    width = r.cfg.get("shared_expert_intermediate_size")
+    key = next((k for k in SHARED_WIDTH_KEYS if r.cfg.get(k) is not None), None)
+    width = r.cfg.get(key) if key else None
     if width is None:
-        return 0, []
+        return count or 0, None
     if isinstance(width, bool) or not isinstance(width, int) or width < 0:
-        raise r.error(f"must be a non-negative integer, got {width!r}", "shared_expert_intermediate_size")
-    count = round(width / expert_ffn)
-    notes = [] if count * expert_ffn == width else [
-        f"shared expert of width {width} approximated as {count} x {expert_ffn}"]
-    if width and not count:
-        count, notes = 1, [f"shared expert of width {width} approximated as 1 x {expert_ffn}"]
-    return count, notes
+        raise r.error(f"must be a non-negative integer, got {width!r}", key)
+    if width == 0 or count == 0:
+        return 0, None
+    if count is None and width % expert_ffn == 0:
+        return width // expert_ffn, None
+    if count is not None and width == count * expert_ffn:
+        return count, None
+    return count or 1, width
 
 
 def _dropout(cfg: Mapping[str, Any]) -> bool:
@@ -385,6 +394,7 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
     notes += moe_notes + _notes_for_known_pitfalls(spec)
     tie_default = mtype in TIED_BY_DEFAULT
     spec["tie_word_embeddings"] = r.flag("tie_word_embeddings", _outer_flag(outer, r, tie_default))
+    spec["num_nextn_predict_layers"] = r.integer("num_nextn_predict_layers") or 0
     spec["dropout"] = _dropout(cfg)
     spec["name"] = _name(cfg, outer, path)
     where = str(path) if path is not None else spec["name"]

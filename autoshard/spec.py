@@ -19,7 +19,9 @@ Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-ro
                     "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"]
 Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext", "deepseek"]
-Dispatcher = Literal["alltoall", "deepep", "hybridep"]
+# allgather: Megatron's MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather), every rank
+# gathers the hidden states of its TP x EP group instead of an all-to-all of the routed copies.
+Dispatcher = Literal["alltoall", "deepep", "hybridep", "allgather"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
@@ -47,6 +49,10 @@ RecomputeChoice = Annotated[
     Union[Annotated[Recompute, Tag("str")], Annotated[list[Recompute], Tag("list[str]")]],
     Discriminator(lambda v: "list[str]" if isinstance(v, list) else "str")]
 Optimizer = Literal["adam", "adamw", "sgd"]
+# Module classes of a transformer layer whose linear GEMMs a low-precision recipe may keep in BF16
+# (`TrainingSpec.bf16_modules`); the router and the output layer stay 16-bit in every recipe.
+ModuleClass = Literal["attention", "dense_mlp", "routed_experts", "shared_experts"]
+MODULE_CLASSES: tuple[str, ...] = ("attention", "dense_mlp", "routed_experts", "shared_experts")
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipev")
@@ -127,6 +133,12 @@ class ModelSpec(Strict):
         "Width of one expert's MLP; None: intermediate_size."))
     num_shared_experts: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, description=(
         "Experts every token passes through besides its routed ones (DeepSeek)."))
+    shared_expert_intermediate_size: Annotated[int, Field(ge=1, le=8 * MAX_WIDTH)] | None = Field(
+        default=None, description=(
+            "Total width of the shared experts' MLP (HF Qwen2-MoE `shared_expert_intermediate_size`, Megatron "
+            "--moe-shared-expert-intermediate-size), where it differs from num_shared_experts x the expert "
+            "width; with num_shared_experts 0 it is one shared expert. None: num_shared_experts x "
+            "moe_intermediate_size."))
     first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
         "Leading layers that are dense in an MoE model (DeepSeek-V3: 3)."))
     # Multi-head latent attention (DeepSeek-V2/V3); all None = standard attention.
@@ -168,6 +180,13 @@ class ModelSpec(Strict):
     topk_group: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
         "Groups a token is routed within (config.json topk_group, DeepSeek-V3: 4; Megatron "
         "--moe-router-group-topk): with a group per node a token reaches at most topk_group nodes."))
+    # Multi-token prediction (DeepSeek-V3 §2.2; Megatron --mtp-num-layers): each depth adds, on the last
+    # pipeline stage, one transformer layer, the projection of [norm(h); norm(emb)] (2h -> h), a norm and
+    # a pass through the shared output layer with its loss.
+    num_nextn_predict_layers: Annotated[int, Field(ge=0, le=64)] = Field(default=0, description=(
+        "Multi-token-prediction depths (HF num_nextn_predict_layers, DeepSeek-V3: 1; Megatron --mtp-num-"
+        "layers): each adds on the last stage a transformer layer, a 2h -> h projection and a pass through "
+        "the shared output layer with its loss."))
     source: str | None = Field(default=None, description=(
         "Where the shape came from (a preset's citation, or the config.json read)."))
 
@@ -192,8 +211,9 @@ class ModelSpec(Strict):
                 )
             if self.first_k_dense_replace > self.num_hidden_layers:
                 raise ValueError("first_k_dense_replace exceeds num_hidden_layers")
-        elif self.num_experts_per_tok or self.num_shared_experts:
-            raise ValueError("num_experts_per_tok / num_shared_experts need num_experts > 0")
+        elif self.num_experts_per_tok or self.num_shared_experts or self.shared_expert_intermediate_size:
+            raise ValueError("num_experts_per_tok / num_shared_experts / shared_expert_intermediate_size need "
+                             "num_experts > 0")
         mla = [self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim]
         if any(v is not None for v in mla) and not all(v is not None for v in mla):
             raise ValueError(
@@ -240,6 +260,13 @@ class ModelSpec(Strict):
     @property
     def expert_ffn(self) -> int:
         return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def shared_ffn(self) -> int:
+        """Total width of an MoE layer's shared-expert MLP (0 without shared experts)."""
+        if self.shared_expert_intermediate_size is not None:
+            return self.shared_expert_intermediate_size
+        return self.num_shared_experts * self.expert_ffn
 
     @property
     def num_dense_layers(self) -> int:
@@ -337,6 +364,29 @@ class TrainingSpec(Strict):
     tokens: Annotated[float, Field(ge=1, le=1e16)] | None = Field(default=None, description=(
         "Total training tokens of the run (e.g. 15e12; at most 1e16): sets the FLOP budget's totals "
         "(6 N + causal attention per token, the plain 6 N T beside it, hardware FLOPs with recompute)."))
+
+    # Per-module precision under a low-precision recipe (e.g. MXFP8 routed experts with BF16
+    # attention): the module classes whose linear GEMMs stay in BF16 (rate, no quantization, no
+    # low-precision weight copy, bf16 saved inputs); and Megatron's --first-last-layers-bf16 with
+    # --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 (TransformerConfig, fp8_utils
+    # is_first_last_bf16_layer): whole transformer blocks kept in BF16. The router and output layer
+    # are 16-bit in every recipe already.
+    bf16_modules: tuple[ModuleClass, ...] = Field(default=(), description=(
+        "Module classes whose linear GEMMs stay in BF16 under a low-precision recipe (attention, dense_mlp, "
+        "routed_experts, shared_experts; e.g. [attention] for MXFP8 experts with BF16 attention): priced at "
+        "the BF16 rate, without quantization or low-precision weight copies. The router and the output "
+        "layer are 16-bit in every recipe."))
+    bf16_layers_at_start: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
+        "Leading transformer layers kept wholly in BF16 under a low-precision recipe (Megatron "
+        "--first-last-layers-bf16 --num-layers-at-start-in-bf16 N); priced as that share of the layers."))
+    bf16_layers_at_end: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
+        "Trailing transformer layers kept wholly in BF16 under a low-precision recipe (Megatron "
+        "--num-layers-at-end-in-bf16 N); priced as that share of the layers."))
+
+    @field_validator("bf16_modules")
+    @classmethod
+    def _modules(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(m for m in MODULE_CLASSES if m in v)  # canonical order, no repeats
 
     @property
     def tokens_per_step(self) -> int:
@@ -571,8 +621,9 @@ class Plan(Strict):
     # --moe-flex-dispatcher-backend deepep | hybridep): the hierarchical kernels send a token once per
     # remote node (or NVLink domain) and fan it out over NVLink there; None = the framework's default.
     moe_dispatcher: Dispatcher | None = Field(default=None, description=(
-        "Expert token dispatch: alltoall, or Megatron's flex dispatcher with the deepep / hybridep kernels (a"
-        " token sent once per remote node); None: the framework's default."))
+        "Expert token dispatch: alltoall, Megatron's flex dispatcher with the deepep / hybridep kernels (a"
+        " token sent once per remote node), or allgather (--moe-token-dispatcher-type allgather: each rank "
+        "gathers every token of its EP group, and reduce-scatters the outputs); None: the framework's default."))
 
     @field_validator("placement")
     @classmethod
@@ -648,6 +699,14 @@ class Problem(Strict):
             data = dict(data)
             data["model"] = resolve_model(data["model"])
         return _default_precision(data)
+
+    @model_validator(mode="after")
+    def _bf16_layers(self) -> "Problem":
+        t, layers = self.training, self.model.num_hidden_layers
+        if t.bf16_layers_at_start + t.bf16_layers_at_end > layers:
+            raise ValueError(f"training.bf16_layers_at_start + bf16_layers_at_end ({t.bf16_layers_at_start} + "
+                             f"{t.bf16_layers_at_end}) exceed the model's {layers} layers")
+        return self
 
     @property
     def tokens_per_step(self) -> int:

@@ -98,7 +98,7 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         gemms += [(T, a * sh.d_v, h)]
     else:
         gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
-    proj = sum(_gemm_s(ctx, *g) for g in gemms)
+    proj = sum(_gemm_s(ctx, *g, ctx.module_flops_per_s("attention")) for g in gemms)
     flops = sum(2 * x * y * z for x, y, z in gemms)
     hierarchical = cfg.cp > 1 and cfg.cp_comm == "a2a+p2p"
     inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, None)  # outer: its ring's steps
@@ -149,11 +149,12 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     mats = 3 if m.gated else 2
     act = BF16 * T * h
 
-    def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0) -> tuple[float, float]:
-        """(time, flops) of `weight_sets` MLPs that together see `tokens` tokens."""
+    def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0, module: str = "dense_mlp") -> tuple[float, float]:
+        """(time, flops) of `weight_sets` MLPs of a module class that together see `tokens` tokens."""
         per = tokens / weight_sets
-        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, groups=weight_sets)
-        down = _gemm_s(ctx, per, ffn_local, h, groups=weight_sets)
+        rate = ctx.module_flops_per_s(module)  # None: the recipe's; bf16 where training.bf16_modules says
+        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, rate, groups=weight_sets)
+        down = _gemm_s(ctx, per, ffn_local, h, rate, groups=weight_sets)
         return up + down, 2 * tokens * h * ffn_local * mats
 
     if kind == "dense":
@@ -164,11 +165,11 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     else:
         k, E, etp = m.num_experts_per_tok, m.num_experts, cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep)
+        t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep, "routed_experts")
         t_mlp = t_exp
         tp_f = tp_b = 0.0
-        if m.num_shared_experts:
-            ts, fs = mlp(T, m.num_shared_experts * m.expert_ffn / cfg.tp)
+        if m.shared_ffn:
+            ts, fs = mlp(T, m.shared_ffn / cfg.tp, module="shared_experts")
             t_mlp, flops = t_mlp + ts, flops + fs
             tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, ts), tp_comm_s(ctx, cfg, pl, act, 2 * ts)
         if etp > 1:  # the ETP group gathers its routed tokens and reduce-scatters the expert outputs
@@ -185,7 +186,13 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
             bias_f, bias_b = ctx.framework.expert_bias_bytes
             fwd["compute"], bwd["compute"] = _mem_s(ctx, bias_f * routed * h), _mem_s(ctx, bias_b * routed * h)
         a2a = 0.0
-        if cfg.ep > 1:
+        if cfg.ep > 1 and dispatcher_of(ctx, cfg) == "allgather":
+            # Megatron's MoEAllGatherTokenDispatcher: each rank all-gathers the hidden states of its EP
+            # group (every token once, not top-k copies; ep x T tokens gathered) and the combine
+            # reduce-scatters the expert outputs back (token_dispatcher.py token_permutation /
+            # token_unpermutation); the TP part of its TP x EP group is priced with the TP collectives.
+            a2a = 2 * all_gather_s(ctx.levels, pl.ep, BF16 * T * cfg.ep * h)
+        elif cfg.ep > 1:
             send = BF16 * (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
             dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
             limit = (m.n_group, m.topk_group) if m.n_group and m.topk_group else None  # node-limited routing
@@ -213,22 +220,24 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     FP8/FP4 size where the framework keeps them quantized (Transformer Engine)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
-    q = ctx.saved_input_bytes
+    q = ctx.module_saved_input_bytes("attention")  # per module class (training.bf16_modules)
+    q_mlp = ctx.module_saved_input_bytes("dense_mlp" if kind == "dense" else "routed_experts")
+    q_shared = ctx.module_saved_input_bytes("shared_experts")
     # Residual-stream tensors: LN1 in, QKV in, LN2 in, MLP in (+ 2 one-byte dropout masks).
-    stream = (2 * BF16 + 2 * q + (2 if m.dropout else 0)) * T * h / div
+    stream = (2 * BF16 + q + q_mlp + (2 if m.dropout else 0)) * T * h / div
     if m.is_mla:  # the up-projections' latent inputs, the RoPE key; q, k, v and the proj input
         attn = q * T * (mla_dim(m.kv_lora_rank) + (m.q_lora_rank or 0)) + BF16 * T * mla_dim(m.qk_rope_head_dim)
         attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
     else:  # q, k, v, proj input
         attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
-    mats = _mlp_saved_bytes_per_ffn(m, q)
+    mats = _mlp_saved_bytes_per_ffn(m, q_mlp)
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
         etp = cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        mlp = mats * routed * m.expert_ffn / etp + q * routed * h + 4 * T * m.num_experts
-        mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
+        mlp = mats * routed * m.expert_ffn / etp + q_mlp * routed * h + 4 * T * m.num_experts
+        mlp += _mlp_saved_bytes_per_ffn(m, q_shared) * T * m.shared_ffn / t
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
     else:
@@ -347,29 +356,32 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     projections all-gather their sequence-sharded inputs again (multi_latent_attention.py)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
-    q = ctx.saved_input_bytes  # linear-layer inputs as kept (see _activation_bytes)
+    q_attn = ctx.module_saved_input_bytes("attention")  # linear-layer inputs as kept (_activation_bytes)
+    q = ctx.module_saved_input_bytes("dense_mlp" if kind == "dense" else "routed_experts")
     mats = _mlp_saved_bytes_per_ffn(m, q)
     etp = cfg.expert_tp
     routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
         return core_s, acts["none"] - acts["selective"], core_attention_flops(sh)
     if module == "layernorm":
-        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * q * T * h / div, 0.0
+        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), (q_attn + q) * T * h / div, 0.0
     if module == "mlp" and kind == "dense":
         return (mfwd["compute"] + mfwd["tp_comm"], mats * T * m.intermediate_size / t,
                 2 * T * h * m.intermediate_size / t * (3 if m.gated else 2))
     if module == "moe" and kind == "moe":
-        saved = mats * routed * m.expert_ffn / etp + q * routed * h + mats * T * m.num_shared_experts * m.expert_ffn / t
+        saved = mats * routed * m.expert_ffn / etp + q * routed * h + mats * T * m.shared_ffn / t
         return (mfwd["compute"] + mfwd["tp_comm"] + mfwd["ep_comm"], saved,
                 2 * routed * h * m.expert_ffn / etp * (3 if m.gated else 2))
     if module == "moe_act" and kind == "moe":
         act_out = BF16 * routed * m.expert_ffn / etp
         return _mem_s(ctx, (3 if m.gated else 2) * act_out), q / BF16 * act_out, 0.0
-    if module == "shared_experts" and kind == "moe" and m.num_shared_experts:
-        ffn = m.num_shared_experts * m.expert_ffn / t
-        up = _gemm_s(ctx, T, h, ((3 if m.gated else 2) - 1) * ffn)
-        down = _gemm_s(ctx, T, ffn, h)
-        return up + down, mats * T * ffn, 2 * T * h * ffn * (3 if m.gated else 2)
+    if module == "shared_experts" and kind == "moe" and m.shared_ffn:
+        ffn = m.shared_ffn / t
+        rate = ctx.module_flops_per_s("shared_experts")
+        up = _gemm_s(ctx, T, h, ((3 if m.gated else 2) - 1) * ffn, rate)
+        down = _gemm_s(ctx, T, ffn, h, rate)
+        shared = _mlp_saved_bytes_per_ffn(m, ctx.module_saved_input_bytes("shared_experts"))
+        return up + down, shared * T * ffn, 2 * T * h * ffn * (3 if m.gated else 2)
     if module == "mla_up_proj" and m.is_mla:
         a = sh.a_local
         q_in = m.q_lora_rank or h
@@ -433,7 +445,43 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     c.hfu_flops = c.base_flops = 3 * 2 * T * h * V
     c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
     c.work_bytes = (BF16 + 4) * T * V  # bf16 logits + fp32 softmax of one micro-batch
+    if m.num_nextn_predict_layers:
+        _add_mtp(ctx, cfg, pl, c)
     return c
+
+
+def _add_mtp(ctx: Context, cfg: Config, pl: Placement, head: Cost) -> None:
+    """Add the multi-token-prediction depths (`ModelSpec.num_nextn_predict_layers`) to the last stage's
+    head, as Megatron builds them (multi_token_prediction.py MultiTokenPredictionLayer): per depth the
+    embedding of the shifted tokens, enorm and hnorm, eh_proj (a column-parallel 2h -> h linear), one
+    transformer layer of the model's last kind (no recompute), its final norm, and the shared output
+    layer with its cross-entropy (the head priced above once more: time, FLOPs, logits kept for the
+    loss). Parameters: the layer, eh_proj and three norms (the output layer and embedding are shared;
+    with pp > 1 the embedding copy Megatron keeps on the last stage is not counted)."""
+    m, n = ctx.model, ctx.model.num_nextn_predict_layers
+    sh = Shapes(ctx, cfg)
+    T, h = sh.tokens, sh.h
+    kind = m.layer_kinds()[-1]
+    costs = layer_costs(ctx, cfg, pl, kind)
+    layer = costs.get("none") or next(iter(costs.values()))
+    proj = _gemm_s(ctx, T, 2 * h, h / cfg.tp)
+    norms = _mem_s(ctx, 3 * 2 * BF16 * sh.res_tokens * h + 2 * BF16 * T * h)  # 3 norms, embedding lookup
+    head_f, head_b = dict(head.fwd), dict(head.bwd)  # the output layer's pass, once per depth
+    head_flops, head_w, head_act = head.hfu_flops, head.wgrad_s, head.act_bytes
+    p_b, p_w = _frozen_adjust(ctx, proj)
+    for key in TIME_KEYS:
+        head.fwd[key] += n * (layer.fwd[key] + head_f[key])
+        head.bwd[key] += n * (layer.bwd[key] + head_b[key])
+    head.fwd["compute"] += n * (proj + norms)
+    head.bwd["compute"] += n * (p_b + ELEMENTWISE_BWD_FACTOR * norms)
+    head.wgrad_s += n * (layer.wgrad_s + head_w + p_w)
+    head.params += n * (layer.params + 2 * h * h / cfg.tp + 3 * h)
+    head.expert_params += n * layer.expert_params
+    head.act_bytes += n * (layer.act_bytes + head_act + (2 + ctx.saved_input_bytes) * T * h)
+    head.work_bytes = max(head.work_bytes, layer.work_bytes)
+    flops = n * (layer.hfu_flops + head_flops + 3 * 2 * T * 2 * h * h / cfg.tp)
+    head.hfu_flops += flops
+    head.base_flops += flops
 
 
 @dataclass

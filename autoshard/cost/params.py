@@ -45,9 +45,19 @@ def layer_params(m, kind: str) -> tuple[float, float]:
     if kind == "dense":
         return attn + _mlp_params(m, m.intermediate_size) + norms, 0.0
     experts = m.num_experts * _mlp_params(m, m.expert_ffn)
-    shared = m.num_shared_experts * _mlp_params(m, m.expert_ffn)
+    shared = _mlp_params(m, m.shared_ffn)
     router = m.hidden_size * m.num_experts
     return attn + experts + shared + router + norms, experts
+
+
+def module_params(m) -> dict[str, float]:
+    """Linear weights of the whole model's transformer layers per module class (`spec.MODULE_CLASSES`):
+    attention projections, dense MLPs, routed experts, shared experts (the router and norms apart)."""
+    moe = m.num_moe_layers
+    return {"attention": m.num_hidden_layers * _attention_params(m),
+            "dense_mlp": m.num_dense_layers * _mlp_params(m, m.intermediate_size),
+            "routed_experts": moe * m.num_experts * _mlp_params(m, m.expert_ffn),
+            "shared_experts": moe * _mlp_params(m, m.shared_ffn)}
 
 
 def lora_fraction(m, rank: int) -> float:
@@ -146,7 +156,8 @@ def active_matmul_params(m) -> float:
         if kind == "dense":
             total += _attention_params(m) + _mlp_params(m, m.intermediate_size)
         else:
-            total += _attention_params(m) + (m.num_experts_per_tok + m.num_shared_experts) * _mlp_params(m, m.expert_ffn)
+            total += _attention_params(m) + m.num_experts_per_tok * _mlp_params(m, m.expert_ffn)
+            total += _mlp_params(m, m.shared_ffn)
             total += m.hidden_size * m.num_experts
     return total
 

@@ -195,6 +195,7 @@ def _megatron(ctx: _Ctx) -> str:
             ctx.warn(f"precision {t.precision}: {recipe['megatron_note']}")
     else:
         ctx.warn(f"precision {t.precision} has no Megatron recipe in this exporter: trains in bf16")
+    _megatron_bf16_parts(ctx, add)
 
     # --- model shape ---------------------------------------------------------------------------
     add("--num-layers", m.num_hidden_layers)
@@ -243,13 +244,13 @@ def _megatron(ctx: _Ctx) -> str:
         add("--num-experts", m.num_experts)
         add("--moe-router-topk", m.num_experts_per_tok)
         add("--moe-ffn-hidden-size", m.expert_ffn)
-        if m.num_shared_experts:
-            add("--moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn)
+        if m.shared_ffn:  # the shared experts' total width (TransformerConfig moe_shared_expert_intermediate_size)
+            add("--moe-shared-expert-intermediate-size", m.shared_ffn)
         if m.num_dense_layers:
             add("--moe-layer-freq", f"[0]*{m.num_dense_layers}+[1]*{m.num_moe_layers}")
         dispatcher = p.moe_dispatcher or "alltoall"
-        if dispatcher == "alltoall":
-            add("--moe-token-dispatcher-type", "alltoall")
+        if dispatcher in ("alltoall", "allgather"):
+            add("--moe-token-dispatcher-type", dispatcher)
         else:  # the flex dispatcher with the DeepEP / HybridEP kernels (transformer_config.py, d98e8a64dd)
             add("--moe-token-dispatcher-type", "flex")
             add("--moe-flex-dispatcher-backend", dispatcher)
@@ -265,7 +266,7 @@ def _megatron(ctx: _Ctx) -> str:
             continue
         if flag in ("--rotary-scaling-factor", "--mscale", "--mscale-all-dim") and not m.is_mla:
             continue
-        if flag.startswith("--mtp-") and ctx.ep_overlap and int(fam.get("mtp_layers", 0)) > 1:
+        if flag.startswith("--mtp-") and not ctx.mtp_layers:
             continue
         add(flag, value)
 
@@ -278,9 +279,11 @@ def _megatron(ctx: _Ctx) -> str:
         add("--qk-head-dim", m.qk_nope_head_dim)
         add("--qk-pos-emb-head-dim", m.qk_rope_head_dim)
         add("--v-head-dim", m.v_head_dim)
-    if ctx.mtp_layers:
-        ctx.warn(f"{m.name} trains with {ctx.mtp_layers} multi-token-prediction layer(s) (--mtp-num-layers), "
-                 "which the plan does not price: the last stage computes it on top of its planned layers")
+    if ctx.mtp_layers:  # multi-token prediction (TransformerConfig.mtp_num_layers), priced on the last stage
+        add("--mtp-num-layers", ctx.mtp_layers)
+        if ctx.ep_overlap and ctx.mtp_layers > 1:  # TransformerConfig.__post_init__ asserts it
+            ctx.warn("Megatron's EP overlap supports at most one MTP layer (TransformerConfig: 'MTP supports at "
+                     "most one layer when enabling overlap_moe_expert_parallel_comm'): drop one or the other")
 
     head = [f"# {line}" for line in ctx.header()]
     head.append(f"# data-parallel size is derived by Megatron: {ctx.world} // (TP*PP*CP = "
@@ -315,6 +318,27 @@ def _megatron(ctx: _Ctx) -> str:
             line = f"{flag} {shlex.quote(str(value))}"
         body.append(line + (" \\" if i < len(flags) - 1 else ""))
     return "\n".join(head + body) + "\n"
+
+
+def _megatron_bf16_parts(ctx: _Ctx, add) -> None:
+    """Per-module precision: whole blocks kept in BF16 (TransformerConfig first_last_layers_bf16 with
+    num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, each 1 by default when the flag is on, so
+    both are written; fp8_utils.is_first_last_bf16_layer); module classes in BF16 have no flag."""
+    from ..catalog import get_recipe, low_precision_fraction  # noqa: PLC0415  (as the fp8_params branch)
+
+    t = ctx.problem.training
+    if not low_precision_fraction(t.precision):
+        return
+    if t.bf16_layers_at_start or t.bf16_layers_at_end:
+        if get_recipe(t.precision).id == "fp8-delayed":  # TransformerConfig.__post_init__ refuses it
+            ctx.warn("Megatron refuses --first-last-layers-bf16 with delayed scaling: use fp8-current")
+        add("--first-last-layers-bf16")
+        add("--num-layers-at-start-in-bf16", t.bf16_layers_at_start)
+        add("--num-layers-at-end-in-bf16", t.bf16_layers_at_end)
+    if t.bf16_modules:
+        ctx.warn(f"{', '.join(t.bf16_modules)} planned in BF16: Megatron-LM has no flag for a module class's "
+                 "precision (a --fp8-recipe custom quantizer factory can keep them in BF16); exported as the "
+                 "recipe everywhere, which runs them in low precision")
 
 
 def _megatron_recompute(ctx: _Ctx, add) -> None:

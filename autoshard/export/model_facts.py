@@ -20,8 +20,7 @@ FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                      ("--moe-router-enable-expert-bias", None), ("--moe-router-bias-update-rate", 1e-3),
                      ("--moe-router-num-groups", 8), ("--moe-router-group-topk", 4),
                      ("--moe-router-topk-scaling-factor", 2.5), ("--moe-router-dtype", "fp32"),
-                     ("--mtp-num-layers", 1), ("--mtp-loss-scaling-factor", 0.1)],
-        "mtp_layers": 1,
+                     ("--mtp-loss-scaling-factor", 0.1)],  # MTP depth: ModelSpec.num_nextn_predict_layers
         "titan": ("deepseek_v3", "671B"),
         "source": "DeepSeek-V3 config.json; Megatron-LM sbatch_mfsdp_deepseek_v3.sh",
     }),

@@ -25,11 +25,13 @@ precision                  `precision_recipe` where stated, else read from the `
                            accepts it, else its family; the recipe is kept in `Case.recipe`
 model                      layers, hidden, ffn, heads, kv_heads, head_dim, vocab as given; MoE:
                            moe_experts, moe_top_k, moe_ffn (null -> ffn), moe_shared_experts,
+                           moe_shared_ffn (the shared experts' total width, where not count x moe_ffn),
                            first_k_dense; hidden_act (default silu), tie_word_embeddings (false),
                            dropout; MLA from q_lora_rank / kv_lora_rank / qk_nope_head_dim /
                            qk_rope_head_dim / v_head_dim (a kv_lora_rank makes it MLA);
                            sliding_window + sliding_window_layers; expert_bias; mamba_layers > 0:
-                           skipped (hybrid Mamba2/attention not modelled); mtp_layers: noted
+                           skipped (hybrid Mamba2/attention not modelled); mtp_layers: priced on
+                           the last stage (num_nextn_predict_layers)
 framework                  `framework` (default megatron); `source_family` names the source group
 plan                       tp, pp, cp, ep as given (null -> 1), etp as given (null -> None = tp),
                            dp as given else gpu_count / (tp pp cp); fsdp true -> zero_stage 3 with the
@@ -453,8 +455,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                      f"nope {row.get('qk_nope_head_dim')}, rope {row.get('qk_rope_head_dim')}, v {row.get('v_head_dim')})")
     elif row.get("head_dim"):
         model["head_dim"] = int(row["head_dim"])
-    if _int(row.get("mtp_layers"), 0):
-        notes.append(f"{row['mtp_layers']} multi-token-prediction layer(s) not priced")
+    if _int(row.get("mtp_layers"), 0):  # priced on the last stage (ModelSpec.num_nextn_predict_layers)
+        model["num_nextn_predict_layers"] = int(row["mtp_layers"])
+        notes.append(f"{row['mtp_layers']} multi-token-prediction layer(s) on the last stage")
     if row.get("sliding_window"):
         model.update(sliding_window=int(row["sliding_window"]),
                      sliding_window_layers=float(row.get("sliding_window_layers") or 1.0))
@@ -469,6 +472,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                      moe_intermediate_size=_int(row.get("moe_ffn"), int(row["ffn"])),
                      num_shared_experts=_int(row.get("moe_shared_experts"), 0) or 0,
                      first_k_dense_replace=_int(row.get("first_k_dense"), 0) or 0)
+        if row.get("moe_shared_ffn"):  # the shared experts' total width, where not count x moe_ffn
+            model["shared_expert_intermediate_size"] = int(row["moe_shared_ffn"])
+            model["num_shared_experts"] = model["num_shared_experts"] or 1
         if row.get("moe_ffn") is None:
             notes.append(f"moe_ffn null: experts of ffn = {row['ffn']} (Mixtral-style)")
 
@@ -557,7 +563,12 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          # recipe runs grad_reduce_in_fp32 false and keeps FP8 primary weights in its FP8
                          # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
                          "main_grads": row.get("main_grads"),
-                         "fp8_params": _flag(row, "fp8_params", False)},
+                         "fp8_params": _flag(row, "fp8_params", False),
+                         # per-module precision as run (validation/README.md): module classes and
+                         # leading / trailing blocks kept in BF16 under a low-precision recipe
+                         "bf16_modules": list(row.get("bf16_modules") or []),
+                         "bf16_layers_at_start": _int(row.get("bf16_layers_at_start"), 0) or 0,
+                         "bf16_layers_at_end": _int(row.get("bf16_layers_at_end"), 0) or 0},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
