@@ -39,8 +39,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
     "num_key_value_heads": ("num_key_value_heads", "num_kv_heads", "n_kv_heads"),
     "vocab_size": ("vocab_size", "padded_vocab_size"),
-    "head_dim": ("head_dim",),
-    "hidden_act": ("hidden_act", "activation_function", "hidden_activation"),
+    "head_dim": ("head_dim", "attention_head_dim"),
+    # NemotronH states its MLP's activation apart (mlp_hidden_act relu2) from the Mamba mixer's
+    "hidden_act": ("mlp_hidden_act", "hidden_act", "activation_function", "hidden_activation"),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "moe_top_k"),
     "moe_intermediate_size": ("moe_intermediate_size",),
@@ -53,7 +54,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "v_head_dim": ("v_head_dim",),
     # multi-token prediction depths (DeepSeek-V3 config.json; Megatron-Bridge writes mtp_num_layers)
     "num_nextn_predict_layers": ("num_nextn_predict_layers", "mtp_num_layers"),
+    # hybrid Mamba2 / attention (NemotronHConfig: mamba_n_groups is written n_groups in config.json)
+    "mamba_num_heads": ("mamba_num_heads",),
+    "mamba_head_dim": ("mamba_head_dim",),
+    "ssm_state_size": ("ssm_state_size", "mamba_state_dim"),
+    "mamba_n_groups": ("n_groups", "mamba_n_groups"),
+    "conv_kernel": ("conv_kernel", "mamba_d_conv"),
 }
+MAMBA_FIELDS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "mamba_n_groups", "conv_kernel")
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 MAY_BE_ZERO = frozenset({"num_experts", "num_experts_per_tok", "num_shared_experts", "first_k_dense_replace",
                          "num_nextn_predict_layers"})
@@ -328,6 +336,22 @@ def _shared_experts(r: _Reader, expert_ffn: int) -> tuple[int, int | None]:
     return count or 1, width
 
 
+def _hybrid(r: _Reader, layers: int) -> dict[str, Any]:
+    """A hybrid Mamba2 / attention model's block pattern (`hybrid_override_pattern`: M Mamba2, *
+    attention, - MLP, E MoE; NemotronH) and its Mamba2 dimensions; {} without a pattern."""
+    pattern = r.cfg.get("hybrid_override_pattern")
+    if pattern is None:
+        return {}
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E"):
+        raise r.error(f"must be a string of M (Mamba2), * (attention), - (MLP), E (MoE), got {pattern!r}",
+                      "hybrid_override_pattern")
+    if len(pattern) != layers:
+        raise r.error(f"has {len(pattern)} blocks but num_hidden_layers is {layers}", "hybrid_override_pattern")
+    out: dict[str, Any] = {"hybrid_override_pattern": pattern}
+    out.update({f: v for f in MAMBA_FIELDS if (v := r.integer(f)) is not None})
+    return out
+
+
 def _dropout(cfg: Mapping[str, Any]) -> bool:
     return any(isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool) and cfg[k] > 0
                for k in DROPOUT_KEYS)
@@ -390,7 +414,12 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
         spec["expert_bias"] = True
     spec["hidden_act"], notes = _activation(r, mtype)
     moe, moe_notes = _moe(r, layers, spec["intermediate_size"])
+    hybrid = _hybrid(r, layers)
+    if hybrid and moe:  # the pattern places the MoE blocks (E); no leading dense layers
+        moe["first_k_dense_replace"] = 0
+        moe_notes = [n for n in moe_notes if "dense layers at" not in n]
     spec.update(moe)
+    spec.update(hybrid)
     notes += moe_notes + _notes_for_known_pitfalls(spec)
     tie_default = mtype in TIED_BY_DEFAULT
     spec["tie_word_embeddings"] = r.flag("tie_word_embeddings", _outer_flag(outer, r, tie_default))

@@ -51,8 +51,11 @@ RecomputeChoice = Annotated[
 Optimizer = Literal["adam", "adamw", "sgd"]
 # Module classes of a transformer layer whose linear GEMMs a low-precision recipe may keep in BF16
 # (`TrainingSpec.bf16_modules`); the router and the output layer stay 16-bit in every recipe.
-ModuleClass = Literal["attention", "dense_mlp", "routed_experts", "shared_experts"]
-MODULE_CLASSES: tuple[str, ...] = ("attention", "dense_mlp", "routed_experts", "shared_experts")
+ModuleClass = Literal["attention", "dense_mlp", "routed_experts", "shared_experts", "mamba"]
+MODULE_CLASSES: tuple[str, ...] = ("attention", "dense_mlp", "routed_experts", "shared_experts", "mamba")
+# Hybrid models (Nemotron-H, Nemotron 3; HF / Megatron hybrid_override_pattern): one block per character,
+# M a Mamba2 mixer, * an attention block, - a dense MLP block, E an MoE block (each with its norm).
+HYBRID_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe_mlp"}
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipev")
@@ -180,6 +183,21 @@ class ModelSpec(Strict):
     topk_group: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
         "Groups a token is routed within (config.json topk_group, DeepSeek-V3: 4; Megatron "
         "--moe-router-group-topk): with a group per node a token reaches at most topk_group nodes."))
+    # Hybrid Mamba2 / attention models (Nemotron-H, Nemotron 3; NemotronHConfig field names).
+    hybrid_override_pattern: str | None = Field(default=None, description=(
+        "Hybrid model's blocks, one character each (HF / Megatron hybrid_override_pattern, e.g. Nemotron-H "
+        "`M-M-M*-...`): M a Mamba2 mixer, * attention, - a dense MLP, E an MoE MLP; its length is "
+        "num_hidden_layers. None: every layer is attention + MLP."))
+    mamba_num_heads: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
+        "Mamba2 heads (Megatron --mamba-num-heads); None: 2 x hidden_size / mamba_head_dim."))
+    mamba_head_dim: Annotated[int, Field(ge=1, le=65536)] = Field(default=64, description=(
+        "Mamba2 head dimension P (Megatron --mamba-head-dim)."))
+    ssm_state_size: Annotated[int, Field(ge=1, le=65536)] = Field(default=128, description=(
+        "Mamba2 state dimension N (Megatron --mamba-state-dim)."))
+    mamba_n_groups: Annotated[int, Field(ge=1, le=65536)] = Field(default=8, description=(
+        "Mamba2 groups sharing B and C (HF n_groups, Megatron --mamba-num-groups)."))
+    conv_kernel: Annotated[int, Field(ge=1, le=1024)] = Field(default=4, description=(
+        "Mamba2 causal convolution width."))
     # Multi-token prediction (DeepSeek-V3 §2.2; Megatron --mtp-num-layers): each depth adds, on the last
     # pipeline stage, one transformer layer, the projection of [norm(h); norm(emb)] (2h -> h), a norm and
     # a pass through the shared output layer with its loss.
@@ -214,6 +232,22 @@ class ModelSpec(Strict):
         elif self.num_experts_per_tok or self.num_shared_experts or self.shared_expert_intermediate_size:
             raise ValueError("num_experts_per_tok / num_shared_experts / shared_expert_intermediate_size need "
                              "num_experts > 0")
+        pattern = self.hybrid_override_pattern
+        if pattern is not None:
+            bad = sorted(set(pattern) - set(HYBRID_KINDS))
+            if bad:
+                raise ValueError(f"hybrid_override_pattern has {bad[0]!r}: use M (Mamba2), * (attention), "
+                                 "- (MLP), E (MoE)")
+            if len(pattern) != self.num_hidden_layers:
+                raise ValueError(f"hybrid_override_pattern has {len(pattern)} blocks, num_hidden_layers is "
+                                 f"{self.num_hidden_layers}")
+            if ("E" in pattern) != self.is_moe:
+                raise ValueError("hybrid_override_pattern has MoE blocks (E) exactly when num_experts > 0")
+            if self.is_mla:
+                raise ValueError("hybrid_override_pattern with multi-head latent attention is not modelled")
+        if self.num_mamba_layers and self.mamba_heads % self.mamba_n_groups:
+            raise ValueError(f"mamba_n_groups ({self.mamba_n_groups}) must divide the Mamba2 heads "
+                             f"({self.mamba_heads})")
         mla = [self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim]
         if any(v is not None for v in mla) and not all(v is not None for v in mla):
             raise ValueError(
@@ -270,14 +304,43 @@ class ModelSpec(Strict):
 
     @property
     def num_dense_layers(self) -> int:
+        """Layers with a dense MLP (a hybrid model's `-` blocks)."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern.count("-")
         return self.first_k_dense_replace if self.is_moe else self.num_hidden_layers
 
     @property
     def num_moe_layers(self) -> int:
+        """Layers with an MoE MLP (a hybrid model's `E` blocks)."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern.count("E")
         return self.num_hidden_layers - self.num_dense_layers
 
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with attention: every layer, or a hybrid model's `*` blocks."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern.count("*")
+        return self.num_hidden_layers
+
+    @property
+    def num_mamba_layers(self) -> int:
+        return (self.hybrid_override_pattern or "").count("M")
+
+    @property
+    def mamba_heads(self) -> int:
+        """Mamba2 heads: `mamba_num_heads`, else Megatron's hidden_size x expand (2) // head_dim."""
+        return self.mamba_num_heads or max(1, 2 * self.hidden_size // self.mamba_head_dim)
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
     def layer_kinds(self) -> list[str]:
-        """`dense` or `moe` for every layer, first to last."""
+        """The kind of every layer, first to last: `dense` or `moe` (attention + MLP), or a hybrid model's
+        blocks (`mamba`, `attention`, `mlp`, `moe_mlp`: spec.HYBRID_KINDS)."""
+        if self.hybrid_override_pattern is not None:
+            return [HYBRID_KINDS[c] for c in self.hybrid_override_pattern]
         return ["dense"] * self.num_dense_layers + ["moe"] * self.num_moe_layers
 
 

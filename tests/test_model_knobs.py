@@ -219,3 +219,66 @@ def test_validation_rows_carry_the_new_facts():
     assert (m.num_nextn_predict_layers, m.shared_ffn) == (1, 3000)
     assert (t.bf16_modules, t.bf16_layers_at_start, t.bf16_layers_at_end) == (("attention",), 1, 1)
     assert case.plan.moe_dispatcher == "allgather"
+
+
+# ---- 4. hybrid Mamba2 / attention models, squared ReLU ---------------------------------------------
+
+NEMOTRON_H_8B = DATA / "Nemotron-H-8B-Base-8K.json"
+
+
+def test_nemotron_h_8b_from_its_config_has_the_checkpoints_parameter_count():
+    """nvidia/Nemotron-H-8B-Base-8K: 24 Mamba2, 4 attention and 24 squared-ReLU MLP blocks; its
+    checkpoint holds 8,100,852,736 parameters (the sum of its tensors' shapes; in_proj 18560 x 4096 =
+    (2 x 8192 + 2 x 8 x 128 + 128) x 4096)."""
+    from autoshard.cost.params import mamba_in_proj_width, total_params
+
+    m = model_from_hf_config(NEMOTRON_H_8B)
+    assert (m.num_mamba_layers, m.num_attention_layers, m.num_dense_layers) == (24, 4, 24)
+    assert m.hidden_act == "relu2" and not m.gated  # mlp_hidden_act, read before the Mamba mixer's silu
+    assert mamba_in_proj_width(m) == 18560
+    assert total_params(m) == 8_100_852_736
+
+
+def test_mamba_block_flops_are_megatrons_estimate():
+    """Megatron-LM training.py mamba_layer_flops (d98e8a64dd), forward: 2 T h (2 d_in + 2 G N + heads)
+    (in_proj) + 7 T d_in N (scan) + 2 T d_in h (out_proj), with d_in = 2h; the layer table prices three
+    passes. An attention block's FLOPs are attention alone, an MLP block's the 2-matrix squared-ReLU MLP."""
+    prob = load_problem({"model": {"hf_config": str(NEMOTRON_H_8B)},
+                         "training": {"seq_len": 8192, "global_batch_size": 64},
+                         "cluster": {"gpu": "h100-sxm", "num_gpus": 8}})
+    plan = Plan(tp=1, pp=1, dp=8)
+    table = layer_table(context(prob), Config.of(plan, 8)).layers
+    T, h, d_in, N, G, heads = 8192, 4096, 8192, 128, 8, 128
+    megatron = 2 * T * h * (2 * d_in + 2 * G * N + heads) + 7 * T * d_in * N + 2 * T * d_in * h
+    assert table[("mamba", "none")].base_flops == pytest.approx(3 * megatron, rel=1e-12)
+    assert table[("mlp", "none")].base_flops == pytest.approx(3 * 2 * T * h * 21504 * 2, rel=1e-12)
+    qkvo = 2 * T * h * (32 + 2 * 8 + 32) * 128
+    core = 2 * T * T * 32 * 256 * 0.5  # causal QK^T and PV
+    assert table[("attention", "none")].base_flops == pytest.approx(3 * (qkvo + core), rel=1e-12)
+    est = evaluate(prob, Plan(tp=2, pp=1, dp=4))
+    assert est.fits and 0.2 < est.mfu < 0.7, est.reasons
+
+
+def test_hybrid_export_and_validation_row():
+    prob = load_problem({"model": {"hf_config": str(NEMOTRON_H_8B)},
+                         "training": {"seq_len": 8192, "global_batch_size": 64},
+                         "cluster": {"gpu": "h100-sxm", "num_gpus": 16}})
+    out = export_plan(prob, Plan(tp=2, pp=2, dp=4, stage_layers=[26, 26]), "megatron")
+    pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+    # Megatron-LM arguments.py --hybrid-layer-pattern: `|` marks pipeline stage boundaries
+    assert f"--hybrid-layer-pattern '{pattern[:26]}|{pattern[26:]}'" in out.text
+    for flag in ("--mamba-num-heads 128", "--mamba-head-dim 64", "--mamba-state-dim 128", "--mamba-num-groups 8",
+                 "--squared-relu"):
+        assert flag in out.text
+    assert "--pipeline-model-parallel-layout" not in out.text
+    row = {"id": "hybrid_row", "source": "test, hand-made", "model": "nemotron-h-8b", "layers": 52, "hidden": 4096,
+           "ffn": 21504, "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 131072, "seq_len": 8192,
+           "hidden_act": "relu2", "mamba_layers": 24, "hybrid_override_pattern": pattern, "mamba_num_heads": 128,
+           "gpu": "H100", "gpu_count": 8, "nvlink_domain_gpus": 8, "precision": "BF16", "tp": 1, "pp": 1, "dp": 8,
+           "micro_batch": 1, "global_batch_seqs": 64, "step_time_s": 1.0}
+    case = modern_row_to_case(row)
+    assert case.problem.model.layer_kinds().count("mamba") == 24
+    skipped = modern_row_to_case({k: v for k, v in row.items() if k != "hybrid_override_pattern"})
+    assert "hybrid_override_pattern" in str(skipped)
+    with pytest.raises(InputError, match="hybrid_override_pattern"):
+        model_from_hf_config(read_hf_config(NEMOTRON_H_8B) | {"hybrid_override_pattern": "M-M"})

@@ -46,7 +46,12 @@ from .moe import (
     moe_imbalance,
     routed_tokens,
 )
-from .params import QLORA_BYTES_PER_PARAM, layer_params, mla_dim, zero3_bytes_per_param
+from .params import QLORA_BYTES_PER_PARAM, layer_params, mamba_in_proj_width, mla_dim, zero3_bytes_per_param
+
+# The MLP kind of a hybrid model's MLP-only blocks (spec.HYBRID_KINDS); other kinds map to themselves.
+MLP_KIND = {"mlp": "dense", "moe_mlp": "moe"}
+MAMBA_SCAN_FLOPS_PER_STATE = 7  # forward FLOPs per token, d_inner element and state (Megatron training.py mamba_layer_flops)
+MAMBA_SCAN_BWD_FACTOR = 2.0  # SSD backward: the chunk states recomputed and two chunked contractions (estimate)
 
 
 @dataclass
@@ -207,6 +212,48 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     return fwd, bwd, t_w, flops
 
 
+def _mamba_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
+    """Forward/backward of a Mamba2 mixer block (Megatron mamba_mixer.py; Dao & Gu 2024, SSD):
+    in_proj (h -> z, x, B, C, dt; column-parallel), the depthwise causal conv1d over x, B, C, the
+    chunked SSD scan (Megatron's 7 x d_inner x state FLOPs per token, at the 16-bit rate or HBM bound
+    on its inputs and output), the gated RMSNorm, out_proj (row-parallel); TP collectives as around
+    attention, and with context parallelism an all-to-all of the mixer's sequence shards to head shards
+    and back (MambaContextParallel). Returns (fwd, bwd, 0, wgrad_s, flops_fwd) as `_attention_cost`."""
+    m, T, h, tp = sh.m, sh.tokens, sh.h, cfg.tp
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    width, d_in = mamba_in_proj_width(m) / tp, m.mamba_d_inner / tp
+    conv_dim = (m.mamba_d_inner + 2 * m.mamba_n_groups * m.ssm_state_size) / tp
+    rate = ctx.module_flops_per_s("mamba")
+    gemms = [(T, h, width), (T, d_in, h)]
+    proj = sum(_gemm_s(ctx, *g, rate) for g in gemms)
+    scan_flops = MAMBA_SCAN_FLOPS_PER_STATE * T * d_in * m.ssm_state_size
+    scan = max(scan_flops / ctx.attn_flops_per_s, _mem_s(ctx, BF16 * T * (conv_dim + 2 * d_in)))
+    conv = _mem_s(ctx, 2 * BF16 * T * conv_dim)
+    elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + 4 * T * d_in))  # norms, residual, gate
+    fwd["compute"] = proj + scan + conv + elem
+    proj_b, wgrad = _frozen_adjust(ctx, proj)
+    bwd["compute"] = proj_b + MAMBA_SCAN_BWD_FACTOR * scan + ELEMENTWISE_BWD_FACTOR * (conv + elem)
+    fwd["tp_comm"] = tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj)
+    bwd["tp_comm"] = tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj)
+    if cfg.cp > 1:
+        fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, BF16 * T * (conv_dim + d_in))
+    flops = sum(2 * x * y * z for x, y, z in gemms) + scan_flops
+    return fwd, bwd, 0.0, wgrad, flops
+
+
+def _mamba_saved_bytes(ctx: Context, cfg: Config, sh: Shapes) -> float:
+    """Activation bytes a Mamba2 mixer keeps per micro-batch beside its block's input: in_proj's output
+    (z, x, B, C, dt), the conv output, the scan output, the fp32 dt per head and the out_proj input
+    (at the recipe's saved-input size), all sharded over TP; in_proj's input is in the stream term."""
+    m, T, tp = sh.m, sh.tokens, cfg.tp
+    d_in = m.mamba_d_inner / tp
+    conv_dim = (m.mamba_d_inner + 2 * m.mamba_n_groups * m.ssm_state_size) / tp
+    q = ctx.module_saved_input_bytes("mamba")
+    return (BF16 * T * (mamba_in_proj_width(m) / tp + conv_dim + d_in) + 4 * T * m.mamba_heads / tp
+            + q * T * d_in)
+
+
 def _mlp_saved_bytes_per_ffn(m, q: float) -> float:
     """Bytes an MLP keeps per token and ffn element: the fc1 output(s) in bf16 (two for a gated
     MLP, for its activation's backward) and the fc2 input at `q` (as the framework keeps it)."""
@@ -220,6 +267,7 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     FP8/FP4 size where the framework keeps them quantized (Transformer Engine)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
+    block, kind = kind, MLP_KIND.get(kind, kind)  # a hybrid model's block, its MLP kind
     q = ctx.module_saved_input_bytes("attention")  # per module class (training.bf16_modules)
     q_mlp = ctx.module_saved_input_bytes("dense_mlp" if kind == "dense" else "routed_experts")
     q_shared = ctx.module_saved_input_bytes("shared_experts")
@@ -246,6 +294,15 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
         fused = unfused_softmax_reason(ctx, sh) is None
         per = ((5 if m.dropout else 2) if fused else (7 if m.dropout else 6)) * cfg.mbs * sh.a_local * (sh.seq / cfg.cp) * sh.seq
         scores = per
+    if block in ("mamba", "attention", "mlp", "moe_mlp"):  # a hybrid block: one norm and one mixer or MLP
+        first = {"mamba": ctx.module_saved_input_bytes("mamba"), "attention": q}.get(block, q_mlp)
+        stream = (BF16 + first + (1 if m.dropout else 0)) * T * h / div
+        if block != "attention":
+            attn = scores = 0.0
+        if block == "mamba":
+            attn = _mamba_saved_bytes(ctx, cfg, sh)
+        if block in ("mamba", "attention"):
+            mlp = 0.0
     none = stream + attn + mlp + scores
     # Selective recompute drops the attention scores (FlashAttention never stores them).
     selective = none if ctx.training.flash_attention else none - scores
@@ -256,8 +313,17 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     """One layer of `kind` under every recompute mode (the forward pass, communication and
     activations are priced once and shared by the modes)."""
     sh = Shapes(ctx, cfg)
-    afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
-    mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, kind)
+    zero = dict.fromkeys(TIME_KEYS, 0.0)
+    if kind == "mamba":  # a hybrid model's blocks (spec.HYBRID_KINDS) have a mixer or an MLP
+        afwd, abwd, core, awgrad, aflops = _mamba_cost(ctx, cfg, pl, sh)
+    elif kind in MLP_KIND:
+        afwd, abwd, core, awgrad, aflops = zero, zero, 0.0, 0.0, 0.0
+    else:
+        afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
+    if kind in ("mamba", "attention"):
+        mfwd, mbwd, mwgrad, mflops = zero, zero, 0.0, 0.0
+    else:
+        mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, MLP_KIND.get(kind, kind))
     params, experts = layer_params(ctx.model, kind)
     dense_local = (params - experts) / cfg.tp
     expert_local = experts / (cfg.expert_tp * cfg.ep)
@@ -306,7 +372,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.hfu_flops += flops
         elif recompute == "selective":
             c.bwd["recompute"] = core
-            c.hfu_flops += core_attention_flops(sh)
+            c.hfu_flops += core_attention_flops(sh) if core else 0.0
         elif recompute == "offload":
             # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
             # stream to host memory during the forward and back before its backward, over the host
@@ -325,7 +391,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
                 c.act_bytes -= saved
                 c.hfu_flops += fl
             c.act_bytes = max(c.act_bytes, acts["full"])
-        host = moe_host_s(ctx, cfg) if kind == "moe" else 0.0
+        host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
         if host and ep_overlap:
             extra = ep_overlap_host_s(ctx, cfg, c, host)
             host += extra
@@ -356,13 +422,14 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     projections all-gather their sequence-sharded inputs again (multi_latent_attention.py)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
+    kind = MLP_KIND.get(kind, kind)  # a hybrid model's MLP-only block prices as its MLP kind
     q_attn = ctx.module_saved_input_bytes("attention")  # linear-layer inputs as kept (_activation_bytes)
     q = ctx.module_saved_input_bytes("dense_mlp" if kind == "dense" else "routed_experts")
     mats = _mlp_saved_bytes_per_ffn(m, q)
     etp = cfg.expert_tp
     routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
-        return core_s, acts["none"] - acts["selective"], core_attention_flops(sh)
+        return core_s, acts["none"] - acts["selective"], core_attention_flops(sh) if core_s else 0.0
     if module == "layernorm":
         return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), (q_attn + q) * T * h / div, 0.0
     if module == "mlp" and kind == "dense":

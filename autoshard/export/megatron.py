@@ -115,7 +115,10 @@ def _megatron(ctx: _Ctx) -> str:
     # --- pipeline split and schedule ------------------------------------------------------
     if p.pp > 1:
         stages = ctx.stages
-        if p.vpp > 1:
+        if m.hybrid_override_pattern is not None:  # the stage boundaries are `|` in --hybrid-layer-pattern
+            if p.vpp > 1:
+                add("--num-virtual-stages-per-pipeline-rank", p.vpp)
+        elif p.vpp > 1:
             if ctx.even:
                 add("--num-layers-per-virtual-pipeline-stage", stages[0])
             else:
@@ -224,8 +227,11 @@ def _megatron(ctx: _Ctx) -> str:
         add("--normalization", "RMSNorm")
         add("--position-embedding-type", "rope")
         add("--disable-bias-linear")
-    elif m.hidden_act in ("relu", "relu2"):
+    elif m.hidden_act == "relu2":  # squared ReLU, non-gated (Nemotron-4, Nemotron-H)
+        add("--squared-relu")
+    elif m.hidden_act == "relu":
         ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
+    _megatron_hybrid(ctx, add)
     if fam.get("norm_epsilon") is not None:
         add("--norm-epsilon", fam["norm_epsilon"])
     if m.gated:
@@ -318,6 +324,36 @@ def _megatron(ctx: _Ctx) -> str:
             line = f"{flag} {shlex.quote(str(value))}"
         body.append(line + (" \\" if i < len(flags) - 1 else ""))
     return "\n".join(head + body) + "\n"
+
+
+def hybrid_layer_pattern(pattern: str, stages: list[int] | None) -> str:
+    """Megatron's --hybrid-layer-pattern: the model's blocks (M Mamba2, * attention, - MLP, E MoE), with
+    `|` at the (virtual) pipeline stage boundaries where the plan has several (arguments.py: 'Use | to
+    define pipeline stage boundaries')."""
+    if not stages or len(stages) == 1:
+        return pattern
+    out, i = [], 0
+    for n in stages:
+        out.append(pattern[i:i + n])
+        i += n
+    return "|".join(out)
+
+
+def _megatron_hybrid(ctx: _Ctx, add) -> None:
+    """A hybrid Mamba2 / attention model (ModelSpec.hybrid_override_pattern): Megatron-LM's hybrid
+    stack (pretrain_mamba.py), its block pattern and Mamba2 dimensions (TransformerConfig
+    mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads)."""
+    m, p = ctx.problem.model, ctx.plan
+    if m.hybrid_override_pattern is None:
+        return
+    add("--hybrid-layer-pattern", hybrid_layer_pattern(m.hybrid_override_pattern, ctx.stages if p.pp > 1 else None))
+    if m.num_mamba_layers:
+        add("--mamba-num-heads", m.mamba_heads)
+        add("--mamba-head-dim", m.mamba_head_dim)
+        add("--mamba-state-dim", m.ssm_state_size)
+        add("--mamba-num-groups", m.mamba_n_groups)
+    ctx.warn("hybrid Mamba2 / attention model: launch Megatron-LM's pretrain_mamba.py (its hybrid stack), not "
+             "pretrain_gpt.py; the pattern's `|` marks the planned stage boundaries")
 
 
 def _megatron_bf16_parts(ctx: _Ctx, add) -> None:

@@ -120,7 +120,8 @@ MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "voc
                 "moe_shared_experts", "first_k_dense", "hidden_act", "dropout", "tie_word_embeddings",
                 "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                 "sliding_window", "sliding_window_layers", "expert_bias", "mamba_layers", "mtp_layers",
-                "moe_shared_ffn")
+                "moe_shared_ffn", "hybrid_override_pattern", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
+                "mamba_n_groups")
 
 
 def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[dict[str, Any], list[str]]:

@@ -29,8 +29,10 @@ model                      layers, hidden, ffn, heads, kv_heads, head_dim, vocab
                            first_k_dense; hidden_act (default silu), tie_word_embeddings (false),
                            dropout; MLA from q_lora_rank / kv_lora_rank / qk_nope_head_dim /
                            qk_rope_head_dim / v_head_dim (a kv_lora_rank makes it MLA);
-                           sliding_window + sliding_window_layers; expert_bias; mamba_layers > 0:
-                           skipped (hybrid Mamba2/attention not modelled); mtp_layers: priced on
+                           sliding_window + sliding_window_layers; expert_bias; a hybrid model's
+                           hybrid_override_pattern (+ mamba_num_heads, mamba_head_dim,
+                           ssm_state_size, mamba_n_groups); mamba_layers > 0 without the pattern:
+                           skipped (the blocks' order not stated); mtp_layers: priced on
                            the last stage (num_nextn_predict_layers)
 framework                  `framework` (default megatron); `source_family` names the source group
 plan                       tp, pp, cp, ep as given (null -> 1), etp as given (null -> None = tp),
@@ -77,6 +79,7 @@ USE_RECIPES = True
 
 RECIPES = ("bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MAMBA_KEYS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "mamba_n_groups")
 
 MODERN_KEYS = ("nvlink_domain_gpus", "moe_ffn", "first_k_dense", "etp")
 
@@ -433,9 +436,10 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
 
     # ---- model
     model_name = str(row.get("model") or rid)
-    if _int(row.get("mamba_layers"), 0):
-        return skip(f"{model_name}: {row['mamba_layers']} Mamba2 layers (mamba_layers): hybrid Mamba2/attention "
-                    "layers are not modelled")
+    pattern = row.get("hybrid_override_pattern")
+    if _int(row.get("mamba_layers"), 0) and not pattern:
+        return skip(f"{model_name}: {row['mamba_layers']} Mamba2 layers (mamba_layers) without their order "
+                    "(hybrid_override_pattern): the hybrid model's blocks are not stated")
     missing = [k for k in ("layers", "hidden", "ffn", "heads", "vocab", "seq_len") if row.get(k) in (None, "")]
     if missing:
         return skip(f"model dimensions not published ({', '.join(missing)} null)")
@@ -455,6 +459,10 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                      f"nope {row.get('qk_nope_head_dim')}, rope {row.get('qk_rope_head_dim')}, v {row.get('v_head_dim')})")
     elif row.get("head_dim"):
         model["head_dim"] = int(row["head_dim"])
+    if pattern:  # a hybrid Mamba2 / attention model: its blocks and Mamba2 dimensions (NemotronH names)
+        model["hybrid_override_pattern"] = str(pattern)
+        model.update({k: int(row[k]) for k in MAMBA_KEYS if row.get(k) is not None})
+        notes.append(f"hybrid model: {str(pattern).count('M')} Mamba2, {str(pattern).count('*')} attention blocks")
     if _int(row.get("mtp_layers"), 0):  # priced on the last stage (ModelSpec.num_nextn_predict_layers)
         model["num_nextn_predict_layers"] = int(row["mtp_layers"])
         notes.append(f"{row['mtp_layers']} multi-token-prediction layer(s) on the last stage")
