@@ -259,6 +259,24 @@ def _sliding_window(r: _Reader, layers: int, model_type: str) -> dict[str, Any]:
     return {"sliding_window": window}
 
 
+def _chunked_attention(r: _Reader, layers: int) -> dict[str, Any]:
+    """Llama 4's chunked attention: `attention_chunk_size` on the RoPE layers, global attention on the
+    NoPE layers (`no_rope_layers`: 1 = RoPE, 0 = NoPE, per layer; missing: transformers' Llama4TextConfig
+    rule, every `no_rope_layer_interval`-th layer NoPE, 4 by default)."""
+    chunk = _positive_opt(r, "attention_chunk_size")
+    if chunk is None:
+        return {}
+    flags = r.cfg.get("no_rope_layers")
+    if flags is None:
+        every = _positive_opt(r, "no_rope_layer_interval") or 4
+        flags = [int((i + 1) % every != 0) for i in range(layers)]
+    if not isinstance(flags, list) or len(flags) < layers or any(f not in (0, 1) or isinstance(f, bool)
+                                                                 for f in flags[:layers]):
+        raise r.error(f"must be a list of 0 (NoPE) / 1 (RoPE) per layer, {layers} at least", "no_rope_layers")
+    n = sum(flags[:layers])
+    return {"attention_chunk_size": chunk, "chunked_attention_layers": n / layers} if n else {}
+
+
 def _int_list(r: _Reader, key: str, layers: int) -> list[int]:
     value = r.cfg.get(key) or []
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
@@ -410,6 +428,7 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
     spec["intermediate_size"] = ffn or 4 * hidden
     spec.update(_attention(r, hidden, spec["num_attention_heads"]))
     spec.update(_sliding_window(r, layers, mtype))
+    spec.update(_chunked_attention(r, layers))
     if mtype == "gpt_oss":  # GptOssExperts: gate_up_proj_bias and down_proj_bias on every expert
         spec["expert_bias"] = True
     spec["hidden_act"], notes = _activation(r, mtype)

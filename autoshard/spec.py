@@ -168,6 +168,14 @@ class ModelSpec(Strict):
         " keys; None: full causal attention everywhere."))
     sliding_window_layers: Annotated[float, Field(gt=0.0, le=1.0)] = Field(default=1.0, description=(
         "Share of the layers that use the sliding window (gpt-oss alternates: 0.5; Gemma 3 five in six)."))
+    # Chunked attention (Llama 4: attention_chunk_size 8192 on its RoPE layers, global attention on its
+    # NoPE layers, HF no_rope_layers): a query attends causally within its chunk of the sequence.
+    attention_chunk_size: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
+        "Chunked attention (Llama 4 attention_chunk_size, 8192): a query attends causally within its chunk "
+        "of this many tokens, on the share `chunked_attention_layers` of the layers; None: none."))
+    chunked_attention_layers: Annotated[float, Field(gt=0.0, le=1.0)] = Field(default=1.0, description=(
+        "Share of the layers with chunked attention (Llama 4: its RoPE layers, 3 in 4; the NoPE layers of HF "
+        "no_rope_layers attend globally)."))
     # Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed
     # token, outside the grouped GEMM where the framework does not fuse it (cost.layers._mlp_cost).
     expert_bias: bool = Field(default=False, description=(
@@ -248,6 +256,10 @@ class ModelSpec(Strict):
         if self.num_mamba_layers and self.mamba_heads % self.mamba_n_groups:
             raise ValueError(f"mamba_n_groups ({self.mamba_n_groups}) must divide the Mamba2 heads "
                              f"({self.mamba_heads})")
+        if self.sliding_window and self.attention_chunk_size \
+                and self.sliding_window_layers + self.chunked_attention_layers > 1.0 + 1e-9:
+            raise ValueError("sliding_window_layers + chunked_attention_layers exceed 1 (they are shares of "
+                             "distinct layers)")
         mla = [self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim]
         if any(v is not None for v in mla) and not all(v is not None for v in mla):
             raise ValueError(
@@ -269,15 +281,30 @@ class ModelSpec(Strict):
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
 
-    def attention_key_share(self, seq: int) -> float:
+    def attention_key_share(self, seq: int, document_tokens: int | None = None) -> float:
         """Keys a query attends on average, relative to full causal attention over `seq` tokens (1
-        without a sliding window): a window of W keys sums W(W+1)/2 + (seq - W) W over the queries
-        against seq(seq+1)/2, on the share of layers that use it (a mean over the layers)."""
-        w = self.sliding_window
-        if not w or w >= seq:
-            return 1.0
-        windowed = (w * (w + 1) / 2 + (seq - w) * w) / (seq * (seq + 1) / 2)
-        return self.sliding_window_layers * windowed + (1.0 - self.sliding_window_layers)
+        without a sliding window, chunks or documents), a mean over the layers: a window of W keys sums
+        W(W+1)/2 + (seq - W) W over the queries against seq(seq+1)/2 on the share of layers that use it;
+        chunked attention sums C(C+1)/2 per chunk of C on its share; packed documents of D tokens
+        (`TrainingSpec.mean_document_tokens`, per-document masks) sum D(D+1)/2 per document on every
+        layer (Megatron training.py counts core attention by sum(L_i^2)). Chunks and documents together
+        are priced as segments of the shorter (exact where one divides the other)."""
+        doc = document_tokens if document_tokens and document_tokens < seq else None
+        w, c = self.sliding_window, self.attention_chunk_size
+        if doc is None and (not c or c >= seq):
+            if not w or w >= seq:
+                return 1.0
+            windowed = (w * (w + 1) / 2 + (seq - w) * w) / (seq * (seq + 1) / 2)
+            return self.sliding_window_layers * windowed + (1.0 - self.sliding_window_layers)
+        base = seq * (seq + 1) / 2
+        seg = doc or seq
+        plain = _segment_keys(seq, seg, None) / base
+        share = plain
+        if w and w < seg:
+            share += self.sliding_window_layers * (_segment_keys(seq, seg, w) / base - plain)
+        if c and c < seg:
+            share += self.chunked_attention_layers * (_segment_keys(seq, c, None) / base - plain)
+        return share
 
     @property
     def head_size(self) -> int:
@@ -342,6 +369,19 @@ class ModelSpec(Strict):
         if self.hybrid_override_pattern is not None:
             return [HYBRID_KINDS[c] for c in self.hybrid_override_pattern]
         return ["dense"] * self.num_dense_layers + ["moe"] * self.num_moe_layers
+
+
+def _causal_keys(n: int, window: int | None) -> float:
+    """Keys summed over the n queries of one causal segment, each attending at most `window` keys."""
+    if not window or window >= n:
+        return n * (n + 1) / 2
+    return window * (window + 1) / 2 + (n - window) * window
+
+
+def _segment_keys(seq: int, segment: int, window: int | None) -> float:
+    """Keys summed over `seq` queries cut into causal segments of `segment` tokens (documents, chunks)."""
+    full, rest = divmod(seq, segment)
+    return full * _causal_keys(segment, window) + (_causal_keys(rest, window) if rest else 0.0)
 
 
 class TrainingSpec(Strict):
@@ -445,6 +485,14 @@ class TrainingSpec(Strict):
     bf16_layers_at_end: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
         "Trailing transformer layers kept wholly in BF16 under a low-precision recipe (Megatron "
         "--num-layers-at-end-in-bf16 N); priced as that share of the layers."))
+
+    # Packed sequences with per-document attention masks (TE THD format / cu_seqlens, Megatron
+    # packed_seq_params, torchtitan block_causal): attention runs within each document, so its FLOPs
+    # scale with the sum of squared document lengths, not seq^2.
+    mean_document_tokens: Annotated[int, Field(ge=1, le=MAX_SEQ)] | None = Field(default=None, description=(
+        "Packed sequences with per-document attention masks (TE THD format, cu_seqlens): the documents' "
+        "mean length in tokens; attention is priced within documents of this length (sum of squared "
+        "lengths, the least for that mean). None: one causal sequence of seq_len."))
 
     @field_validator("bf16_modules")
     @classmethod

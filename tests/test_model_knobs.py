@@ -282,3 +282,56 @@ def test_hybrid_export_and_validation_row():
     assert "hybrid_override_pattern" in str(skipped)
     with pytest.raises(InputError, match="hybrid_override_pattern"):
         model_from_hf_config(read_hf_config(NEMOTRON_H_8B) | {"hybrid_override_pattern": "M-M"})
+
+
+# ---- 5. chunked / NoPE attention, packed documents ---------------------------------------------------
+
+LLAMA4_TEXT = {"model_type": "llama4", "text_config": {
+    "model_type": "llama4_text", "num_hidden_layers": 48, "hidden_size": 5120, "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 202048, "attention_chunk_size": 8192, "hidden_act": "silu"}}
+
+
+def test_llama4_chunked_attention_on_its_rope_layers():
+    """transformers' Llama4TextConfig: without `no_rope_layers`, every 4th layer is NoPE (global
+    attention), the other 3 in 4 attend within chunks of attention_chunk_size. At 32k tokens a chunked
+    layer attends 4 x 8192 x 8193 / 2 keys against 32768 x 32769 / 2 causal ones."""
+    m = model_from_hf_config(LLAMA4_TEXT)
+    assert (m.attention_chunk_size, m.chunked_attention_layers) == (8192, 0.75)
+    chunked = 4 * 8192 * 8193 / (32768 * 32769)
+    assert m.attention_key_share(32768) == pytest.approx(0.75 * chunked + 0.25, rel=1e-12)
+    assert m.attention_key_share(8192) == 1.0  # a chunk as long as the sequence changes nothing
+    explicit = model_from_hf_config({**LLAMA4_TEXT, "text_config": {**LLAMA4_TEXT["text_config"],
+                                                                     "no_rope_layers": [1, 0] * 24}})
+    assert explicit.chunked_attention_layers == 0.5
+    prob = load_problem({"model": m.model_dump(), "training": {"seq_len": 32768, "global_batch_size": 16},
+                         "cluster": {"gpu": "h100-sxm", "num_gpus": 8}})
+    out = export_plan(prob, Plan(tp=8, pp=1, dp=1), "megatron")
+    assert "--no-rope-freq 4" in out.text  # TransformerConfig.no_rope_freq: one NoPE layer in 4
+    assert any("chunked attention" in w for w in out.warnings)
+
+
+def test_packed_documents_price_attention_by_the_sum_of_squared_lengths():
+    """Megatron-LM training.py attn_layer_flops: core attention 2 x sum(L_i^2) x h x p per layer forward
+    (causal); 8 documents of 1024 in a 8192-token sequence: 8 x 1024^2 instead of 8192^2. Our share keeps
+    the diagonal, 8 x D(D+1)/2 over s(s+1)/2: (1025/1024) x (8192/8193) of Megatron's figure."""
+    from autoshard.cost.params import flops_per_token_parts
+
+    dense = load_problem({"model": DENSE, "training": {"seq_len": 8192, "global_batch_size": 64},
+                          "cluster": {"gpu": "h100-sxm", "num_gpus": 8}})
+    packed = load_problem({"model": DENSE, "training": {"seq_len": 8192, "global_batch_size": 64,
+                                                        "mean_document_tokens": 1024},
+                           "cluster": {"gpu": "h100-sxm", "num_gpus": 8}})
+    _, _, attn = flops_per_token_parts(packed.model, packed.training)
+    L, a, d, s = 8, 32, 128, 8192
+    megatron_per_token = 3 * L * 2 * (8 * 1024 ** 2) * a * d / s
+    assert attn == pytest.approx(megatron_per_token * 1025 / 1024 * 8192 / 8193, rel=1e-12)
+    _, _, full = flops_per_token_parts(dense.model, dense.training)
+    assert full == pytest.approx(3 * L * 2 * s ** 2 * a * d / s, rel=1e-12)  # one document: Megatron's exactly
+    plan = Plan(tp=1, pp=1, dp=8)
+    core = [layer_table(context(p), Config.of(plan, 8)).layers[("dense", "none")] for p in (dense, packed)]
+    assert core[1].base_flops < core[0].base_flops
+    assert evaluate(packed, plan).step_time_s < evaluate(dense, plan).step_time_s
+    text = export_plan(packed, plan, "megatron").text
+    assert "--dataloader-inter-document-masking" in text  # cu_seqlens per document (arguments.py)
+    assert "--dataloader-inter-document-masking" not in export_plan(dense, plan, "megatron").text

@@ -34,6 +34,7 @@ class Shapes:
         self.tokens = cfg.mbs * ctx.training.seq_len / cfg.cp  # tokens per GPU (before TP)
         self.cp, self.cp_comm = cfg.cp, cfg.cp_comm
         self.seq = ctx.training.seq_len
+        self.doc = ctx.training.mean_document_tokens  # packed documents (None: one sequence)
         self.h = m.hidden_size
         self.tp = cfg.tp
         self.a_local = m.num_attention_heads / cfg.tp
@@ -97,7 +98,7 @@ def _mem_s(ctx: Context, nbytes: float) -> float:
 def core_attention_flops(sh: Shapes) -> float:
     """FLOPs of one layer's core attention forward (QK^T and PV) on this GPU's queries: causal, or
     over the sliding window (`ModelSpec.attention_key_share`)."""
-    return 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
+    return 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq, sh.doc)
 
 
 def core_attention_s(ctx: Context, sh: Shapes, ring_steps: int | None = None) -> tuple[float, float, float]:
@@ -184,9 +185,14 @@ def attention_call_s(ctx: Context, sh: Shapes, rate: float, causal: bool = True,
     steps = ring_steps if ring_steps is not None else (1 if sh.cp_comm in ("a2a", "allgather") else sh.cp)
     local = sh.seq / steps
     longest = local
-    if m.sliding_window and m.sliding_window < local:
+    if sh.doc and sh.doc < longest:  # packed documents: no key loop runs past its document
+        longest = sh.doc
+    if m.sliding_window and m.sliding_window < longest:
         f = m.sliding_window_layers
-        longest = f * m.sliding_window + (1.0 - f) * local
+        longest = f * m.sliding_window + (1.0 - f) * longest
+    if m.attention_chunk_size and m.attention_chunk_size < local:
+        f = m.chunked_attention_layers
+        longest = f * min(m.attention_chunk_size, longest) + (1.0 - f) * longest
     tile_s = 2.0 * ATTN_TILE * ATTN_TILE * (sh.d_qk + sh.d_v) / (rate / ctx.gpu.sm_count)
     return steps * ATTN_CALL_S + (ATTN_CAUSAL_TAIL * (longest / ATTN_TILE) * tile_s if causal else 0.0)
 

@@ -215,7 +215,8 @@ def flops_per_token_parts(m: Any, t: Any) -> tuple[int, float, float]:
         d_qk = d_v = m.head_size
     # Frozen weights (LoRA) need no weight gradients: forward + input gradients, 4 N per token.
     per_n = 6 if t.finetune == "full" else 4
-    attn = 3 * m.num_attention_layers * m.num_attention_heads * s * (d_qk + d_v) * m.attention_key_share(s)
+    share = m.attention_key_share(s, getattr(t, "mean_document_tokens", None))  # windows, chunks, documents
+    attn = 3 * m.num_attention_layers * m.num_attention_heads * s * (d_qk + d_v) * share
     # Mamba2 scan: Megatron's estimate 7 x d_inner x state FLOPs per token forward (training.py
     # mamba_layer_flops), three passes
     attn += 3 * m.num_mamba_layers * 7 * m.mamba_d_inner * m.ssm_state_size

@@ -232,6 +232,7 @@ def _megatron(ctx: _Ctx) -> str:
     elif m.hidden_act == "relu":
         ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
     _megatron_hybrid(ctx, add)
+    _megatron_attention_span(ctx, add)
     if fam.get("norm_epsilon") is not None:
         add("--norm-epsilon", fam["norm_epsilon"])
     if m.gated:
@@ -354,6 +355,23 @@ def _megatron_hybrid(ctx: _Ctx, add) -> None:
         add("--mamba-num-groups", m.mamba_n_groups)
     ctx.warn("hybrid Mamba2 / attention model: launch Megatron-LM's pretrain_mamba.py (its hybrid stack), not "
              "pretrain_gpt.py; the pattern's `|` marks the planned stage boundaries")
+
+
+def _megatron_attention_span(ctx: _Ctx, add) -> None:
+    """Packed documents (`training.mean_document_tokens`): --dataloader-inter-document-masking (the
+    dataloader returns cu_seqlens, attention restricted to each document: THD). Llama 4's NoPE layers:
+    --no-rope-freq N (TransformerConfig.no_rope_freq, one NoPE layer in N); its chunked attention has no
+    Megatron flag."""
+    m, t = ctx.problem.model, ctx.problem.training
+    if t.mean_document_tokens and t.mean_document_tokens < t.seq_len:
+        add("--dataloader-inter-document-masking")
+    if m.attention_chunk_size:
+        nope = 1.0 - m.chunked_attention_layers
+        every = round(1 / nope) if nope > 0 else 0
+        if every > 1 and abs(1 / every - nope) < 1e-6 and m.num_hidden_layers % every == 0:
+            add("--no-rope-freq", every)
+        ctx.warn(f"chunked attention ({m.attention_chunk_size} tokens on {m.chunked_attention_layers:.3g} of the "
+                 "layers) has no Megatron-LM flag: those layers attend globally there (slower than planned)")
 
 
 def _megatron_bf16_parts(ctx: _Ctx, add) -> None:

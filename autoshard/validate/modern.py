@@ -29,7 +29,8 @@ model                      layers, hidden, ffn, heads, kv_heads, head_dim, vocab
                            first_k_dense; hidden_act (default silu), tie_word_embeddings (false),
                            dropout; MLA from q_lora_rank / kv_lora_rank / qk_nope_head_dim /
                            qk_rope_head_dim / v_head_dim (a kv_lora_rank makes it MLA);
-                           sliding_window + sliding_window_layers; expert_bias; a hybrid model's
+                           sliding_window + sliding_window_layers; attention_chunk_size +
+                           chunked_attention_layers; expert_bias; a hybrid model's
                            hybrid_override_pattern (+ mamba_num_heads, mamba_head_dim,
                            ssm_state_size, mamba_n_groups); mamba_layers > 0 without the pattern:
                            skipped (the blocks' order not stated); mtp_layers: priced on
@@ -473,6 +474,9 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                      f"{model['sliding_window_layers']:g} of the layers")
     if _flag(row, "expert_bias", False):
         model["expert_bias"] = True
+    if row.get("attention_chunk_size"):  # Llama 4 chunked attention on a share of the layers
+        model.update(attention_chunk_size=int(row["attention_chunk_size"]),
+                     chunked_attention_layers=float(row.get("chunked_attention_layers") or 1.0))
     if row.get("moe_experts"):
         if not row.get("moe_top_k"):
             return skip("MoE top-k not published")
@@ -576,7 +580,8 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
                          # leading / trailing blocks kept in BF16 under a low-precision recipe
                          "bf16_modules": list(row.get("bf16_modules") or []),
                          "bf16_layers_at_start": _int(row.get("bf16_layers_at_start"), 0) or 0,
-                         "bf16_layers_at_end": _int(row.get("bf16_layers_at_end"), 0) or 0},
+                         "bf16_layers_at_end": _int(row.get("bf16_layers_at_end"), 0) or 0,
+                         "mean_document_tokens": _int(row.get("mean_document_tokens"))},
             "cluster": {"gpu": gid, "num_gpus": n, "topology": topo},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
