@@ -443,6 +443,10 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
     tie_default = mtype in TIED_BY_DEFAULT
     spec["tie_word_embeddings"] = r.flag("tie_word_embeddings", _outer_flag(outer, r, tie_default))
     spec["num_nextn_predict_layers"] = r.integer("num_nextn_predict_layers") or 0
+    spec["model_type"] = mtype or None  # the family, for the exports' facts (never the model's name)
+    theta = rope_parameters(outer).get("rope_theta")
+    if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0:
+        spec["rope_theta"] = float(theta)
     spec["dropout"] = _dropout(cfg)
     spec["name"] = _name(cfg, outer, path)
     where = str(path) if path is not None else spec["name"]

@@ -111,6 +111,12 @@ class ModelSpec(Strict):
 
     name: str = Field(default="custom", description=(
         "Label of the model in reports (a preset's name when `model:` names one)."))
+    model_type: str | None = Field(default=None, description=(
+        "config.json's model_type (llama, mixtral, qwen3_moe, deepseek_v3, ...): the architecture family, "
+        "which gives the exports the facts a shape does not carry (norms, router, QK norm); never read from "
+        "the model's name. None: unknown (the exports say what they assume)."))
+    rope_theta: Annotated[float, Field(gt=0)] | None = Field(default=None, description=(
+        "Rotary base (config.json rope_theta, or rope_parameters.rope_theta); None: unknown or no RoPE."))
     num_hidden_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = Field(description="Transformer layers (blocks).")
     hidden_size: Annotated[int, Field(ge=1, le=MAX_WIDTH)] = Field(description=(
         "Model width: the residual stream's size."))

@@ -335,3 +335,30 @@ def test_packed_documents_price_attention_by_the_sum_of_squared_lengths():
     text = export_plan(packed, plan, "megatron").text
     assert "--dataloader-inter-document-masking" in text  # cu_seqlens per document (arguments.py)
     assert "--dataloader-inter-document-masking" not in export_plan(dense, plan, "megatron").text
+
+
+# ---- 6. families from config fields, never from the name ---------------------------------------------
+
+def test_family_facts_come_from_model_type_and_rope_theta_not_the_name():
+    """The exports' architecture facts follow the config's model_type and rope_theta: a DeepSeek-V3
+    config under another name keeps its router flags (config.json scoring_func sigmoid, n_group 8,
+    topk_group 4), a model named like it without its model_type gets none, and a Llama config's rotary
+    base is its own rope_theta (Llama 2: 10000, Llama 3: 500000)."""
+    from autoshard.export import model_family, titan_flavor
+
+    dsv3 = model_from_hf_config(DATA / "DeepSeek-V3.json")
+    renamed = dsv3.model_copy(update={"name": "my-moe"})
+    assert model_family(renamed)["family"] == "deepseek-v3"
+    assert model_family(dsv3.model_copy(update={"model_type": None, "name": "deepseek-v3"})) is None
+    prob = load_problem({"model": renamed.model_dump(), "training": {"seq_len": 4096, "global_batch_size": 64},
+                         "cluster": {"gpu": "h100-sxm", "num_gpus": 64}})
+    text = export_plan(prob, Plan(tp=1, pp=8, dp=8, ep=8), "megatron").text
+    assert "--moe-router-score-function sigmoid" in text and "--moe-router-num-groups 8" in text
+    assert "--mtp-num-layers 1" in text  # config.json num_nextn_predict_layers
+    l2 = load_problem({"model": "llama2-70b", "training": {"seq_len": 4096, "global_batch_size": 64},
+                       "cluster": {"gpu": "h100-sxm", "num_gpus": 64}})
+    l3 = model_from_hf_config(DATA / "Meta-Llama-3-8B.json")
+    assert "--rotary-base 10000 " in export_plan(l2, Plan(tp=8, pp=1, dp=8), "megatron").text + " "
+    assert l3.rope_theta == 500000 and model_family(l3)["rotary_base"] == 500000
+    # torchtitan's llama3 8B flavor for the config read from Meta-Llama-3-8B, whatever its name
+    assert titan_flavor(l3.model_copy(update={"name": "anything"})) == ("llama3", "8B")

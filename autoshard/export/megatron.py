@@ -236,8 +236,9 @@ def _megatron(ctx: _Ctx) -> str:
     if fam.get("norm_epsilon") is not None:
         add("--norm-epsilon", fam["norm_epsilon"])
     if m.gated:
-        if fam.get("rotary_base"):
-            add("--rotary-base", fam["rotary_base"])
+        rotary = m.rope_theta or fam.get("rotary_base")  # the config's rope_theta first
+        if rotary:
+            add("--rotary-base", int(rotary) if float(rotary).is_integer() else rotary)
         else:
             ctx.warn(f"rotary base of {m.name} unknown: Megatron's default --rotary-base 10000 is used; "
                      "set it to the model's rope_theta")
