@@ -271,6 +271,8 @@ def test_hybrid_export_and_validation_row():
                  "--squared-relu"):
         assert flag in out.text
     assert "--pipeline-model-parallel-layout" not in out.text
+    titan = export_plan(prob, Plan(tp=2, pp=2, dp=4), "torchtitan").warnings  # no Mamba2 there: said, not hidden
+    assert any("Megatron-only" in w for w in titan)
     row = {"id": "hybrid_row", "source": "test, hand-made", "model": "nemotron-h-8b", "layers": 52, "hidden": 4096,
            "ffn": 21504, "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 131072, "seq_len": 8192,
            "hidden_act": "relu2", "mamba_layers": 24, "hybrid_override_pattern": pattern, "mamba_num_heads": 128,

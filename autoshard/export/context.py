@@ -150,6 +150,17 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
                  f"the estimate; solve with `framework: {target_fw}` for a plan priced for this launcher")
     if fmt == "megatron":  # a stated fact of the model (HF num_nextn_predict_layers), priced on the last stage
         ctx.mtp_layers = problem.model.num_nextn_predict_layers
+    m, t = problem.model, problem.training
+    if fmt != "megatron":  # model knobs only the Megatron export carries (export/megatron.py)
+        if m.hybrid_override_pattern is not None:
+            ctx.warn(f"hybrid Mamba2 / attention blocks are Megatron-only in this exporter: {TARGETS_SHORT[fmt]} "
+                     "gets every layer as attention + MLP (another model than planned)")
+        if m.num_nextn_predict_layers:
+            ctx.warn(f"{m.num_nextn_predict_layers} multi-token-prediction layer(s) planned on the last stage are "
+                     f"not exported to {TARGETS_SHORT[fmt]}")
+        if t.bf16_modules or t.bf16_layers_at_start or t.bf16_layers_at_end:
+            ctx.warn(f"BF16 modules / end blocks planned under {t.precision} are not exported to "
+                     f"{TARGETS_SHORT[fmt]}: the recipe runs everywhere there")
     if plan.moe_dispatcher not in (None, "alltoall") and problem.model.is_moe and fmt != "megatron":
         ctx.warn(f"expert dispatcher {plan.moe_dispatcher} is not exported: {TARGETS_SHORT[fmt]} dispatches "
                  "with a flat all-to-all, which sends every copy of a token across nodes (slower than planned)")
