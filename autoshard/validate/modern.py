@@ -286,7 +286,7 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
 
 
 RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
-                "offload_layers", "layout")
+                "offload_layers", "layout", "mtp_layers")
 LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
 
 
@@ -563,6 +563,14 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
     ga = _int(row.get("grad_accum"))
     if ga is not None and dp * mbs * ga != gbs:
         notes.append(f"grad_accum {ga} x dp {dp} x mbs {mbs} != global batch {gbs}")
+    # the recipe trains the model with multi-token prediction: its mtp_layers, else the MTP layers (`m`)
+    # its pipeline layout places on the last stage (Megatron's layout grammar)
+    layout = str(mb_recipe.get("layout") or "")
+    in_layout = "".join(megatron_layout_stages(layout)).count("m") if "|" in layout else 0  # not `embedding+loss`
+    recipe_mtp = _int(mb_recipe.get("mtp_layers")) or in_layout
+    if not model.get("num_nextn_predict_layers") and recipe_mtp:
+        model["num_nextn_predict_layers"] = int(recipe_mtp)
+        notes.append(f"{recipe_mtp} multi-token-prediction layer(s), as the recipe runs")
     try:
         problem = load_problem({
             "name": rid, "model": model, "framework": framework,
