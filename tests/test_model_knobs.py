@@ -364,3 +364,19 @@ def test_family_facts_come_from_model_type_and_rope_theta_not_the_name():
     assert l3.rope_theta == 500000 and model_family(l3)["rotary_base"] == 500000
     # torchtitan's llama3 8B flavor for the config read from Meta-Llama-3-8B, whatever its name
     assert titan_flavor(l3.model_copy(update={"name": "anything"})) == ("llama3", "8B")
+
+
+def test_megatron_bridge_row_takes_the_mtp_layers_of_its_recipe_layout():
+    """mbridge_recipes.yaml: the 25.09 DeepSeek-V3 dropless recipe runs layout 'Et|(tt|)*30mL', whose `m`
+    is Megatron's MTP layer on the last stage; the row is priced with one MTP depth. A layout keyword
+    (`embedding+loss`) has no MTP."""
+    import json
+
+    from autoshard.validate import VALIDATION_DIR
+
+    rows = {r["id"]: r for r in json.loads((VALIDATION_DIR / "modern_runs_dev.json").read_text())}
+    case = modern_row_to_case(rows["mbridge_2509_deepseekv3dropless_h100_fp8_1024gpu"])
+    assert case.problem.model.num_nextn_predict_layers == 1
+    llama = [r for r in rows.values() if r["id"].startswith("mbridge_") and "llama" in r["id"]]
+    assert all(modern_row_to_case(r).problem.model.num_nextn_predict_layers == 0 for r in llama
+               if hasattr(modern_row_to_case(r), "problem"))
