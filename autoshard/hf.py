@@ -4,16 +4,16 @@ Families: Llama (1/2/3/3.1, `rope_scaling` or `rope_parameters`), Mistral, Qwen2
 Qwen3 (explicit `head_dim`), Mixtral (`num_local_experts`, every layer MoE, expert
 FFN = `intermediate_size`), Qwen2-MoE / Qwen3-MoE (`num_experts`,
 `moe_intermediate_size`, `decoder_sparse_step`, `mlp_only_layers`,
-`shared_expert_intermediate_size`), DeepSeek-V2/V3 (`n_routed_experts`,
-`n_shared_experts`, `first_k_dense_replace`, `moe_layer_freq`, MLA dims) and
+`shared_expert_intermediate_size`, read exactly where it is no multiple of the expert
+width), DeepSeek-V2/V3 (`n_routed_experts`, `n_shared_experts`, `first_k_dense_replace`,
+`moe_layer_freq`, MLA dims, `num_nextn_predict_layers` MTP depths) and
 GPT-2 / GPT-J / GPT-NeoX style (`n_layer`, `n_embd`, `n_head`, `n_inner`).
 Multimodal wrappers are read through their `text_config`.
 
 Field spellings are data (`ALIASES`); per-family defaults are data
 (`TIED_BY_DEFAULT`, `FFN_4X_BY_DEFAULT`). Every problem is one `InputError`
 line naming the file and the config field. Where the config cannot be expressed
-exactly (interleaved dense/MoE layers, a shared-expert width that is not a
-multiple of the expert width) the approximation is stated in `ModelSpec.source`.
+exactly (interleaved dense/MoE layers) the approximation is stated in `ModelSpec.source`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
     "num_key_value_heads": ("num_key_value_heads", "num_kv_heads", "n_kv_heads"),
     "vocab_size": ("vocab_size", "padded_vocab_size"),
-    "head_dim": ("head_dim",),
-    "hidden_act": ("hidden_act", "activation_function", "hidden_activation"),
+    "head_dim": ("head_dim", "attention_head_dim"),
+    # NemotronH states its MLP's activation apart (mlp_hidden_act relu2) from the Mamba mixer's
+    "hidden_act": ("mlp_hidden_act", "hidden_act", "activation_function", "hidden_activation"),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "moe_top_k"),
     "moe_intermediate_size": ("moe_intermediate_size",),
@@ -51,9 +52,21 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
+    # multi-token prediction depths (DeepSeek-V3 config.json; Megatron-Bridge writes mtp_num_layers)
+    "num_nextn_predict_layers": ("num_nextn_predict_layers", "mtp_num_layers"),
+    # hybrid Mamba2 / attention (NemotronHConfig: mamba_n_groups is written n_groups in config.json)
+    "mamba_num_heads": ("mamba_num_heads",),
+    "mamba_head_dim": ("mamba_head_dim",),
+    "ssm_state_size": ("ssm_state_size", "mamba_state_dim"),
+    "mamba_n_groups": ("n_groups", "mamba_n_groups"),
+    "conv_kernel": ("conv_kernel", "mamba_d_conv"),
 }
+MAMBA_FIELDS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "mamba_n_groups", "conv_kernel")
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
-MAY_BE_ZERO = frozenset({"num_experts", "num_experts_per_tok", "num_shared_experts", "first_k_dense_replace"})
+MAY_BE_ZERO = frozenset({"num_experts", "num_experts_per_tok", "num_shared_experts", "first_k_dense_replace",
+                         "num_nextn_predict_layers"})
+# The shared experts' total width: Qwen2/3-MoE, and Nemotron-H / Nemotron 3 (NemotronH config).
+SHARED_WIDTH_KEYS = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 # HF activation name -> ModelSpec.hidden_act.
@@ -241,6 +254,8 @@ def _sliding_window(r: _Reader, layers: int, model_type: str) -> dict[str, Any]:
 # priced as full attention).
 PRICED_LAYER_TYPES = ("full_attention", "sliding_attention")
 TRANSFORMERS_LAYER_TYPES = ("chunked_attention", "linear_attention")
+# chunked_attention is priced where the config states its chunk (Llama 4 attention_chunk_size: _chunked_attention)
+CHUNKED_LAYER_TYPE = "chunked_attention"
 
 
 def _layer_types(r: _Reader, layers: int) -> list[str]:
@@ -255,12 +270,35 @@ def _layer_types(r: _Reader, layers: int) -> list[str]:
     if len(types) != layers:
         raise r.error(f"has {len(types)} entries for num_hidden_layers ({layers}): give one layer type per layer",
                       "layer_types")
+    priced = PRICED_LAYER_TYPES + ((CHUNKED_LAYER_TYPE,) if r.cfg.get("attention_chunk_size") is not None else ())
     for i, t in enumerate(types):
-        if t in PRICED_LAYER_TYPES:
+        if t in priced:
             continue
         why = "is an attention autoshard does not price" if t in TRANSFORMERS_LAYER_TYPES else "is not a layer type"
-        raise r.error(f"{t!r} {why} (valid: {', '.join(PRICED_LAYER_TYPES)})", f"layer_types.{i}")
+        raise r.error(f"{t!r} {why} (valid: {', '.join(priced)})", f"layer_types.{i}")
     return types
+
+
+def _chunked_attention(r: _Reader, layers: int) -> dict[str, Any]:
+    """Llama 4's chunked attention: `attention_chunk_size` on the RoPE layers, global attention on the
+    NoPE layers (`no_rope_layers`: 1 = RoPE, 0 = NoPE, per layer; missing: transformers' Llama4TextConfig
+    rule, every `no_rope_layer_interval`-th layer NoPE, 4 by default)."""
+    chunk = _positive_opt(r, "attention_chunk_size")
+    if chunk is None:
+        return {}
+    types = r.cfg.get("layer_types")
+    if isinstance(types, list) and CHUNKED_LAYER_TYPE in types:  # transformers' layer_types (checked by _layer_types)
+        n = types.count(CHUNKED_LAYER_TYPE)
+        return {"attention_chunk_size": chunk, "chunked_attention_layers": n / len(types)}
+    flags = r.cfg.get("no_rope_layers")
+    if flags is None:
+        every = _positive_opt(r, "no_rope_layer_interval") or 4
+        flags = [int((i + 1) % every != 0) for i in range(layers)]
+    if not isinstance(flags, list) or len(flags) < layers or any(f not in (0, 1) or isinstance(f, bool)
+                                                                 for f in flags[:layers]):
+        raise r.error(f"must be a list of 0 (NoPE) / 1 (RoPE) per layer, {layers} at least", "no_rope_layers")
+    n = sum(flags[:layers])
+    return {"attention_chunk_size": chunk, "chunked_attention_layers": n / layers} if n else {}
 
 
 def _int_list(r: _Reader, key: str, layers: int) -> list[int]:
@@ -305,9 +343,10 @@ def _moe(r: _Reader, layers: int, ffn: int) -> tuple[dict[str, Any], list[str]]:
     expert_ffn = r.integer("moe_intermediate_size") or ffn  # Mixtral: intermediate_size is per expert
     out = {"num_experts": experts, "num_experts_per_tok": top_k, "moe_intermediate_size": expert_ffn}
     notes: list[str] = []
-    shared, note = _shared_experts(r, expert_ffn)
+    shared, width = _shared_experts(r, expert_ffn)
     out["num_shared_experts"] = shared
-    notes += note
+    if width is not None:
+        out["shared_expert_intermediate_size"] = width
     notes += _group_limited_routing(r)
     mask = _moe_layer_mask(r, layers)
     dense = mask.count(False)
@@ -335,22 +374,41 @@ def _group_limited_routing(r: _Reader) -> list[str]:
             "nodes as the plan places the experts; where a group is a node, set model.moe_max_nodes_per_token"]
 
 
-def _shared_experts(r: _Reader, expert_ffn: int) -> tuple[int, list[str]]:
-    """DeepSeek `n_shared_experts`, or Qwen2-MoE's shared FFN width in units of expert widths."""
+def _shared_experts(r: _Reader, expert_ffn: int) -> tuple[int, int | None]:
+    """(num_shared_experts, shared_expert_intermediate_size or None): DeepSeek's `n_shared_experts`
+    (each of the expert width, unless a total width is also given), or the shared MLP's total width
+    (Qwen2-MoE `shared_expert_intermediate_size`, Nemotron-H `moe_shared_expert_intermediate_size`): a
+    multiple of the expert width as that many experts, any other width as one expert of that width."""
     count = r.integer("num_shared_experts")
-    if count is not None:
-        return count, []
-    width = r.cfg.get("shared_expert_intermediate_size")
+    key = next((k for k in SHARED_WIDTH_KEYS if r.cfg.get(k) is not None), None)
+    width = r.cfg.get(key) if key else None
     if width is None:
-        return 0, []
+        return count or 0, None
     if isinstance(width, bool) or not isinstance(width, int) or width < 0:
-        raise r.error(f"must be a non-negative integer, got {width!r}", "shared_expert_intermediate_size")
-    count = round(width / expert_ffn)
-    notes = [] if count * expert_ffn == width else [
-        f"shared expert of width {width} approximated as {count} x {expert_ffn}"]
-    if width and not count:
-        count, notes = 1, [f"shared expert of width {width} approximated as 1 x {expert_ffn}"]
-    return count, notes
+        raise r.error(f"must be a non-negative integer, got {width!r}", key)
+    if width == 0 or count == 0:
+        return 0, None
+    if count is None and width % expert_ffn == 0:
+        return width // expert_ffn, None
+    if count is not None and width == count * expert_ffn:
+        return count, None
+    return count or 1, width
+
+
+def _hybrid(r: _Reader, layers: int) -> dict[str, Any]:
+    """A hybrid Mamba2 / attention model's block pattern (`hybrid_override_pattern`: M Mamba2, *
+    attention, - MLP, E MoE; NemotronH) and its Mamba2 dimensions; {} without a pattern."""
+    pattern = r.cfg.get("hybrid_override_pattern")
+    if pattern is None:
+        return {}
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E"):
+        raise r.error(f"must be a string of M (Mamba2), * (attention), - (MLP), E (MoE), got {pattern!r}",
+                      "hybrid_override_pattern")
+    if len(pattern) != layers:
+        raise r.error(f"has {len(pattern)} blocks but num_hidden_layers is {layers}", "hybrid_override_pattern")
+    out: dict[str, Any] = {"hybrid_override_pattern": pattern}
+    out.update({f: v for f in MAMBA_FIELDS if (v := r.integer(f)) is not None})
+    return out
 
 
 def _dropout(cfg: Mapping[str, Any]) -> bool:
@@ -411,14 +469,25 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
     spec["intermediate_size"] = ffn or 4 * hidden
     spec.update(_attention(r, hidden, spec["num_attention_heads"]))
     spec.update(_sliding_window(r, layers, mtype))
+    spec.update(_chunked_attention(r, layers))
     if mtype == "gpt_oss":  # GptOssExperts: gate_up_proj_bias and down_proj_bias on every expert
         spec["expert_bias"] = True
     spec["hidden_act"], notes = _activation(r, mtype)
     moe, moe_notes = _moe(r, layers, spec["intermediate_size"])
+    hybrid = _hybrid(r, layers)
+    if hybrid and moe:  # the pattern places the MoE blocks (E); no leading dense layers
+        moe["first_k_dense_replace"] = 0
+        moe_notes = [n for n in moe_notes if "dense layers at" not in n]
     spec.update(moe)
+    spec.update(hybrid)
     notes += moe_notes + _notes_for_known_pitfalls(spec)
     tie_default = mtype in TIED_BY_DEFAULT
     spec["tie_word_embeddings"] = r.flag("tie_word_embeddings", _outer_flag(outer, r, tie_default))
+    spec["num_nextn_predict_layers"] = r.integer("num_nextn_predict_layers") or 0
+    spec["model_type"] = mtype or None  # the family, for the exports' facts (never the model's name)
+    theta = rope_parameters(outer).get("rope_theta")
+    if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0:
+        spec["rope_theta"] = float(theta)
     spec["dropout"] = _dropout(cfg)
     spec["name"] = _name(cfg, outer, path)
     where = str(path) if path is not None else spec["name"]

@@ -19,7 +19,9 @@ Precision = Literal["bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-ro
                     "nvfp4"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipe", "dualpipev"]
 Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext", "deepseek"]
-Dispatcher = Literal["alltoall", "deepep", "hybridep"]
+# allgather: Megatron's MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather), every rank
+# gathers the hidden states of its TP x EP group instead of an all-to-all of the routed copies.
+Dispatcher = Literal["alltoall", "deepep", "hybridep", "allgather"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
@@ -47,6 +49,13 @@ RecomputeChoice = Annotated[
     Union[Annotated[Recompute, Tag("str")], Annotated[list[Recompute], Tag("list[str]")]],
     Discriminator(lambda v: "list[str]" if isinstance(v, list) else "str")]
 Optimizer = Literal["adam", "adamw", "sgd"]
+# Module classes of a transformer layer whose linear GEMMs a low-precision recipe may keep in BF16
+# (`TrainingSpec.bf16_modules`); the router and the output layer stay 16-bit in every recipe.
+ModuleClass = Literal["attention", "dense_mlp", "routed_experts", "shared_experts", "mamba"]
+MODULE_CLASSES: tuple[str, ...] = ("attention", "dense_mlp", "routed_experts", "shared_experts", "mamba")
+# Hybrid models (Nemotron-H, Nemotron 3; HF / Megatron hybrid_override_pattern): one block per character,
+# M a Mamba2 mixer, * an attention block, - a dense MLP block, E an MoE block (each with its norm).
+HYBRID_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe_mlp"}
 HiddenAct = Literal["silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2"]
 
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "zero_bubble", "gpipe", "dualpipe", "dualpipev")
@@ -128,6 +137,12 @@ class ModelSpec(Strict):
 
     name: str = Field(default="custom", description=(
         "Label of the model in reports (a preset's name when `model:` names one)."))
+    model_type: str | None = Field(default=None, description=(
+        "config.json's model_type (llama, mixtral, qwen3_moe, deepseek_v3, ...): the architecture family, "
+        "which gives the exports the facts a shape does not carry (norms, router, QK norm); never read from "
+        "the model's name. None: unknown (the exports say what they assume)."))
+    rope_theta: Annotated[float, Field(gt=0)] | None = Field(default=None, description=(
+        "Rotary base (config.json rope_theta, or rope_parameters.rope_theta); None: unknown or no RoPE."))
     num_hidden_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = Field(description="Transformer layers (blocks).")
     hidden_size: Annotated[int, Field(ge=1, le=MAX_WIDTH)] = Field(description=(
         "Model width: the residual stream's size."))
@@ -153,6 +168,12 @@ class ModelSpec(Strict):
         "Width of one expert's MLP; None: intermediate_size."))
     num_shared_experts: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, description=(
         "Experts every token passes through besides its routed ones (DeepSeek)."))
+    shared_expert_intermediate_size: Annotated[int, Field(ge=1, le=8 * MAX_WIDTH)] | None = Field(
+        default=None, description=(
+            "Total width of the shared experts' MLP (HF Qwen2-MoE `shared_expert_intermediate_size`, Megatron "
+            "--moe-shared-expert-intermediate-size), where it differs from num_shared_experts x the expert "
+            "width; with num_shared_experts 0 it is one shared expert. None: num_shared_experts x "
+            "moe_intermediate_size."))
     first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
         "Leading layers that are dense in an MoE model (DeepSeek-V3: 3)."))
     # Multi-head latent attention (DeepSeek-V2/V3); all None = standard attention.
@@ -198,11 +219,34 @@ class ModelSpec(Strict):
         " keys; None: full causal attention everywhere."))
     sliding_window_layers: Annotated[float, Field(gt=0.0, le=1.0)] = Field(default=1.0, description=(
         "Share of the layers that use the sliding window (gpt-oss alternates: 0.5; Gemma 3 five in six)."))
+    # Chunked attention (Llama 4: attention_chunk_size 8192 on its RoPE layers, global attention on its
+    # NoPE layers, HF no_rope_layers): a query attends causally within its chunk of the sequence.
+    attention_chunk_size: Annotated[int, Field(ge=1)] | None = Field(default=None, description=(
+        "Chunked attention (Llama 4 attention_chunk_size, 8192): a query attends causally within its chunk "
+        "of this many tokens, on the share `chunked_attention_layers` of the layers; None: none."))
+    chunked_attention_layers: Annotated[float, Field(gt=0.0, le=1.0)] = Field(default=1.0, description=(
+        "Share of the layers with chunked attention (Llama 4: its RoPE layers, 3 in 4; the NoPE layers of HF "
+        "no_rope_layers attend globally)."))
     # Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed
     # token, outside the grouped GEMM where the framework does not fuse it (cost.layers._mlp_cost).
     expert_bias: bool = Field(default=False, description=(
         "Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed token, "
         "outside the grouped GEMM where the framework does not fuse it."))
+    # Hybrid Mamba2 / attention models (Nemotron-H, Nemotron 3; NemotronHConfig field names).
+    hybrid_override_pattern: str | None = Field(default=None, description=(
+        "Hybrid model's blocks, one character each (HF / Megatron hybrid_override_pattern, e.g. Nemotron-H "
+        "`M-M-M*-...`): M a Mamba2 mixer, * attention, - a dense MLP, E an MoE MLP; its length is "
+        "num_hidden_layers. None: every layer is attention + MLP."))
+    mamba_num_heads: Annotated[int, Field(ge=1, le=65536)] | None = Field(default=None, description=(
+        "Mamba2 heads (Megatron --mamba-num-heads); None: 2 x hidden_size / mamba_head_dim."))
+    mamba_head_dim: Annotated[int, Field(ge=1, le=65536)] = Field(default=64, description=(
+        "Mamba2 head dimension P (Megatron --mamba-head-dim)."))
+    ssm_state_size: Annotated[int, Field(ge=1, le=65536)] = Field(default=128, description=(
+        "Mamba2 state dimension N (Megatron --mamba-state-dim)."))
+    mamba_n_groups: Annotated[int, Field(ge=1, le=65536)] = Field(default=8, description=(
+        "Mamba2 groups sharing B and C (HF n_groups, Megatron --mamba-num-groups)."))
+    conv_kernel: Annotated[int, Field(ge=1, le=1024)] = Field(default=4, description=(
+        "Mamba2 causal convolution width."))
     source: str | None = Field(default=None, description=(
         "Where the shape came from (a preset's citation, or the config.json read)."))
 
@@ -227,8 +271,29 @@ class ModelSpec(Strict):
                 )
             if self.first_k_dense_replace > self.num_hidden_layers:
                 raise ValueError("first_k_dense_replace exceeds num_hidden_layers")
-        elif self.num_experts_per_tok or self.num_shared_experts:
-            raise ValueError("num_experts_per_tok / num_shared_experts need num_experts > 0")
+        elif self.num_experts_per_tok or self.num_shared_experts or self.shared_expert_intermediate_size:
+            raise ValueError("num_experts_per_tok / num_shared_experts / shared_expert_intermediate_size need "
+                             "num_experts > 0")
+        pattern = self.hybrid_override_pattern
+        if pattern is not None:
+            bad = sorted(set(pattern) - set(HYBRID_KINDS))
+            if bad:
+                raise ValueError(f"hybrid_override_pattern has {bad[0]!r}: use M (Mamba2), * (attention), "
+                                 "- (MLP), E (MoE)")
+            if len(pattern) != self.num_hidden_layers:
+                raise ValueError(f"hybrid_override_pattern has {len(pattern)} blocks, num_hidden_layers is "
+                                 f"{self.num_hidden_layers}")
+            if ("E" in pattern) != self.is_moe:
+                raise ValueError("hybrid_override_pattern has MoE blocks (E) exactly when num_experts > 0")
+            if self.is_mla:
+                raise ValueError("hybrid_override_pattern with multi-head latent attention is not modelled")
+        if self.num_mamba_layers and self.mamba_heads % self.mamba_n_groups:
+            raise ValueError(f"mamba_n_groups ({self.mamba_n_groups}) must divide the Mamba2 heads "
+                             f"({self.mamba_heads})")
+        if self.sliding_window and self.attention_chunk_size \
+                and self.sliding_window_layers + self.chunked_attention_layers > 1.0 + 1e-9:
+            raise ValueError("sliding_window_layers + chunked_attention_layers exceed 1 (they are shares of "
+                             "distinct layers)")
         mla = [self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim]
         if any(v is not None for v in mla) and not all(v is not None for v in mla):
             raise ValueError(
@@ -250,15 +315,30 @@ class ModelSpec(Strict):
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
 
-    def attention_key_share(self, seq: int) -> float:
+    def attention_key_share(self, seq: int, document_tokens: int | None = None) -> float:
         """Keys a query attends on average, relative to full causal attention over `seq` tokens (1
-        without a sliding window): a window of W keys sums W(W+1)/2 + (seq - W) W over the queries
-        against seq(seq+1)/2, on the share of layers that use it (a mean over the layers)."""
-        w = self.sliding_window
-        if not w or w >= seq:
-            return 1.0
-        windowed = (w * (w + 1) / 2 + (seq - w) * w) / (seq * (seq + 1) / 2)
-        return self.sliding_window_layers * windowed + (1.0 - self.sliding_window_layers)
+        without a sliding window, chunks or documents), a mean over the layers: a window of W keys sums
+        W(W+1)/2 + (seq - W) W over the queries against seq(seq+1)/2 on the share of layers that use it;
+        chunked attention sums C(C+1)/2 per chunk of C on its share; packed documents of D tokens
+        (`TrainingSpec.mean_document_tokens`, per-document masks) sum D(D+1)/2 per document on every
+        layer (Megatron training.py counts core attention by sum(L_i^2)). Chunks and documents together
+        are priced as segments of the shorter (exact where one divides the other)."""
+        doc = document_tokens if document_tokens and document_tokens < seq else None
+        w, c = self.sliding_window, self.attention_chunk_size
+        if doc is None and (not c or c >= seq):
+            if not w or w >= seq:
+                return 1.0
+            windowed = (w * (w + 1) / 2 + (seq - w) * w) / (seq * (seq + 1) / 2)
+            return self.sliding_window_layers * windowed + (1.0 - self.sliding_window_layers)
+        base = seq * (seq + 1) / 2
+        seg = doc or seq
+        plain = _segment_keys(seq, seg, None) / base
+        share = plain
+        if w and w < seg:
+            share += self.sliding_window_layers * (_segment_keys(seq, seg, w) / base - plain)
+        if c and c < seg:
+            share += self.chunked_attention_layers * (_segment_keys(seq, c, None) / base - plain)
+        return share
 
     @property
     def head_size(self) -> int:
@@ -277,16 +357,65 @@ class ModelSpec(Strict):
         return self.moe_intermediate_size or self.intermediate_size
 
     @property
+    def shared_ffn(self) -> int:
+        """Total width of an MoE layer's shared-expert MLP (0 without shared experts)."""
+        if self.shared_expert_intermediate_size is not None:
+            return self.shared_expert_intermediate_size
+        return self.num_shared_experts * self.expert_ffn
+
+    @property
     def num_dense_layers(self) -> int:
+        """Layers with a dense MLP (a hybrid model's `-` blocks)."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern.count("-")
         return self.first_k_dense_replace if self.is_moe else self.num_hidden_layers
 
     @property
     def num_moe_layers(self) -> int:
+        """Layers with an MoE MLP (a hybrid model's `E` blocks)."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern.count("E")
         return self.num_hidden_layers - self.num_dense_layers
 
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with attention: every layer, or a hybrid model's `*` blocks."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern.count("*")
+        return self.num_hidden_layers
+
+    @property
+    def num_mamba_layers(self) -> int:
+        return (self.hybrid_override_pattern or "").count("M")
+
+    @property
+    def mamba_heads(self) -> int:
+        """Mamba2 heads: `mamba_num_heads`, else Megatron's hidden_size x expand (2) // head_dim."""
+        return self.mamba_num_heads or max(1, 2 * self.hidden_size // self.mamba_head_dim)
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
     def layer_kinds(self) -> list[str]:
-        """`dense` or `moe` for every layer, first to last."""
+        """The kind of every layer, first to last: `dense` or `moe` (attention + MLP), or a hybrid model's
+        blocks (`mamba`, `attention`, `mlp`, `moe_mlp`: spec.HYBRID_KINDS)."""
+        if self.hybrid_override_pattern is not None:
+            return [HYBRID_KINDS[c] for c in self.hybrid_override_pattern]
         return ["dense"] * self.num_dense_layers + ["moe"] * self.num_moe_layers
+
+
+def _causal_keys(n: int, window: int | None) -> float:
+    """Keys summed over the n queries of one causal segment, each attending at most `window` keys."""
+    if not window or window >= n:
+        return n * (n + 1) / 2
+    return window * (window + 1) / 2 + (n - window) * window
+
+
+def _segment_keys(seq: int, segment: int, window: int | None) -> float:
+    """Keys summed over `seq` queries cut into causal segments of `segment` tokens (documents, chunks)."""
+    full, rest = divmod(seq, segment)
+    return full * _causal_keys(segment, window) + (_causal_keys(rest, window) if rest else 0.0)
 
 
 class TrainingSpec(Strict):
@@ -372,6 +501,37 @@ class TrainingSpec(Strict):
     tokens: Annotated[float, Field(ge=1, le=1e16)] | None = Field(default=None, description=(
         "Total training tokens of the run (e.g. 15e12; at most 1e16): sets the FLOP budget's totals "
         "(6 N + causal attention per token, the plain 6 N T beside it, hardware FLOPs with recompute)."))
+
+    # Per-module precision under a low-precision recipe (e.g. MXFP8 routed experts with BF16
+    # attention): the module classes whose linear GEMMs stay in BF16 (rate, no quantization, no
+    # low-precision weight copy, bf16 saved inputs); and Megatron's --first-last-layers-bf16 with
+    # --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 (TransformerConfig, fp8_utils
+    # is_first_last_bf16_layer): whole transformer blocks kept in BF16. The router and output layer
+    # are 16-bit in every recipe already.
+    bf16_modules: tuple[ModuleClass, ...] = Field(default=(), description=(
+        "Module classes whose linear GEMMs stay in BF16 under a low-precision recipe (attention, dense_mlp, "
+        "routed_experts, shared_experts; e.g. [attention] for MXFP8 experts with BF16 attention): priced at "
+        "the BF16 rate, without quantization or low-precision weight copies. The router and the output "
+        "layer are 16-bit in every recipe."))
+    bf16_layers_at_start: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
+        "Leading transformer layers kept wholly in BF16 under a low-precision recipe (Megatron "
+        "--first-last-layers-bf16 --num-layers-at-start-in-bf16 N); priced as that share of the layers."))
+    bf16_layers_at_end: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description=(
+        "Trailing transformer layers kept wholly in BF16 under a low-precision recipe (Megatron "
+        "--num-layers-at-end-in-bf16 N); priced as that share of the layers."))
+
+    # Packed sequences with per-document attention masks (TE THD format / cu_seqlens, Megatron
+    # packed_seq_params, torchtitan block_causal): attention runs within each document, so its FLOPs
+    # scale with the sum of squared document lengths, not seq^2.
+    mean_document_tokens: Annotated[int, Field(ge=1, le=MAX_SEQ)] | None = Field(default=None, description=(
+        "Packed sequences with per-document attention masks (TE THD format, cu_seqlens): the documents' "
+        "mean length in tokens; attention is priced within documents of this length (sum of squared "
+        "lengths, the least for that mean). None: one causal sequence of seq_len."))
+
+    @field_validator("bf16_modules")
+    @classmethod
+    def _modules(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(m for m in MODULE_CLASSES if m in v)  # canonical order, no repeats
 
     @property
     def tokens_per_step(self) -> int:
@@ -619,8 +779,9 @@ class Plan(Strict):
     # --moe-flex-dispatcher-backend deepep | hybridep): the hierarchical kernels send a token once per
     # remote node (or NVLink domain) and fan it out over NVLink there; None = the framework's default.
     moe_dispatcher: Dispatcher | None = Field(default=None, description=(
-        "Expert token dispatch: alltoall, or Megatron's flex dispatcher with the deepep / hybridep kernels (a"
-        " token sent once per remote node); None: the framework's default."))
+        "Expert token dispatch: alltoall, Megatron's flex dispatcher with the deepep / hybridep kernels (a"
+        " token sent once per remote node), or allgather (--moe-token-dispatcher-type allgather: each rank "
+        "gathers every token of its EP group, and reduce-scatters the outputs); None: the framework's default."))
 
     @field_validator("placement")
     @classmethod
@@ -697,6 +858,14 @@ class Problem(Strict):
             data = dict(data)
             data["model"] = resolve_model(data["model"])
         return _default_precision(data)
+
+    @model_validator(mode="after")
+    def _bf16_layers(self) -> "Problem":
+        t, layers = self.training, self.model.num_hidden_layers
+        if t.bf16_layers_at_start + t.bf16_layers_at_end > layers:
+            raise ValueError(f"training.bf16_layers_at_start + bf16_layers_at_end ({t.bf16_layers_at_start} + "
+                             f"{t.bf16_layers_at_end}) exceed the model's {layers} layers")
+        return self
 
     @property
     def tokens_per_step(self) -> int:

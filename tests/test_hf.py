@@ -207,10 +207,21 @@ def test_qwen_moe_interleaved_dense_layers_are_approximated_and_noted():
     assert m.first_k_dense_replace == 24 and m.num_moe_layers == 24 and "note" in m.source
 
 
-def test_shared_expert_width_not_a_multiple_is_rounded_and_noted():
+def test_shared_expert_width_not_a_multiple_is_read_exactly():
     cfg = read_hf_config(DATA / "Qwen1.5-MoE-A2.7B.json") | {"shared_expert_intermediate_size": 2000}
     m = model_from_hf_config(cfg)
-    assert m.num_shared_experts == 1 and "shared expert of width 2000" in m.source
+    assert (m.num_shared_experts, m.shared_expert_intermediate_size, m.shared_ffn) == (1, 2000, 2000)
+    assert "note" not in m.source
+    # Nemotron-H spelling (NemotronHConfig.moe_shared_expert_intermediate_size), with a count of 1
+    cfg = read_hf_config(DATA / "Qwen1.5-MoE-A2.7B.json") | {"shared_expert_intermediate_size": None,
+                                                               "moe_shared_expert_intermediate_size": 3712,
+                                                               "n_shared_experts": 1}
+    assert model_from_hf_config(cfg).shared_ffn == 3712
+
+
+def test_deepseek_v3_mtp_depth_is_read():
+    assert load("DeepSeek-V3").num_nextn_predict_layers == 1  # config.json num_nextn_predict_layers
+    assert load("Qwen3-30B-A3B").num_nextn_predict_layers == 0
 
 
 def test_gpt2_style_fields():

@@ -90,6 +90,15 @@ TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
 # torch's on Grace), one counted launch stands for about two real kernels and their Python.
 BLOOM_LAYER_LAUNCHES = 51
 EAGER_LAUNCH_HOST_S = BLOCKING_LAYER_HOST_S / BLOOM_LAYER_LAUNCHES
+# Kernel launches of a Mamba2 mixer besides its in_proj / out_proj GEMMs (cost.kernels.layer_kernels),
+# counted in mamba_ssm ops/triton/ssd_combined.py: forward the causal conv1d, the SSD scan's five
+# kernels (_chunk_cumsum_fwd, _chunk_state_fwd, _state_passing_fwd, _bmm_chunk_fwd, _chunk_scan_fwd)
+# and the gated RMSNorm: 7; backward (_mamba_chunk_scan_combined_bwd) the four state kernels recomputed
+# and eleven gradient kernels (_chunk_scan_bwd_dz, _dstates, _state_passing_bwd, _chunk_scan_chunk_state_
+# bwd_dx, _chunk_state_bwd_db, _chunk_scan_bwd_dC, _dcb, two _bmm_chunk_bwd, _ddAcs_stable,
+# _chunk_cumsum_bwd), the conv1d's and the gated norm's: 17.
+MAMBA_FWD_KERNELS = 7
+MAMBA_BWD_KERNELS = 17
 
 # cuBLAS workspaces PyTorch's caching allocator hands out once per process and keeps (they count in
 # torch.cuda.max_memory_allocated), by GPU generation (compute capability 9.0 and later: Hopper,

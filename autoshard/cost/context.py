@@ -15,6 +15,7 @@ from ..frameworks import FrameworkProfile, get_framework
 from ..spec import RECOMPUTES, Plan, Problem, ProblemParts, parse_placement
 from ..topology import ClusterGraph, Level, cluster_graph, resolve_levels
 from .constants import BF16, GIB, RESERVE_GIB
+from .params import module_params
 from ..catalog import (
     attention_flops_per_s,
     gemm_flops_per_s,
@@ -49,7 +50,47 @@ class Context(ProblemParts):
         if not self.framework.quantized_saved_inputs:
             return float(BF16)
 
-        return saved_input_bytes_per_element(self.training.precision, self.gpu)
+        q = saved_input_bytes_per_element(self.training.precision, self.gpu)
+        f = self.bf16_layer_share  # whole layers in bf16 keep bf16 inputs (a mean over the layers)
+        return f * BF16 + (1.0 - f) * q
+
+    @functools.cached_property
+    def low_precision(self) -> bool:
+        """Whether the recipe runs linear GEMMs below 16 bits (FP8, MXFP8, NVFP4)."""
+        return low_precision_fraction(self.training.precision) > 0
+
+    @functools.cached_property
+    def bf16_layer_share(self) -> float:
+        """Share of the transformer layers a low-precision recipe keeps wholly in BF16
+        (`training.bf16_layers_at_start` + `bf16_layers_at_end`, Megatron --first-last-layers-bf16); 0
+        for 16-bit recipes. Priced as a mean over the layers (every stage at the model's share)."""
+        t = self.training
+        if not self.low_precision:
+            return 0.0
+        return (t.bf16_layers_at_start + t.bf16_layers_at_end) / self.model.num_hidden_layers
+
+    def module_flops_per_s(self, module: str) -> float | None:
+        """GEMM rate of one module class's linear layers (`spec.MODULE_CLASSES`): the 16-bit rate where a
+        low-precision recipe keeps the module in BF16 (`training.bf16_modules`: no quantization either,
+        `kernels._gemm_s`), else None (the recipe's rate, `mm_flops_per_s`)."""
+        if self.low_precision and module in self.training.bf16_modules:
+            return self.hp_flops_per_s
+        return None
+
+    def module_saved_input_bytes(self, module: str) -> float:
+        """`saved_input_bytes` of one module class: bf16 where the recipe keeps the module in BF16."""
+        return float(BF16) if self.module_flops_per_s(module) is not None else self.saved_input_bytes
+
+    @functools.cached_property
+    def low_precision_param_share(self) -> float:
+        """Share of the transformer layers' linear weights a low-precision recipe runs below 16 bits:
+        the layers not kept in BF16 (`bf16_layer_share`) times the weights of the module classes not in
+        `training.bf16_modules` (1 by default). Scales the low-precision weight copies."""
+        if not self.training.bf16_modules:
+            return 1.0 - self.bf16_layer_share
+        total = module_params(self.model)
+        low = sum(v for k, v in total.items() if k not in self.training.bf16_modules)
+        return (1.0 - self.bf16_layer_share) * (low / sum(total.values()) if sum(total.values()) else 0.0)
 
     @functools.cached_property
     def peak(self) -> float:
@@ -57,7 +98,9 @@ class Context(ProblemParts):
 
     @functools.cached_property
     def mm_flops_per_s(self) -> float:
-        return gemm_flops_per_s(self.gpu, self.training.precision)
+        low = gemm_flops_per_s(self.gpu, self.training.precision)
+        f = self.bf16_layer_share  # layers kept in bf16: the FLOP-weighted harmonic mean of the two rates
+        return low if not f else 1.0 / (f / self.hp_flops_per_s + (1.0 - f) / low)
 
     @functools.cached_property
     def hp_flops_per_s(self) -> float:
@@ -75,7 +118,7 @@ class Context(ProblemParts):
         prec = self.training.precision
         per = dict(self.framework.quant_hbm_bytes_per_element).get(get_recipe(prec).id) \
             or quant_overhead_bytes_per_element(prec, self.gpu)
-        q = per * low_precision_fraction(prec)
+        q = per * low_precision_fraction(prec) * (1.0 - self.bf16_layer_share)
         return q, (q if q and not self.weight_copy_bytes_per_param else 0.0)
 
     @functools.cached_property
@@ -84,7 +127,7 @@ class Context(ProblemParts):
         (`catalog.weight_copy_bytes_per_param`) where the framework caches them, else 0."""
         if not self.framework.fp8_weight_cache:
             return 0.0
-        return weight_copy_bytes_per_param(self.training.precision, self.gpu)
+        return weight_copy_bytes_per_param(self.training.precision, self.gpu) * self.low_precision_param_share
 
     @functools.cached_property
     def attn_flops_per_s(self) -> float:

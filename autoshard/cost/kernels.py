@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ..catalog import GPU
+from ..spec import HYBRID_KINDS
 from .constants import (
     ATTN_BWD_FACTOR,
     ATTN_CALL_S,
@@ -14,6 +15,8 @@ from .constants import (
     ATTN_TILE,
     BF16,
     GEMM_K_OVERHEAD,
+    MAMBA_BWD_KERNELS,
+    MAMBA_FWD_KERNELS,
     SCORE_BYTES,
     SCORE_DROPOUT_BYTES,
     STREAM_K_RECOVERY,
@@ -22,6 +25,8 @@ from .constants import (
 )
 from .context import Config, Context
 from .params import lora_fraction, mla_dim
+
+HYBRID_BLOCKS = frozenset(HYBRID_KINDS.values())  # a hybrid model's one-part blocks
 
 
 class Shapes:
@@ -34,6 +39,7 @@ class Shapes:
         self.tokens = cfg.mbs * ctx.training.seq_len / cfg.cp  # tokens per GPU (before TP)
         self.cp, self.cp_comm = cfg.cp, cfg.cp_comm
         self.seq = ctx.training.seq_len
+        self.doc = ctx.training.mean_document_tokens  # packed documents (None: one sequence)
         self.h = m.hidden_size
         self.tp = cfg.tp
         self.a_local = m.num_attention_heads / cfg.tp
@@ -97,7 +103,7 @@ def _mem_s(ctx: Context, nbytes: float) -> float:
 def core_attention_flops(sh: Shapes) -> float:
     """FLOPs of one layer's core attention forward (QK^T and PV) on this GPU's queries: causal, or
     over the sliding window (`ModelSpec.attention_key_share`)."""
-    return 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq)
+    return 2 * sh.tokens * sh.seq * sh.a_local * (sh.d_qk + sh.d_v) * 0.5 * sh.m.attention_key_share(sh.seq, sh.doc)
 
 
 def core_attention_s(ctx: Context, sh: Shapes, ring_steps: int | None = None) -> tuple[float, float, float]:
@@ -184,9 +190,14 @@ def attention_call_s(ctx: Context, sh: Shapes, rate: float, causal: bool = True,
     steps = ring_steps if ring_steps is not None else (1 if sh.cp_comm in ("a2a", "allgather") else sh.cp)
     local = sh.seq / steps
     longest = local
-    if m.sliding_window and m.sliding_window < local:
+    if sh.doc and sh.doc < longest:  # packed documents: no key loop runs past its document
+        longest = sh.doc
+    if m.sliding_window and m.sliding_window < longest:
         f = m.sliding_window_layers
-        longest = f * m.sliding_window + (1.0 - f) * local
+        longest = f * m.sliding_window + (1.0 - f) * longest
+    if m.attention_chunk_size and m.attention_chunk_size < local:
+        f = m.chunked_attention_layers
+        longest = f * min(m.attention_chunk_size, longest) + (1.0 - f) * longest
     tile_s = 2.0 * ATTN_TILE * ATTN_TILE * (sh.d_qk + sh.d_v) / (rate / ctx.gpu.sm_count)
     return steps * ATTN_CALL_S + (ATTN_CAUSAL_TAIL * (longest / ATTN_TILE) * tile_s if causal else 0.0)
 
@@ -242,35 +253,44 @@ def layer_kernels(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple[int
     preprocessing and main kernel; materialized: its four), the activation's and residuals', the same
     collectives, and one gradient-accumulation add per norm weight and bias (weight gradients
     accumulate in their GEMM: Megatron's gradient-accumulation fusion). Selective recompute re-runs
-    the core attention. The count leaves out what eager code launches besides these (bias adds, layout
+    the core attention. A hybrid model's block (Mamba2, attention, MLP or MoE alone: spec.HYBRID_KINDS)
+    has one norm, one residual and its TP collectives; a Mamba2 mixer launches in_proj and out_proj,
+    the causal conv1d, its SSD scan's kernels and the gated norm (MAMBA_FWD_KERNELS / MAMBA_BWD_KERNELS).
+    The count leaves out what eager code launches besides these (bias adds, layout
     copies, casts, RNG): BLOOM's measured layer (Megatron-DeepSpeed, materialized attention, tp 8, full
     recompute) launches 95-103 kernels (autoshard/data/kernel_measurements.json `launch_blocking`)
     where this count gives it BLOOM_LAYER_LAUNCHES = 51; `EAGER_LAUNCH_HOST_S` is priced per counted
     launch, so the uncounted ones ride along."""
     m = sh.m
-    if m.is_mla:
-        attn_gemms = 5 if m.q_lora_rank else 4
-    else:
-        attn_gemms = 2
+    hybrid = kind in HYBRID_BLOCKS  # one norm, one mixer or MLP, one residual (spec.HYBRID_KINDS)
+    mixer = "mamba" if kind == "mamba" else (None if kind in ("mlp", "moe_mlp") else "attention")
+    mlp = None if kind in ("mamba", "attention") else ("moe" if kind in ("moe", "moe_mlp") else "dense")
+    sublayers = 1 if hybrid else 2
     steps = sh.cp if (sh.cp > 1 and sh.cp_comm not in ("a2a", "allgather")) else 1
     flash = ctx.training.flash_attention
-    core_f = steps if flash else (3 + (1 if m.dropout else 0))
-    core_b = 2 * steps if flash else 4
-    if kind == "dense":
-        mlp_gemms, mlp_other = 2, 1  # fc1 (gate + up), fc2; the activation
-    else:  # router GEMM, top-k/softmax, permute, expert fc1 + fc2 (grouped), activation, unpermute
-        mlp_gemms, mlp_other = 3, 4
-        if m.num_shared_experts:
-            mlp_gemms, mlp_other = mlp_gemms + 2, mlp_other + 1
-    comm = 0
+    gemms = mlp_other = core_f = mixer_f = mixer_b = comm = 0
+    if mixer == "attention":
+        gemms = (5 if m.q_lora_rank else 4) if m.is_mla else 2
+        core_f = steps if flash else (3 + (1 if m.dropout else 0))
+        mixer_f, mixer_b = core_f, (2 * steps if flash else 4)
+        if sh.cp > 1:
+            comm += 4 if sh.cp_comm == "a2a" else (2 if sh.cp_comm == "allgather" else 2 * (steps - 1))
+    elif mixer == "mamba":  # in_proj, out_proj; conv1d, the SSD scan's kernels, the gated norm
+        gemms, mixer_f, mixer_b = 2, MAMBA_FWD_KERNELS, MAMBA_BWD_KERNELS
+        comm += 4 if sh.cp > 1 else 0  # MambaContextParallel: sequence -> head shards and back
+    if mlp == "dense":
+        gemms, mlp_other = gemms + 2, 1  # fc1 (gate + up), fc2; the activation
+    elif mlp == "moe":  # router GEMM, top-k/softmax, permute, expert fc1 + fc2 (grouped), activation, unpermute
+        gemms, mlp_other = gemms + 3, 4
+        if m.shared_ffn:
+            gemms, mlp_other = gemms + 2, mlp_other + 1
+        if cfg.ep > 1:
+            comm += 2
     if cfg.tp > 1:
-        comm += 4 if cfg.sp else 2
-    if sh.cp > 1:
-        comm += 4 if sh.cp_comm == "a2a" else (2 if sh.cp_comm == "allgather" else 2 * (steps - 1))
-    if kind == "moe" and cfg.ep > 1:
-        comm += 2
-    gemms = attn_gemms + mlp_gemms
-    fwd = 2 + gemms + core_f + mlp_other + 2 + comm
-    small_params = 2 + (4 if m.dropout else 0)  # norm weights; GPT-style biases (dropout marks GPT-2/3 layers)
-    bwd = 2 * gemms + 4 + core_b + mlp_other + 2 + comm + small_params
+        comm += sublayers * (2 if cfg.sp else 1)
+    norms = residuals = sublayers
+    fwd = norms + gemms + mixer_f + mlp_other + residuals + comm
+    # norm weights; GPT-style biases (dropout marks GPT-2/3 layers)
+    small_params = norms + ((2 * sublayers) if m.dropout else 0)
+    bwd = 2 * gemms + 2 * norms + mixer_b + mlp_other + residuals + comm + small_params
     return fwd, bwd, core_f

@@ -49,8 +49,13 @@ from .moe import (
     moe_imbalance,
     routed_tokens,
 )
-from .params import QLORA_BYTES_PER_PARAM, layer_params, mla_dim, zero3_bytes_per_param
+from .params import QLORA_BYTES_PER_PARAM, layer_params, mamba_in_proj_width, mla_dim, zero3_bytes_per_param
 from .table import Cost, Table  # noqa: F401  (re-exported: moved to cost/table.py)
+
+# The MLP kind of a hybrid model's MLP-only blocks (spec.HYBRID_KINDS); other kinds map to themselves.
+MLP_KIND = {"mlp": "dense", "moe_mlp": "moe"}
+MAMBA_SCAN_FLOPS_PER_STATE = 7  # forward FLOPs per token, d_inner element and state (Megatron training.py mamba_layer_flops)
+MAMBA_SCAN_BWD_FACTOR = 2.0  # SSD backward: the chunk states recomputed and two chunked contractions (estimate)
 
 
 def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
@@ -73,7 +78,7 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
         gemms += [(T, a * sh.d_v, h)]
     else:
         gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
-    proj = sum(_gemm_s(ctx, *g) for g in gemms)
+    proj = sum(_gemm_s(ctx, *g, ctx.module_flops_per_s("attention")) for g in gemms)
     flops = sum(2 * x * y * z for x, y, z in gemms)
     hierarchical = cfg.cp > 1 and cfg.cp_comm == "a2a+p2p"
     inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, None)  # outer: its ring's steps
@@ -124,11 +129,12 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     mats = 3 if m.gated else 2
     act = BF16 * T * h
 
-    def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0) -> tuple[float, float]:
-        """(time, flops) of `weight_sets` MLPs that together see `tokens` tokens."""
+    def mlp(tokens: float, ffn_local: float, weight_sets: float = 1.0, module: str = "dense_mlp") -> tuple[float, float]:
+        """(time, flops) of `weight_sets` MLPs of a module class that together see `tokens` tokens."""
         per = tokens / weight_sets
-        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, groups=weight_sets)
-        down = _gemm_s(ctx, per, ffn_local, h, groups=weight_sets)
+        rate = ctx.module_flops_per_s(module)  # None: the recipe's; bf16 where training.bf16_modules says
+        up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, rate, groups=weight_sets)
+        down = _gemm_s(ctx, per, ffn_local, h, rate, groups=weight_sets)
         return up + down, 2 * tokens * h * ffn_local * mats
 
     if kind == "dense":
@@ -139,11 +145,11 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     else:
         k, E, etp = m.num_experts_per_tok, m.num_experts, cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep)
+        t_exp, flops = mlp(routed, m.expert_ffn / etp, E / cfg.ep, "routed_experts")
         t_mlp = t_exp
         tp_f = tp_b = 0.0
-        if m.num_shared_experts:
-            ts, fs = mlp(T, m.num_shared_experts * m.expert_ffn / cfg.tp)
+        if m.shared_ffn:
+            ts, fs = mlp(T, m.shared_ffn / cfg.tp, module="shared_experts")
             t_mlp, flops = t_mlp + ts, flops + fs
             tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, ts), tp_comm_s(ctx, cfg, pl, act, 2 * ts)
         if etp > 1:  # the ETP group gathers its routed tokens and reduce-scatters the expert outputs
@@ -160,13 +166,19 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
             bias_f, bias_b = ctx.framework.expert_bias_bytes
             fwd["compute"], bwd["compute"] = _mem_s(ctx, bias_f * routed * h), _mem_s(ctx, bias_b * routed * h)
         a2a = 0.0
-        if cfg.ep > 1:
+        if cfg.ep > 1 and dispatcher_of(ctx, cfg) == "allgather":
+            # Megatron's MoEAllGatherTokenDispatcher: each rank all-gathers the hidden states of its EP
+            # group (every token once, not top-k copies; ep x T tokens gathered) and the combine
+            # reduce-scatters the expert outputs back (token_dispatcher.py token_permutation /
+            # token_unpermutation); the TP part of its TP x EP group is priced with the TP collectives.
+            a2a = 2 * all_gather_s(ctx.levels, pl.ep, BF16 * T * cfg.ep * h)
+        elif cfg.ep > 1:
             elems = (T / cfg.tp if cfg.sp else T) * k * h * moe_imbalance(ctx, cfg)
             dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
             # node-limited routing bounds the remote nodes a token reaches (hierarchical dispatchers)
             limit = m.moe_max_nodes_per_token if dedup else None
             combine = all_to_all_s(ctx.levels, pl.ep, BF16 * elems, dedup, limit)
-            q = ctx.saved_input_bytes
+            q = ctx.module_saved_input_bytes("routed_experts")  # bf16 where training.bf16_modules keeps them
             if ctx.framework.low_precision_dispatch and q < BF16:
                 # DeepSeek-V3 report sec. 3.3.3: the dispatch (and the gradient entering the experts'
                 # down-projection in the backward) in FP8 with its scales, both combines in BF16
@@ -196,6 +208,48 @@ def _expert_saved_bytes_per_ffn(ctx: Context, m, q: float) -> float:
     return _mlp_saved_bytes_per_ffn(m, q, q if ctx.framework.quantized_expert_act_inputs else BF16)
 
 
+def _mamba_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
+    """Forward/backward of a Mamba2 mixer block (Megatron mamba_mixer.py; Dao & Gu 2024, SSD):
+    in_proj (h -> z, x, B, C, dt; column-parallel), the depthwise causal conv1d over x, B, C, the
+    chunked SSD scan (Megatron's 7 x d_inner x state FLOPs per token, at the 16-bit rate or HBM bound
+    on its inputs and output), the gated RMSNorm, out_proj (row-parallel); TP collectives as around
+    attention, and with context parallelism an all-to-all of the mixer's sequence shards to head shards
+    and back (MambaContextParallel). Returns (fwd, bwd, 0, wgrad_s, flops_fwd) as `_attention_cost`."""
+    m, T, h, tp = sh.m, sh.tokens, sh.h, cfg.tp
+    fwd = dict.fromkeys(TIME_KEYS, 0.0)
+    bwd = dict.fromkeys(TIME_KEYS, 0.0)
+    width, d_in = mamba_in_proj_width(m) / tp, m.mamba_d_inner / tp
+    conv_dim = (m.mamba_d_inner + 2 * m.mamba_n_groups * m.ssm_state_size) / tp
+    rate = ctx.module_flops_per_s("mamba")
+    gemms = [(T, h, width), (T, d_in, h)]
+    proj = sum(_gemm_s(ctx, *g, rate) for g in gemms)
+    scan_flops = MAMBA_SCAN_FLOPS_PER_STATE * T * d_in * m.ssm_state_size
+    scan = max(scan_flops / ctx.attn_flops_per_s, _mem_s(ctx, BF16 * T * (conv_dim + 2 * d_in)))
+    conv = _mem_s(ctx, 2 * BF16 * T * conv_dim)
+    elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + 4 * T * d_in))  # norms, residual, gate
+    fwd["compute"] = proj + scan + conv + elem
+    proj_b, wgrad = _frozen_adjust(ctx, proj)
+    bwd["compute"] = proj_b + MAMBA_SCAN_BWD_FACTOR * scan + ELEMENTWISE_BWD_FACTOR * (conv + elem)
+    fwd["tp_comm"] = tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj)
+    bwd["tp_comm"] = tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj)
+    if cfg.cp > 1:
+        fwd["cp_comm"] = bwd["cp_comm"] = all_to_all_s(ctx.levels, pl.cp, BF16 * T * (conv_dim + d_in))
+    flops = sum(2 * x * y * z for x, y, z in gemms) + scan_flops
+    return fwd, bwd, 0.0, wgrad, flops
+
+
+def _mamba_saved_bytes(ctx: Context, cfg: Config, sh: Shapes) -> float:
+    """Activation bytes a Mamba2 mixer keeps per micro-batch beside its block's input: in_proj's output
+    (z, x, B, C, dt), the conv output, the scan output, the fp32 dt per head and the out_proj input
+    (at the recipe's saved-input size), all sharded over TP; in_proj's input is in the stream term."""
+    m, T, tp = sh.m, sh.tokens, cfg.tp
+    d_in = m.mamba_d_inner / tp
+    conv_dim = (m.mamba_d_inner + 2 * m.mamba_n_groups * m.ssm_state_size) / tp
+    q = ctx.module_saved_input_bytes("mamba")
+    return (BF16 * T * (mamba_in_proj_width(m) / tp + conv_dim + d_in) + 4 * T * m.mamba_heads / tp
+            + q * T * d_in)
+
+
 def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
     """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022). The
     inputs of the linear layers (QKV, MLA up-projections, attention output projection, fc1, fc2 and
@@ -203,22 +257,26 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     FP8/FP4 size where the framework keeps them quantized (Transformer Engine)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
-    q = ctx.saved_input_bytes
+    block, kind = kind, MLP_KIND.get(kind, kind)  # a hybrid model's block, its MLP kind
+    q = ctx.module_saved_input_bytes("attention")  # per module class (training.bf16_modules)
+    q_mlp = ctx.module_saved_input_bytes("dense_mlp" if kind == "dense" else "routed_experts")
+    q_shared = ctx.module_saved_input_bytes("shared_experts")
     # Residual-stream tensors: LN1 in, QKV in, LN2 in, MLP in (+ 2 one-byte dropout masks).
-    stream = (2 * BF16 + 2 * q + (2 if m.dropout else 0)) * T * h / div
+    stream = (2 * BF16 + q + q_mlp + (2 if m.dropout else 0)) * T * h / div
     if m.is_mla:  # the up-projections' latent inputs, the RoPE key; q, k, v and the proj input
         attn = q * T * (mla_dim(m.kv_lora_rank) + (m.q_lora_rank or 0)) + BF16 * T * mla_dim(m.qk_rope_head_dim)
         attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
     else:  # q, k, v, proj input
         attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
-    mats = _mlp_saved_bytes_per_ffn(m, q)
+    mats = _mlp_saved_bytes_per_ffn(m, q_mlp)
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
         etp = cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        mlp = _expert_saved_bytes_per_ffn(ctx, m, q) * routed * m.expert_ffn / etp + q * routed * h + 4 * T * m.num_experts
-        mlp += mats * T * m.num_shared_experts * m.expert_ffn / t
+        mlp = _expert_saved_bytes_per_ffn(ctx, m, q_mlp) * routed * m.expert_ffn / etp + q_mlp * routed * h \
+            + 4 * T * m.num_experts
+        mlp += _mlp_saved_bytes_per_ffn(m, q_shared) * T * m.shared_ffn / t
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
     else:
@@ -227,6 +285,15 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
         fused = unfused_softmax_reason(ctx, sh) is None
         per = ((5 if m.dropout else 2) if fused else (7 if m.dropout else 6)) * cfg.mbs * sh.a_local * (sh.seq / cfg.cp) * sh.seq
         scores = per
+    if block in ("mamba", "attention", "mlp", "moe_mlp"):  # a hybrid block: one norm and one mixer or MLP
+        first = {"mamba": ctx.module_saved_input_bytes("mamba"), "attention": q}.get(block, q_mlp)
+        stream = (BF16 + first + (1 if m.dropout else 0)) * T * h / div
+        if block != "attention":
+            attn = scores = 0.0
+        if block == "mamba":
+            attn = _mamba_saved_bytes(ctx, cfg, sh)
+        if block in ("mamba", "attention"):
+            mlp = 0.0
     none = stream + attn + mlp + scores
     # Selective recompute drops the attention scores (FlashAttention never stores them).
     selective = none if ctx.training.flash_attention else none - scores
@@ -237,8 +304,17 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     """One layer of `kind` under every recompute mode (the forward pass, communication and
     activations are priced once and shared by the modes)."""
     sh = Shapes(ctx, cfg)
-    afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
-    mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, kind)
+    zero = dict.fromkeys(TIME_KEYS, 0.0)
+    if kind == "mamba":  # a hybrid model's blocks (spec.HYBRID_KINDS) have a mixer or an MLP
+        afwd, abwd, core, awgrad, aflops = _mamba_cost(ctx, cfg, pl, sh)
+    elif kind in MLP_KIND:
+        afwd, abwd, core, awgrad, aflops = zero, zero, 0.0, 0.0, 0.0
+    else:
+        afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
+    if kind in ("mamba", "attention"):
+        mfwd, mbwd, mwgrad, mflops = zero, zero, 0.0, 0.0
+    else:
+        mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, MLP_KIND.get(kind, kind))
     params, experts = layer_params(ctx.model, kind)
     dense_local = (params - experts) / cfg.tp
     expert_local = experts / (cfg.expert_tp * cfg.ep)
@@ -308,7 +384,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
             c.hfu_flops += flops
         elif recompute == "selective":
             c.bwd["recompute"] = core
-            c.hfu_flops += core_attention_flops(sh)
+            c.hfu_flops += core_attention_flops(sh) if core else 0.0
         elif recompute == "offload":
             # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
             # stream to host memory during the forward and back before its backward, over the host
@@ -327,7 +403,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
                 c.act_bytes -= saved
                 c.hfu_flops += fl
             c.act_bytes = max(c.act_bytes, acts["full"])
-        host = moe_host_s(ctx, cfg) if kind == "moe" else 0.0
+        host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
         if host and ep_overlap:
             extra = ep_overlap_host_s(ctx, cfg, c, host)
             host += extra
@@ -391,30 +467,34 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     projections all-gather their sequence-sharded inputs again (multi_latent_attention.py)."""
     m, T, h, t = sh.m, sh.tokens, sh.h, cfg.tp
     div = t if cfg.sp else 1
-    q = ctx.saved_input_bytes  # linear-layer inputs as kept (see _activation_bytes)
+    kind = MLP_KIND.get(kind, kind)  # a hybrid model's MLP-only block prices as its MLP kind
+    q_attn = ctx.module_saved_input_bytes("attention")  # linear-layer inputs as kept (_activation_bytes)
+    q = ctx.module_saved_input_bytes("dense_mlp" if kind == "dense" else "routed_experts")
     mats = _mlp_saved_bytes_per_ffn(m, q)
     etp = cfg.expert_tp
     routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
-        return core_s, acts["none"] - acts["selective"], core_attention_flops(sh)
+        return core_s, acts["none"] - acts["selective"], core_attention_flops(sh) if core_s else 0.0
     if module == "layernorm":
-        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), 2 * q * T * h / div, 0.0
+        return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), (q_attn + q) * T * h / div, 0.0
     if module == "mlp" and kind == "dense":
         return (mfwd["compute"] + mfwd["tp_comm"], mats * T * m.intermediate_size / t,
                 2 * T * h * m.intermediate_size / t * (3 if m.gated else 2))
     if module == "moe" and kind == "moe":
         saved = _expert_saved_bytes_per_ffn(ctx, m, q) * routed * m.expert_ffn / etp + q * routed * h \
-            + mats * T * m.num_shared_experts * m.expert_ffn / t
+            + mats * T * m.shared_ffn / t
         return (mfwd["compute"] + mfwd["tp_comm"] + mfwd["ep_comm"], saved,
                 2 * routed * h * m.expert_ffn / etp * (3 if m.gated else 2))
     if module == "moe_act" and kind == "moe":
         act_out = BF16 * routed * m.expert_ffn / etp
         return _mem_s(ctx, (3 if m.gated else 2) * act_out), q / BF16 * act_out, 0.0
-    if module == "shared_experts" and kind == "moe" and m.num_shared_experts:
-        ffn = m.num_shared_experts * m.expert_ffn / t
-        up = _gemm_s(ctx, T, h, ((3 if m.gated else 2) - 1) * ffn)
-        down = _gemm_s(ctx, T, ffn, h)
-        return up + down, mats * T * ffn, 2 * T * h * ffn * (3 if m.gated else 2)
+    if module == "shared_experts" and kind == "moe" and m.shared_ffn:
+        ffn = m.shared_ffn / t
+        rate = ctx.module_flops_per_s("shared_experts")
+        up = _gemm_s(ctx, T, h, ((3 if m.gated else 2) - 1) * ffn, rate)
+        down = _gemm_s(ctx, T, ffn, h, rate)
+        shared = _mlp_saved_bytes_per_ffn(m, ctx.module_saved_input_bytes("shared_experts"))
+        return up + down, shared * T * ffn, 2 * T * h * ffn * (3 if m.gated else 2)
     if module == "mla_up_proj" and m.is_mla:
         a = sh.a_local
         q_in = m.q_lora_rank or h
@@ -477,7 +557,7 @@ def _with_mtp(ctx: Context, cfg: Config, head: Cost, block: Cost) -> Cost:
     c.fwd["compute"] += d * (proj + _mem_s(ctx, 3 * 2 * BF16 * T * h))
     c.bwd["compute"] += d * 2 * proj
     c.wgrad_s = head.wgrad_s + d * (head.wgrad_s + block.wgrad_s + proj)
-    c.params = head.params + d * (block.params + 2 * h * h / cfg.tp + 2 * h)
+    c.params = head.params + d * (block.params + 2 * h * h / cfg.tp + 3 * h)  # enorm, hnorm, final norm
     c.expert_params = head.expert_params + d * block.expert_params
     mtp_flops = 3 * 2 * T * 2 * h * h / cfg.tp
     c.base_flops = head.base_flops + d * (head.base_flops + block.base_flops + mtp_flops)

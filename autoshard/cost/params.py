@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..spec import Problem
 from .constants import BF16
-from .context import Config, Context
-from .table import Cost
 from ..catalog import get_recipe, saved_input_bytes_per_element
+
+if TYPE_CHECKING:  # (context imports module_params: no import cycle at run time)
+    from .context import Config, Context
+    from .table import Cost
 
 
 def mla_dim(value: int | None) -> int:
@@ -37,16 +39,55 @@ def _mlp_params(m, ffn: int) -> float:
     return (3 if m.gated else 2) * m.hidden_size * ffn
 
 
+def mamba_in_proj_width(m) -> int:
+    """Output width of a Mamba2 mixer's in_proj: z and x (d_inner each), B and C (groups x state each)
+    and dt (one per head) (Megatron mamba_mixer.py, Dao & Gu 2024 §7)."""
+    return 2 * m.mamba_d_inner + 2 * m.mamba_n_groups * m.ssm_state_size + m.mamba_heads
+
+
+def mamba_linear_params(m) -> float:
+    """in_proj and out_proj weights of one Mamba2 mixer."""
+    return m.hidden_size * mamba_in_proj_width(m) + m.mamba_d_inner * m.hidden_size
+
+
+def mamba_params(m) -> float:
+    """One Mamba2 mixer: in_proj, the depthwise causal conv1d over x, B, C (weights and bias), dt_bias,
+    A_log and D per head, the gated RMSNorm over d_inner, out_proj (Megatron mamba_mixer.py)."""
+    conv_dim = m.mamba_d_inner + 2 * m.mamba_n_groups * m.ssm_state_size
+    return mamba_linear_params(m) + conv_dim * (m.conv_kernel + 1) + 3 * m.mamba_heads + m.mamba_d_inner
+
+
 def layer_params(m, kind: str) -> tuple[float, float]:
-    """(all params, expert params) of one transformer layer (full model, not sharded)."""
+    """(all params, expert params) of one layer of `kind` (full model, not sharded): a transformer layer
+    (dense, moe), or one block of a hybrid model (mamba, attention, mlp, moe_mlp), each with its norms."""
     norms = 2 * m.hidden_size
+    if kind == "mamba":
+        return mamba_params(m) + m.hidden_size, 0.0
+    if kind == "attention":
+        return _attention_params(m) + m.hidden_size, 0.0
+    if kind == "mlp":
+        return _mlp_params(m, m.intermediate_size) + m.hidden_size, 0.0
+    if kind == "moe_mlp":
+        experts = m.num_experts * _mlp_params(m, m.expert_ffn)
+        return experts + _mlp_params(m, m.shared_ffn) + m.hidden_size * m.num_experts + m.hidden_size, experts
     attn = _attention_params(m)
     if kind == "dense":
         return attn + _mlp_params(m, m.intermediate_size) + norms, 0.0
     experts = m.num_experts * _mlp_params(m, m.expert_ffn)
-    shared = m.num_shared_experts * _mlp_params(m, m.expert_ffn)
+    shared = _mlp_params(m, m.shared_ffn)
     router = m.hidden_size * m.num_experts
     return attn + experts + shared + router + norms, experts
+
+
+def module_params(m) -> dict[str, float]:
+    """Linear weights of the whole model's transformer layers per module class (`spec.MODULE_CLASSES`):
+    attention projections, dense MLPs, routed experts, shared experts (the router and norms apart)."""
+    moe = m.num_moe_layers
+    return {"attention": m.num_attention_layers * _attention_params(m),
+            "mamba": m.num_mamba_layers * mamba_linear_params(m),
+            "dense_mlp": m.num_dense_layers * _mlp_params(m, m.intermediate_size),
+            "routed_experts": moe * m.num_experts * _mlp_params(m, m.expert_ffn),
+            "shared_experts": moe * _mlp_params(m, m.shared_ffn)}
 
 
 def lora_fraction(m, rank: int) -> float:
@@ -140,11 +181,16 @@ def active_matmul_params(m) -> float:
     """Matmul weights a token passes through (LM head included, input embedding excluded)."""
     total = m.vocab_size * m.hidden_size
     for kind in m.layer_kinds():
-        if kind == "dense":
-            total += _attention_params(m) + _mlp_params(m, m.intermediate_size)
-        else:
-            total += _attention_params(m) + (m.num_experts_per_tok + m.num_shared_experts) * _mlp_params(m, m.expert_ffn)
+        if kind in ("dense", "moe", "attention"):
+            total += _attention_params(m)
+        if kind in ("dense", "mlp"):
+            total += _mlp_params(m, m.intermediate_size)
+        elif kind in ("moe", "moe_mlp"):
+            total += m.num_experts_per_tok * _mlp_params(m, m.expert_ffn)
+            total += _mlp_params(m, m.shared_ffn)
             total += m.hidden_size * m.num_experts
+        elif kind == "mamba":
+            total += mamba_linear_params(m)
     return total
 
 
@@ -168,7 +214,11 @@ def flops_per_token_parts(m: Any, t: Any) -> tuple[int, float, float]:
         d_qk = d_v = m.head_size
     # Frozen weights (LoRA) need no weight gradients: forward + input gradients, 4 N per token.
     per_n = 6 if t.finetune == "full" else 4
-    attn = 3 * m.num_hidden_layers * m.num_attention_heads * s * (d_qk + d_v) * m.attention_key_share(s)
+    share = m.attention_key_share(s, getattr(t, "mean_document_tokens", None))  # windows, chunks, documents
+    attn = 3 * m.num_attention_layers * m.num_attention_heads * s * (d_qk + d_v) * share
+    # Mamba2 scan: Megatron's estimate 7 x d_inner x state FLOPs per token forward (training.py
+    # mamba_layer_flops), three passes
+    attn += 3 * m.num_mamba_layers * 7 * m.mamba_d_inner * m.ssm_state_size
     return per_n, active_matmul_params(m), attn  # (a sliding window: the keys it attends)
 
 

@@ -10,7 +10,6 @@ from .. import __version__
 from ..catalog import get_gpu
 from ..errors import InputError
 from ..spec import Plan, Problem, ProblemParts
-from .model_facts import model_family
 from ..cost import (  # launch_reasons: the predicate `evaluate --strict` and the solver use
     launch_reasons,
     Config,
@@ -71,7 +70,7 @@ class _Ctx(ProblemParts):
     fmt: str
     tp_overlap: bool = False  # TP communication overlapped, as priced (the plan's or the framework's default)
     ep_overlap: bool = False  # expert all-to-all overlapped, as priced
-    mtp_layers: int = 0  # multi-token-prediction layers of the model family (Megatron --mtp-num-layers)
+    mtp_layers: int = 0  # multi-token-prediction depths of the model (Megatron --mtp-num-layers)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -157,9 +156,19 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
         ctx.warn(f"the plan was priced for {problem.framework} (problem `framework:`), which keeps other bytes per "
                  f"parameter and runs other overlaps than {TARGETS_SHORT[fmt]}: memory and step time differ from "
                  f"the estimate; solve with `framework: {target_fw}` for a plan priced for this launcher")
-    fam = model_family(problem.model) or {}
-    if problem.model.is_moe and fmt == "megatron":
-        ctx.mtp_layers = int(fam.get("mtp_layers", 0))
+    if fmt == "megatron":  # a stated fact of the model (HF num_nextn_predict_layers), priced on the last stage
+        ctx.mtp_layers = problem.model.num_nextn_predict_layers
+    m, t = problem.model, problem.training
+    if fmt != "megatron":  # model knobs only the Megatron export carries (export/megatron.py)
+        if m.hybrid_override_pattern is not None:
+            ctx.warn(f"hybrid Mamba2 / attention blocks are Megatron-only in this exporter: {TARGETS_SHORT[fmt]} "
+                     "gets every layer as attention + MLP (another model than planned)")
+        if m.num_nextn_predict_layers:
+            ctx.warn(f"{m.num_nextn_predict_layers} multi-token-prediction layer(s) planned on the last stage are "
+                     f"not exported to {TARGETS_SHORT[fmt]}")
+        if t.bf16_modules or t.bf16_layers_at_start or t.bf16_layers_at_end:
+            ctx.warn(f"BF16 modules / end blocks planned under {t.precision} are not exported to "
+                     f"{TARGETS_SHORT[fmt]}: the recipe runs everywhere there")
     if plan.moe_dispatcher not in (None, "alltoall") and problem.model.is_moe and fmt != "megatron":
         ctx.warn(f"expert dispatcher {plan.moe_dispatcher} is not exported: {TARGETS_SHORT[fmt]} dispatches "
                  "with a flat all-to-all, which sends every copy of a token across nodes (slower than planned)")

@@ -13,7 +13,7 @@ from .megatron import megatron_order
 from .model_facts import model_family
 
 # MaxText decoder_block per model family (maxtext common_types.DecoderBlockType).
-MAXTEXT_DECODER = {"llama3": "llama2", "llama2": "llama2", "mixtral": "mixtral", "deepseek-v3": "deepseek",
+MAXTEXT_DECODER = {"llama3": "llama2", "mixtral": "mixtral", "deepseek-v3": "deepseek",
                    "qwen3": "qwen3", "gpt3": "gpt3"}
 
 
@@ -57,8 +57,9 @@ def _maxtext(ctx: _Ctx) -> str:
     cfg["logits_via_embedding"] = bool(m.tie_word_embeddings)
     cfg["enable_dropout"] = bool(m.dropout)
     cfg["dropout_rate"] = 0.1 if m.dropout else 0.0
-    if fam.get("rotary_base"):
-        cfg["rope_max_timescale"] = fam["rotary_base"]
+    rotary = m.rope_theta or fam.get("rotary_base")  # the config's rope_theta first
+    if rotary:
+        cfg["rope_max_timescale"] = int(rotary) if float(rotary).is_integer() else rotary
     if fam.get("norm_epsilon"):
         cfg["normalization_layer_epsilon"] = fam["norm_epsilon"]
     if fam.get("family") == "qwen3":
@@ -75,7 +76,9 @@ def _maxtext(ctx: _Ctx) -> str:
             cfg["first_num_dense_layers"] = m.first_k_dense_replace
         if fam.get("family") == "deepseek-v3":
             cfg.update(routed_score_func="sigmoid", routed_bias=True, routed_bias_update_rate=1e-3,
-                       routed_scaling_factor=2.5, n_routing_groups=8, topk_routing_group=4, mtp_num_layers=1)
+                       routed_scaling_factor=2.5, n_routing_groups=8, topk_routing_group=4)
+        if m.num_nextn_predict_layers:
+            cfg["mtp_num_layers"] = m.num_nextn_predict_layers
     if m.is_mla:
         cfg["attention_type"] = "mla"
         if m.q_lora_rank is not None:

@@ -11,7 +11,7 @@ from ..spec import Plan
 from .common import _recompute_counts
 from .context import _Ctx
 from .model_facts import _recipe_settings, gpu_arch, hierarchical_cp_sizes, model_family
-from ..catalog import get_recipe
+from ..catalog import get_recipe, low_precision_fraction
 from ..solver.layouts import megatron_reason, megatron_recompute
 from ..spec import RECOMPUTE_MODULES
 
@@ -118,7 +118,10 @@ def _megatron(ctx: _Ctx) -> str:
     # --- pipeline split and schedule ------------------------------------------------------
     if p.pp > 1:
         stages = ctx.stages
-        if p.vpp > 1:
+        if m.hybrid_override_pattern is not None:  # the stage boundaries are `|` in --hybrid-layer-pattern
+            if p.vpp > 1:
+                add("--num-virtual-stages-per-pipeline-rank", p.vpp)
+        elif p.vpp > 1:
             if ctx.even:
                 add("--num-layers-per-virtual-pipeline-stage", stages[0])
             else:
@@ -197,6 +200,7 @@ def _megatron(ctx: _Ctx) -> str:
             ctx.warn(f"precision {t.precision}: {recipe['megatron_note']}")
     else:
         ctx.warn(f"precision {t.precision} has no Megatron recipe in this exporter: trains in bf16")
+    _megatron_bf16_parts(ctx, add)
 
     # --- model shape ---------------------------------------------------------------------------
     add("--num-layers", m.num_hidden_layers)
@@ -225,13 +229,18 @@ def _megatron(ctx: _Ctx) -> str:
         add("--normalization", "RMSNorm")
         add("--position-embedding-type", "rope")
         add("--disable-bias-linear")
-    elif m.hidden_act in ("relu", "relu2"):
+    elif m.hidden_act == "relu2":  # squared ReLU, non-gated (Nemotron-4, Nemotron-H)
+        add("--squared-relu")
+    elif m.hidden_act == "relu":
         ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
+    _megatron_hybrid(ctx, add)
+    _megatron_attention_span(ctx, add)
     if fam.get("norm_epsilon") is not None:
         add("--norm-epsilon", fam["norm_epsilon"])
     if m.gated:
-        if fam.get("rotary_base"):
-            add("--rotary-base", fam["rotary_base"])
+        rotary = m.rope_theta or fam.get("rotary_base")  # the config's rope_theta first
+        if rotary:
+            add("--rotary-base", int(rotary) if float(rotary).is_integer() else rotary)
         else:
             ctx.warn(f"rotary base of {m.name} unknown: Megatron's default --rotary-base 10000 is used; "
                      "set it to the model's rope_theta")
@@ -245,13 +254,13 @@ def _megatron(ctx: _Ctx) -> str:
         add("--num-experts", m.num_experts)
         add("--moe-router-topk", m.num_experts_per_tok)
         add("--moe-ffn-hidden-size", m.expert_ffn)
-        if m.num_shared_experts:
-            add("--moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn)
+        if m.shared_ffn:  # the shared experts' total width (TransformerConfig moe_shared_expert_intermediate_size)
+            add("--moe-shared-expert-intermediate-size", m.shared_ffn)
         if m.num_dense_layers:
             add("--moe-layer-freq", f"[0]*{m.num_dense_layers}+[1]*{m.num_moe_layers}")
         dispatcher = p.moe_dispatcher or "alltoall"
-        if dispatcher == "alltoall":
-            add("--moe-token-dispatcher-type", "alltoall")
+        if dispatcher in ("alltoall", "allgather"):
+            add("--moe-token-dispatcher-type", dispatcher)
         else:  # the flex dispatcher with the DeepEP / HybridEP kernels (transformer_config.py, d98e8a64dd)
             add("--moe-token-dispatcher-type", "flex")
             add("--moe-flex-dispatcher-backend", dispatcher)
@@ -267,7 +276,7 @@ def _megatron(ctx: _Ctx) -> str:
             continue
         if flag in ("--rotary-scaling-factor", "--mscale", "--mscale-all-dim") and not m.is_mla:
             continue
-        if flag.startswith("--mtp-") and ctx.ep_overlap and int(fam.get("mtp_layers", 0)) > 1:
+        if flag.startswith("--mtp-") and not ctx.mtp_layers:
             continue
         add(flag, value)
 
@@ -280,9 +289,11 @@ def _megatron(ctx: _Ctx) -> str:
         add("--qk-head-dim", m.qk_nope_head_dim)
         add("--qk-pos-emb-head-dim", m.qk_rope_head_dim)
         add("--v-head-dim", m.v_head_dim)
-    if ctx.mtp_layers and ctx.mtp_layers != m.num_nextn_predict_layers:  # (model.num_nextn_predict_layers prices it)
-        ctx.warn(f"{m.name} trains with {ctx.mtp_layers} multi-token-prediction layer(s) (--mtp-num-layers), "
-                 "which the plan does not price: the last stage computes it on top of its planned layers")
+    if ctx.mtp_layers:  # multi-token prediction (TransformerConfig.mtp_num_layers), priced on the last stage
+        add("--mtp-num-layers", ctx.mtp_layers)
+        if ctx.ep_overlap and ctx.mtp_layers > 1:  # TransformerConfig.__post_init__ asserts it
+            ctx.warn("Megatron's EP overlap supports at most one MTP layer (TransformerConfig: 'MTP supports at "
+                     "most one layer when enabling overlap_moe_expert_parallel_comm'): drop one or the other")
 
     head = [f"# {line}" for line in ctx.header()]
     head.append(f"# data-parallel size is derived by Megatron: {ctx.world} // (TP*PP*CP = "
@@ -317,6 +328,72 @@ def _megatron(ctx: _Ctx) -> str:
             line = f"{flag} {shlex.quote(str(value))}"
         body.append(line + (" \\" if i < len(flags) - 1 else ""))
     return "\n".join(head + body) + "\n"
+
+
+def hybrid_layer_pattern(pattern: str, stages: list[int] | None) -> str:
+    """Megatron's --hybrid-layer-pattern: the model's blocks (M Mamba2, * attention, - MLP, E MoE), with
+    `|` at the (virtual) pipeline stage boundaries where the plan has several (arguments.py: 'Use | to
+    define pipeline stage boundaries')."""
+    if not stages or len(stages) == 1:
+        return pattern
+    out, i = [], 0
+    for n in stages:
+        out.append(pattern[i:i + n])
+        i += n
+    return "|".join(out)
+
+
+def _megatron_hybrid(ctx: _Ctx, add) -> None:
+    """A hybrid Mamba2 / attention model (ModelSpec.hybrid_override_pattern): Megatron-LM's hybrid
+    stack (pretrain_mamba.py), its block pattern and Mamba2 dimensions (TransformerConfig
+    mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads)."""
+    m, p = ctx.problem.model, ctx.plan
+    if m.hybrid_override_pattern is None:
+        return
+    add("--hybrid-layer-pattern", hybrid_layer_pattern(m.hybrid_override_pattern, ctx.stages if p.pp > 1 else None))
+    if m.num_mamba_layers:
+        add("--mamba-num-heads", m.mamba_heads)
+        add("--mamba-head-dim", m.mamba_head_dim)
+        add("--mamba-state-dim", m.ssm_state_size)
+        add("--mamba-num-groups", m.mamba_n_groups)
+    ctx.warn("hybrid Mamba2 / attention model: launch Megatron-LM's pretrain_mamba.py (its hybrid stack), not "
+             "pretrain_gpt.py; the pattern's `|` marks the planned stage boundaries")
+
+
+def _megatron_attention_span(ctx: _Ctx, add) -> None:
+    """Packed documents (`training.mean_document_tokens`): --dataloader-inter-document-masking (the
+    dataloader returns cu_seqlens, attention restricted to each document: THD). Llama 4's NoPE layers:
+    --no-rope-freq N (TransformerConfig.no_rope_freq, one NoPE layer in N); its chunked attention has no
+    Megatron flag."""
+    m, t = ctx.problem.model, ctx.problem.training
+    if t.mean_document_tokens and t.mean_document_tokens < t.seq_len:
+        add("--dataloader-inter-document-masking")
+    if m.attention_chunk_size:
+        nope = 1.0 - m.chunked_attention_layers
+        every = round(1 / nope) if nope > 0 else 0
+        if every > 1 and abs(1 / every - nope) < 1e-6 and m.num_hidden_layers % every == 0:
+            add("--no-rope-freq", every)
+        ctx.warn(f"chunked attention ({m.attention_chunk_size} tokens on {m.chunked_attention_layers:.3g} of the "
+                 "layers) has no Megatron-LM flag: those layers attend globally there (slower than planned)")
+
+
+def _megatron_bf16_parts(ctx: _Ctx, add) -> None:
+    """Per-module precision: whole blocks kept in BF16 (TransformerConfig first_last_layers_bf16 with
+    num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, each 1 by default when the flag is on, so
+    both are written; fp8_utils.is_first_last_bf16_layer); module classes in BF16 have no flag."""
+    t = ctx.problem.training
+    if not low_precision_fraction(t.precision):
+        return
+    if t.bf16_layers_at_start or t.bf16_layers_at_end:
+        if get_recipe(t.precision).id == "fp8-delayed":  # TransformerConfig.__post_init__ refuses it
+            ctx.warn("Megatron refuses --first-last-layers-bf16 with delayed scaling: use fp8-current")
+        add("--first-last-layers-bf16")
+        add("--num-layers-at-start-in-bf16", t.bf16_layers_at_start)
+        add("--num-layers-at-end-in-bf16", t.bf16_layers_at_end)
+    if t.bf16_modules:
+        ctx.warn(f"{', '.join(t.bf16_modules)} planned in BF16: Megatron-LM has no flag for a module class's "
+                 "precision (a --fp8-recipe custom quantizer factory can keep them in BF16); exported as the "
+                 "recipe everywhere, which runs them in low precision")
 
 
 def _megatron_recompute(ctx: _Ctx, add) -> None:

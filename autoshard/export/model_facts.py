@@ -1,5 +1,7 @@
-"""Architecture facts a Hugging Face-shaped ModelSpec does not carry (rotary base, router, norms,
-MTP), per model family, matched on the model name, and the target's names for the GPU and precision."""
+"""Architecture facts a Hugging Face-shaped ModelSpec does not carry (router, norms, QK norm), per model
+family, recognised from the config's `model_type` (ModelSpec.model_type), never from the model's name;
+the rotary base is the model's `rope_theta` and the MTP depth its `num_nextn_predict_layers`. Also the
+target's names for the GPU and precision."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from ..cost import Config, context, cp_hierarchy
 from ..topology import place_axes
 
 FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("deepseek-v3", "deepseek_v3", "deepseekv3"), {
+    (("deepseek_v3",), {
         "family": "deepseek-v3", "rotary_base": 10000, "norm_epsilon": 1e-6,
         # DeepSeek-V3 config.json: yarn factor 40 over 4096, sigmoid scoring, noaux_tc bias, 8 groups
         # top-4, routed_scaling_factor 2.5, 1 MTP layer; Megatron-LM
@@ -23,12 +25,11 @@ FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                      ("--moe-router-enable-expert-bias", None), ("--moe-router-bias-update-rate", 1e-3),
                      ("--moe-router-num-groups", 8), ("--moe-router-group-topk", 4),
                      ("--moe-router-topk-scaling-factor", 2.5), ("--moe-router-dtype", "fp32"),
-                     ("--mtp-num-layers", 1), ("--mtp-loss-scaling-factor", 0.1)],
-        "mtp_layers": 1,
+                     ("--mtp-loss-scaling-factor", 0.1)],  # MTP depth: ModelSpec.num_nextn_predict_layers
         "titan": ("deepseek_v3", "671B"),
         "source": "DeepSeek-V3 config.json; Megatron-LM sbatch_mfsdp_deepseek_v3.sh",
     }),
-    (("qwen3",), {
+    (("qwen3", "qwen3_moe"), {
         "family": "qwen3", "rotary_base": 1000000, "norm_epsilon": 1e-6,
         # Qwen3 q_norm/k_norm, rope_theta 1e6, router_aux_loss_coef 1e-3: Megatron-LM
         # examples/post_training/modelopt/conf/Qwen/Qwen3-235B-A22B.sh (d98e8a64dd).
@@ -45,17 +46,14 @@ FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         "megatron": [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", 0.02)],
         "source": "mistralai/Mixtral-8x7B-v0.1 config.json",
     }),
-    (("llama3", "llama-3", "llama_3", "meta-llama-3"), {
-        "family": "llama3", "rotary_base": 500000, "norm_epsilon": 1e-5,
+    (("llama",), {
+        # Llama 2 and 3 share model_type llama; their rotary bases (10000, 500000) are rope_theta
+        "family": "llama3", "rotary_base": None, "norm_epsilon": 1e-5,
         "titan_flavors": {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
                           "llama3-405b": ("llama3", "405B")},
-        "source": "meta-llama Llama 3 config.json rope_theta 500000 (torchtitan llama3 flavors)",
+        "source": "meta-llama Llama 2 / 3 config.json rms_norm_eps 1e-5 (torchtitan llama3 flavors)",
     }),
-    (("llama2", "llama-2"), {
-        "family": "llama2", "rotary_base": 10000, "norm_epsilon": 1e-5,
-        "source": "meta-llama/Llama-2-70b-hf config.json rope_theta 10000",
-    }),
-    (("gpt3", "gpt-3"), {
+    (("gpt2",), {
         "family": "gpt3", "rotary_base": None, "norm_epsilon": 1e-5,
         "source": "Brown et al. 2020: learned absolute positions, LayerNorm, GeLU, dropout 0.1",
     }),
@@ -63,31 +61,38 @@ FAMILIES: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
 
 
 def model_family(model) -> dict[str, Any] | None:
-    """The FAMILIES row whose key occurs in the model's name, or None."""
-    name = str(model.name).lower().replace("_", "-")
+    """The FAMILIES row of the model's config `model_type` (ModelSpec.model_type), or None; its
+    `rotary_base` is the model's own rope_theta where the model states one. Never the model's name."""
+    mtype = str(model.model_type or "").lower()
     for keys, facts in FAMILIES:
-        if any(k.replace("_", "-") in name for k in keys):
-            return facts
+        if mtype in keys:
+            theta = getattr(model, "rope_theta", None)
+            return {**facts, "rotary_base": theta} if theta else facts
     return None
 
 
-def titan_flavor(model) -> tuple[str, str] | None:
-    """torchtitan (model name, flavor) for a preset whose shape torchtitan ships, and only while the
-    model has the preset's shape: a preset with shape overrides (fewer layers, another width) is not
-    that flavor (tests/launchers read each mapped flavor's shape from torchtitan's own model args)."""
-    fam = model_family(model) or {}
-    flavor = fam["titan"] if "titan" in fam else fam.get("titan_flavors", {}).get(str(model.name).lower())
-    if flavor is None:
-        return None
-
-    try:
-        preset = get_model(str(model.name))
-    except Exception:  # noqa: BLE001 - no preset of that name: the shape cannot be vouched for
-        return None
+def _same_shape(preset, model) -> bool:
     skip = {"name", "source"}
-    if preset.model_dump(exclude=skip) != model.model_dump(exclude=skip):
-        return None
-    return flavor
+    return preset.model_dump(exclude=skip) == model.model_dump(exclude=skip)
+
+
+def titan_flavor(model) -> tuple[str, str] | None:
+    """torchtitan (model name, flavor) for a model whose shape is one torchtitan ships: the family's
+    flavors are those of catalog presets, and a model gets one only while it has that preset's shape
+    exactly, whatever its name (a preset with overrides, fewer layers or another width, is not that
+    flavor; tests/launchers read each mapped flavor's shape from torchtitan's own model args)."""
+    fam = model_family(model) or {}
+    flavors = dict(fam.get("titan_flavors", {}))
+    if "titan" in fam:
+        flavors = {fam["family"]: fam["titan"]}
+    for preset_name, flavor in flavors.items():
+        try:
+            preset = get_model(preset_name)
+        except Exception:  # noqa: BLE001 - no such preset: that flavor's shape cannot be vouched for
+            continue
+        if _same_shape(preset, model):
+            return flavor
+    return None
 
 
 def titan_llama3_args(model) -> tuple[dict[str, Any] | None, str]:

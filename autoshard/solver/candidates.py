@@ -70,7 +70,7 @@ def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> st
     order = (first, "deepep", "hybridep")
     if problem.training.moe_capacity_factor is not None:  # DeepEP cannot pad to a capacity
         order = ("hybridep",)
-    choice = next((d for d in order if d in runs), "alltoall")
+    choice = next((d for d in order if d in runs), "alltoall" if "alltoall" in runs else runs[0])
     return None if choice == "alltoall" == ctx.framework.moe_dispatchers[0] else choice
 
 

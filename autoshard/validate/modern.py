@@ -25,11 +25,16 @@ precision                  `precision_recipe` where stated, else read from the `
                            accepts it, else its family; the recipe is kept in `Case.recipe`
 model                      layers, hidden, ffn, heads, kv_heads, head_dim, vocab as given; MoE:
                            moe_experts, moe_top_k, moe_ffn (null -> ffn), moe_shared_experts,
+                           moe_shared_ffn (the shared experts' total width, where not count x moe_ffn),
                            first_k_dense; hidden_act (default silu), tie_word_embeddings (false),
                            dropout; MLA from q_lora_rank / kv_lora_rank / qk_nope_head_dim /
                            qk_rope_head_dim / v_head_dim (a kv_lora_rank makes it MLA);
-                           sliding_window + sliding_window_layers; expert_bias; mamba_layers > 0:
-                           skipped (hybrid Mamba2/attention not modelled); mtp_layers: noted
+                           sliding_window + sliding_window_layers; attention_chunk_size +
+                           chunked_attention_layers; expert_bias; a hybrid model's
+                           hybrid_override_pattern (+ mamba_num_heads, mamba_head_dim,
+                           ssm_state_size, mamba_n_groups); mamba_layers > 0 without the pattern:
+                           skipped (the blocks' order not stated); mtp_layers: priced on
+                           the last stage (num_nextn_predict_layers)
 framework                  `framework` (default megatron); `source_family` names the source group
 plan                       tp, pp, cp, ep as given (null -> 1), etp as given (null -> None = tp),
                            dp as given else gpu_count / (tp pp cp); fsdp true -> zero_stage 3 with the
@@ -80,6 +85,7 @@ USE_RECIPES = True
 
 RECIPES = ("bf16", "fp16", "fp8", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MAMBA_KEYS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "mamba_n_groups")
 
 MODERN_KEYS = ("nvlink_domain_gpus", "moe_ffn", "first_k_dense", "etp")
 
@@ -276,7 +282,7 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
 
 
 RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
-                "offload_layers", "layout")
+                "offload_layers", "layout", "mtp_layers")
 LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
 
 
@@ -444,9 +450,10 @@ def _row_hardware(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[st
 def _row_model(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, Any]:
     """The model's fields, from the row's config fields (validation/README.md): never from its name."""
     model_name = str(row.get("model") or rid)
-    if as_int(row.get("mamba_layers"), 0):
-        raise _SkipRow(f"{model_name}: {row['mamba_layers']} Mamba2 layers (mamba_layers): hybrid Mamba2/attention "
-                       "layers are not modelled")
+    pattern = row.get("hybrid_override_pattern")
+    if as_int(row.get("mamba_layers"), 0) and not pattern:
+        raise _SkipRow(f"{model_name}: {row['mamba_layers']} Mamba2 layers (mamba_layers) without their order "
+                    "(hybrid_override_pattern): the hybrid model's blocks are not stated")
     missing = [k for k in ("layers", "hidden", "ffn", "heads", "vocab", "seq_len") if row.get(k) in (None, "")]
     if missing:
         raise _SkipRow(f"model dimensions not published ({', '.join(missing)} null)")
@@ -465,8 +472,13 @@ def _row_model(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, 
                      f"nope {row.get('qk_nope_head_dim')}, rope {row.get('qk_rope_head_dim')}, v {row.get('v_head_dim')})")
     elif row.get("head_dim"):
         model["head_dim"] = int(row["head_dim"])
-    if as_int(row.get("mtp_layers"), 0):
-        notes.append(f"{row['mtp_layers']} multi-token-prediction layer(s) not priced")
+    if pattern:  # a hybrid Mamba2 / attention model: its blocks and Mamba2 dimensions (NemotronH names)
+        model["hybrid_override_pattern"] = str(pattern)
+        model.update({k: int(row[k]) for k in MAMBA_KEYS if row.get(k) is not None})
+        notes.append(f"hybrid model: {str(pattern).count('M')} Mamba2, {str(pattern).count('*')} attention blocks")
+    if as_int(row.get("mtp_layers"), 0):  # priced on the last stage (ModelSpec.num_nextn_predict_layers)
+        model["num_nextn_predict_layers"] = int(row["mtp_layers"])
+        notes.append(f"{row['mtp_layers']} multi-token-prediction layer(s) on the last stage")
     if row.get("sliding_window"):
         model.update(sliding_window=int(row["sliding_window"]),
                      sliding_window_layers=float(row.get("sliding_window_layers") or 1.0))
@@ -474,6 +486,9 @@ def _row_model(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, 
                      f"{model['sliding_window_layers']:g} of the layers")
     if row_flag(row, "expert_bias", False):
         model["expert_bias"] = True
+    if row.get("attention_chunk_size"):  # Llama 4 chunked attention on a share of the layers
+        model.update(attention_chunk_size=int(row["attention_chunk_size"]),
+                     chunked_attention_layers=float(row.get("chunked_attention_layers") or 1.0))
     if row.get("moe_experts"):
         if not row.get("moe_top_k"):
             raise _SkipRow("MoE top-k not published")
@@ -481,6 +496,9 @@ def _row_model(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, 
                      moe_intermediate_size=as_int(row.get("moe_ffn"), int(row["ffn"])),
                      num_shared_experts=as_int(row.get("moe_shared_experts"), 0) or 0,
                      first_k_dense_replace=as_int(row.get("first_k_dense"), 0) or 0)
+        if row.get("moe_shared_ffn"):  # the shared experts' total width, where not count x moe_ffn
+            model["shared_expert_intermediate_size"] = int(row["moe_shared_ffn"])
+            model["num_shared_experts"] = model["num_shared_experts"] or 1
         if row.get("moe_ffn") is None:
             notes.append(f"moe_ffn null: experts of ffn = {row['ffn']} (Mixtral-style)")
     return model
@@ -590,7 +608,13 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                          # recipe runs grad_reduce_in_fp32 false and keeps FP8 primary weights in its FP8
                          # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
                          "main_grads": row.get("main_grads"),
-                         "fp8_params": row_flag(row, "fp8_params", False)},
+                         "fp8_params": row_flag(row, "fp8_params", False),
+                         # per-module precision as run (validation/README.md): module classes and
+                         # leading / trailing blocks kept in BF16 under a low-precision recipe
+                         "bf16_modules": list(row.get("bf16_modules") or []),
+                         "bf16_layers_at_start": as_int(row.get("bf16_layers_at_start"), 0) or 0,
+                         "bf16_layers_at_end": as_int(row.get("bf16_layers_at_end"), 0) or 0,
+                         "mean_document_tokens": as_int(row.get("mean_document_tokens"))},
             "cluster": {"gpu": hw["gid"], "num_gpus": hw["n"], "topology": hw["topo"], "power_cap_w": row.get("power_cap_w")},
         })
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")

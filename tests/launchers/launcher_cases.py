@@ -119,6 +119,15 @@ FURTHER: dict[str, tuple[Problem, Plan]] = {
     "mxfp8-b200": (_problem("llama3-70b", 512, 1024, gpu="b200", precision="mxfp8"), Plan(tp=8, pp=2)),
     "nvfp4-b200": (_problem("llama3-70b", 512, 1024, gpu="b200", precision="nvfp4"), Plan(tp=4, pp=2)),
     "fp16-a100": (_problem("llama3-8b", 64, 512, gpu="a100-sxm-80gb", precision="fp16"), Plan(tp=2)),
+    # model knobs (issue 29 part 2): first / last blocks in BF16, MTP with the all-gather dispatcher,
+    # packed documents, a hybrid Mamba2 / attention model
+    "fp8-current-bf16-ends": (_problem("llama3-70b", 640, 1280, precision="fp8-current", bf16_layers_at_start=2,
+                                       bf16_layers_at_end=4), Plan(tp=8, pp=4)),
+    "deepseek-v3-mtp-allgather": (_problem({"preset": "deepseek-v3", "num_nextn_predict_layers": 1}, 640, 1280),
+                                  Plan(tp=2, pp=8, ep=8, stage_layers=DSV3_SPLIT, moe_dispatcher="allgather")),
+    "llama3-8b-packed-documents": (_problem("llama3-8b", 64, 256, mean_document_tokens=1024), Plan(tp=2, pp=2)),
+    "nemotron-h-8b-hybrid": (_problem({"hf_config": str(REPO / "tests" / "data" / "hf" / "Nemotron-H-8B-Base-8K.json")},
+                                      16, 64, seq=8192), Plan(tp=2, pp=2, stage_layers=[26, 26])),
 }
 
 

@@ -67,6 +67,9 @@ TRAINING_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage", "--multi-latent-attention", "--no-check-for-nan-in-loss-and-grad",
     "--grad-reduce-in-bf16",  # arguments.py: accumulate_allreduce_grads_in_fp32 False -> DDP grad_reduce_in_fp32 False
     "--fp4-param-gather",  # DistributedDataParallelConfig.fp4_param_gather at d98e8a64dd; newer than megatron-core 0.16.1
+    "--squared-relu",  # arguments.py: activation_func squared_relu (non-gated), as core_transformer_config_from_args
+    "--dataloader-inter-document-masking",  # arguments.py: the dataloader returns cu_seqlens per document (THD)
+    "--hybrid-layer-pattern",  # arguments.py: a hybrid model's blocks (M, *, -, E), `|` at stage boundaries
 }
 PRECISIONS = yaml.safe_load((Path(__file__).resolve().parents[2] / "autoshard" / "data" / "precisions.yaml")
                             .read_text()) or {}
@@ -137,6 +140,10 @@ def megatron_config(f: dict):
         kw["moe_layer_freq"] = eval(str(kw["moe_layer_freq"]), {"__builtins__": {}})  # noqa: S307
     if "--swiglu" in f:
         kw.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
+    if "--squared-relu" in f:  # arguments.py core_transformer_config_from_args: squared_relu, not gated
+        from megatron.core.activations import squared_relu  # noqa: PLC0415
+
+        kw.update(gated_linear_unit=False, activation_func=squared_relu)
     if "--disable-bias-linear" in f:
         kw["add_bias_linear"] = False
     if "--num-layers-per-virtual-pipeline-stage" in f:
@@ -234,9 +241,10 @@ def test_transformer_config_is_the_planned_model(case: str) -> None:
     if fam.get("family") == "deepseek-v3":
         assert (cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias) == ("sigmoid", True)
         assert (cfg.moe_router_num_groups, cfg.moe_router_group_topk) == (8, 4)
-        assert cfg.moe_router_topk_scaling_factor == 2.5 and cfg.mtp_num_layers == 1
+        assert cfg.moe_router_topk_scaling_factor == 2.5
         assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim) == (
             m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+    assert cfg.mtp_num_layers == (m.num_nextn_predict_layers or None)  # the model's stated MTP depth
     prec = prob.training.precision
     assert (cfg.fp16, cfg.bf16) == ((True, False) if prec == "fp16" else (False, True))
     if prec not in ("bf16", "fp16"):  # a low-precision recipe Megatron knows (megatron.core.enums)
