@@ -144,6 +144,8 @@ def _megatron(ctx: _Ctx) -> str:
     # --- data parallelism / ZeRO ------------------------------------------------------------
     if p.zero_stage == 1:
         add("--use-distributed-optimizer")
+        if p.dp_replicate > 1:  # the distributed optimizer sharded over dp x cp / N ranks, N copies
+            add("--num-distributed-optimizer-instances", p.dp_replicate)
     if p.zero_stage >= 2:
         add("--use-megatron-fsdp")
         add("--data-parallel-sharding-strategy", "optim_grads" if p.zero_stage == 2 else "optim_grads_params")
