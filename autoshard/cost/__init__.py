@@ -73,7 +73,9 @@ from .context import (  # noqa: F401
     ep_overlap_refusals,
     even_split,
     layout_split,
+    dp_knob_reasons,
     num_microbatches,
+    reshard_policy,
     with_modes,
 )
 from .kernels import (  # noqa: F401
@@ -144,6 +146,7 @@ from .step import (  # noqa: F401
     ep_overlap_state,
     evaluate,
     flop_budget,
+    gathered_kept_bytes,
     inflight_microbatches,
     invalid_estimate,
     pipeline_time,

@@ -47,6 +47,9 @@ vpp                        vpp_chunks (or (layers/pp) / layers_per_virtual_stage
 sequence_parallel          `sp`, default on when tp > 1
 zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); else `zero_stage`,
                            default 1 (Megatron's distributed optimizer)
+data-parallel facts        overlap_grad_reduce, overlap_param_gather (default true), reshard_after_forward
+                           (always / never / N / default; default: the framework's policy),
+                           dp_replicate (default 1): `modern.dp_knobs_of`
 recompute                  'full ...' -> full; 'selective ...' -> selective; null -> the least
                            recompute that fits (solver, every published degree fixed)
 measured step              step_time_s; else eq. (3) where `tflops_formula` says so; else
@@ -328,8 +331,10 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     }
     try:
         problem = load_problem(problem_doc)
+        from .modern import dp_knobs_of  # noqa: PLC0415  (modern imports this module)
+
         plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, schedule=schedule, sequence_parallel=sp,
-                    zero_stage=zero, micro_batch_size=mbs, recompute=rc)
+                    zero_stage=zero, micro_batch_size=mbs, recompute=rc, **dp_knobs_of(row)[0])
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
     return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
@@ -338,7 +343,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
 
 # Plan settings of a run that are not degrees of the search (solve leaves them to the framework).
 RUN_KNOBS = ("tp_comm_overlap", "ep_overlap", "overlap_grad_reduce", "overlap_param_gather", "optimizer_offload",
-             "cp_comm_type", "cuda_graphs")
+             "cp_comm_type", "cuda_graphs", "reshard_after_forward", "dp_replicate")
 
 
 def completed_plan(case: Case) -> Any:

@@ -272,6 +272,35 @@ def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[
     return tp_ov, ep_ov, found
 
 
+def dp_knobs_of(row: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(Plan fields, notes) of the row's data-parallel facts: `overlap_grad_reduce`, `overlap_param_gather`
+    (default true: the overlap as the framework's engine runs it), `reshard_after_forward` (always,
+    never, a group size N, or torchtitan's "default"; default: the framework's policy) and `dp_replicate`
+    (replicas of the sharded state: HSDP / distributed-optimizer instances / MiCS; default 1). A value
+    of another kind raises ValueError (the row does not convert, with that line)."""
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for knob in ("overlap_grad_reduce", "overlap_param_gather"):
+        v = _flag(row, knob, None)
+        if v is not None:
+            out[knob] = bool(v)
+            notes.append(f"{knob}={bool(v)} (stated)")
+    ra = row.get("reshard_after_forward")
+    if ra is not None and ra != "default":
+        if isinstance(ra, bool) or not (ra in ("always", "never") or isinstance(ra, int) and ra >= 2):
+            raise ValueError(f"reshard_after_forward {ra!r}: always, never, default or a group size >= 2")
+        out["reshard_after_forward"] = ra
+        notes.append(f"reshard_after_forward={ra} (stated)")
+    rep = row.get("dp_replicate")
+    if rep is not None:
+        if isinstance(rep, bool) or not isinstance(rep, int) or rep < 1:
+            raise ValueError(f"dp_replicate {rep!r}: a count >= 1")
+        out["dp_replicate"] = rep
+        if rep > 1:
+            notes.append(f"dp_replicate={rep} (stated)")
+    return out, notes
+
+
 def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     """Whether the row states the step ran as a full-iteration CUDA graph (`cuda_graphs: true`: MLPerf's
     config_common_cg.sh, Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8 or
@@ -566,9 +595,11 @@ def modern_row_to_case(row: Mapping[str, Any]) -> Any:
         dispatcher = (dispatcher_of_row(row) or mb_recipe.get("dispatcher")) if framework == "megatron" and ep > 1 else None
         if dispatcher:
             notes.append(f"expert dispatcher {dispatcher} (stated in the row or its recipe)")
+        dp_knobs, dp_notes = dp_knobs_of(row)
+        notes += dp_notes
         plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
                     sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs, recompute=rc,
-                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs, moe_dispatcher=dispatcher)
+                    tp_comm_overlap=tp_ov, ep_overlap=ep_ov, cuda_graphs=graphs, moe_dispatcher=dispatcher, **dp_knobs)
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
     return Case(rid, group, gid, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
