@@ -61,6 +61,9 @@ class FrameworkProfile:
     # over N ranks); the first is its policy without pipeline parallelism
     reshard_after_forward: tuple[str, ...] = ("always",)
     pipeline_reshard_after_forward: str = ""  # its policy with pp > 1 ("": the first form)
+    # with pp > 1, FSDP's gradient reduce-scatter and reshard run once per step after the last micro-batch,
+    # the gradients accumulated unsharded until then (torch.distributed.pipelining over FSDP2)
+    pipeline_zero3_step_sync: bool = False
     # ZeRO stages it can shard over a group of data-parallel ranks and replicate across groups (Plan.dp_replicate)
     replicate_zero_stages: tuple[int, ...] = ()
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
@@ -201,6 +204,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             reshard_after_forward=_choices(name, "reshard_after_forward", row.get("reshard_after_forward") or ["always"],
                                            ("always", "never", "group")),
             pipeline_reshard_after_forward=str(row.get("pipeline_reshard_after_forward", "")),
+            pipeline_zero3_step_sync=bool(row.get("pipeline_zero3_step_sync", False)),
             replicate_zero_stages=tuple(int(z) for z in row.get("replicate_zero_stages") or ()),
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),

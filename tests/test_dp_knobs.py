@@ -247,3 +247,32 @@ def test_validate_rows_state_the_data_parallel_facts():
     for bad in ({"reshard_after_forward": "sometimes"}, {"reshard_after_forward": 1}, {"dp_replicate": 0}):
         with pytest.raises(ValueError):
             dp_knobs_of(bad)
+
+
+def test_torchtitan_pipeline_reduces_fsdp_gradients_once_per_step():
+    # torch.distributed.pipelining (stage.py): every micro-batch's backward with
+    # set_requires_gradient_sync(False) / set_reshard_after_backward(False), FSDP's post_backward once
+    # after the last: gradients accumulate unsharded in reduce_dtype (fp32: 4 B per parameter, bf16
+    # reduce: 2 B), one exposed reduce-scatter per step; with reshard "never" (torchtitan's PP default)
+    # the weights are gathered once, under the first forward, and no layer gathers or reduces again
+    from autoshard.cost import zero3_step_sync
+
+    p = problem("torchtitan")
+    plan = Plan(tp=1, pp=2, zero_stage=3, recompute="full")
+    est = evaluate(p, plan)
+    ctx = context(p)
+    cfg = Config.of(est.plan, 32)
+    assert zero3_step_sync(ctx.framework, cfg) and not zero3_step_sync(ctx.framework, Config.of(Plan(zero_stage=3), 64))
+    stage = est.stages[0]
+    params = stage.memory_gib["weights"] * GIB * 32 / 4  # fp32 shards over the 32 data-parallel ranks
+    assert stage.memory_gib["unsharded_gradients"] == pytest.approx(4 * params / GIB)
+    assert stage.memory_gib["gathered_kept"] == pytest.approx(2 * params / GIB)
+    assert est.time_breakdown_s.get("zero3_comm", 0.0) == 0.0
+    group = contiguous_profile(ctx.graph, 32)  # dp innermost: 32 consecutive ranks, four nodes
+    rs = reduce_scatter_s(ctx.levels, group, 4 * params)
+    ag = all_gather_s(ctx.levels, group, 2 * params)
+    assert rs <= est.time_breakdown_s["dp_comm"] <= rs + ag  # the reduction exposed, the gather under a forward
+    bf16 = load_problem({**p.model_dump(exclude={"search"}), "training": {**p.training.model_dump(), "main_grads": "bf16"}})
+    assert evaluate(bf16, plan).stages[0].memory_gib["unsharded_gradients"] == pytest.approx(2 * params / GIB)
+    # AutoModel's pipeline code was not read for it: its ZeRO-3 stages reduce per micro-batch as before
+    assert not zero3_step_sync(profiles()["automodel"], cfg)

@@ -76,6 +76,7 @@ from .context import (  # noqa: F401
     dp_knob_reasons,
     num_microbatches,
     reshard_policy,
+    zero3_step_sync,
     with_modes,
 )
 from .kernels import (  # noqa: F401

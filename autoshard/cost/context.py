@@ -207,6 +207,12 @@ def reshard_policy(fw: FrameworkProfile, cfg: Config) -> str | int:
     return fw.reshard_after_forward[0]
 
 
+def zero3_step_sync(fw: FrameworkProfile, cfg: Config) -> bool:
+    """Whether a ZeRO-3 plan's gradients accumulate unsharded over the micro-batches and reduce-scatter
+    once per step after the last backward (`FrameworkProfile.pipeline_zero3_step_sync`, pp > 1)."""
+    return cfg.zero == 3 and cfg.pp > 1 and fw.pipeline_zero3_step_sync and cfg.data_parallel
+
+
 def dp_knob_reasons(fw: FrameworkProfile, name: str, plan: Plan, dp: int, expert_dp: int) -> list[Reason]:
     """Why the framework cannot run the plan's data-parallel knobs: an overlap turned off that its
     launcher always runs (`dp_overlap_flags`), a reshard_after_forward form it lacks, hierarchical

@@ -26,7 +26,7 @@ from .constants import (
     TIME_KEYS,
     overlapped,
 )
-from .context import Config, Context, num_microbatches, reshard_policy
+from .context import Config, Context, num_microbatches, reshard_policy, zero3_step_sync
 from .kernels import (
     Shapes,
     _frozen_adjust,
@@ -273,6 +273,10 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     zero3 = cfg.zero == 3 and cfg.data_parallel
     if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
         ag, ag_bwd, rs = _zero3_layer_comm_s(ctx, cfg, pl, dense_local, expert_local)
+        if zero3_step_sync(ctx.framework, cfg):  # reduced once per step, in the tail (`cost.tail_model`)
+            rs = 0.0
+            if reshard_policy(ctx.framework, cfg) == "never":
+                ag = 0.0  # gathered once per step by the first forward, kept: the tail's gather
     out = {}
     for recompute in ctx.modes:
         c = Cost()
@@ -508,7 +512,8 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
            cfg.cp_comm,
-           (cfg.dp, pl.dp_cp, pl.edp, cfg.dp_replicate, reshard_policy(ctx.framework, cfg)) if zero3 else None)
+           (cfg.dp, pl.dp_cp, pl.edp, cfg.dp_replicate, reshard_policy(ctx.framework, cfg),
+            zero3_step_sync(ctx.framework, cfg)) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the

@@ -23,6 +23,7 @@ from .context import (
     layout_split,
     reshard_policy,
     with_modes,
+    zero3_step_sync,
 )
 from .kernels import Shapes, unfused_softmax_reason
 from .layers import Cost, Table, layer_table
@@ -127,6 +128,10 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
     }
     if cfg.zero >= 3 and cfg.data_parallel and (kept := gathered_kept_bytes(ctx, cfg, params, expert_params)):
         out["gathered_kept"] = kept
+    if zero3_step_sync(ctx.framework, cfg):
+        # the unsharded gradients accumulated over the micro-batches, in the reduction dtype
+        # (FSDPParam.to_accumulated_grad_if_needed upcasts bf16 gradients to reduce_dtype)
+        out["unsharded_gradients"] = ctx.framework.grad_reduce_bytes * params
     return out
 
 
@@ -181,7 +186,9 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
     opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
     d_in, d_out = shard_profiles(pl.dp_cp, cfg.shard_dense, cfg.dp_replicate)
     e_in, e_out = shard_profiles(pl.edp, cfg.shard_expert, cfg.dp_replicate)
-    tm = _tail_model(ctx.levels, d_in, e_in, cfg.zero, cfg.shard_dense, ctx.model.is_moe,
+    step_sync = zero3_step_sync(ctx.framework, cfg)
+    # (a ZeRO-3 step reduced once after the last backward: priced as ZeRO-1's tail, `zero3_step_sync`)
+    tm = _tail_model(ctx.levels, d_in, e_in, 1 if step_sync else cfg.zero, cfg.shard_dense, ctx.model.is_moe,
                      table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
                      ctx.framework.grad_reduce_bytes, gathered_weight_bytes(ctx), d_out, e_out)
     if ctx.training.finetune != "full":  # only the adapters are reduced, gathered and stepped
@@ -197,6 +204,11 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
         fw, gpu = ctx.framework, ctx.gpu
         per = shard * ((fw.grad_bytes + BF16) / gpu.host_link_bytes_per_s + 28.0 / gpu.host_memory_bytes_per_s)
         tm = dataclasses.replace(tm, optimizer_s_per_param=per)
+    if step_sync:
+        # the reduce-scatter after the last backward, exposed; the weights gathered under the first
+        # forward where they stay gathered for the step ("never"), else per layer (`layer_costs`)
+        keep = reshard_policy(ctx.framework, cfg) == "never"
+        return dataclasses.replace(tm, gather=tm.gather if keep else (0.0, 0.0, 0.0), overlap_reduce=False)
     grad, param = dp_overlaps(ctx, cfg)
     if grad and param:
         return tm

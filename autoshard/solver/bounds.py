@@ -236,7 +236,7 @@ def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
     out), the backward's gather none ("never") or over the secondary group (N)."""
     from ..topology import all_gather_s, contiguous_profile, reduce_scatter_s  # noqa: PLC0415
 
-    from ..cost import reshard_policy, zero3_bytes_per_param  # noqa: PLC0415
+    from ..cost import reshard_policy, zero3_bytes_per_param, zero3_step_sync  # noqa: PLC0415
 
     m, lv, g = ctx.model, ctx.levels, ctx.graph
     r = cfg.dp_replicate
@@ -257,6 +257,8 @@ def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
         rs = reduce_scatter_s(lv, dp_cp, g_b * d_loc) + reduce_scatter_s(lv, edp, g_b * e_loc)
         ag_bwd = ag if policy == "always" else 0.0 if policy == "never" else \
             all_gather_s(lv, sec_d, w_b * d_loc) + all_gather_s(lv, sec_e, w_b * e_loc)
+        if zero3_step_sync(ctx.framework, cfg):  # reduced (and, kept, gathered) once per step: in the tail
+            rs, ag = 0.0, 0.0 if policy == "never" else ag
         total += kinds.count(k) * (ag + ag_bwd + rs)
     return total
 
