@@ -276,3 +276,20 @@ def test_torchtitan_pipeline_reduces_fsdp_gradients_once_per_step():
     assert evaluate(bf16, plan).stages[0].memory_gib["unsharded_gradients"] == pytest.approx(2 * params / GIB)
     # AutoModel's pipeline code was not read for it: its ZeRO-3 stages reduce per micro-batch as before
     assert not zero3_step_sync(profiles()["automodel"], cfg)
+
+
+def test_zero3_overlaps_turned_off_where_the_launcher_has_the_switch():
+    # Megatron-FSDP without --overlap-param-gather / --overlap-grad-reduce: every layer's all-gathers
+    # and reduce-scatter exposed, to the second; DeepSpeed ZeRO-3 overlap_comm false: the reduction
+    p = problem("megatron")
+    on = evaluate(p, Plan(tp=1, zero_stage=3, recompute="full"))
+    off = evaluate(p, Plan(tp=1, zero_stage=3, recompute="full", overlap_param_gather=False, overlap_grad_reduce=False))
+    ctx = context(p)
+    g64 = contiguous_profile(ctx.graph, 64)
+    per_layer = 2 * all_gather_s(ctx.levels, g64, 2 * LAYER) + reduce_scatter_s(ctx.levels, g64, 4 * LAYER)
+    mb = off.num_microbatches
+    # 32 layers exposed per micro-batch (the embedding and LM head are not ZeRO-3 units here)
+    assert off.time_breakdown_s["zero3_comm"] == pytest.approx(32 * mb * per_layer)
+    assert off.time_breakdown_s["zero3_comm"] > 3 * on.time_breakdown_s["zero3_comm"]
+    text = export_plan(p, off.plan, "megatron").text
+    assert "--overlap-param-gather" not in text and "--overlap-grad-reduce" not in text

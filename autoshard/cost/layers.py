@@ -328,8 +328,13 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         if host:
             c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
         if zero3:
-            c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
-            c.bwd["zero3_comm"] = overlapped(ag_bwd + rs, c.bwd["compute"] + c.bwd["recompute"])
+            # prefetched under the computation (FSDP2, DeepSpeed ZeRO-3, Megatron-FSDP with
+            # --overlap-param-gather / --overlap-grad-reduce); a plan turning an overlap off where
+            # the launcher has the switch (frameworks.yaml dp_overlap_flags) pays that part exposed
+            hidden = (ag_bwd if cfg.param_overlap else 0.0) + (rs if cfg.grad_overlap else 0.0)
+            exposed = ag_bwd + rs - hidden
+            c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"]) if cfg.param_overlap else ag
+            c.bwd["zero3_comm"] = exposed + overlapped(hidden, c.bwd["compute"] + c.bwd["recompute"])
         out[recompute] = c
     return out
 
@@ -513,7 +518,7 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
            cfg.cp_comm,
            (cfg.dp, pl.dp_cp, pl.edp, cfg.dp_replicate, reshard_policy(ctx.framework, cfg),
-            zero3_step_sync(ctx.framework, cfg)) if zero3 else None)
+            zero3_step_sync(ctx.framework, cfg), cfg.grad_overlap, cfg.param_overlap) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
