@@ -293,3 +293,33 @@ def test_zero3_overlaps_turned_off_where_the_launcher_has_the_switch():
     assert off.time_breakdown_s["zero3_comm"] > 3 * on.time_breakdown_s["zero3_comm"]
     text = export_plan(p, off.plan, "megatron").text
     assert "--overlap-param-gather" not in text and "--overlap-grad-reduce" not in text
+
+
+def test_run_logs_read_the_sharding_facts(tmp_path):
+    # torchtitan's mesh line with dp_replicate 8 x dp_shard 8 is HSDP; its TOML's fsdp_reshard_after_forward
+    # "never" is the plan's; a Megatron log's num_distributed_optimizer_instances is dp_replicate
+    from pathlib import Path
+
+    from autoshard.artifacts import read_log, read_toml
+    from autoshard.artifacts.runs import RunContext, measured_run
+
+    src = Path(__file__).parent / "data" / "artifacts" / "torchtitan" / "selective-layer"
+    log = tmp_path / "train.log"
+    log.write_text((src / "train.log").read_text().replace("dp_replicate=1, dp_shard=64", "dp_replicate=8, dp_shard=8"))
+    toml = tmp_path / "llama3_8b.toml"
+    toml.write_text((src / "llama3_8b.toml").read_text().replace(
+        "data_parallel_replicate_degree = 1\n", 'data_parallel_replicate_degree = 8\nfsdp_reshard_after_forward = "never"\n'))
+    ctx = RunContext(model=load_problem({"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
+                                         "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 64}}).model)
+    run_log = read_log(log)
+    ctx.configs[run_log.path] = read_toml(toml)
+    plan = measured_run(run_log, ctx, 1).plan
+    assert (plan.dp, plan.zero_stage, plan.dp_replicate, plan.reshard_after_forward) == (64, 3, 8, "never")
+    meg = tmp_path / "gpt.log"
+    text = (src.parent.parent / "megatron" / "gpt-7.5b.log").read_text()
+    meg.write_text(text.replace("  use_distributed_optimizer ....................... False",
+                                "  use_distributed_optimizer ....................... True\n"
+                                "  num_distributed_optimizer_instances ............. 2"))
+    run = measured_run(read_log(meg), RunContext(gpu="a100-sxm-80gb", topology="dgx-a100-superpod"), 1)
+    assert (run.plan.zero_stage, run.plan.dp_replicate) == (1, 2)
+    assert "--num-distributed-optimizer-instances 2" in export_plan(run.problem, run.plan, "megatron").text
