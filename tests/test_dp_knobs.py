@@ -211,7 +211,10 @@ def test_megatron_distributed_optimizer_instances():
     assert est.time_breakdown_s["dp_comm"] == pytest.approx(expected, rel=0.02)
     assert "--num-distributed-optimizer-instances 4" in export_plan(p, plan, "megatron").text
     # the knob's predicate: a stage it does not shard that way, a count not dividing dp
-    assert any("ZeRO stage 1, not 3" in r for r in evaluate(p, Plan(tp=1, zero_stage=3, dp_replicate=4)).reasons)
+    assert any("ZeRO stage 1 or 3, not 2" in r for r in evaluate(p, Plan(tp=1, zero_stage=2, dp_replicate=4)).reasons)
+    # Megatron-FSDP's HSDP: the same flag beside --use-megatron-fsdp
+    fsdp = export_plan(p, Plan(tp=1, zero_stage=3, dp_replicate=4), "megatron").text
+    assert "--use-megatron-fsdp" in fsdp and "--num-distributed-optimizer-instances 4" in fsdp
     assert any("must divide dp" in r for r in evaluate(p, Plan(tp=1, zero_stage=1, dp_replicate=3)).reasons)
     assert not evaluate(problem("maxtext"), Plan(tp=1, zero_stage=3, dp_replicate=2)).fits
 
