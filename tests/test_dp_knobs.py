@@ -326,3 +326,23 @@ def test_run_logs_read_the_sharding_facts(tmp_path):
     run = measured_run(read_log(meg), RunContext(gpu="a100-sxm-80gb", topology="dgx-a100-superpod"), 1)
     assert (run.plan.zero_stage, run.plan.dp_replicate) == (1, 2)
     assert "--num-distributed-optimizer-instances 2" in export_plan(run.problem, run.plan, "megatron").text
+
+
+def test_completed_plans_keep_the_runs_sharding():
+    # A run that publishes no recompute has it chosen by the solver with its degrees fixed: the
+    # sharding facts it states (HSDP replicas, reshard "never") are planned with, not only copied over
+    import dataclasses
+
+    from autoshard.validate import Case, completed_plan
+
+    p = problem("torchtitan")
+    # 16 replicas of a 2-rank shard: 16 B per parameter over 2 ranks, so some layers must be fully
+    # recomputed to fit (none or selective everywhere need 88 GiB of 78; sharded 32 ways none fits in 60)
+    plan = Plan(tp=1, pp=2, dp=32, zero_stage=3, dp_replicate=16, reshard_after_forward="never")
+    assert evaluate(p, plan.model_copy(update={"dp_replicate": 1})).fits
+    case = Case("x", "g", "h100", "bf16", 64, p, plan, 1.0, (), False)
+    done = completed_plan(case)
+    assert (done.dp_replicate, done.reshard_after_forward) == (16, "never") and done.recompute != "none"
+    est = evaluate(p, done)
+    assert est.fits and est.memory_breakdown_gib["gathered_kept"] > 0
+    assert completed_plan(dataclasses.replace(case, recompute_published=True)) == plan

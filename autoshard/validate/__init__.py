@@ -362,7 +362,9 @@ def completed_plan(case: Case) -> Any:
              "sequence_parallel": p.sp, "zero_stage": p.zero_stage, "micro_batch_size": p.micro_batch_size,
              "schedule": p.schedule, "placement": p.placement, "uniform_stages": True,
              # the dispatcher the run used (stated, else the framework's default), not the planner's pick
-             "moe_dispatcher": p.moe_dispatcher or get_framework(case.problem.framework).moe_dispatchers[0]}
+             "moe_dispatcher": p.moe_dispatcher or get_framework(case.problem.framework).moe_dispatchers[0],
+             # the run's sharding, so the recompute chosen fits the memory it kept
+             "dp_replicate": p.dp_replicate, "reshard_after_forward": p.reshard_after_forward}
     problem = case.problem.model_copy(update={"search": case.problem.search.model_copy(update=fixed)})
     # The search space has no overlap, offload or CUDA-graph knobs: the run's own settings are kept.
     knobs = {k: getattr(p, k) for k in RUN_KNOBS}
