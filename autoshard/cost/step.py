@@ -153,7 +153,6 @@ def gathered_kept_bytes(ctx: Context, cfg: Config, params: float, expert_params:
     return gw * (dense / min(int(policy), cfg.shard_dense) + expert_params / min(int(policy), cfg.shard_expert))
 
 
-
 @functools.lru_cache(maxsize=4096)
 def affine(fn, levels: tuple[Level, ...], prof) -> tuple[float, float]:
     """(seconds per byte, seconds) of a collective: time = slope * bytes + intercept.
