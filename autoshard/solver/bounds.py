@@ -243,9 +243,8 @@ def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
     dp_cp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // r))
     edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep // r))
     policy = reshard_policy(ctx.framework, cfg)
-    sec_d = sec_e = None
-    if not isinstance(policy, str):
-        sec_d, sec_e = contiguous_profile(g, min(policy, dp_cp.size)), contiguous_profile(g, min(policy, edp.size))
+    group = policy if isinstance(policy, int) else 1  # the secondary shard group (N), else unused
+    sec_d, sec_e = contiguous_profile(g, min(group, dp_cp.size)), contiguous_profile(g, min(group, edp.size))
     w_b, g_b = zero3_bytes_per_param(ctx)
     w_b, g_b = min(w_b, BF16), min(g_b, BF16)  # (bf16 stands in for more: still a lower bound)
     kinds = m.layer_kinds()

@@ -104,9 +104,10 @@ class Candidates(Sequence):
         cfg = self._built.get(i)
         if cfg is None:
             row = self.rows[i]
+            knobs: dict[str, Any] = {"reshard": self.reshard if row[7] == 3 else None, "dp_replicate": self.dp_replicate}
             cfg = self._built[i] = Config(*row[:12], ep_overlap=row[12], dispatcher=self.dispatcher,
                                           cp_comm=self.cp_comm if row[1] > 1 else "p2p", opt_offload=self.opt_offload,
-                                          reshard=self.reshard if row[7] == 3 else None, dp_replicate=self.dp_replicate)
+                                          **knobs)
         return cfg
 
 
