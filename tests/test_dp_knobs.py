@@ -85,6 +85,11 @@ def test_an_overlap_the_launcher_always_runs_cannot_be_turned_off():
     est = evaluate(problem("torchtitan"), Plan(tp=1, zero_stage=3, overlap_grad_reduce=False))
     assert not est.fits and any("no switch turns it off" in r for r in est.reasons)
     assert evaluate(problem("megatron"), Plan(tp=1, zero_stage=1, overlap_param_gather=False, recompute="full")).fits
+    # DeepSpeed's ZeRO-1 gather runs exposed anyway: asking it off is the run it makes, priced the same
+    ds = problem("deepspeed")
+    on, off = (evaluate(ds, Plan(tp=1, zero_stage=1, recompute="full", overlap_param_gather=v)) for v in (True, False))
+    assert off.fits and off.step_time_s == on.step_time_s
+    assert not evaluate(ds, Plan(tp=1, zero_stage=3, recompute="full", overlap_param_gather=False)).fits
 
 
 # ---- 2. reshard_after_forward ------------------------------------------------------------------------
