@@ -399,8 +399,9 @@ def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int
             f"{' or '.join(map(str, fw.optimizer_offload_zero_stages))}, not {plan.zero_stage}"
             if fw.optimizer_offload_zero_stages else f"{problem.framework} has no CPU optimizer offload")
     if dp:
-        reasons += dp_knob_reasons(fw, problem.framework, plan, dp,
-                                   max(1, plan.tp * plan.cp * dp // (plan.expert_tp * plan.ep)))
+        for r in dp_knob_reasons(fw, problem.framework, plan, dp,
+                                 max(1, plan.tp * plan.cp * dp // (plan.expert_tp * plan.ep))):
+            bad(r.field or "", str(r))
     if plan.cuda_graphs and not fw.cuda_graphs:
         bad("cuda_graphs", f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
     if why := fw.main_grads_reason(t.main_grads):
