@@ -61,6 +61,18 @@ class FrameworkProfile:
     grad_reduce_overlap: bool = True
     pipeline_grad_reduce_overlap: bool = True
     param_gather_overlap: bool = True
+    # Overlaps its launcher can switch (Plan.overlap_grad_reduce / overlap_param_gather turn them off
+    # there: "grad_reduce", "param_gather"); an overlap it always runs cannot be turned off
+    dp_overlap_flags: tuple[str, ...] = ()
+    # ZeRO-3 / FSDP reshard_after_forward forms it runs ("always", "never", "group": a secondary shard
+    # over N ranks); the first is its policy without pipeline parallelism
+    reshard_after_forward: tuple[str, ...] = ("always",)
+    pipeline_reshard_after_forward: str = ""  # its policy with pp > 1 ("": the first form)
+    # with pp > 1, FSDP's gradient reduce-scatter and reshard run once per step after the last micro-batch,
+    # the gradients accumulated unsharded until then (torch.distributed.pipelining over FSDP2)
+    pipeline_zero3_step_sync: bool = False
+    # ZeRO stages it can shard over a group of data-parallel ranks and replicate across groups (Plan.dp_replicate)
+    replicate_zero_stages: tuple[int, ...] = ()
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
@@ -151,6 +163,14 @@ def _dispatchers(name: str, values: list[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
+def _choices(name: str, field: str, values: Any, valid: tuple[str, ...]) -> tuple[str, ...]:
+    """A profile's list of named forms, checked against `valid`."""
+    bad = [v for v in values if v not in valid]
+    if bad:
+        raise ValueError(f"frameworks.yaml: {name}.{field}: {bad} (valid: {', '.join(valid)})")
+    return tuple(values)
+
+
 def _layout(name: str, value: str) -> str:
     if value not in ("per_layer", "uniform", "block", "every_nth"):
         raise ValueError(f"frameworks.yaml: {name}.recompute_layout: {value!r} "
@@ -196,6 +216,13 @@ def profiles() -> dict[str, FrameworkProfile]:
             grad_reduce_overlap=bool(row.get("grad_reduce_overlap", True)),
             pipeline_grad_reduce_overlap=bool(row.get("pipeline_grad_reduce_overlap", True)),
             param_gather_overlap=bool(row.get("param_gather_overlap", True)),
+            dp_overlap_flags=_choices(name, "dp_overlap_flags", row.get("dp_overlap_flags") or (),
+                                      ("grad_reduce", "param_gather")),
+            reshard_after_forward=_choices(name, "reshard_after_forward", row.get("reshard_after_forward") or ["always"],
+                                           ("always", "never", "group")),
+            pipeline_reshard_after_forward=str(row.get("pipeline_reshard_after_forward", "")),
+            pipeline_zero3_step_sync=bool(row.get("pipeline_zero3_step_sync", False)),
+            replicate_zero_stages=tuple(int(z) for z in row.get("replicate_zero_stages") or ()),
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),

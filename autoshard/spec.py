@@ -621,6 +621,18 @@ class SearchSpec(Strict):
     optimizer_offload: bool | list[bool] | None = Field(default=None, description=(
         "CPU optimizer offload: None (default) plans it where the framework runs it and no plan fits "
         "without it; false never; true only with it; [false, true] both, the faster kept."))
+    # Hierarchical sharding (Plan.dp_replicate): the replicas of the ZeRO-sharded state the solver
+    # plans with; one value (default 1: shard over all data-parallel ranks). Plans whose dp it does not
+    # divide, or whose framework has no such switch, are left out.
+    dp_replicate: Count | None = Field(default=None, description=(
+        "Replicas of the ZeRO-sharded state the solver plans with (Plan.dp_replicate: HSDP, Megatron "
+        "--num-distributed-optimizer-instances, DeepSpeed MiCS); default 1, sharded over all data-parallel ranks."))
+    # FSDP reshard_after_forward the solver plans with (Plan.reshard_after_forward); default: the
+    # framework's own policy (torchtitan "default": never with pipeline parallelism, else always).
+    reshard_after_forward: Literal["always", "never"] | Annotated[int, Field(ge=2)] | None = Field(
+        default=None, description=(
+            "ZeRO-3 / FSDP reshard_after_forward the solver plans with (always, never, or a group size N: "
+            "Plan.reshard_after_forward); default: the framework's own policy."))
     uniform_stages: bool = Field(default=False, description=(
         "Force an even layer split across pipeline stages (for launchers without uneven pipeline stages)."))
     # Recompute lists the solver may plan: what the framework's launcher runs ("framework": Megatron
@@ -756,6 +768,29 @@ class Plan(Strict):
     overlap_param_gather: bool = Field(default=True, description=(
         "Parameter all-gather under the next forward (Megatron --overlap-param-gather, FSDP prefetch); "
         "evaluated, not searched."))
+    # FSDP / ZeRO-3 reshard_after_forward: what a layer's gathered (bf16) weights do between its
+    # forward and its backward. "always": freed, gathered again for the backward (FSDP2 True, DeepSpeed
+    # ZeRO-3); "never": kept, one all-gather per layer fewer, the rank's whole gathered weights held
+    # (FSDP2 False; torchtitan parallelism.fsdp_reshard_after_forward "never"); N: resharded to a
+    # secondary shard over N data-parallel ranks (FSDP2 reshard_after_forward=N, DeepSpeed ZeRO++ hpZ
+    # zero_hpz_partition_size N): the backward's all-gather runs inside that group (one node's NVLink
+    # for N <= GPUs per node) for 1/N of the gathered weights held. None: the framework's policy
+    # (frameworks.yaml reshard_after_forward; torchtitan "default" = never with pp > 1).
+    reshard_after_forward: Literal["always", "never"] | Annotated[int, Field(ge=2)] | None = Field(
+        default=None, description=(
+            "ZeRO-3 / FSDP: gathered weights between forward and backward: always (freed, gathered again), never"
+            " (kept: one all-gather per layer fewer, the rank's gathered weights held) or N (a secondary shard"
+            " over N ranks, the backward all-gather inside it: FSDP2 int, DeepSpeed hpZ); None: the framework's"
+            " policy (torchtitan: never with pp > 1, else always)."))
+    # Hierarchical sharding: ZeRO states sharded over dp x cp / dp_replicate ranks (a group of
+    # consecutive data-parallel ranks) and replicated over dp_replicate such groups: torchtitan HSDP
+    # (data_parallel_replicate_degree x data_parallel_shard_degree), Megatron
+    # --num-distributed-optimizer-instances (ZeRO-1), DeepSpeed MiCS (mics_shard_size, ZeRO-3).
+    # Gradients reduce-scatter inside the group and all-reduce their shard across the replicas.
+    dp_replicate: Count = Field(default=1, description=(
+        "Replicas of the ZeRO-sharded state (hierarchical sharding): states sharded over dp x cp / "
+        "dp_replicate ranks, gradients reduce-scattered there and all-reduced across replicas (torchtitan "
+        "HSDP data_parallel_replicate_degree, Megatron --num-distributed-optimizer-instances, DeepSpeed MiCS)."))
     # Optimizer states (fp32 master weights and moments) in host memory, stepped by the CPU
     # (Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload); evaluated, not searched.
     optimizer_offload: bool = Field(default=False, description=(
@@ -818,6 +853,10 @@ class Plan(Strict):
                  f"zero{self.zero_stage}", f"mbs{self.micro_batch_size}", self.schedule]
         if self.optimizer_offload:
             parts.insert(parts.index(f"zero{self.zero_stage}") + 1, "optimizer-offload")
+        if self.dp_replicate > 1:
+            parts.insert(parts.index(f"zero{self.zero_stage}") + 1, f"replicate{self.dp_replicate}")
+        if self.reshard_after_forward is not None and self.zero_stage == 3:
+            parts.insert(parts.index(f"zero{self.zero_stage}") + 1, f"reshard-{self.reshard_after_forward}")
         if self.cuda_graphs:
             parts.append("cuda-graphs")
         rc = self.recompute

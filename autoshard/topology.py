@@ -478,6 +478,27 @@ def collective_s(op: str, levels: tuple[Level, ...], prof: Profile, nbytes: floa
     return ops[op](levels, prof, nbytes)
 
 
+@functools.lru_cache(maxsize=4096)
+def split_profile(prof: Profile, inner: int) -> tuple[Profile, Profile]:
+    """(inner, outer) groups of a group split into runs of `inner` consecutive members (hierarchical
+    sharding: the shard group of `inner` ranks, and the replica group of one rank per shard group).
+    The inner group has min(m_i, inner) members in a level-i domain where the whole group has m_i;
+    the outer group one per inner group: max(1, m_i // inner). Exact where each level's m_i is a
+    multiple or a divisor of `inner` (the nested layouts a mesh gives)."""
+    inner = max(1, min(inner, prof.size))
+    inn = Profile(inner, tuple(min(m, inner) for m in prof.members))
+    out = Profile(max(1, prof.size // inner), tuple(max(1, m // inner) for m in prof.members))
+    return inn, out
+
+
+def shard_profiles(prof: Profile, shard: int, replicas: int) -> tuple[Profile, Profile | None]:
+    """(shard group, replica group or None) of a data-parallel group whose states shard over `shard`
+    consecutive members and replicate `replicas` times (hierarchical sharding)."""
+    if replicas <= 1 or prof.size <= shard:
+        return prof, None
+    return split_profile(prof, shard)
+
+
 @functools.lru_cache(maxsize=1024)
 def contiguous_profile(graph: ClusterGraph, size: int) -> Profile:
     """Profile of groups of `size` consecutive GPUs (what `autoshard collective` prices)."""

@@ -22,7 +22,8 @@ plan                   tensor/pipeline/context/expert_model_parallel_size, data-
                        pp / num_layers_per_virtual_pipeline_stage) -> interleaved; sequence_parallel;
                        use_distributed_optimizer -> ZeRO-1 (Megatron-DeepSpeed: the DeepSpeed config's
                        zero_optimization_stage); micro_batch_size; recompute_granularity full / selective
-                       / None; tp_comm_overlap, overlap_grad_reduce, overlap_param_gather
+                       / None; tp_comm_overlap, overlap_grad_reduce, overlap_param_gather;
+                       num_distributed_optimizer_instances N > 1 -> dp_replicate N
 =====================  =========================================================================
 
 =====================  =========================================================================
@@ -33,7 +34,9 @@ model                  `--model` (a preset or an HF config.json) or the problem 
 batch, sequence        'Trainer is initialized with local batch size L, global batch size G, ...,
                        sequence length S' (else the TOML's training.local_batch_size x dp, seq_len)
 plan                   'Building device mesh with parallelism: pp, dp_replicate, dp_shard, cp, tp, ep'
-                       (else the TOML's parallelism degrees); dp_shard > 1 -> FSDP (ZeRO-3);
+                       (else the TOML's parallelism degrees); dp_shard > 1 -> FSDP (ZeRO-3), with
+                       dp_replicate > 1 -> HSDP (dp_replicate); the TOML's fsdp_reshard_after_forward
+                       always / never -> reshard_after_forward (default: torchtitan's policy);
                        micro-batch: parallelism.pipeline_parallel_microbatch_size when pp > 1, else the
                        local batch; activation_checkpoint.mode selective / full / none (default
                        selective, torchtitan's)
@@ -223,6 +226,9 @@ def _megatron_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], dic
                                                                        "micro_batch_size", path),
                                 recompute=recompute, overlap_grad_reduce=_flag(a, "overlap_grad_reduce"),
                                 overlap_param_gather=_flag(a, "overlap_param_gather"))
+    instances = _opt_int(a, "num_distributed_optimizer_instances") or 1
+    if zero == 1 and instances > 1:  # the distributed optimizer sharded within each of N instances
+        plan["dp_replicate"] = instances
     if tp > 1:
         plan["tp_comm_overlap"] = _flag(a, "tp_comm_overlap")
     return ({"model": model, "training": training, "num_gpus": world,
@@ -292,6 +298,11 @@ def _torchtitan_problem(run: LogRun, ctx: RunContext) -> tuple[dict[str, Any], d
         mbs = int(par.get("pipeline_parallel_microbatch_size", 1))
     plan = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=3 if mesh["dp_shard"] > 1 else 0,
                 micro_batch_size=mbs, recompute=recompute, sequence_parallel=tp > 1)
+    if mesh["dp_shard"] > 1 and mesh["dp_replicate"] > 1:  # HSDP: FSDP within dp_shard, replicated
+        plan["dp_replicate"] = mesh["dp_replicate"]
+    reshard = par.get("fsdp_reshard_after_forward")
+    if mesh["dp_shard"] > 1 and reshard in ("always", "never"):  # ("default": torchtitan's policy, as priced)
+        plan["reshard_after_forward"] = reshard
     training = {"seq_len": int(seq), "global_batch_size": int(gbs), "precision": precision, "optimizer": "adam",
                 "flash_attention": True}
     return {"training": training, "num_gpus": world, "framework": "torchtitan"}, plan, notes

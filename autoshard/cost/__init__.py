@@ -74,9 +74,12 @@ from .context import (  # noqa: F401
     even_split,
     launch_reasons,
     layout_split,
+    dp_knob_reasons,
     live_axes,
     num_microbatches,
     pipeline_zero_refused,
+    reshard_policy,
+    zero3_step_sync,
     with_modes,
 )
 from .kernels import (  # noqa: F401
@@ -147,6 +150,7 @@ from .step import (  # noqa: F401
     ep_overlap_state,
     evaluate,
     flop_budget,
+    gathered_kept_bytes,
     inflight_microbatches,
     invalid_estimate,
     pipeline_time,

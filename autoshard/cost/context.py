@@ -185,6 +185,8 @@ class Config:
     cp_comm: str = "p2p"  # cp_comm_type
     cuda_graphs: bool = False  # full-iteration CUDA graphs: no host overheads
     dispatcher: str | None = None  # moe_dispatcher; None = the framework's default
+    reshard: str | int | None = None  # reshard_after_forward; None = the framework's policy (`reshard_policy`)
+    dp_replicate: int = 1  # replicas of the ZeRO-sharded state (hierarchical sharding)
 
     @property
     def expert_tp(self) -> int:
@@ -202,6 +204,16 @@ class Config:
         return self.dp * self.cp > 1 or self.expert_dp > 1
 
     @property
+    def shard_dense(self) -> int:
+        """Ranks the dense ZeRO states shard over: dp x cp, over dp_replicate replicas."""
+        return max(1, self.dp * self.cp // self.dp_replicate)
+
+    @property
+    def shard_expert(self) -> int:
+        """Ranks the expert ZeRO states shard over: edp, over dp_replicate replicas."""
+        return max(1, self.expert_dp // self.dp_replicate)
+
+    @property
     def folded(self) -> bool:
         """Experts laid out as etp x ep x edp over the stage's ranks (Megatron's MoE parallel
         folding) rather than ep carved out of the data-parallel axis of the placement."""
@@ -213,7 +225,8 @@ class Config:
                       plan.micro_batch_size, plan.schedule, plan.placement,
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
                       plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
-                      plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs, plan.moe_dispatcher)
+                      plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs, plan.moe_dispatcher,
+                      plan.reshard_after_forward, plan.dp_replicate)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
@@ -222,7 +235,67 @@ class Config:
                     stage_layers=stage_layers, etp=self.etp, tp_comm_overlap=self.tp_overlap,
                     ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
                     overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload,
-                    cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs, moe_dispatcher=self.dispatcher)
+                    cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs, moe_dispatcher=self.dispatcher,
+                    reshard_after_forward=self.reshard, dp_replicate=self.dp_replicate)
+
+
+def reshard_policy(fw: FrameworkProfile, cfg: Config) -> str | int:
+    """What a ZeRO-3 / FSDP layer's gathered weights do between its forward and its backward: the
+    plan's `reshard_after_forward`, else the framework's policy ("always", "never" or a group size N)."""
+    if cfg.reshard is not None:
+        return cfg.reshard
+    if cfg.pp > 1 and fw.pipeline_reshard_after_forward:
+        return fw.pipeline_reshard_after_forward
+    return fw.reshard_after_forward[0]
+
+
+def zero3_step_sync(fw: FrameworkProfile, cfg: Config) -> bool:
+    """Whether a ZeRO-3 plan's gradients accumulate unsharded over the micro-batches and reduce-scatter
+    once per step after the last backward (`FrameworkProfile.pipeline_zero3_step_sync`, pp > 1)."""
+    return cfg.zero == 3 and cfg.pp > 1 and fw.pipeline_zero3_step_sync and cfg.data_parallel
+
+
+def dp_knob_reasons(fw: FrameworkProfile, name: str, plan: Plan, dp: int, expert_dp: int) -> list[Reason]:
+    """Why the framework cannot run the plan's data-parallel knobs: an overlap turned off that its
+    launcher always runs (`dp_overlap_flags`), a reshard_after_forward form it lacks, hierarchical
+    sharding (dp_replicate) at a ZeRO stage it does not shard that way or not dividing the groups."""
+    out: list[Reason] = []
+    # what its engine overlaps unless switched off (an overlap it never runs may be asked off: DeepSpeed's
+    # ZeRO-1/2 gather after the step, its pipeline engine's reduction)
+    runs = {"grad_reduce": fw.pipeline_grad_reduce_overlap if plan.pp > 1 else fw.grad_reduce_overlap,
+            "param_gather": plan.zero_stage == 3 or fw.param_gather_overlap}
+    for knob, flag in (("overlap_grad_reduce", "grad_reduce"), ("overlap_param_gather", "param_gather")):
+        if not getattr(plan, knob) and runs[flag] and flag not in fw.dp_overlap_flags:
+            out.append(Reason(f"{name} always runs its {flag.replace('_', ' ')} overlapped (no switch turns it off):"
+                              f" {knob} false is not a run it makes", field=knob))
+    ra = plan.reshard_after_forward
+    if ra is not None:
+        form = "group" if isinstance(ra, int) else ra
+        if plan.zero_stage != 3:
+            out.append(Reason(f"reshard_after_forward applies to ZeRO-3 / FSDP, not zero_stage {plan.zero_stage}",
+                              field="reshard_after_forward"))
+        elif form not in fw.reshard_after_forward:
+            runs = ", ".join("N (a group size)" if f == "group" else f for f in fw.reshard_after_forward)
+            out.append(Reason(f"{name} runs reshard_after_forward {runs}, not {ra}", field="reshard_after_forward"))
+        elif isinstance(ra, int) and dp:
+            shard = dp * plan.cp // plan.dp_replicate
+            if shard % ra or ra >= shard:
+                out.append(Reason(f"reshard_after_forward {ra}: the secondary shard group must divide the "
+                                  f"{shard} ranks the weights shard over, and be smaller", field="reshard_after_forward"))
+    r = plan.dp_replicate
+    if r > 1:
+        if plan.zero_stage not in fw.replicate_zero_stages:
+            out.append(Reason(f"{name} shards hierarchically (dp_replicate) at ZeRO stage "
+                              f"{' or '.join(map(str, fw.replicate_zero_stages))}, not {plan.zero_stage}"
+                              if fw.replicate_zero_stages else f"{name} has no hierarchical sharding (dp_replicate)",
+                              field="dp_replicate"))
+        elif dp and (dp % r or expert_dp % r):
+            out.append(Reason(f"dp_replicate={r} must divide dp={dp} (and the experts' data parallelism "
+                              f"{expert_dp})", field="dp_replicate"))
+        elif dp and dp == r and plan.cp == 1:
+            out.append(Reason(f"dp_replicate={r} equals dp: nothing left to shard (use zero_stage 0)",
+                              field="dp_replicate"))
+    return out
 
 
 def num_microbatches(problem: Problem, cfg: Config) -> int:
@@ -368,6 +441,10 @@ def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int
         bad("optimizer_offload", f"{problem.framework} offloads the optimizer to the CPU only with ZeRO stage "
             f"{' or '.join(map(str, fw.optimizer_offload_zero_stages))}, not {plan.zero_stage}"
             if fw.optimizer_offload_zero_stages else f"{problem.framework} has no CPU optimizer offload")
+    if dp:
+        for r in dp_knob_reasons(fw, problem.framework, plan, dp,
+                                 max(1, plan.tp * plan.cp * dp // (plan.expert_tp * plan.ep))):
+            bad(r.field or "", str(r))
     if plan.cuda_graphs and not fw.cuda_graphs:
         bad("cuda_graphs", f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
     if why := fw.main_grads_reason(t.main_grads):

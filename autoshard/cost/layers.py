@@ -14,6 +14,8 @@ from ..topology import (
     p2p_s,
     place_axes,
     reduce_scatter_s,
+    shard_profiles,
+    split_profile,
 )
 from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s
 from .constants import (
@@ -26,7 +28,7 @@ from .constants import (
     TIME_KEYS,
     overlapped,
 )
-from .context import Config, Context, num_microbatches
+from .context import Config, Context, num_microbatches, reshard_policy, zero3_step_sync
 from .kernels import (
     Shapes,
     _frozen_adjust,
@@ -356,11 +358,11 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         mbwd["ep_comm"] = overlapped(half_b, mwgrad + mfwd["compute"]) + overlapped(half_b, afwd["compute"])
     zero3 = cfg.zero == 3 and cfg.data_parallel
     if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
-        w_b, g_b = zero3_bytes_per_param(ctx)
-        w_dense, w_exp = w_b * dense_local, w_b * expert_local
-        ag = all_gather_s(ctx.levels, pl.dp_cp, w_dense) + all_gather_s(ctx.levels, pl.edp, w_exp)
-        rs = reduce_scatter_s(ctx.levels, pl.dp_cp, g_b * dense_local) \
-            + reduce_scatter_s(ctx.levels, pl.edp, g_b * expert_local)
+        ag, ag_bwd, rs = _zero3_layer_comm_s(ctx, cfg, pl, dense_local, expert_local)
+        if zero3_step_sync(ctx.framework, cfg):  # reduced once per step, in the tail (`cost.tail_model`)
+            rs = 0.0
+            if reshard_policy(ctx.framework, cfg) == "never":
+                ag = 0.0  # gathered once per step by the first forward, kept: the tail's gather
     launches = layer_kernels(ctx, cfg, sh, kind)
     out = {}
     for recompute in ctx.modes:
@@ -413,9 +415,14 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         if host:
             c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
         _eager_host(ctx, cfg, c, recompute, launches)
-        if zero3:  # (priced against the kernels alone: the solver's bounds combine them with the layer so)
-            c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"])
-            c.bwd["zero3_comm"] = overlapped(ag + rs, c.bwd["compute"] + c.bwd["recompute"])
+        if zero3:
+            # prefetched under the computation (FSDP2, DeepSpeed ZeRO-3, Megatron-FSDP with
+            # --overlap-param-gather / --overlap-grad-reduce); a plan turning an overlap off where
+            # the launcher has the switch (frameworks.yaml dp_overlap_flags) pays that part exposed
+            hidden = (ag_bwd if cfg.param_overlap else 0.0) + (rs if cfg.grad_overlap else 0.0)
+            exposed = ag_bwd + rs - hidden
+            c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"]) if cfg.param_overlap else ag
+            c.bwd["zero3_comm"] = exposed + overlapped(hidden, c.bwd["compute"] + c.bwd["recompute"])
         out[recompute] = c
     return out
 
@@ -450,6 +457,37 @@ def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tu
         bwd_k += sum(core_k if mod == "core_attn" else 3 for mod in recompute.split("+"))
     c.fwd["host"] += max(0.0, fwd_k * EAGER_LAUNCH_HOST_S - c.fwd_s)
     c.bwd["host"] += max(0.0, bwd_k * EAGER_LAUNCH_HOST_S - c.bwd_s)
+
+
+def _zero3_layer_comm_s(ctx: Context, cfg: Config, pl: Placement, dense: float, expert: float
+                        ) -> tuple[float, float, float]:
+    """(forward all-gather, backward all-gather, gradient reduction) of one ZeRO-3 / FSDP layer holding
+    `dense` and `expert` local parameters. The weights gather over the group they shard over (dp x cp,
+    or under hierarchical sharding its shard group of dp x cp / dp_replicate consecutive ranks) before
+    the forward; before the backward again ("always"), not at all ("never": kept since the forward), or
+    over the secondary shard group of N ranks inside it (FSDP2 reshard_after_forward=N, ZeRO++ hpZ).
+    Gradients reduce-scatter over the shard group and, with replicas, the shard is all-reduced across
+    them (FSDP2 HSDP, DeepSpeed MiCS), each at the level its group crosses."""
+    w_b, g_b = zero3_bytes_per_param(ctx)
+    lv = ctx.levels
+    d_in, d_out = shard_profiles(pl.dp_cp, cfg.shard_dense, cfg.dp_replicate)
+    e_in, e_out = shard_profiles(pl.edp, cfg.shard_expert, cfg.dp_replicate)
+    ag = all_gather_s(lv, d_in, w_b * dense) + all_gather_s(lv, e_in, w_b * expert)
+    rs = reduce_scatter_s(lv, d_in, g_b * dense) + reduce_scatter_s(lv, e_in, g_b * expert)
+    if d_out is not None:
+        rs += all_reduce_s(lv, d_out, g_b * dense / d_in.size)
+    if e_out is not None:
+        rs += all_reduce_s(lv, e_out, g_b * expert / e_in.size)
+    policy = reshard_policy(ctx.framework, cfg)
+    if policy == "always":
+        ag_bwd = ag
+    elif policy == "never":
+        ag_bwd = 0.0
+    else:
+        d_sec = split_profile(d_in, min(int(policy), d_in.size))[0]
+        e_sec = split_profile(e_in, min(int(policy), e_in.size))[0]
+        ag_bwd = all_gather_s(lv, d_sec, w_b * dense) + all_gather_s(lv, e_sec, w_b * expert)
+    return ag, ag_bwd, rs
 
 
 def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, module: str,
@@ -623,7 +661,8 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
            cfg.cp_comm,
-           (cfg.dp, pl.dp_cp, pl.edp) if zero3 else None)
+           (cfg.dp, pl.dp_cp, pl.edp, cfg.dp_replicate, reshard_policy(ctx.framework, cfg),
+            zero3_step_sync(ctx.framework, cfg), cfg.grad_overlap, cfg.param_overlap) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..spec import Plan, Problem
-from ..topology import Level, all_gather_s, all_reduce_s, reduce_scatter_s
+from ..topology import Level, Profile, all_gather_s, all_reduce_s, reduce_scatter_s, shard_profiles
 from .constants import BF16, GIB, OPT_TRAFFIC_BYTES, RESERVE_GIB, TIME_KEYS, overlapped
 from .context import (
     Config,
@@ -21,7 +21,9 @@ from .context import (
     config_reasons,
     context,
     layout_split,
+    reshard_policy,
     with_modes,
+    zero3_step_sync,
 )
 from .kernels import Shapes, unfused_softmax_reason
 from .layers import Cost, Table, layer_table
@@ -33,6 +35,7 @@ from .params import (
     model_flops_per_step,
     model_flops_per_token_parts,
     param_bytes,
+    zero3_bytes_per_param,
     zero3_gathered_for,
 )
 from ..loader import load_plan, load_problem
@@ -112,8 +115,7 @@ def inflight_microbatches(cfg: Config, rank: int, microbatches: int) -> float:
 def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float) -> dict[str, float]:
     """Weights, gradients and optimizer states of one GPU under the ZeRO stage."""
     dense = params - expert_params
-    dp_dense = cfg.dp * cfg.cp
-    dp_exp = max(1, cfg.tp * cfg.cp * cfg.dp // (cfg.expert_tp * cfg.ep))
+    dp_dense, dp_exp = cfg.shard_dense, cfg.shard_expert  # dp x cp and edp, over dp_replicate replicas
     w_b, g_b, opt_b = param_bytes(ctx)
 
     def shard(nbytes_per_param: float, sharded: bool) -> float:
@@ -123,11 +125,36 @@ def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float)
 
     weights = shard(w_b, cfg.zero >= 3)
     weights += shard(ctx.weight_copy_bytes_per_param, cfg.zero >= 3)  # fp8/fp4 copies the framework keeps
-    return {
+    out = {
         "weights": weights,
         "gradients": shard(g_b, cfg.zero >= 2),
         "optimizer_states": 0.0 if cfg.opt_offload else shard(opt_b, cfg.zero >= 1),
     }
+    if cfg.zero >= 3 and cfg.data_parallel and (kept := gathered_kept_bytes(ctx, cfg, params, expert_params)):
+        out["gathered_kept"] = kept
+    if zero3_step_sync(ctx.framework, cfg):
+        # the unsharded gradients accumulated over the micro-batches, in the reduction dtype
+        # (FSDPParam.to_accumulated_grad_if_needed upcasts bf16 gradients to reduce_dtype)
+        out["unsharded_gradients"] = ctx.framework.grad_reduce_bytes * params
+    return out
+
+
+def gathered_kept_bytes(ctx: Context, cfg: Config, params: float, expert_params: float) -> float:
+    """Gathered weights a ZeRO-3 / FSDP rank keeps from its layers' forward to their backward
+    (`reshard_policy`): none ("always": freed after each layer's forward); all of them at the gathered
+    dtype ("never": FSDP2 reshard_after_forward=False holds every layer's unsharded parameters until
+    its backward); 1/N of them (a secondary shard over N ranks: FSDP2 reshard_after_forward=N, ZeRO++
+    hpZ). Linear in the parameters (the solver's memory rows). The two layers gathered at a time
+    (`zero3_gathered_for`) stay beside it: in the backward they are the layer's and the next one's
+    unsharded gradients before their reduce-scatter."""
+    policy = reshard_policy(ctx.framework, cfg)
+    if policy == "always":
+        return 0.0
+    gw = zero3_bytes_per_param(ctx)[0]
+    dense = params - expert_params
+    if policy == "never":
+        return gw * params
+    return gw * (dense / min(int(policy), cfg.shard_dense) + expert_params / min(int(policy), cfg.shard_expert))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -160,9 +187,13 @@ class TailModel:
 def tail_model(ctx: Context, table: "Table") -> TailModel:
     cfg, pl = table.cfg, table.placement
     opt_b = OPT_TRAFFIC_BYTES if ctx.training.optimizer in ("adam", "adamw") else OPT_TRAFFIC_BYTES * 2 / 3
-    tm = _tail_model(ctx.levels, pl.dp_cp, pl.edp, cfg.zero, cfg.dp * cfg.cp, ctx.model.is_moe,
+    d_in, d_out = shard_profiles(pl.dp_cp, cfg.shard_dense, cfg.dp_replicate)
+    e_in, e_out = shard_profiles(pl.edp, cfg.shard_expert, cfg.dp_replicate)
+    step_sync = zero3_step_sync(ctx.framework, cfg)
+    # (a ZeRO-3 step reduced once after the last backward: priced as ZeRO-1's tail, `zero3_step_sync`)
+    tm = _tail_model(ctx.levels, d_in, e_in, 1 if step_sync else cfg.zero, cfg.shard_dense, ctx.model.is_moe,
                      table.microbatches if cfg.zero == 2 else 1, opt_b, ctx.hbm_bytes_per_s,
-                     ctx.framework.grad_reduce_bytes, gathered_weight_bytes(ctx))
+                     ctx.framework.grad_reduce_bytes, gathered_weight_bytes(ctx), d_out, e_out)
     if ctx.training.finetune != "full":  # only the adapters are reduced, gathered and stepped
         f = lora_fraction(ctx.model, ctx.training.lora_rank)
         tm = dataclasses.replace(tm, reduce=(tm.reduce[0] * f, tm.reduce[1] * f, tm.reduce[2]),
@@ -172,10 +203,15 @@ def tail_model(ctx: Context, table: "Table") -> TailModel:
         # Gradients go down to the host and updated bf16 weights come back over the host link; the
         # CPU's Adam reads and writes ~28 B per parameter (fp32 weight, gradient, two moments) at the
         # host memory bandwidth of the GPU's share. Both on the step's critical path.
-        shard = 1.0 / (cfg.dp * cfg.cp) if cfg.zero >= 1 else 1.0
+        shard = 1.0 / cfg.shard_dense if cfg.zero >= 1 else 1.0
         fw, gpu = ctx.framework, ctx.gpu
         per = shard * ((fw.grad_bytes + BF16) / gpu.host_link_bytes_per_s + 28.0 / gpu.host_memory_bytes_per_s)
         tm = dataclasses.replace(tm, optimizer_s_per_param=per)
+    if step_sync:
+        # the reduce-scatter after the last backward, exposed; the weights gathered under the first
+        # forward where they stay gathered for the step ("never"), else per layer (`layer_costs`)
+        keep = reshard_policy(ctx.framework, cfg) == "never"
+        return dataclasses.replace(tm, gather=tm.gather if keep else (0.0, 0.0, 0.0), overlap_reduce=False)
     grad, param = dp_overlaps(ctx, cfg)
     if grad and param:
         return tm
@@ -204,12 +240,21 @@ def dp_overlaps_refused(ctx: Context, cfg: Config) -> tuple[bool, bool]:
 
 @functools.lru_cache(maxsize=4096)
 def _tail_model(lv: tuple[Level, ...], dp_cp, edp, zero: int, dpc: int, has_experts: bool, repeats: int,
-                opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16, gather_b: float = BF16) -> TailModel:
+                opt_b: float, hbm_bytes_per_s: float, grad_b: float = BF16, gather_b: float = BF16,
+                dp_rep: Profile | None = None, edp_rep: Profile | None = None) -> TailModel:
+    """`dp_cp` / `edp` are the groups the states shard over; under hierarchical sharding (`dp_rep`,
+    `edp_rep`: one rank per shard group) each rank's gradient shard is then all-reduced across them."""
     none = (0.0, 0.0, 0.0)
     reduce = gather = none
-    if (dpc > 1 or edp.size > 1) and zero < 3:
+    if (dpc > 1 or edp.size > 1 or dp_rep is not None) and zero < 3:
         op = all_reduce_s if zero == 0 else reduce_scatter_s
         (sd, cd), (se, ce) = affine(op, lv, dp_cp), affine(op, lv, edp)
+        if dp_rep is not None:  # the shard's all-reduce across the replicas
+            (rd, rc) = affine(all_reduce_s, lv, dp_rep)
+            sd, cd = sd + rd / dp_cp.size, cd + rc
+        if edp_rep is not None:
+            (re_, rce) = affine(all_reduce_s, lv, edp_rep)
+            se, ce = se + re_ / edp.size, ce + rce
         reduce = (grad_b * sd, grad_b * se, cd + (ce if has_experts else 0.0))
         if zero in (1, 2):
             (sd, cd), (se, ce) = affine(all_gather_s, lv, dp_cp), affine(all_gather_s, lv, edp)

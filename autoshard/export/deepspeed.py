@@ -146,7 +146,8 @@ def _deepspeed(ctx: _Ctx) -> str:
         cfg["bf16"] = {"enabled": True}
         if t.main_grads == "fp32":  # gradients accumulated and reduced in fp32 (BF16_Optimizer)
             cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-    zero: dict[str, Any] = {"stage": p.zero_stage, "overlap_comm": True}
+    zero: dict[str, Any] = {"stage": p.zero_stage}
+    zero.update(_ds_dp_knobs(ctx))
     if p.zero_stage >= 1:
         zero["contiguous_gradients"] = True
     if p.zero_stage == 2:
@@ -160,3 +161,17 @@ def _deepspeed(ctx: _Ctx) -> str:
         cfg["activation_checkpointing"] = ckpt
     cfg["autoshard"]["warnings"] = list(ctx.warnings)
     return dumps_json(cfg) + "\n"
+
+
+def _ds_dp_knobs(ctx: _Ctx) -> dict[str, Any]:
+    """zero_optimization entries of the plan's data-parallel knobs: overlap_comm (the gradient
+    reduction under the backward: Plan.overlap_grad_reduce), ZeRO++ hpZ zero_hpz_partition_size (a
+    secondary weight shard over N ranks: Plan.reshard_after_forward = N) and MiCS mics_shard_size
+    (ZeRO-3 states sharded over dp x cp / dp_replicate ranks: Plan.dp_replicate)."""
+    p = ctx.plan
+    out: dict[str, Any] = {"overlap_comm": bool(p.overlap_grad_reduce)}
+    if p.zero_stage == 3 and isinstance(p.reshard_after_forward, int):
+        out["zero_hpz_partition_size"] = p.reshard_after_forward
+    if p.zero_stage == 3 and p.dp_replicate > 1:
+        out["mics_shard_size"] = ctx.dp * p.cp // p.dp_replicate
+    return out

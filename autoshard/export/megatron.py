@@ -155,6 +155,8 @@ def _megatron(ctx: _Ctx) -> str:
         add("--data-parallel-sharding-strategy", "optim_grads" if p.zero_stage == 2 else "optim_grads_params")
         add("--ckpt-format", "fsdp_dtensor")  # validate_args: Megatron-FSDP requires it
         # (with TP/CP Megatron itself warns that FSDP wants CUDA_DEVICE_MAX_CONNECTIONS unset)
+    if p.dp_replicate > 1:  # the states sharded over dp x cp / N ranks, N copies (Megatron-FSDP: HSDP)
+        add("--num-distributed-optimizer-instances", p.dp_replicate)
     if p.overlap_grad_reduce:
         add("--overlap-grad-reduce")
     if p.zero_stage >= 1 and p.overlap_param_gather:

@@ -79,8 +79,8 @@ def _titan_ac(ctx: _Ctx) -> dict[str, Any]:
 def _titan_shard(ctx: _Ctx) -> tuple[int, int]:
     """(data_parallel_replicate_degree, data_parallel_shard_degree)."""
     p, dp = ctx.plan, ctx.dp
-    if p.zero_stage == 3:
-        return 1, dp
+    if p.zero_stage == 3:  # HSDP: FSDP2 over dp_shard (x cp), replicated over dp_replicate
+        return p.dp_replicate, dp // p.dp_replicate
     multi = p.tp > 1 or p.pp > 1 or p.cp > 1 or (ctx.model.is_moe and p.ep > 1)
     if multi and dp > 1:
         # parallelize_llama (torchtitan 0.2.2): "DDP has not supported > 1D parallelism"; EP also
@@ -95,6 +95,16 @@ def _titan_shard(ctx: _Ctx) -> tuple[int, int]:
         ctx.warn(f"torchtitan has no ZeRO-{p.zero_stage} distinct from FSDP: exported as DDP (optimizer state "
                  f"replicated: {dp}x the planned optimizer memory per GPU)")
     return dp, 1
+
+
+def _titan_reshard(ctx: _Ctx) -> str:
+    """parallelism.fsdp_reshard_after_forward: the plan's reshard_after_forward ("always" / "never"),
+    else "default" (torchtitan's policy: never with pipeline parallelism, always without, as priced);
+    "never" where a ZeRO-1/2 plan is exported as FSDP (nothing regathered in the backward)."""
+    p = ctx.plan
+    if p.zero_stage != 3:
+        return "never"
+    return "default" if p.reshard_after_forward is None else str(p.reshard_after_forward)
 
 
 def _titan_schedule(ctx: _Ctx) -> tuple[str, list[int]]:
@@ -190,7 +200,7 @@ def _torchtitan(ctx: _Ctx) -> str:
     parallelism["data_parallel_replicate_degree"] = replicate
     parallelism["data_parallel_shard_degree"] = shard
     if shard > 1 or p.cp > 1:
-        parallelism["fsdp_reshard_after_forward"] = "default" if p.zero_stage == 3 else "never"
+        parallelism["fsdp_reshard_after_forward"] = _titan_reshard(ctx)
     parallelism["tensor_parallel_degree"] = p.tp
     if p.tp > 1 and not p.sp:
         ctx.warn("torchtitan always uses sequence parallelism with tensor parallelism (the plan has none: "

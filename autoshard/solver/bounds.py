@@ -35,9 +35,11 @@ from ..cost import (
     lora_fraction,
     num_microbatches,
     param_bytes,
+    reshard_policy,
     shared_costs,
     tail_model,
     zero3_bytes_per_param,
+    zero3_step_sync,
 )
 from ..spec import MESH_AXES
 from ..topology import (
@@ -119,7 +121,7 @@ def _bounds(ctx: Context, cands: list[Config],
     zero3 = np.zeros(n_c)
     z3 = np.flatnonzero((zero == 3) & (dp * cp > 1))
     if len(z3):
-        f3, i3 = _groups([tp[z3], cp[z3], ep[z3], dp[z3]])
+        f3, i3 = _groups([tp[z3], cp[z3], ep[z3], dp[z3], pp[z3]])  # (pp: the framework's reshard policy)
         zero3[z3] = np.array([_zero3_lower_bound(ctx, cands[z3[j]]) for j in f3])[i3]
     t_micro = (1 - COMM_INTERFERENCE) * np.maximum(busy, zero3) + COMM_INTERFERENCE * (busy + zero3)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
@@ -208,7 +210,7 @@ def _could_fit(ctx: Context, cands: list[Config], tables: list[Table], inv: np.n
     ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
                       (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
     # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
-    fs, gi = _groups([tp, cp, dp, etp, ep, zero])
+    fs, gi = _groups([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
     coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
                       sum(static_bytes(ctx, cands[j], 1.0, 1.0).values())) for j in fs])[gi]
     per_d, per_e = coef[:, 0], coef[:, 1] - coef[:, 0]
@@ -248,10 +250,16 @@ def _could_fit(ctx: Context, cands: list[Config], tables: list[Table], inv: np.n
 
 def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
     """ZeRO-3 traffic of one micro-batch through every layer (all-gather for the forward, again
-    for the backward, reduce-scatter of the gradients), each group on consecutive GPUs."""
+    for the backward as the reshard policy has it, reduce-scatter of the gradients), each group on
+    consecutive GPUs: under hierarchical sharding the shard group only (the replicas' all-reduce left
+    out), the backward's gather none ("never") or over the secondary group (N)."""
     m, lv, g = ctx.model, ctx.levels, ctx.graph
-    dp_cp = contiguous_profile(g, cfg.dp * cfg.cp)
-    edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep))
+    r = cfg.dp_replicate
+    dp_cp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // r))
+    edp = contiguous_profile(g, max(1, cfg.dp * cfg.cp // cfg.ep // r))
+    policy = reshard_policy(ctx.framework, cfg)
+    group = policy if isinstance(policy, int) else 1  # the secondary shard group (N), else unused
+    sec_d, sec_e = contiguous_profile(g, min(group, dp_cp.size)), contiguous_profile(g, min(group, edp.size))
     w_b, g_b = zero3_bytes_per_param(ctx)
     w_b, g_b = min(w_b, BF16), min(g_b, BF16)  # (bf16 stands in for more: still a lower bound)
     kinds = m.layer_kinds()
@@ -261,7 +269,11 @@ def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:
         d_loc, e_loc = (params - experts) / cfg.tp, experts / (cfg.tp * cfg.ep)
         ag = all_gather_s(lv, dp_cp, w_b * d_loc) + all_gather_s(lv, edp, w_b * e_loc)
         rs = reduce_scatter_s(lv, dp_cp, g_b * d_loc) + reduce_scatter_s(lv, edp, g_b * e_loc)
-        total += kinds.count(k) * (2 * ag + rs)
+        ag_bwd = ag if policy == "always" else 0.0 if policy == "never" else \
+            all_gather_s(lv, sec_d, w_b * d_loc) + all_gather_s(lv, sec_e, w_b * e_loc)
+        if zero3_step_sync(ctx.framework, cfg):  # reduced (and, kept, gathered) once per step: in the tail
+            rs, ag = 0.0, 0.0 if policy == "never" else ag
+        total += kinds.count(k) * (ag + ag_bwd + rs)
     return total
 
 

@@ -96,9 +96,12 @@ class Candidates(Sequence):
 
     ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp", "ep_overlap")
 
-    def __init__(self, rows: list[tuple], dispatcher: str | None, cp_comm: str = "p2p", opt_offload: bool = False):
+    def __init__(self, rows: list[tuple], dispatcher: str | None, cp_comm: str = "p2p", opt_offload: bool = False,
+                 reshard: str | int | None = None, dp_replicate: int = 1):
         self.rows, self.dispatcher, self.cp_comm = rows, dispatcher, cp_comm
         self.opt_offload = opt_offload  # every configuration with the optimizer in host memory, or none
+        # the data-parallel knobs every configuration plans with (`planned_dp_knobs`); reshard at ZeRO-3 only
+        self.reshard, self.dp_replicate = reshard, dp_replicate
         self._built: dict[int, Config] = {}
 
     def __len__(self) -> int:
@@ -111,9 +114,40 @@ class Candidates(Sequence):
         cfg = self._built.get(i)
         if cfg is None:
             row = self.rows[i]
+            knobs: dict[str, Any] = {"reshard": self.reshard if row[7] == 3 else None, "dp_replicate": self.dp_replicate}
             cfg = self._built[i] = Config(*row[:12], ep_overlap=row[12], dispatcher=self.dispatcher,
-                                          cp_comm=self.cp_comm if row[1] > 1 else "p2p", opt_offload=self.opt_offload)
+                                          cp_comm=self.cp_comm if row[1] > 1 else "p2p", opt_offload=self.opt_offload,
+                                          **knobs)
         return cfg
+
+
+def planned_dp_knobs(problem: Problem, ctx: Context) -> tuple[str | int | None, int]:
+    """(reshard_after_forward, dp_replicate) every planned configuration takes: `search.reshard_after_forward`
+    (default None: the framework's policy, `cost.reshard_policy`, which for torchtitan already differs
+    with and without pipeline parallelism) and `search.dp_replicate` (default 1). A form the framework
+    does not run is bad input; configurations the value does not fit are left out (`dp_knob_fits`)."""
+    s, fw = problem.search, ctx.framework
+    ra = s.reshard_after_forward
+    if ra is not None and ("group" if isinstance(ra, int) else ra) not in fw.reshard_after_forward:
+        runs = ", ".join("N" if f == "group" else f for f in fw.reshard_after_forward)
+        raise InputError(f"{problem.framework} runs reshard_after_forward {runs}, not {ra}",
+                         field="search.reshard_after_forward")
+    r = s.dp_replicate or 1
+    if r > 1 and not fw.replicate_zero_stages:
+        raise InputError(f"{problem.framework} has no hierarchical sharding", field="search.dp_replicate")
+    return ra, r
+
+
+def dp_knob_fits(ctx: Context, zero: int, dp: int, cp: int, expert_dp: int, reshard: str | int | None,
+                 replicate: int) -> bool:
+    """Whether a configuration can take the planned data-parallel knobs (the rules of `dp_knob_reasons`)."""
+    if replicate > 1 and (zero not in ctx.framework.replicate_zero_stages or dp % replicate or expert_dp % replicate
+                          or dp * cp == replicate):
+        return False
+    if zero == 3 and isinstance(reshard, int):
+        shard = dp * cp // replicate
+        return shard % reshard == 0 and reshard < shard
+    return True
 
 
 def offload_passes(problem: Problem, ctx: Context) -> tuple[list[bool], bool]:
@@ -148,6 +182,7 @@ def candidates(problem: Problem, ctx: Context, opt_offload: bool = False) -> Can
     rows: list[tuple] = []
     dispatcher = planned_dispatcher(problem, ctx, sp_["moe_dispatcher"])
     cp_comm = planned_cp_comm(problem, ctx)
+    reshard, replicate = planned_dp_knobs(problem, ctx)
     # The validity rules depend on the micro-batch only through the batch divisibility checked
     # here (dp x mbs divides the batch; interleaving: pp divides the micro-batches): checked once
     # per set of the other degrees and schedule.
@@ -206,11 +241,14 @@ def candidates(problem: Problem, ctx: Context, opt_offload: bool = False) -> Can
                         continue
                     if sp and tp > 1 and cp > 1 and ctx.framework.cp_excludes_sp:
                         continue  # (DeepSpeed-Ulysses beside Megatron's SP: config_reasons)
+                    if not dp_knob_fits(ctx, zero, dp, cp, max(1, tp * cp * dp // ((etp or tp) * ep)), reshard,
+                                        replicate):
+                        continue
                     row = (tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp)
                     rows.append((*row, None))
                     if overlap_twin and ep_overlap_allowed(ep, pp, vpp, mb):
                         rows.append((*row, False))  # right after its twin: the numpy bound groups read the first
-    return Candidates(rows, dispatcher, cp_comm, opt_offload)
+    return Candidates(rows, dispatcher, cp_comm, opt_offload, reshard, replicate)
 
 
 def _with_placement(cfg: Config, placement: str) -> Config:

@@ -47,6 +47,9 @@ vpp                        vpp_chunks (or (layers/pp) / layers_per_virtual_stage
 sequence_parallel          `sp`, default on when tp > 1
 zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); else `zero_stage`,
                            default 1 (Megatron's distributed optimizer)
+data-parallel facts        overlap_grad_reduce, overlap_param_gather (default true), reshard_after_forward
+                           (always / never / N / default; default: the framework's policy),
+                           dp_replicate (default 1): `modern.dp_knobs_of`
 recompute                  'full ...' -> full; 'selective ...' -> selective; null -> the least
                            recompute that fits (solver, every published degree fixed)
 measured step              step_time_s; else eq. (3) where `tflops_formula` says so; else
@@ -96,7 +99,7 @@ from .cases import (  # noqa: F401  (re-exported: the run records and row reader
     row_dp,
     source_group,
 )
-from .modern import row_flag, gpu_arch, is_modern_row, modern_row_to_case, precision_family, topology_of
+from .modern import dp_knobs_of, row_flag, gpu_arch, is_modern_row, modern_row_to_case, precision_family, topology_of
 
 RUNS_ENV = "AUTOSHARD_VALIDATION"
 
@@ -222,8 +225,9 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     }
     try:
         problem = load_problem(problem_doc)
+
         plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, schedule=schedule, sequence_parallel=sp,
-                    zero_stage=zero, micro_batch_size=mbs, recompute=rc)
+                    zero_stage=zero, micro_batch_size=mbs, recompute=rc, **dp_knobs_of(row)[0])
     except (InputError, ValidationError, ValueError) as exc:
         return skip(f"does not convert: {str(exc).splitlines()[0]}")
     return Case(rid, group, gpu, precision, n, problem, plan, float(meas), tuple(notes), published_rc,
@@ -232,7 +236,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
 
 # Plan settings of a run that are not degrees of the search (solve leaves them to the framework).
 RUN_KNOBS = ("tp_comm_overlap", "ep_overlap", "overlap_grad_reduce", "overlap_param_gather", "optimizer_offload",
-             "cp_comm_type", "cuda_graphs")
+             "cp_comm_type", "cuda_graphs", "reshard_after_forward", "dp_replicate")
 
 
 def completed_plan(case: Case) -> Any:
@@ -248,6 +252,8 @@ def completed_plan(case: Case) -> Any:
              "schedule": p.schedule, "placement": p.placement, "uniform_stages": True,
              # the dispatcher the run used (stated, else the framework's default), not the planner's pick
              "moe_dispatcher": p.moe_dispatcher or get_framework(case.problem.framework).moe_dispatchers[0],
+             # the run's sharding, so the recompute chosen fits the memory it kept
+             "dp_replicate": p.dp_replicate, "reshard_after_forward": p.reshard_after_forward,
              # the run fitted: no default search margin (its recompute is what fits at the edge, as evaluate prices)
              "headroom_gib": 0.0}
     problem = case.problem.model_copy(update={"search": case.problem.search.model_copy(update=fixed)})

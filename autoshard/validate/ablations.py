@@ -44,8 +44,10 @@ APART = 0.08  # pairs measured at least this far apart (relative) must be ordere
 BLIND = 0.04  # pairs measured at least this far apart that the model predicts equal are reported
 EQUAL = 0.01  # predicted within this (relative) = predicted equal
 METRICS = ("step_time_s", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu_pct")
+# data-parallel facts a configuration may state (`modern.dp_knobs_of`: defaults as there)
+DP_KNOB_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "dp_replicate")
 KNOB_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "sp", "zero_stage", "fsdp", "micro_batch",
-               "recompute", "schedule")
+               "recompute", "schedule") + DP_KNOB_FIELDS
 
 
 def is_ablations_doc(doc: Any) -> bool:
@@ -160,6 +162,7 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
         "seq_len": group.get("seq_len"), "global_batch_seqs": group.get("global_batch_seqs"),
         "tp": cfg.get("tp"), "pp": cfg.get("pp"), "dp": cfg.get("dp"), "cp": cfg.get("cp"), "ep": cfg.get("ep"),
         "etp": cfg.get("etp"), "zero_stage": cfg.get("zero_stage"), "fsdp": cfg.get("fsdp"),
+        **{k: cfg[k] for k in DP_KNOB_FIELDS if cfg.get(k) is not None},
         "vpp_chunks": vpp, "micro_batch": mbs,
         "step_time_s": 1.0,  # placeholder: only the order is compared
         "notes": "",

@@ -274,6 +274,35 @@ def overlaps_of(row: Mapping[str, Any]) -> tuple[bool | None, bool | None, list[
     return tp_ov, ep_ov, found
 
 
+def dp_knobs_of(row: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(Plan fields, notes) of the row's data-parallel facts: `overlap_grad_reduce`, `overlap_param_gather`
+    (default true: the overlap as the framework's engine runs it), `reshard_after_forward` (always,
+    never, a group size N, or torchtitan's "default"; default: the framework's policy) and `dp_replicate`
+    (replicas of the sharded state: HSDP / distributed-optimizer instances / MiCS; default 1). A value
+    of another kind raises ValueError (the row does not convert, with that line)."""
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for knob in ("overlap_grad_reduce", "overlap_param_gather"):
+        v = row_flag(row, knob, None)
+        if v is not None:
+            out[knob] = bool(v)
+            notes.append(f"{knob}={bool(v)} (stated)")
+    ra = row.get("reshard_after_forward")
+    if ra is not None and ra != "default":
+        if isinstance(ra, bool) or not (ra in ("always", "never") or isinstance(ra, int) and ra >= 2):
+            raise ValueError(f"reshard_after_forward {ra!r}: always, never, default or a group size >= 2")
+        out["reshard_after_forward"] = ra
+        notes.append(f"reshard_after_forward={ra} (stated)")
+    rep = row.get("dp_replicate")
+    if rep is not None:
+        if isinstance(rep, bool) or not isinstance(rep, int) or rep < 1:
+            raise ValueError(f"dp_replicate {rep!r}: a count >= 1")
+        out["dp_replicate"] = rep
+        if rep > 1:
+            notes.append(f"dp_replicate={rep} (stated)")
+    return out, notes
+
+
 def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     """Whether the row states the step ran as a full-iteration CUDA graph (`cuda_graphs: true`: MLPerf's
     config_common_cg.sh, Megatron-Bridge recipes calling _enable_hybridep_full_iteration_mxfp8 or
@@ -624,11 +653,13 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                       if framework == "megatron" and par["ep"] > 1 else None)
         if dispatcher:
             notes.append(f"expert dispatcher {dispatcher} (stated in the row or its recipe)")
+        dp_knobs, dp_notes = dp_knobs_of(row)
+        notes += dp_notes
         plan = Plan(tp=par["tp"], pp=par["pp"], dp=par["dp"], cp=par["cp"], ep=par["ep"], etp=par["etp"],
                     vpp=par["vpp"], schedule=par["schedule"], stage_layers=rec["stage_layers"],
                     sequence_parallel=par["sp"], zero_stage=par["zero"], micro_batch_size=par["mbs"],
                     recompute=rec["rc"], tp_comm_overlap=rec["tp_ov"], ep_overlap=rec["ep_ov"], cuda_graphs=graphs,
-                    moe_dispatcher=dispatcher)
+                    moe_dispatcher=dispatcher, **dp_knobs)
     except (InputError, ValidationError, ValueError) as exc:
         raise _SkipRow(f"does not convert: {str(exc).splitlines()[0]}") from None
     return problem, plan
