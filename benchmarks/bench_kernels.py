@@ -217,8 +217,10 @@ def attention_grid_rows(grid: dict, gpu) -> list[dict]:
     ctx = types.SimpleNamespace(gpu=gpu)
     out = []
     for r in rows:
-        model = types.SimpleNamespace(sliding_window=None, sliding_window_layers=0.0)
-        sh = types.SimpleNamespace(m=model, cp=1, cp_comm="p2p", seq=r["seq"], d_qk=r["head_dim"], d_v=r["head_dim"])
+        model = types.SimpleNamespace(sliding_window=None, sliding_window_layers=0.0, attention_chunk_size=None,
+                                      chunked_attention_layers=0.0)
+        sh = types.SimpleNamespace(m=model, cp=1, cp_comm="p2p", seq=r["seq"], d_qk=r["head_dim"], d_v=r["head_dim"],
+                                   doc=None)  # one sequence per row: no packed documents
         fwd = flops(r) / rate + attention_call_s(ctx, sh, rate, r["causal"])
         out.append({**r, "flat_fwd_s": flops(r) / rate, "model_fwd_s": fwd, "model_bwd_s": 2.5 * fwd / bwd_rate,
                     "flat_bwd_s": 2.5 * flops(r) / rate / bwd_rate, "bwd_kernel_s": r["fwd_bwd_kernel_s"] - r["fwd_kernel_s"]})

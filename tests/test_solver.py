@@ -641,7 +641,8 @@ def test_torchtitan_plans_every_nth_block_and_matches_enumeration():
     doc = {"model": "llama3-70b", "framework": "torchtitan",
            "training": {"seq_len": 8192, "global_batch_size": 64},
            "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 64},
-           "search": {"cp": [1], "tp": [8], "pp": [4], "zero_stage": [3], "micro_batch_size": [1], "schedule": ["1f1b"]}}
+           "search": {"cp": [1], "tp": [8], "pp": [4], "zero_stage": [3], "micro_batch_size": [1], "schedule": ["1f1b"],
+                      "headroom_gib": 0}}  # at the HBM edge, as the layout rule is stated
     sol = solve(load_problem(doc), top_k=0)
     rc = sol.plan.recompute_per_layer(80)
     assert every_nth_layers_of(sol) == 2 and rc.count("full") == 39

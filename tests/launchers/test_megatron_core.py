@@ -82,18 +82,21 @@ def _launcher():
     global torch, dist, ps, DistributedDataParallelConfig, Fp4Recipe, Fp8Recipe  # noqa: PLW0603
     global ConstantNumMicroBatchesCalculator, MLATransformerConfig, TransformerConfig  # noqa: PLW0603
     global get_num_layers_to_build, get_transformer_layer_offset, FakeStore, DDP_FIELDS, TC_FIELDS, _HAS_TE  # noqa: PLW0603
+    global OPT_FIELDS  # noqa: PLW0603
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.enums import Fp4Recipe, Fp8Recipe
+    from megatron.core.optimizer import OptimizerConfig
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
     from torch.testing._internal.distributed.fake_pg import FakeStore
     DDP_FIELDS = {f.name for f in fields(DistributedDataParallelConfig)}
+    OPT_FIELDS = {f.name for f in fields(OptimizerConfig)}  # --optimizer-cpu-offload, --use-precision-aware-optimizer
     TC_FIELDS = {f.name for f in fields(MLATransformerConfig)}
     _HAS_TE = importlib.util.find_spec("transformer_engine") is not None
     yield
@@ -126,7 +129,7 @@ def megatron_config(f: dict):
         if flag in TRAINING_FLAGS:
             continue
         name = RENAMES.get(flag, flag[2:].replace("-", "_"))
-        if name in DDP_FIELDS and name not in TC_FIELDS:
+        if (name in DDP_FIELDS or name in OPT_FIELDS) and name not in TC_FIELDS:
             continue
         assert name in TC_FIELDS, f"{flag} is no Megatron config field"
         kw[name] = _value(value)
