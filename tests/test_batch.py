@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autoshard import batch as batch_mod
 from autoshard.batch import ProgressBar, find_problems, run_batch, summary_table
@@ -308,14 +309,15 @@ SCRIPT = textwrap.dedent("""
 
 
 def slow_problems(d: Path, n: int = 4) -> list[str]:
-    """Problems of a few seconds each (MoE, unrestricted: 1.6-3.1 s on an idle 2-core machine, where the
-    pipeline-parallel Llama 3 8B problems this used to take now prove in 0.3-0.9 s and the batch could
-    finish before the signal arrived)."""
+    """Problems of several seconds each: tests/data/hard_proof_moe.yaml (DeepSeek-V3 on 2,048 H800, a
+    small declared space whose proof takes 7 s on an idle 2-core machine) at n global batch sizes. The
+    Mixtral problems this used to take now prove in under a second and the batch could finish before the
+    signal arrived."""
+    base = yaml.safe_load((REPO / "tests" / "data" / "hard_proof_moe.yaml").read_text())
     d.mkdir(parents=True)
     out = []
     for i in range(n):
-        p = {"model": "mixtral-8x7b", "training": {"seq_len": 4096 // (1 + i % 2), "global_batch_size": 512 * (1 + i // 2)},
-             "cluster": {"gpu": "h100", "num_gpus": 64}}
+        p = dict(base, name=f"slow{i}", training=dict(base["training"], global_batch_size=15360 - 1024 * i))
         path = d / f"slow{i}.json"
         path.write_text(json.dumps(p))
         out.append(str(path))
