@@ -20,6 +20,8 @@ from typing import Any
 
 from .schema import Pool, Study
 
+INTERVAL_KEYS = ("time_to_train_days_low", "time_to_train_days_high", "cost_usd_low", "cost_usd_high",
+                 "energy_mwh_low", "energy_mwh_high")  # a job's 80% bounds (see runner._interval_bounds)
 MAX_ASSIGNMENTS = 200_000  # pools^jobs enumerated exactly; past it a greedy assignment (said in the answer)
 
 
@@ -111,9 +113,16 @@ def fleet_answer(study: Study, rows: Sequence[dict[str, Any]]) -> dict[str, Any]
         sc.update(feasible=True, exact=exact, assignment=assign,
                   jobs=[{"job": j, "pool": p, "time_to_train_days": table[(j, p)]["time_to_train_days"],
                          "cost_usd": table[(j, p)]["cost_usd"], "energy_mwh": table[(j, p)]["energy_mwh"],
+                         **{k: table[(j, p)][k] for k in INTERVAL_KEYS if table[(j, p)].get(k) is not None},
                          "plan": table[(j, p)].get("plan_short", "")} for j, p in assign.items()],
                   pool_busy_days=busy, makespan_days=max(busy.values()), running_cost_usd=running,
                   total_cost_usd=running + sc["capex_usd"], energy_mwh=energy, power_mw=pw)
+        if all(table[(j, p)].get(k) is not None for j, p in assign.items() for k in INTERVAL_KEYS):
+            for tag in ("low", "high"):  # the makespan with every job at the same end of its 80% interval
+                span = {p.name: 0.0 for p in ps}
+                for j, p in assign.items():
+                    span[p] += table[(j, p)][f"time_to_train_days_{tag}"]
+                sc[f"makespan_days_{tag}"] = max(span.values())
         v = []
         if cons.deadline_days is not None and sc["makespan_days"] > cons.deadline_days * (1 + 1e-9):
             v.append(f"makespan {sc['makespan_days']:.1f} days > deadline {cons.deadline_days:g}")

@@ -134,6 +134,20 @@ def optimize_purchase(cands: Sequence[Candidate], constraints: ConstraintSpec) -
     return Decision(chosen, objective, status_name, meets)
 
 
+def runner_up(cands: Sequence[Candidate], dec: Decision,
+              group: Callable[[Candidate], str] = lambda c: c.id) -> Candidate | None:
+    """The next best candidate after the chosen one, by the decision's objective then the other key,
+    among those that meet the constraints and differ from the chosen one by `group` (e.g. the
+    hardware: the same cluster bought or rented runs the same plan); None when there is none."""
+    if dec.index is None:
+        return None
+    key = (lambda i: (cands[i].time_s, cands[i].cost_usd, i)) if dec.objective == "time" else \
+        (lambda i: (cands[i].cost_usd, cands[i].time_s, i))
+    mine = group(cands[dec.index])
+    rest = [i for i, ok in enumerate(dec.meets) if ok and group(cands[i]) != mine]
+    return cands[min(rest, key=key)] if rest else None
+
+
 def _constraint_text(cons: ConstraintSpec) -> str:
     parts = []
     if cons.budget_usd is not None:

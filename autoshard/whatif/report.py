@@ -112,6 +112,18 @@ def fixed(x: float | None, spec: str) -> str:
     return "never" if math.isinf(x) else format(x, spec)
 
 
+def span_days(row: dict[str, Any], key: str) -> str:
+    """`low-high` of a row's `<key>_low` / `<key>_high` in days, "-" when it has none."""
+    lo, hi = row.get(f"{key}_low"), row.get(f"{key}_high")
+    return "-" if lo is None or hi is None else f"{lo:.1f}-{hi:.1f}"
+
+
+def span_money(row: dict[str, Any], key: str) -> str:
+    """`low-high` of a row's `<key>_low` / `<key>_high` in dollars, "-" when it has none."""
+    lo, hi = row.get(f"{key}_low"), row.get(f"{key}_high")
+    return "-" if lo is None or hi is None else f"{money(lo)}-{money(hi)}"
+
+
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -630,13 +642,19 @@ def _fleet_section(d: "_Doc", fleet: dict[str, Any]) -> None:
     rows = []
     for s in fleet["scenarios"]:
         if not s.get("feasible"):
-            rows.append([s["scenario"], "-", "-", "-", "-", s.get("reason", ""), ""])
+            rows.append([s["scenario"], "-", "-", "-", "-", "-", s.get("reason", ""), ""])
             continue
-        where = "; ".join(f"{j['job']} -> {j['pool']} ({j['time_to_train_days']:.1f} d)" for j in s["jobs"])
-        rows.append([s["scenario"], f"{s['makespan_days']:.1f}", money(s["running_cost_usd"]),
+        where = "; ".join(f"{j['job']} -> {j['pool']} ({j['time_to_train_days']:.1f} d"
+                          + (f", 80%: {j['time_to_train_days_low']:.1f}-{j['time_to_train_days_high']:.1f}"
+                             if j.get("time_to_train_days_low") is not None else "") + ")" for j in s["jobs"])
+        rows.append([s["scenario"], f"{s['makespan_days']:.1f}", span_days(s, "makespan_days"),
+                     money(s["running_cost_usd"]),
                      money(s["capex_usd"]) if s["capex_usd"] else "-", f"{s['energy_mwh']:,.0f}", where,
                      "yes" if not s["violations"] else "; ".join(s["violations"])])
-    d.table(["scenario", "makespan days", "running cost", "capex", "MWh", "jobs -> pool", "meets"], rows)
+    d.table(["scenario", "makespan days", "80% interval", "running cost", "capex", "MWh", "jobs -> pool", "meets"],
+            rows)
+    d.p("80% interval: every job's time at the same end of its plan's 80% step-time interval (from the cost "
+        "model's validation residuals in the plan's regime).")
 
 
 def _write_report(doc: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -738,12 +756,17 @@ def _workload_section(d: _Doc, doc: dict[str, Any], wi: int, w: dict[str, Any], 
         images.append((name, png))
         d.img(name, f"{w['name']}: time to train vs cost, Pareto front and constraints", png)
         d.p("`*` marks the recommended option. Pareto: on the front of time vs cost among the options that "
-            "meet every constraint (budget, capex, power cap, deadline); meets: yes, or what the option breaks.")
-        d.table(["option", "plan", "step s", "tokens/s", "MFU", "goodput", "days", "cost", "capex", "MWh",
-                 "power", "tokens/$", "Pareto", "meets"],
+            "meet every constraint (budget, capex, power cap, deadline); meets: yes, or what the option breaks. "
+            "80%: the plan's 80% step-time interval (from the cost model's validation residuals in the plan's "
+            "regime) carried to the time to train and the time-proportional cost (cloud hours, energy, "
+            "amortized capex; the capex itself is fixed); options whose intervals overlap are not told apart "
+            "by the model.")
+        d.table(["option", "plan", "step s", "tokens/s", "MFU", "goodput", "days", "days 80%", "cost", "cost 80%",
+                 "capex", "MWh", "power", "tokens/$", "Pareto", "meets"],
                 [[("* " if r.get("recommended") else "") + r["option"], r.get("plan_short", ""),
                   f"{r['step_time_s']:.3g}", num(r["tokens_per_s"]), pct(r["mfu"]), pct(r["goodput"]),
-                  f"{r['time_to_train_days']:.1f}", money(r["cost_usd"]), money(r["capex_usd"]) if r["capex_usd"]
+                  f"{r['time_to_train_days']:.1f}", span_days(r, "time_to_train_days"), money(r["cost_usd"]),
+                  span_money(r, "cost_usd"), money(r["capex_usd"]) if r["capex_usd"]
                   else "-", f"{r['energy_mwh']:,.0f}" if r["energy_mwh"] >= 10 else f"{r['energy_mwh']:.2g}",
                   power(r["power_mw"]), num(r.get("tokens_per_usd")), "yes" if r.get("pareto") else "",
                   "yes" if r.get("meets_constraints") else "; ".join(r.get("violations", []))]

@@ -31,7 +31,7 @@ from ..spec import Problem
 from .fleet import fleet_answer
 from .goodput import goodput, reliability_defaults
 from .pricing import price_option
-from .purchase import Candidate, explain_decision, optimize_purchase, pareto_front, violations
+from .purchase import Candidate, explain_decision, optimize_purchase, pareto_front, runner_up, violations
 from .schema import (
     DEFAULT_TIME_LIMIT_S,
     SCHEMA_VERSION,
@@ -45,6 +45,7 @@ from .schema import (
 from .sensitivity import sensitivities, solve_option
 from .study import load_study
 from ..cost import FLOP_CONVENTION, flops_per_token_parts, total_params
+from ..cost.intervals import overlaps
 from .report import write_report
 
 CSV_COLUMNS = (
@@ -52,6 +53,8 @@ CSV_COLUMNS = (
     "recommended", "plan", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "ideal_days",
     "model_flops", "hardware_flops",
     "goodput", "goodput_efficiency", "time_to_train_days", "cost_usd", "capex_usd", "energy_mwh", "power_mw", "tokens_per_usd",
+    "step_time_low_s", "step_time_high_s", "time_to_train_days_low", "time_to_train_days_high", "cost_usd_low",
+    "cost_usd_high", "energy_mwh_low", "energy_mwh_high",
     "mtbf_h", "checkpoint_s", "checkpoint_interval_s", "binding", "gain_internode_2x_pct",
     "gain_nvlink_2x_pct", "gain_hbm_plus_pct", "gain_fp8_pct", "violations", "reason", "solver_status",
     "solve_time_s",
@@ -146,6 +149,7 @@ def run_task(task: Task) -> dict[str, Any]:
             peak_memory_gib=est.peak_memory_gib, memory_capacity_gib=est.memory_capacity_gib,
             time_breakdown_s=dict(est.time_breakdown_s), bottleneck=est.bottleneck,
             solver_status=solved.status, solve_time_s=solved.solve_time_s,
+            step_time_interval_s=list(est.step_time_interval_s) if est.step_time_interval_s else None,
             recompute_factor=est.flop_budget.recompute_factor if est.flop_budget else 1.0)
         try:
             out["sensitivity"] = sensitivities(task.problem, solved, mode=task.sensitivity,
@@ -495,12 +499,31 @@ def _row(study: Study, w: Workload, o: Option, res: dict[str, Any] | None) -> di
                           f"than the {MAX_TRAIN_DAYS / 365:,.0f} years this study prices")
         return row
     row.update(time_to_train_days=wall_s / 86400, **price_option(study, o, wall_s))
+    row.update(_interval_bounds(study, o, res, wall_s))
     figures = power_figures([o])
     if len(figures) > 1:  # the facility power under every figure the catalog has for this GPU
         row["power_mw_by_figure"] = {f: price_option(study, o, wall_s, power_figure=f)["power_mw"] for f in figures}
     row["tokens_per_usd"] = w.tokens / row["cost_usd"] if row["cost_usd"] > 0 else None
     row["feasible"] = True
     return row
+
+
+def _interval_bounds(study: Study, o: Option, res: dict[str, Any], wall_s: float) -> dict[str, float]:
+    """The 80% interval of the plan's step time (`Estimate.step_time_interval_s`, from the validation
+    residuals of its regime) carried to the option's time to train, cost and energy: the wall time scales
+    with the step time (goodput does not depend on it), and so do the cloud bill, the energy and the
+    amortized capex; the capex and the power draw do not. Empty when the estimate has no interval."""
+    iv = res.get("step_time_interval_s")
+    step = res["step_time_s"]
+    if not iv or not step > 0:
+        return {}
+    out = {"step_time_low_s": float(iv[0]), "step_time_high_s": float(iv[1])}
+    for tag, bound in (("low", iv[0]), ("high", iv[1])):
+        wall = wall_s * (float(bound) / step)
+        priced = price_option(study, o, wall)
+        out.update({f"time_to_train_days_{tag}": wall / 86400, f"cost_usd_{tag}": priced["cost_usd"],
+                    f"energy_mwh_{tag}": priced["energy_mwh"]})
+    return out
 
 
 def _duration(s: float) -> str:
@@ -542,16 +565,62 @@ def _recommend(study: Study, rows: list[dict[str, Any]], scope: str, group: list
             cands.append(c)
     dec = optimize_purchase(cands, cons)
     chosen = cands[dec.index] if dec.index is not None else None
+    bounds = {c.id: _group_bounds([by[(w.name, c.id)] for w in group]) for c in cands}
+    reason = explain_decision(cands, dec, cons) if cands else \
+        _why_no_candidates([r for r in rows if r["workload"] in {w.name for w in group}])
+    hardware = {o.id: o.hw_id for o in study.options}
+    second = runner_up(cands, dec, lambda c: hardware[c.id])  # another cluster, so another plan
+    close = None
+    if chosen is not None and second is not None:
+        close = _interval_comparison(chosen, second, bounds, dec.objective)
+        reason += "; " + close["text"]
+    mine = bounds.get(chosen.id, {}) if chosen else {}
     return json_safe({
         "scope": scope, "workloads": [w.name for w in group], "option": chosen.id if chosen else None,
         "objective": dec.objective, "status": dec.status, "constraints": cons.model_dump(exclude_none=True),
         "time_to_train_days": chosen.time_s / 86400 if chosen else None,
         "cost_usd": chosen.cost_usd if chosen else None, "capex_usd": chosen.capex_usd if chosen else None,
-        "power_mw": chosen.power_mw if chosen else None,
+        "power_mw": chosen.power_mw if chosen else None, **mine,
         "candidates": len(cands), "meeting_constraints": sum(dec.meets),
-        "reason": explain_decision(cands, dec, cons) if cands else
-        _why_no_candidates([r for r in rows if r["workload"] in {w.name for w in group}]),
+        "runner_up": close, "reason": reason,
     })
+
+
+def _group_bounds(group: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """A candidate's 80% bounds of time (days) and cost over the workloads it serves (summed: the
+    workloads' errors taken as moving together); empty when a row has no interval."""
+    keys = ("time_to_train_days_low", "time_to_train_days_high", "cost_usd_low", "cost_usd_high")
+    if not group or not all(all(r.get(k) is not None for k in keys) for r in group):
+        return {}
+    return {k: sum(r[k] for r in group) for k in keys}
+
+
+def _interval_comparison(chosen: Candidate, other: Candidate, bounds: Mapping[str, dict[str, float]],
+                         objective: str) -> dict[str, Any]:
+    """Whether the chosen option and the runner-up on the objective (the best option on other
+    hardware that meets the constraints) lie within each other's 80% interval (of time to train, or of cost when the objective is cost), in words."""
+    a, b = bounds.get(chosen.id) or {}, bounds.get(other.id) or {}
+    key, unit = ("time_to_train_days", "time to train") if objective == "time" else ("cost_usd", "cost")
+
+    def span(x: Mapping[str, float]) -> str:
+        lo, hi = x[f"{key}_low"], x[f"{key}_high"]
+        return f"{lo:.1f}-{hi:.1f} days" if key == "time_to_train_days" else f"{money(lo)}-{money(hi)}"
+
+    out: dict[str, Any] = {"option": other.id, "time_to_train_days": other.time_s / 86400,
+                           "cost_usd": other.cost_usd, **b, "compared_on": key}
+    if not a or not b:
+        out.update(overlap=None, text=f"the runner-up {other.id} cannot be compared on an interval (no interval "
+                                      "for one of the plans)")
+        return out
+    hit = overlaps((a[f"{key}_low"], a[f"{key}_high"]), (b[f"{key}_low"], b[f"{key}_high"]))
+    out["overlap"] = hit
+    if hit:
+        out["text"] = (f"the runner-up {other.id} ({span(b)}) and {chosen.id} ({span(a)}) are within each other's 80% "
+                       f"interval of {unit}: the model cannot tell them apart; decide on cost and availability")
+    else:
+        out["text"] = (f"the runner-up {other.id} ({span(b)}) lies outside {chosen.id}'s 80% interval of {unit} "
+                       f"({span(a)}): the model tells them apart")
+    return out
 
 
 def _recommendations(study: Study, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
