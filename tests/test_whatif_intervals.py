@@ -105,3 +105,30 @@ def test_runner_up_is_the_next_best_on_other_hardware():
     assert runner_up(cands, dec, hw).id == "b200/16/x/cloud"  # not the same cluster rented
     assert runner_up(cands, dec).id == "h100/8/x/cloud"
 
+
+
+def test_fleet_jobs_and_makespans_carry_their_intervals(tmp_path):
+    study = {**BASE, "pricing": {"mode": "own"}, "fleet": [
+        {"name": "owned-8", "gpu": "h100-sxm", "num_gpus": 8},
+        {"name": "new-16", "gpu": "h100-sxm", "num_gpus": 16, "owned": False}]}
+    res = run_study(study, tmp_path, jobs=1)
+    fleet = res.document["fleet"]
+    rows = {r["option"]: r for r in res.rows}
+    pool_opt = {p["name"]: p["option"] for p in fleet["pools"]}
+    for s in fleet["scenarios"]:
+        for j in s["jobs"]:
+            r = rows[pool_opt[j["pool"]]]
+            assert (j["time_to_train_days_low"], j["time_to_train_days_high"]) == (
+                r["time_to_train_days_low"], r["time_to_train_days_high"])
+        # one job: the makespan's bounds are that job's
+        (j,) = s["jobs"]
+        assert (s["makespan_days_low"], s["makespan_days_high"]) == (
+            j["time_to_train_days_low"], j["time_to_train_days_high"])
+    by = {s["scenario"]: s for s in fleet["scenarios"]}
+    own, buy = by["owned pools only"], by["owned + buy new-16"]
+    reason = fleet["recommendation"]["reason"]
+    # 8 vs 16 GPUs: about half the time, the intervals apart.
+    assert own["makespan_days_low"] > buy["makespan_days_high"]
+    assert "80% intervals do not overlap" in reason and OVERLAP_WORDS not in reason
+    md = (tmp_path / "report.md").read_text()
+    assert f"80%: {own['makespan_days_low']:.1f}-{own['makespan_days_high']:.1f}" in md

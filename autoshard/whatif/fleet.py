@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..cost.intervals import overlaps
 from .schema import Pool, Study
 
 INTERVAL_KEYS = ("time_to_train_days_low", "time_to_train_days_high", "cost_usd_low", "cost_usd_high",
@@ -66,6 +67,19 @@ def _assign(jobs: list[str], pools: list[Pool], table: dict[tuple[str, str], dic
         busy[p] += table[(j, p)]["time_to_train_days"]
         out[j] = p
     return out, False
+
+
+def _makespan_overlap(best: dict[str, Any], base: dict[str, Any]) -> str:
+    """A clause saying whether two scenarios' makespans lie within each other's 80% interval."""
+    keys = ("makespan_days_low", "makespan_days_high")
+    if not all(k in best and k in base for k in keys):
+        return ""
+    a, b = (best[keys[0]], best[keys[1]]), (base[keys[0]], base[keys[1]])
+    span = f"{a[0]:.1f}-{a[1]:.1f} vs {b[0]:.1f}-{b[1]:.1f} days"
+    if overlaps(a, b):
+        return (f"; the two makespans are within each other's 80% interval ({span}): the model cannot tell them "
+                "apart; decide on cost and availability")
+    return f"; the two makespans' 80% intervals do not overlap ({span})"
 
 
 def fleet_answer(study: Study, rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -156,6 +170,7 @@ def fleet_answer(study: Study, rows: Sequence[dict[str, Any]]) -> dict[str, Any]
                        + (f", {', '.join(base['violations'])}" if base["violations"] else "") + f"): "
                        f"{saved:+.1f} days sooner" + (f", ${best['capex_usd'] / saved / 1e6:,.2f}M of capex per day saved"
                                                       if saved > 0 and best["capex_usd"] else ""))
+            reason += _makespan_overlap(best, base)
         buy = {"buy": best["buys"], "scenario": best["scenario"], "reason": f"buy {what}: " + reason}
     return {"objective": objective, "pools": [{"name": p.name, "option": p.option.id, "gpu": p.option.gpu,
                                                "num_gpus": p.option.num_gpus, "topology": p.option.topology,
