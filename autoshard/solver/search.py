@@ -432,7 +432,7 @@ class _Search:
 
     # ---- phases ------------------------------------------------------------------------------
 
-    def run(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict) -> int:
+    def run(self, order: list[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict) -> int:
         """The proof: candidates in order of their numpy bound until the next bound cannot beat the
         target or the budget is spent. Returns how many the numpy bound pruned."""
         pruned = 0
@@ -482,7 +482,7 @@ class _Search:
                 self.round(batch, min(cap, self.budget.work_left()), resumed=True)
             cap *= 4
 
-    def alternatives(self, top_k: int, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
+    def alternatives(self, top_k: int, order: list[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict,
                      proof_work: float, proof_visits: int) -> bool:
         """The best plan of each of the `top_k` best families other than the chosen plan's: the
         same search again with each family's own target, within ALT_SHARE of the proof's work
@@ -696,7 +696,7 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
         "solver": sol.solver.model_copy(update={"headroom_gib": headroom_gib, "headroom_default": default_headroom})})
 
 
-def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config], order: list[int], t_lb: np.ndarray,
+def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Config], order: list[int], t_lb: np.ndarray,
            m_lb: np.ndarray, pruned_mem: int, opt_cache: dict, requests: list[Named], budget: _Budget, t0: float,
            time_limit_s: float, top_k: int, gap_limit: float, work_limit: float, alternatives: Sequence[str],
            modes: list[str]) -> Solution:
@@ -788,7 +788,7 @@ def _alternative(problem: Problem, best: _Found, f: _Found, family: str) -> Alte
 
 
 def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search, best: _Found, order: list[int],
-                       cands: list[Config], t_lb: np.ndarray, opt_cache: dict, work: float,
+                       cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict, work: float,
                        deadline: float) -> Alternative | None:
     """The best plan under a named restriction: the chosen plan when it already qualifies, else a
     search of the admitted configurations with its own work budget. None if none fits."""
