@@ -9,6 +9,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -178,7 +179,7 @@ def _fields(cands: Sequence[Config]) -> np.ndarray:
     """(n, 11): each candidate's `_FIELDS` and schedule (`_SCHEDULES`), etp None as -1; read off
     `Candidates` rows where the candidates are (no Config built)."""
     if isinstance(cands, Candidates) and cands.rows:
-        cols = dict(zip(Candidates.ROW, zip(*cands.rows)))
+        cols: dict[str, Sequence[Any]] = dict(zip(Candidates.ROW, zip(*cands.rows)))
         cols["etp"] = [-1 if x is None else x for x in cols["etp"]]
         sched = list(map(_SCHEDULES.__getitem__, cols["schedule"]))
         return np.column_stack([np.array(cols[f], dtype=np.float64) for f in _FIELDS] + [np.array(sched, np.float64)])

@@ -220,6 +220,7 @@ class _Search:
         if cfg is None:
             return bar
         fam = family_key(cfg)
+        assert self.best is not None  # (alternatives are searched once the proof has a best plan)
         if fam == family_key(self.best.plan):
             return -math.inf
         mine = self.found.get(fam)
@@ -492,6 +493,7 @@ class _Search:
         work_cap = self.budget.work + max(ALT_MIN_WORK, ALT_SHARE * proof_work)
         visit_cap = self.visited + max(ALT_MIN_VISITS, int(ALT_SHARE * proof_visits))
         solve_cap = self.solves + max(ALT_MIN_SOLVES, int(ALT_SHARE * self.solves))  # each call also costs its setup
+        assert self.best is not None  # (called after a proof that found a plan)
         mine = family_key(self.best.plan)
         total = min(len(order), RUNNER_UP_CONFIGS)
         for n, i in enumerate(order[:RUNNER_UP_CONFIGS]):  # in order of the numpy bound, as the proof
@@ -540,7 +542,9 @@ def fingerprint(problem: Problem, settings: dict[str, Any]) -> str:
     """sha256 of what determines a solve's answer: the problem, the autoshard and OR-Tools
     versions, and the budget settings (not the wall-clock limit, only a safety net)."""
     try:
-        from ortools import __version__ as ortools_version  # noqa: PLC0415
+        # (ortools' __init__.py sets __version__, but only its sat/python subpackage ships py.typed, so
+        # mypy sees `ortools` as a namespace package without it)
+        from ortools import __version__ as ortools_version  # type: ignore[attr-defined]  # noqa: PLC0415
     except ImportError:  # pragma: no cover
         ortools_version = "?"
     doc = {"problem": problem.model_dump(mode="json"), "autoshard": __version__, "ortools": ortools_version,
@@ -742,7 +746,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Conf
     optimal = gap <= gap_limit + 1e-12
     mine = family_key(best.plan)
     others = sorted((f for k, f in search.found.items() if k != mine), key=lambda f: (f.step_s, f.order))
-    alts = []
+    alts: list[Alternative] = []
     for f in others:  # near-ties (within NEAR_TIE of the line's first family) are collapsed into its line
         if f.step_s > best.step_s * (1 + RUNNER_UP_SLOWER):
             break
@@ -757,8 +761,10 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Conf
             break
         alts.append(_alternative(problem, best, f, fam))
     for req in requests:
-        alts.append(_named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
-                                       work_limit, budget.deadline))
+        named = _named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
+                                   work_limit, budget.deadline)
+        if named is not None:  # (none: the named family has no plan that fits)
+            alts.append(named)
     stopped_by = ("wall-clock safety net" if budget.wall_fired else "work budget") if stopped and not optimal else (
         "wall-clock safety net" if budget.wall_fired else "")
     limit_fired = "wall" if budget.wall_fired else ("work" if stopped and not optimal else None)
@@ -779,7 +785,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Conf
         work_limit=work_limit, stopped_by=stopped_by, limit_fired=limit_fired, prove_command=prove,
         alternatives_complete=alternatives_complete,
         fingerprint=fingerprint(problem, settings))
-    return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=[a for a in alts if a is not None])
+    return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=alts)
 
 
 def _alternative(problem: Problem, best: _Found, f: _Found, family: str) -> Alternative:
