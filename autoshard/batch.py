@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
 import glob
 import io
 import logging
@@ -719,7 +720,7 @@ def run_batch(inputs: Sequence[str | os.PathLike[str]] | str, out_dir: str | os.
             with _CpSatKeepsSigint():
                 for t in tasks:
                     step = getattr(progress, "step", None)  # the bar advances within a problem too
-                    name, rec, md = solve_task(t, lambda e, n=t.name: step(n, e)) if callable(step) else solve_task(t)
+                    name, rec, md = solve_task(t, functools.partial(step, t.name)) if callable(step) else solve_task(t)
                     finish(name, t.path, rec, md)
         else:
             _run_pool(tasks, jobs, finish)

@@ -251,7 +251,7 @@ def _identify(trials: _Trials, gpu: str, eff: dict[str, Any], candidates: list[s
         else:
             resid = col
         return (float(np.linalg.norm(resid) / math.sqrt(n)),
-                float(np.linalg.norm(resid) / max(np.linalg.norm(col), 1e-300)))
+                float(np.linalg.norm(resid) / max(float(np.linalg.norm(col)), 1e-300)))
 
     todo = list(candidates)
     while todo:

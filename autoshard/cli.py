@@ -1016,7 +1016,8 @@ def _calibrate_artifacts(a: argparse.Namespace) -> int:
     line = TerminalLine() if wanted(a.quiet) else None
 
     def progress(text: str) -> None:
-        line.show(f"calibrate: {text}")
+        if line is not None:  # (passed only where there is a line)
+            line.show(f"calibrate: {text}")
 
     try:
         res = calibrate_artifacts(runs, traces, tests, a.output, inputs=inputs, base_catalog=a.catalog,

@@ -127,7 +127,7 @@ class _DuplicateKeyCheck:
     """Constructor mix-in: a mapping that repeats a key is an error at the second key's line.
     Keys brought in by a merge (`<<: *base`) may be overridden, as YAML intends."""
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:
@@ -152,11 +152,13 @@ class StrictSafeLoader(_DuplicateKeyCheck, yaml.SafeLoader):
     """yaml.SafeLoader that rejects duplicate keys (pure Python: the reference error messages)."""
 
 
+_FastStrictLoader: type[yaml.SafeLoader | yaml.CSafeLoader]
 if getattr(yaml, "__with_libyaml__", False):
-    class _FastStrictLoader(_DuplicateKeyCheck, yaml.CSafeLoader):  # type: ignore[misc, name-defined]
+    class _LibyamlStrictLoader(_DuplicateKeyCheck, yaml.CSafeLoader):
         """The same with libyaml's parser (4x faster); its errors are re-read with StrictSafeLoader."""
+    _FastStrictLoader = _LibyamlStrictLoader
 else:  # pragma: no cover - PyYAML built without libyaml
-    _FastStrictLoader = StrictSafeLoader  # type: ignore[misc]
+    _FastStrictLoader = StrictSafeLoader
 
 
 def _depth_exceeds(data: Any, limit: int) -> bool:

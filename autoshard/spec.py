@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import AfterValidator, BaseModel, Discriminator, Tag, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -691,7 +692,7 @@ class SearchSpec(Strict):
             parse_placement(p)
         return v
 
-    def allowed(self, knob: str, default: list[Any]) -> list[Any]:
+    def allowed(self, knob: str, default: Sequence[Any]) -> list[Any]:
         """The values of `knob` the search may use: the restriction, else `default`."""
         v = getattr(self, knob)
         if v is None:

@@ -262,10 +262,10 @@ def dp_knob_reasons(fw: FrameworkProfile, name: str, plan: Plan, dp: int, expert
     out: list[Reason] = []
     # what its engine overlaps unless switched off (an overlap it never runs may be asked off: DeepSpeed's
     # ZeRO-1/2 gather after the step, its pipeline engine's reduction)
-    runs = {"grad_reduce": fw.pipeline_grad_reduce_overlap if plan.pp > 1 else fw.grad_reduce_overlap,
-            "param_gather": plan.zero_stage == 3 or fw.param_gather_overlap}
+    overlaps = {"grad_reduce": fw.pipeline_grad_reduce_overlap if plan.pp > 1 else fw.grad_reduce_overlap,
+                "param_gather": plan.zero_stage == 3 or fw.param_gather_overlap}
     for knob, flag in (("overlap_grad_reduce", "grad_reduce"), ("overlap_param_gather", "param_gather")):
-        if not getattr(plan, knob) and runs[flag] and flag not in fw.dp_overlap_flags:
+        if not getattr(plan, knob) and overlaps[flag] and flag not in fw.dp_overlap_flags:
             out.append(Reason(f"{name} always runs its {flag.replace('_', ' ')} overlapped (no switch turns it off):"
                               f" {knob} false is not a run it makes", field=knob))
     ra = plan.reshard_after_forward

@@ -74,7 +74,7 @@ def _megatron(ctx: _Ctx) -> str:
     if p.cp > 1 and p.cp_comm_type != "p2p":
         add("--cp-comm-type", p.cp_comm_type)
         if p.cp_comm_type == "a2a+p2p":  # nargs='+': the a2a group inside an NVLink domain, then the ring
-            add("--hierarchical-context-parallel-sizes", list(hierarchical_cp_sizes(ctx.problem, p)))
+            add("--hierarchical-context-parallel-sizes", list(hierarchical_cp_sizes(ctx.problem, p, ctx.dp)))
     etp = p.expert_tp
     if m.is_moe:
         add("--expert-model-parallel-size", p.ep)

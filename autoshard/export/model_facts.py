@@ -127,10 +127,11 @@ def titan_llama3_args(model) -> tuple[dict[str, Any] | None, str]:
     return args, ""
 
 
-def hierarchical_cp_sizes(problem: Problem, plan: Plan) -> tuple[int, int]:
-    """(inner a2a, outer p2p) sizes the cost model priced for cp_comm_type a2a+p2p (cost.cp_hierarchy)."""
+def hierarchical_cp_sizes(problem: Problem, plan: Plan, dp: int) -> tuple[int, int]:
+    """(inner a2a, outer p2p) sizes the cost model priced for cp_comm_type a2a+p2p (cost.cp_hierarchy),
+    `dp` the plan's data-parallel size."""
     ctx = context(problem)
-    cfg = Config.of(plan, plan.dp)
+    cfg = Config.of(plan, dp)
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     return cp_hierarchy(ctx, cfg, pl)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +77,7 @@ def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> 
     return t_lb, m_lb
 
 
-def _bounds(ctx: Context, cands: list[Config],
+def _bounds(ctx: Context, cands: Sequence[Config],
             opt_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time lower bound in s, memory lower bound in bytes, whether any split could fit in HBM)
     for every candidate, vectorized.
@@ -173,11 +175,11 @@ def _bounds(ctx: Context, cands: list[Config],
     return t_lb, static + acts, ok
 
 
-def _fields(cands: list[Config]) -> np.ndarray:
+def _fields(cands: Sequence[Config]) -> np.ndarray:
     """(n, 11): each candidate's `_FIELDS` and schedule (`_SCHEDULES`), etp None as -1; read off
     `Candidates` rows where the candidates are (no Config built)."""
     if isinstance(cands, Candidates) and cands.rows:
-        cols = dict(zip(Candidates.ROW, zip(*cands.rows)))
+        cols: dict[str, Sequence[Any]] = dict(zip(Candidates.ROW, zip(*cands.rows)))
         cols["etp"] = [-1 if x is None else x for x in cols["etp"]]
         sched = list(map(_SCHEDULES.__getitem__, cols["schedule"]))
         return np.column_stack([np.array(cols[f], dtype=np.float64) for f in _FIELDS] + [np.array(sched, np.float64)])
@@ -186,7 +188,7 @@ def _fields(cands: list[Config]) -> np.ndarray:
                     dtype=np.float64).reshape(-1, 11)
 
 
-def _could_fit(ctx: Context, cands: list[Config], tables: list[Table], inv: np.ndarray, a: np.ndarray,
+def _could_fit(ctx: Context, cands: Sequence[Config], tables: list[Table], inv: np.ndarray, a: np.ndarray,
                M: np.ndarray) -> np.ndarray:
     """Whether some split of each candidate could fit in HBM, every layer at its leanest mode
     (False only where none can): rank p, with its fixed bytes (working set, ZeRO-3 gathers,

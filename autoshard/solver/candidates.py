@@ -23,6 +23,8 @@ from .layouts import search_modes
 from itertools import permutations
 
 DEFAULT_MBS = (1, 2, 4, 8, 16)
+# one configuration's fields in `Candidates.ROW` order (etp None = tp; ep_overlap None = where it pays)
+CandidateRow = tuple[int, int, int, int, int, int, bool, int, int, str, str, int | None, bool | None]
 DEFAULT_MAX_VPP = 8
 
 
@@ -67,7 +69,7 @@ def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> st
         raise InputError(f"{problem.framework} runs the {', '.join(ctx.framework.moe_dispatchers)} expert "
                          f"dispatcher, not {', '.join(allowed)}", field="search.moe_dispatcher")
     first = "hybridep" if ctx.levels[0].size > 8 else "deepep"
-    order = (first, "deepep", "hybridep")
+    order: tuple[str, ...] = (first, "deepep", "hybridep")
     if problem.training.moe_capacity_factor is not None:  # DeepEP cannot pad to a capacity
         order = ("hybridep",)
     choice = next((d for d in order if d in runs), "alltoall" if "alltoall" in runs else runs[0])
@@ -88,7 +90,7 @@ def planned_cp_comm(problem: Problem, ctx: Context) -> str:
     return "p2p"
 
 
-class Candidates(Sequence):
+class Candidates(Sequence[Config]):
     """The configurations `candidates` enumerates, held as rows of their fields (`ROW`) and built
     as `Config` when read: a large cluster's space holds hundreds of thousands, and building as
     many frozen dataclasses took seconds where the numpy bounds read the rows and the search
@@ -96,7 +98,7 @@ class Candidates(Sequence):
 
     ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp", "ep_overlap")
 
-    def __init__(self, rows: list[tuple], dispatcher: str | None, cp_comm: str = "p2p", opt_offload: bool = False,
+    def __init__(self, rows: list[CandidateRow], dispatcher: str | None, cp_comm: str = "p2p", opt_offload: bool = False,
                  reshard: str | int | None = None, dp_replicate: int = 1):
         self.rows, self.dispatcher, self.cp_comm = rows, dispatcher, cp_comm
         self.opt_offload = opt_offload  # every configuration with the optimizer in host memory, or none
@@ -110,14 +112,14 @@ class Candidates(Sequence):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self.rows)))]
-        i = range(len(self.rows))[i]  # (negative indices; IndexError past the end)
-        cfg = self._built.get(i)
+        k: int = range(len(self.rows))[i]  # (negative indices; IndexError past the end)
+        cfg = self._built.get(k)
         if cfg is None:
-            row = self.rows[i]
-            knobs: dict[str, Any] = {"reshard": self.reshard if row[7] == 3 else None, "dp_replicate": self.dp_replicate}
-            cfg = self._built[i] = Config(*row[:12], ep_overlap=row[12], dispatcher=self.dispatcher,
+            row = self.rows[k]
+            cfg = self._built[k] = Config(*row[:12], ep_overlap=row[12], dispatcher=self.dispatcher,
                                           cp_comm=self.cp_comm if row[1] > 1 else "p2p", opt_offload=self.opt_offload,
-                                          **knobs)
+                                          reshard=self.reshard if row[7] == 3 else None,
+                                          dp_replicate=self.dp_replicate)
         return cfg
 
 
@@ -179,7 +181,7 @@ def candidates(problem: Problem, ctx: Context, opt_offload: bool = False) -> Can
             return Candidates([], None, "p2p", True)
     n = problem.cluster.num_gpus
     gbs = problem.training.global_batch_size
-    rows: list[tuple] = []
+    rows: list[CandidateRow] = []
     dispatcher = planned_dispatcher(problem, ctx, sp_["moe_dispatcher"])
     cp_comm = planned_cp_comm(problem, ctx)
     reshard, replicate = planned_dp_knobs(problem, ctx)
@@ -285,15 +287,15 @@ def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None 
         slots = [i for i, a in enumerate(MESH_AXES) if a in live]
         orders = []
         for perm in permutations(live):  # size-1 axes stay where the canonical order has them
-            order = list(MESH_AXES)
+            axes = list(MESH_AXES)
             for i, a in zip(slots, perm):
-                order[i] = a
-            orders.append("-".join(order))
+                axes[i] = a
+            orders.append("-".join(axes))
     seen: dict[Any, Config] = {}
     for order in orders:
         c = _with_placement(cfg, order)
-        key = place_axes(ctx.graph, order, c.tp, c.cp, c.ep, c.dp, c.pp, c.etp)
-        key = (key.tp, key.cp, key.ep, key.dp, key.dp_cp, key.edp, key.pp_level, key.etp)
+        placed = place_axes(ctx.graph, order, c.tp, c.cp, c.ep, c.dp, c.pp, c.etp)
+        key = (placed.tp, placed.cp, placed.ep, placed.dp, placed.dp_cp, placed.edp, placed.pp_level, placed.etp)
         seen.setdefault(key, c)
     if cache is not None:
         cache[degrees] = [c.placement for c in seen.values()]

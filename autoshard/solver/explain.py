@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 import math
 
 import numpy as np
@@ -69,7 +70,7 @@ def explain_no_candidates(problem: Problem, ctx: Context) -> tuple[str, list[str
     return reason, fixes
 
 
-def explain_infeasible(problem: Problem, ctx: Context, cands: list[Config], m_lb: np.ndarray) -> tuple[str, list[str]]:
+def explain_infeasible(problem: Problem, ctx: Context, cands: Sequence[Config], m_lb: np.ndarray) -> tuple[str, list[str]]:
     """The binding constraint (the least memory-hungry plan and what it still needs) and
     the smallest changes that fix it."""
     i = int(np.argmin(m_lb))

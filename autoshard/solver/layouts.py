@@ -121,8 +121,8 @@ def megatron_recompute(split: list[int], recompute: list[str], pp: int = 1) -> M
     if len(kinds) == 1:
         (mode,) = kinds
         return MegatronRecompute("selective", modules=_modules(mode))
-    if kinds == {"full", "none"} and (k := block_layers(split, recompute)) is not None:
-        return MegatronRecompute("full", "block", k)
+    if kinds == {"full", "none"} and (blocks := block_layers(split, recompute)) is not None:
+        return MegatronRecompute("full", "block", blocks)
     return None
 
 

@@ -220,6 +220,7 @@ class _Search:
         if cfg is None:
             return bar
         fam = family_key(cfg)
+        assert self.best is not None  # (alternatives are searched once the proof has a best plan)
         if fam == family_key(self.best.plan):
             return -math.inf
         mine = self.found.get(fam)
@@ -432,7 +433,7 @@ class _Search:
 
     # ---- phases ------------------------------------------------------------------------------
 
-    def run(self, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict) -> int:
+    def run(self, order: list[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict) -> int:
         """The proof: candidates in order of their numpy bound until the next bound cannot beat the
         target or the budget is spent. Returns how many the numpy bound pruned."""
         pruned = 0
@@ -482,7 +483,7 @@ class _Search:
                 self.round(batch, min(cap, self.budget.work_left()), resumed=True)
             cap *= 4
 
-    def alternatives(self, top_k: int, order: list[int], cands: list[Config], t_lb: np.ndarray, opt_cache: dict,
+    def alternatives(self, top_k: int, order: list[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict,
                      proof_work: float, proof_visits: int) -> bool:
         """The best plan of each of the `top_k` best families other than the chosen plan's: the
         same search again with each family's own target, within ALT_SHARE of the proof's work
@@ -492,6 +493,7 @@ class _Search:
         work_cap = self.budget.work + max(ALT_MIN_WORK, ALT_SHARE * proof_work)
         visit_cap = self.visited + max(ALT_MIN_VISITS, int(ALT_SHARE * proof_visits))
         solve_cap = self.solves + max(ALT_MIN_SOLVES, int(ALT_SHARE * self.solves))  # each call also costs its setup
+        assert self.best is not None  # (called after a proof that found a plan)
         mine = family_key(self.best.plan)
         total = min(len(order), RUNNER_UP_CONFIGS)
         for n, i in enumerate(order[:RUNNER_UP_CONFIGS]):  # in order of the numpy bound, as the proof
@@ -540,7 +542,9 @@ def fingerprint(problem: Problem, settings: dict[str, Any]) -> str:
     """sha256 of what determines a solve's answer: the problem, the autoshard and OR-Tools
     versions, and the budget settings (not the wall-clock limit, only a safety net)."""
     try:
-        from ortools import __version__ as ortools_version  # noqa: PLC0415
+        # (ortools' __init__.py sets __version__, but only its sat/python subpackage ships py.typed, so
+        # mypy sees `ortools` as a namespace package without it)
+        from ortools import __version__ as ortools_version  # type: ignore[attr-defined]  # noqa: PLC0415
     except ImportError:  # pragma: no cover
         ortools_version = "?"
     doc = {"problem": problem.model_dump(mode="json"), "autoshard": __version__, "ortools": ortools_version,
@@ -696,7 +700,7 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
         "solver": sol.solver.model_copy(update={"headroom_gib": headroom_gib, "headroom_default": default_headroom})})
 
 
-def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config], order: list[int], t_lb: np.ndarray,
+def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Config], order: list[int], t_lb: np.ndarray,
            m_lb: np.ndarray, pruned_mem: int, opt_cache: dict, requests: list[Named], budget: _Budget, t0: float,
            time_limit_s: float, top_k: int, gap_limit: float, work_limit: float, alternatives: Sequence[str],
            modes: list[str]) -> Solution:
@@ -742,7 +746,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
     optimal = gap <= gap_limit + 1e-12
     mine = family_key(best.plan)
     others = sorted((f for k, f in search.found.items() if k != mine), key=lambda f: (f.step_s, f.order))
-    alts = []
+    alts: list[Alternative] = []
     for f in others:  # near-ties (within NEAR_TIE of the line's first family) are collapsed into its line
         if f.step_s > best.step_s * (1 + RUNNER_UP_SLOWER):
             break
@@ -757,8 +761,10 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
             break
         alts.append(_alternative(problem, best, f, fam))
     for req in requests:
-        alts.append(_named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
-                                       work_limit, budget.deadline))
+        named = _named_alternative(problem, ctx, req, search, best, order, cands, t_lb, opt_cache,
+                                   work_limit, budget.deadline)
+        if named is not None:  # (none: the named family has no plan that fits)
+            alts.append(named)
     stopped_by = ("wall-clock safety net" if budget.wall_fired else "work budget") if stopped and not optimal else (
         "wall-clock safety net" if budget.wall_fired else "")
     limit_fired = "wall" if budget.wall_fired else ("work" if stopped and not optimal else None)
@@ -779,7 +785,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: list[Config],
         work_limit=work_limit, stopped_by=stopped_by, limit_fired=limit_fired, prove_command=prove,
         alternatives_complete=alternatives_complete,
         fingerprint=fingerprint(problem, settings))
-    return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=[a for a in alts if a is not None])
+    return Solution(plan=est.plan, estimate=est, solver=stats, alternatives=alts)
 
 
 def _alternative(problem: Problem, best: _Found, f: _Found, family: str) -> Alternative:
@@ -788,7 +794,7 @@ def _alternative(problem: Problem, best: _Found, f: _Found, family: str) -> Alte
 
 
 def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search, best: _Found, order: list[int],
-                       cands: list[Config], t_lb: np.ndarray, opt_cache: dict, work: float,
+                       cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict, work: float,
                        deadline: float) -> Alternative | None:
     """The best plan under a named restriction: the chosen plan when it already qualifies, else a
     search of the admitted configurations with its own work budget. None if none fits."""

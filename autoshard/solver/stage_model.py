@@ -4,7 +4,7 @@ mode per layer, under HBM on every rank, minimizing the evaluator's step time.""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from .bounds import _memory_tmax, _rank_times, _stage_extras, balanced_max
 from .layouts import recompute_layout
 from ..cost import even_split
 from .layouts import every_nth_list
+
+if TYPE_CHECKING:  # (cp_model is imported lazily at run time)
+    from ortools.sat.python.cp_model import LinearExpr
 
 TIME_UNIT_S = 1e-7
 MEM_UNIT_BYTES = 1024
@@ -212,7 +215,8 @@ class StageModel:
             return q
 
         for p in range(self.cfg.pp):
-            start, q_start = 0, 0
+            start: LinearExpr | int = 0  # (the stage sizes are CP-SAT expressions)
+            q_start = 0
             for c in self._rank_chunks(p):
                 end = start + self.size[c]
                 q_end = floor_div(end, f"c{c}_end")
@@ -245,7 +249,7 @@ class StageModel:
 
     def _rank_expressions(self) -> None:
         cfg, tb = self.cfg, self.table
-        self.fwd, self.bwd, self.time, self.wgrad, self.params, self.eparams = [], [], [], [], [], []
+        self.fwd, self.bwd, self.time, self.wgrad = [], [], [], []
         for p in range(cfg.pp):
             chunks = len(self._rank_chunks(p))
             sends = chunks - (1 if p == cfg.pp - 1 else 0)
@@ -489,14 +493,14 @@ class StageModel:
         if live is not None:
             live.stop_search()
 
-    def read_counts(self) -> dict[tuple[Any, str, str], int]:
-        counts = {(c, k, r): self.solver.value(self.n[c][k][r])
+    def read_counts(self) -> dict[tuple[int | str, str, str], int]:
+        counts: dict[tuple[int | str, str, str], int] = {(c, k, r): self.solver.value(self.n[c][k][r])
                   for c in range(self.V) for k in self.kinds for r in self.modes}
         if getattr(self, "nth", None) is not None:
             counts[("every_nth", "", "")] = self.solver.value(self.nth)
         return counts
 
-    def read_plan(self, counts: dict[tuple[int, str, str], int]) -> tuple[list[int], list[str]]:
+    def read_plan(self, counts: dict[tuple[int | str, str, str], int]) -> tuple[list[int], list[str]]:
         """stage_layers and per-layer recompute from solved counts (full, selective, none
         within each stage, dense layers first)."""
         stage_layers, recompute = [], []

@@ -184,7 +184,7 @@ class _Greedy:
         recompute allows: a bisection on the time limit of `_fill`."""
         even = even_split(len(self.kinds), self.cfg.pp)
         start = [self.rank(p, list(range(sum(even[:p]), sum(even[:p + 1])))) for p in range(self.cfg.pp)]
-        hi = max(r[1] for r in start) if all(start) else 1e6
+        hi = max(r[1] for r in start if r is not None) if all(start) else 1e6
         best = self._fill(hi)
         if best is None:
             return None, None

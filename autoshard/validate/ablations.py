@@ -73,7 +73,7 @@ def load_groups(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     doc = read_json_file(p, what="ablations file")  # bounded reader, strict parser (duplicates, depth)
     if not is_ablations_doc(doc):
         raise InputError("expected a list of groups, each with a `configs` list", source=src)
-    groups = doc.get("groups") if isinstance(doc, dict) else doc
+    groups: list[dict[str, Any]] = doc["groups"] if isinstance(doc, dict) else doc  # (the shape just checked)
     for i, g in enumerate(groups):
         for k in ("gpu_count", "seq_len", "global_batch_seqs"):
             _check_count(g.get(k), f"[{i}].{k}", src, required=True)
@@ -138,7 +138,7 @@ def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[
         model["ffn"] = model.get("moe_ffn")
     if cfg.get("layers"):  # a configuration of another depth than the group's model
         model["layers"] = cfg["layers"]
-    facts = {k: group.get(k) for k in GROUP_DEFAULTS if group.get(k) is not None}
+    facts: dict[str, Any] = {k: group.get(k) for k in GROUP_DEFAULTS if group.get(k) is not None}
     facts.update({k: cfg[k] for k in GROUP_DEFAULTS if cfg.get(k) is not None})
     schedule = str(cfg.get("schedule") or "").lower()
     vpp = cfg.get("vpp")

@@ -50,7 +50,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import yaml
@@ -60,7 +60,7 @@ from . import Case, completed_plan, convert, load_runs, p90, with_catalog
 from .ablations import group_result, load_groups, summarize_ablations
 from .modern import precision_family, source_family
 from .. import frameworks as fw
-from ..catalog import _gpus, _matmul_model, end_to_end_factor, get_gpu, matmul_generation
+from ..catalog import GemmDtype, _gpus, _matmul_model, end_to_end_factor, get_gpu, matmul_generation
 from ..cost import evaluate
 from ..frameworks import profiles
 
@@ -167,7 +167,7 @@ def catalog_value(f: Factor) -> float:
         gen = f.generation if f.generation != "all" else matmul_generation(get_gpu(f.targets[0]).arch)
         return end_to_end_factor(f.precision, gen)
     if f.kind == "matmul":
-        return float(get_gpu(f.targets[0]).efficiency.matmul[f.precision])
+        return float(get_gpu(f.targets[0]).efficiency.matmul[cast(GemmDtype, f.precision)])  # (a GEMM dtype)
     return float(getattr(profiles()[f.framework], f.attribute)) / f.scale
 
 
@@ -210,7 +210,8 @@ class Pricer:
         try:
             for f, v in values.items():
                 if f.kind == "framework":
-                    table[f.framework] = dataclasses.replace(table[f.framework], **{f.attribute: float(v) * f.scale})
+                    change: dict[str, Any] = {f.attribute: float(v) * f.scale}  # (the attribute is named by data)
+                    table[f.framework] = dataclasses.replace(table[f.framework], **change)
             fw.get_framework.cache_clear()
             yield
         finally:
@@ -510,11 +511,11 @@ def markdown_loso(r: LosoReport) -> list[str]:
             f"ablation groups of {ff.factor.ablation_family}" if ff.factor.ablation_family else "none")
         eff = f"{_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)}" if ff.rows else "-"
         out.append(f"| `{ff.factor.name}` | {ff.catalog:.4g} | {ff.refit:.4g} | {rows} | {eff} | {vals} |")
-    worst = worst_factors(r)
+    losing = worst_factors(r)
     out += ["", "Factors whose rows lose most when their family is left out (LOSO minus in-sample median |err| of "
             "the rows each prices): " + "; ".join(
                 f"`{ff.factor.name}` {_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)} "
-                f"({len(ff.families)} famil{'y' if len(ff.families) == 1 else 'ies'})" for ff in worst) + ". "
+                f"({len(ff.families)} famil{'y' if len(ff.families) == 1 else 'ies'})" for ff in losing) + ". "
             "A factor fitted on one family has no data when that family is left out and falls back to its prior."]
     return out
 
