@@ -45,3 +45,13 @@ def test_a_type_checker_sees_the_real_signatures(tmp_path):
     # result would let the wrong annotation through.
     assert len(lines) == 1, proc.stdout
     assert "user.py:11:" in lines[0] and 'type "float"' in lines[0] and 'variable has type "str"' in lines[0]
+
+
+@pytest.mark.slow
+def test_mypy_is_clean():
+    """The package type-checks with the project's mypy configuration (pyproject.toml): a regression
+    anywhere in autoshard/ fails here, and CI runs it in the slow tier."""
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "mypy", "autoshard"], cwd=repo, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

@@ -74,11 +74,11 @@ def violations(c: Candidate, cons: ConstraintSpec) -> list[str]:
     """The constraints a candidate breaks, in words (same integer scaling as the optimizer)."""
     v, lim = _scaled(c), _scaled_limits(cons)
     out = []
-    if lim["cost"] is not None and v["cost"] > lim["cost"]:
+    if cons.budget_usd is not None and lim["cost"] is not None and v["cost"] > lim["cost"]:
         out.append("cost {} > budget {}".format(*money_vs(c.cost_usd, cons.budget_usd)))
-    if lim["capex"] is not None and v["capex"] > lim["capex"]:
+    if cons.capex_budget_usd is not None and lim["capex"] is not None and v["capex"] > lim["capex"]:
         out.append("capex {} > capex budget {}".format(*money_vs(c.capex_usd, cons.capex_budget_usd)))
-    if lim["power"] is not None and v["power"] > lim["power"]:
+    if cons.power_cap_mw is not None and lim["power"] is not None and v["power"] > lim["power"]:
         out.append("power {} > cap {}".format(*power_vs(c.power_mw, cons.power_cap_mw)))
     if lim["time"] is not None and v["time"] > lim["time"]:
         out.append(f"{c.time_s / 86400:.1f} days > deadline {cons.deadline_days:g} days")

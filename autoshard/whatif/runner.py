@@ -333,7 +333,7 @@ def sigint_deferred() -> Any:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved: dict[int, Any] = {}
+    saved: dict[Any, Any] = {}  # signal -> its handler
     hit: list[tuple[int, Any]] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(sig)
@@ -410,7 +410,8 @@ def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None,
         # Interrupted: the cancelled tasks' keys are expected to vanish; the scheduler (in this process
         # for a local cluster) would log that as errors ("Couldn't gather keys").
         quiet = logging.getLogger("distributed")
-        level, quiet_level = quiet.level, logging.CRITICAL
+        level: int | None = quiet.level
+        quiet_level = logging.CRITICAL
         quiet.setLevel(quiet_level)
         if client is not None and futures:
             try:
@@ -691,8 +692,8 @@ def _document(study: Study, results: dict[str, dict], complete: bool, elapsed: f
         # capex, power cap, deadline): the recommended option is then always on it.
         ok = [r for r in feas if r["meets_constraints"]]
         flags = pareto_front([(r["time_to_train_days"], r["cost_usd"]) for r in ok])
-        for r, f in zip(ok, flags):
-            r["pareto"] = f
+        for r, on_front in zip(ok, flags):
+            r["pareto"] = on_front
         for r in wr:
             r.setdefault("pareto", False)
         pareto[w.name] = [r["option"] for r in feas if r["pareto"]]

@@ -198,7 +198,8 @@ class PoolSpec(Strict):
 # Sanity bounds of prices and reliability inputs: far beyond any real figure (an H100 rents for ~$2-3/h,
 # a GPU costs $10-70k, a restart takes minutes), they keep every derived figure finite and readable.
 def _between(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
-    return Field(**{("gt" if lo_open else "ge"): lo, ("lt" if hi_open else "le"): hi})
+    return Field(gt=lo if lo_open else None, ge=None if lo_open else lo,
+                 lt=hi if hi_open else None, le=None if hi_open else hi)
 
 
 def _number_or_table(v: Any, lo: float, hi: float, hi_open: bool = False) -> Any:

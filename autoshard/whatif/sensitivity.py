@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 import hashlib
 import math
@@ -167,7 +169,7 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
         shares["compute"] = share(_overlay_problem(problem, scratch, matmul=SLOWDOWN))
         shares["hbm_bandwidth"] = share(_overlay_problem(problem, scratch, hbm=SLOWDOWN))
         for i, name in enumerate(_level_names(problem)):
-            shares[f"net:{name}"] = share(levels_problem(problem, lambda j, i=i: 1.0 / SLOWDOWN if j == i else 1.0))
+            shares[f"net:{name}"] = share(levels_problem(problem, functools.partial(_slow_level, i)))
     finally:
         if own_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -194,3 +196,8 @@ def sensitivities(problem: Problem, solved: SolvedOption, *, mode: SensitivityMo
     binding = top if top is not None and relax[top] >= BINDING_MIN_GAIN_PCT else "none"
     out["binding"] = binding
     return out
+
+
+def _slow_level(slowed: int, j: int) -> float:
+    """The efficiency scale of topology level `j` when level `slowed` runs SLOWDOWN times slower."""
+    return 1.0 / SLOWDOWN if j == slowed else 1.0
