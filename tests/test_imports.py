@@ -56,9 +56,6 @@ KNOWN_CIRCLES = {
     ("autoshard.spec", "autoshard.catalog"):
         "spec's validators resolve model / GPU names in the catalog, and the catalog's records are spec "
         "models: the validators that read the catalog belong in load_problem (loader), leaving spec data",
-    ("autoshard.cost.context", "autoshard.solver.layouts"):
-        "the recompute-layout predicate lives in solver/, whose package imports cost; it belongs in a "
-        "module both import",
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..catalog import GPU, get_gpu, get_recipe
 from ..frameworks import FrameworkProfile, get_framework
+from ..layouts import layout_reason
 from ..spec import RECOMPUTES, Plan, Problem, ProblemParts, parse_placement
 from ..topology import ClusterGraph, Level, cluster_graph, resolve_levels
 from .constants import BF16, GIB, RESERVE_GIB
@@ -528,8 +529,6 @@ def _layout_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int,
     if isinstance(plan.recompute, list) and len(plan.recompute) != m.num_hidden_layers:
         bad("recompute", f"recompute lists {len(plan.recompute)} layers, the model has {m.num_hidden_layers}")
     elif not stage_bad:
-        from ..solver.layouts import layout_reason  # noqa: PLC0415  (solver imports cost)
-
         layout = "per_layer" if problem.search.recompute_layout == "per_layer" else fw.recompute_layout
         split = list(plan.stage_layers) if plan.stage_layers is not None else layout_split(m.num_hidden_layers, chunks)
         if why := layout_reason(layout, split, list(plan.recompute_per_layer(m.num_hidden_layers)), plan.pp):
