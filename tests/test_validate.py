@@ -1133,3 +1133,18 @@ def test_loso_leaves_each_family_out(tmp_path):
     assert rep.errors[case.id]["catalog"] == pytest.approx(
         (evaluate(case.problem, case.plan).step_time_s / case.measured_step_s - 1) * 100, rel=1e-12)
     assert rep.loso["n"] == rep.catalog["n"] == 16  # the Grok-1 row skips
+
+
+def test_factors_fitted_on_ablations_are_stated_by_the_groups_not_named_in_code():
+    # Which ablation groups a factor was fitted on is a fact of the groups (`fitted_factors`), read by
+    # leave-one-source-out; autoshard/validate names no source family.
+    from autoshard.validate.ablations import load_groups
+    from autoshard.validate.loso import FACTORS
+
+    groups = load_groups(Path(__file__).resolve().parents[1] / "validation" / "ablations_dev.json")
+    stated = {n for g in groups for n in g.get("fitted_factors") or ()}
+    assert stated == {f.name for f in FACTORS if f.on_ablations} == {
+        "deepspeed allocator_overhead", "megatron recompute_module_host_ms"}
+    src = (Path(__file__).resolve().parents[1] / "autoshard" / "validate" / "loso.py").read_text()
+    for g in groups:
+        assert str(g["source_family"]) not in src

@@ -4,10 +4,9 @@
     print(format_loso(loso(dev_path, modern_path, ablations_path)))
 
 The unit left out is a **source family**: a row's (or an ablation group's) `source_family` field, the
-publication series it comes from (validation/README.md: 'Narayanan et al. 2021', 'NVIDIA DGX Cloud
-Benchmarking', 'Megatron-Bridge', 'NeMo 25.0x', 'MLPerf Training', 'torchtitan', 'SimuMax B200',
-'NeMo AutoModel', 'AMD Primus', 'BigScience Megatron-DeepSpeed'); a row without one falls back to its
-`source` up to the first comma (`modern.source_family`).
+publication series it comes from (validation/README.md lists them); a row without one falls back to its
+`source` up to the first comma (`modern.source_family`). No family is named here: what a family's rows
+state is read from them.
 
 Fitted factors (`FACTORS`): the end-to-end matmul factors of autoshard/data/matmul.yaml, one per precision
 family (bf16, fp8, fp4) and GPU generation (or every generation), each multiplying the SOURCED GEMM rate of
@@ -31,9 +30,10 @@ on two cores, deterministic):
   factor the geometric mean of the same precision's other end-to-end factors fitted in that fold; for a
   per-GPU matmul factor (the trial structure PER_GPU_FACTORS) the GPU's sourced rate x the geometric mean
   of the others' fitted / sourced ratios; for a framework factor the value without the term (0).
-Factors fitted on ablation groups rather than on step times (allocator_overhead: the BigScience OOM
-boundary; recompute_module_host_ms: the Megatron-Bridge module ablation) keep their catalog value
-unless the family they were fitted on is the one left out; then they take their prior.
+Factors fitted on ablation groups rather than on step times (`Factor.on_ablations`: DeepSpeed's
+allocator_overhead on an OOM boundary, Megatron's recompute_module_host_ms on a module ablation) keep
+their catalog value unless every group that states it fitted them (the group's `fitted_factors` field,
+validation/README.md) belongs to the family left out; then they take their prior.
 
 For each family F: every factor is refitted on its rows outside F, F's rows are priced with all of the
 refitted factors together, and F's ablation groups are ranked with them. The in-sample reference is the
@@ -80,7 +80,7 @@ class Factor:
     attribute: str = ""  # framework: the FrameworkProfile attribute (in its own unit)
     grid: tuple[float, float] = (LO, HI)  # framework: the linear range searched
     scale: float = 1.0  # framework: the attribute in the unit of `name` (ms -> s: 1e-3)
-    ablation_family: str = ""  # fitted on this family's ablation groups, not on step times
+    on_ablations: bool = False  # fitted on ablation groups (those whose `fitted_factors` name it), not step times
     fitted_on: str = ""  # what the catalog's note says it was fitted on
     generation: str = ""  # scaled: the matmul.yaml generation (or `all`) whose end-to-end factor it is
 
@@ -91,13 +91,13 @@ FRAMEWORK_FACTORS: tuple[Factor, ...] = (
     Factor("megatron moe_expert_host_ms", "framework", framework="megatron", attribute="moe_expert_host_s",
            grid=(0.0, 0.6), scale=1e-3, fitted_on="the 33 Megatron MoE rows (frameworks.yaml)"),
     Factor("megatron ep_overlap_host_factor", "framework", framework="megatron", attribute="ep_overlap_host_factor",
-           grid=(0.0, 6.0), fitted_on="one Megatron-Bridge row (Qwen3-235B, 256 B300)"),
+           grid=(0.0, 6.0), fitted_on="one Megatron MoE row with the EP overlap (frameworks.yaml)"),
     Factor("megatron recompute_module_host_ms", "framework", framework="megatron",
-           attribute="recompute_module_host_s", grid=(0.0, 1.0), scale=1e-3, ablation_family="Megatron-Bridge",
-           fitted_on="the Megatron-Bridge Moonlight module ablation"),
+           attribute="recompute_module_host_s", grid=(0.0, 1.0), scale=1e-3, on_ablations=True,
+           fitted_on="a recompute-module ablation group (frameworks.yaml)"),
     Factor("deepspeed allocator_overhead", "framework", framework="deepspeed", attribute="allocator_overhead",
-           grid=(1.0, 1.5), ablation_family="BigScience Megatron-DeepSpeed",
-           fitted_on="the BigScience logbook's OOM boundary (memory, not step time)"),
+           grid=(1.0, 1.5), on_ablations=True,
+           fitted_on="the OOM boundary of DeepSpeed ablation groups (memory, not step time; frameworks.yaml)"),
 )
 def _generation_factors() -> tuple[Factor, ...]:
     """The catalog's fitted matmul factors (autoshard/data/matmul.yaml `end_to_end`): one per precision family
@@ -124,20 +124,20 @@ FACTORS: tuple[Factor, ...] = _generation_factors() + FRAMEWORK_FACTORS
 # precision family for every GPU.
 PER_GPU_FACTORS_MATMUL: tuple[Factor, ...] = (
     Factor("a100 matmul.bf16", "matmul", ("a100-sxm-80gb", "a100-sxm-40gb"), "bf16",
-           fitted_on="Narayanan et al. 2021 rows (gpus.yaml a100-sxm-80gb)"),
+           fitted_on="the A100 rows (gpus.yaml a100-sxm-80gb)"),
     Factor("hopper matmul.bf16", "matmul", ("h100-sxm", "h100-pcie", "h800-sxm", "h200-sxm", "gh200"), "bf16",
-           fitted_on="DGX Cloud rows (gpus.yaml h100-sxm)"),
+           fitted_on="the H100 bf16 rows (gpus.yaml h100-sxm)"),
     Factor("hopper matmul.fp8", "matmul", ("h100-sxm", "h100-pcie", "h800-sxm", "h200-sxm", "gh200"), "fp8",
            fitted_on="dev + modern fp8 rows (gpus.yaml h100-sxm)"),
     Factor("h100-96gb matmul.bf16", "matmul", ("h100-hbm2e-96gb",), "bf16",
-           fitted_on="the 12 torchtitan rows (gpus.yaml h100-hbm2e-96gb)"),
+           fitted_on="the H100 96GB rows (gpus.yaml h100-hbm2e-96gb)"),
     Factor("h100-96gb matmul.fp8", "matmul", ("h100-hbm2e-96gb",), "fp8", fitted_on="with the other fp8 factors"),
-    Factor("b200 matmul.bf16", "matmul", ("b200", "b100"), "bf16", fitted_on="dev + modern rows (SimuMax B200 bf16)"),
+    Factor("b200 matmul.bf16", "matmul", ("b200", "b100"), "bf16", fitted_on="the B200 bf16 rows"),
     Factor("b200 matmul.fp8", "matmul", ("b200", "b100"), "fp8", fitted_on="with the other fp8 factors"),
     Factor("gb200 matmul.bf16", "matmul", ("gb200",), "bf16", fitted_on="Blackwell bf16 rows"),
     Factor("gb200 matmul.fp8", "matmul", ("gb200",), "fp8", fitted_on="with the other fp8 factors"),
     Factor("gb200 matmul.fp4", "matmul", ("gb200", "b200", "b100"), "fp4",
-           fitted_on="GB200 NVFP4 rows (MLPerf v5.1 + Megatron-Bridge tables)"),
+           fitted_on="the GB200 NVFP4 rows"),
     Factor("b300 matmul.fp8", "matmul", ("b300",), "fp8", fitted_on="the four B300 rows"),
     Factor("gb300 matmul.bf16", "matmul", ("gb300", "b300"), "bf16", fitted_on="B300/GB300 rows"),
     Factor("gb300 matmul.fp8", "matmul", ("gb300",), "fp8", fitted_on="the six GB300 fp8 / mxfp8 rows"),
@@ -261,6 +261,7 @@ class FactorFit:
     families: list[str]  # their families
     refit: float  # on every row
     loso: dict[str, float] = field(default_factory=dict)  # family -> value without it (only families it touches)
+    ablation_families: list[str] = field(default_factory=list)  # families of the groups that state it fitted
     in_sample_median_pct: float = math.nan  # median |err| of its rows, catalog
     loso_median_pct: float = math.nan  # median |err| of its rows, each predicted without its own family
 
@@ -312,6 +313,11 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
     cases, _ = convert(rows)
     cases = [dataclasses.replace(c, plan=completed_plan(c), recompute_published=True) for c in cases]
     groups = load_groups(ablations_path) if ablations_path else []
+    # The families whose ablation groups a factor was fitted on: each group states it (`fitted_factors`).
+    ablation_families: dict[str, set[str]] = {}
+    for g in groups:
+        for name in g.get("fitted_factors") or ():
+            ablation_families.setdefault(str(name), set()).add(str(g.get("source_family") or ""))
     meas = np.array([c.measured_step_s for c in cases])
     log_meas = np.log(meas)
     ids = [c.id for c in cases]
@@ -346,8 +352,9 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
 
         def fit(f: Factor, leave: str | None, fold: dict[Factor, float]) -> float | None:
             keep = [j for j, k in enumerate(rows_of[f]) if family_of[ids[k]] != leave]
-            if f.ablation_family:
-                return None if leave == f.ablation_family else catalog_value(f)
+            if f.on_ablations:  # kept at its catalog value unless every group that fitted it is left out
+                fams = ablation_families.get(f.name, set())
+                return None if fams and fams <= {leave} else catalog_value(f)
             if not keep:
                 return None
             return fit_on(grid_of(f), grids[f][keep], log_meas[[rows_of[f][j] for j in keep]],
@@ -425,7 +432,8 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
         fams = sorted({family_of[ids[k]] for k in rk})
         ff = FactorFit(f, catalog_value(f), [ids[k] for k in rk], fams, refit_vals[f],
                        {fam: fold_vals[fam][f] for fam in fam_list
-                        if fam in fams or fam == f.ablation_family})
+                        if fam in fams or fam in ablation_families.get(f.name, ())},
+                       ablation_families=sorted(ablation_families.get(f.name, ())))
         if rk:
             ff.in_sample_median_pct = statistics.median(abs(e_cat[k]) for k in rk)
             ff.loso_median_pct = statistics.median(abs(e_los[k]) for k in rk)
@@ -477,7 +485,7 @@ def format_factors(r: LosoReport) -> str:
     for ff in r.factors:
         vals = ", ".join(f"{fam}: {v:.3g}" for fam, v in sorted(ff.loso.items()))
         eff = (f"{_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)}" if ff.rows else
-               f"(ablations of {ff.factor.ablation_family})" if ff.factor.ablation_family else "no rows")
+               f"(ablations of {', '.join(ff.ablation_families)})" if ff.ablation_families else "no rows")
         lines.append(f"{ff.factor.name:<34} {ff.catalog:>8.4g} {ff.refit:>7.4g} {len(ff.rows):>4}  {eff:>28}  {vals}")
     return "\n".join(lines)
 
@@ -508,7 +516,7 @@ def markdown_loso(r: LosoReport) -> list[str]:
     for ff in r.factors:
         vals = "; ".join(f"{fam}: {v:.3g}" for fam, v in sorted(ff.loso.items())) or "-"
         rows = f"{len(ff.rows)} ({', '.join(ff.families)})" if ff.rows else (
-            f"ablation groups of {ff.factor.ablation_family}" if ff.factor.ablation_family else "none")
+            f"ablation groups of {', '.join(ff.ablation_families)}" if ff.ablation_families else "none")
         eff = f"{_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)}" if ff.rows else "-"
         out.append(f"| `{ff.factor.name}` | {ff.catalog:.4g} | {ff.refit:.4g} | {rows} | {eff} | {vals} |")
     losing = worst_factors(r)
