@@ -38,11 +38,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchtitan.components.loss import cross_entropy_loss
-from torchtitan.config.job_config import ActivationCheckpoint
+from torchtitan.config.job_config import ActivationCheckpoint, Compile
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
 from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model
 from torchtitan.models.llama3.model.args import TransformerModelArgs
+from torchtitan.models.llama3.infra.parallelize import apply_compile
 from torchtitan.models.llama3.model.model import Transformer
 from torchtitan.models.moe import MoEArgs
 
@@ -93,6 +94,11 @@ GRID = [
 # parameters, fp32 AdamW states), separating FSDP2's per-block hooks from the layer's own launches.
 SWEEP = [(f"llama-1b-L{k}", seq, 1, ac, fsdp) for k in (2, 4, 8, 16) for seq, ac, fsdp in
          ((256, "none", True), (256, "none", False), (4096, "none", True), (4096, "full", True))]
+# torch.compile per block (torchtitan's apply_compile, between AC and FSDP as parallelize_llama orders
+# them) and of the loss: the host time per layer and the memory of a compiled step
+COMPILE_GRID = [("llama-1b-L4", 256, 1, "none", True), ("llama-1b-L16", 256, 1, "none", True),
+                ("llama-1b-L16", 4096, 1, "none", True), ("llama-1b-L16", 4096, 1, "full", True),
+                ("llama-1b-L16", 8192, 1, "none", True), ("llama-1b-L16", 4096, 4, "none", True)]
 SMOKE_GRID = [("tiny-llama", 128, 2, "none"), ("tiny-llama", 128, 2, "full"), ("tiny-moe", 128, 1, "selective")]
 SMOKE_MODELS = {
     "tiny-llama": ("llama", dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32)),
@@ -119,10 +125,14 @@ def build_model(family: str, kwargs: dict, seq_len: int) -> torch.nn.Module:
         return DeepSeekV3Model(args)
 
 
-def parallelize(model: torch.nn.Module, mesh, ac_mode: str, fsdp: bool = True) -> None:
-    """torchtitan's order: activation checkpointing per block, then fully_shard per block and root."""
+def parallelize(model: torch.nn.Module, mesh, ac_mode: str, fsdp: bool = True, compile_: bool = False) -> None:
+    """torchtitan's order: activation checkpointing per block, compile per block, then fully_shard per
+    block and root."""
     if ac_mode != "none":
-        apply_ac(model, ActivationCheckpoint(mode=ac_mode, selective_ac_option="op"))
+        apply_ac(model, ActivationCheckpoint(mode=ac_mode, selective_ac_option="op"),
+                 model_compile_enabled=compile_)
+    if compile_:
+        apply_compile(model, Compile(enable=True, backend="inductor"))
     if not fsdp:
         return
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -132,12 +142,13 @@ def parallelize(model: torch.nn.Module, mesh, ac_mode: str, fsdp: bool = True) -
 
 
 def measure(name: str, family: str, kwargs: dict, seq_len: int, mbs: int, ac_mode: str, mesh, device,
-            warmup: int, steps: int, fsdp: bool = True) -> dict:
+            warmup: int, steps: int, fsdp: bool = True, compile_: bool = False) -> dict:
     row: dict = {"model": name, "family": family, "model_args": kwargs, "seq_len": seq_len,
-                 "micro_batch": mbs, "ac_mode": ac_mode, "fsdp": fsdp}
+                 "micro_batch": mbs, "ac_mode": ac_mode, "fsdp": fsdp, "compile": compile_}
+    loss_fn = torch.compile(cross_entropy_loss) if compile_ else cross_entropy_loss
     model = build_model(family, kwargs, seq_len)
     row["params"] = sum(p.numel() for p in model.parameters())
-    parallelize(model, mesh, ac_mode, fsdp)
+    parallelize(model, mesh, ac_mode, fsdp, compile_)
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=device)
@@ -160,7 +171,7 @@ def measure(name: str, family: str, kwargs: dict, seq_len: int, mbs: int, ac_mod
         opt.zero_grad(set_to_none=True)
         if i == warmup + steps - 1 and device.type == "cuda":
             row["allocated_before_forward_gib"] = torch.cuda.memory_allocated() / GIB
-        loss = cross_entropy_loss(model(inputs), labels)
+        loss = loss_fn(model(inputs), labels)
         if i == warmup + steps - 1 and device.type == "cuda":
             row["allocated_after_forward_gib"] = torch.cuda.memory_allocated() / GIB
         loss.backward()
@@ -177,7 +188,7 @@ def measure(name: str, family: str, kwargs: dict, seq_len: int, mbs: int, ac_mod
     if device.type == "cuda":
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             opt.zero_grad(set_to_none=True)
-            cross_entropy_loss(model(inputs), labels).backward()
+            loss_fn(model(inputs), labels).backward()
             opt.step()
             torch.cuda.synchronize()
         row["cuda_kernels_per_step"] = sum(e.count for e in prof.key_averages()
@@ -199,6 +210,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=360.0, help="start no new configuration after this")
     ap.add_argument("--sweep", action="store_true", help="the layer sweeps (SWEEP) instead of GRID")
+    ap.add_argument("--compile", action="store_true", help="the compiled configurations (COMPILE_GRID)")
     a = ap.parse_args()
     device = torch.device(a.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -210,10 +222,10 @@ def main() -> int:
     mesh = init_device_mesh(device.type, (1,))
     models, grid = (SMOKE_MODELS, SMOKE_GRID) if a.smoke else (MODELS, GRID)
     grid = [(*g, True) for g in grid]
-    if a.sweep:
+    if a.sweep or a.compile:
         fam, base = MODELS["llama-1b"]
         models = {f"llama-1b-L{k}": (fam, dict(base, n_layers=k)) for k in (2, 4, 8, 16)}
-        grid = SWEEP
+        grid = SWEEP if a.sweep else COMPILE_GRID
     out = {"source": "benchmarks/measure_steps.py on a GPU machine lent to the autoshard project (device tool)",
            "date": time.strftime("%Y-%m-%d"),
            "machine": {"gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
@@ -233,7 +245,7 @@ def main() -> int:
             continue
         family, kwargs = models[name]
         try:
-            row = measure(name, family, kwargs, seq, mbs, ac, mesh, device, a.warmup, a.steps, fsdp)
+            row = measure(name, family, kwargs, seq, mbs, ac, mesh, device, a.warmup, a.steps, fsdp, a.compile)
         except torch.OutOfMemoryError as e:
             row = {"model": name, "seq_len": seq, "micro_batch": mbs, "ac_mode": ac, "oom": str(e)[:300]}
         except Exception as e:  # record and go on: one failure must not cost the whole run
