@@ -7,7 +7,7 @@ fp32 main parameters), bf16 parameters, RMSNorm, SwiGLU, RoPE, the vocab-paralle
 ``recompute_granularity`` none / selective (core attention) / full (uniform, 1 layer). Attention is
 the local spec's unfused ``DotProductAttention`` (it keeps the softmax of every head).
 
-Output shipped as ``validation/steps_h100_mcore.json``; nothing in autoshard depends on running it.
+Output shipped in ``validation/measured/``; nothing in autoshard depends on running it.
 
     python benchmarks/measure_mcore_steps.py --out mcore.json       # on a GPU
 """

@@ -15,8 +15,8 @@ reset after the warm-up steps, so the optimizer states exist), the memory alloca
 (parameters, gradients freed, optimizer states) and the parameter count.
 
 It was run on a GPU machine lent to the project; its output is shipped as
-``validation/steps_h100_torchtitan.json`` and compared with the cost model by
-``tests/test_measured_steps.py``. Nothing in autoshard depends on running it.
+``validation/measured/`` (raw) and ``validation/measured_h100_steps.json`` (runs format, read by
+``autoshard validate`` and ``tests/test_measured_data.py``). Nothing in autoshard depends on running it.
 
     python benchmarks/measure_steps.py --out steps.json            # on a GPU
     python benchmarks/measure_steps.py --smoke --device cpu        # logic check without a GPU
