@@ -13,7 +13,9 @@ from autoshard import Plan, evaluate, load_problem
 from autoshard.cli import main
 from autoshard.cost import Config, context, layer_table, pipeline_time, with_modes
 from autoshard.cost.context import config_reasons
+from autoshard.cost.dualpipe import dualpipe_ops, simulate
 from autoshard.cost.moe import priced_config
+from autoshard.cost.step import dualpipe_replay
 from autoshard.frameworks import get_framework
 from autoshard.hf import model_from_hf_config
 from autoshard.loader import load_plan
@@ -134,14 +136,80 @@ def test_eager_host_launches_hide_under_the_gpu_as_deepseek_s_trace_shows():
     assert est.time_breakdown_s["host"] == 0.0
 
 
-def test_published_plan_prices_below_the_rate_the_report_implies():
-    """The priced step is the steady state with balanced routing; the report's GPU-hours also cover what
-    no step pricing sees (routing imbalance, the batch-size ramp, checkpoints, restarts). It must not
-    exceed the implied 19.9 s, and lands 17% below it (docs/deepseek-v3.md: the 10% target is not met)."""
+def test_published_plan_prices_within_ten_percent_of_the_rate_the_report_implies():
+    """Issue 34's "done when": the published plan, as published (the problem file's `plan:`), fits and
+    prices within 10% of the 19.91 s a step the report's GPU-hours imply. The priced step is DualPipe's
+    code replayed with balanced routing; the GPU-hours also cover what no step pricing sees (routing
+    imbalance, the batch-size ramp, checkpoints), so it stays below the implied figure."""
     p, plan = _published()
     est = evaluate(p, plan)
+    assert est.fits, est.reasons
     ratio = est.step_time_s / implied_step_s()
-    assert 0.80 <= ratio < 1.0, ratio
+    assert 0.90 <= ratio < 1.0, ratio
+
+
+def _uniform(f: float, b: float, w: float, fb: float):
+    def duration(_rank, op):
+        if op[0] == "FB":
+            return fb
+        return {"F": f, "W": w}.get(op[0]) or (b - w if op[2] else b)
+    return duration
+
+
+@pytest.mark.parametrize("ranks, chunks", [(4, 8), (8, 20), (8, 16), (16, 120), (16, 32)])
+def test_dualpipe_replay_is_the_readme_bubble_for_equal_chunks(ranks, chunks):
+    """The transcribed `DualPipe.step` (dualpipe/dualpipe.py) replayed with equal chunks, F&B = F + B and
+    free transfers takes M (F + B) per rank plus the README's bubble (PP/2 - 1)(F&B + B - 3W): e.g. the
+    README's figure, 8 ranks and 20 micro-batches with F = 1, B = 2, W = 1: 20 x 3 + 3 x (3 + 2 - 3) = 66.
+    The formula counts chunk slots with the backward's two halves equal to the forward (B = 2F, W = F);
+    with other ratios the code's order is not exactly the formula's, and the replay prices the code's."""
+    for f in (1.0, 1.5, 2.0):
+        b, w = 2 * f, f
+        finish = simulate(dualpipe_ops(ranks, chunks), _uniform(f, b, w, f + b), 0.0)
+        assert max(finish) == pytest.approx(chunks * (f + b) + (ranks / 2 - 1) * ((f + b) + b - 3 * w))
+
+
+def test_dualpipe_replay_runs_what_the_code_runs():
+    """Per rank, `DualPipe.step`'s counts for 16 ranks and 120 micro-batches (60 from each end): every
+    micro-batch's forward and backward once per stage it passes, one weight chunk per zero-bubble
+    backward. Rank 0 (half_rank 0): paired chunks only in step 4, 2 (60 - 16 + 1) = 90, and step 5, 7;
+    forward chunks alone in step 1 (2 x 7), step 2 (2) and step 3 (7); backward chunks alone in steps
+    3 (7), 5 (7) and 6 (2). The middle ranks (7, 8) run their first main-step pair unoverlapped."""
+    ops = dualpipe_ops(16, 120)
+    for r, rank_ops in enumerate(ops):
+        kinds = [o[0] for o in rank_ops]
+        fwd = kinds.count("F") + kinds.count("FB")
+        bwd = kinds.count("B") + kinds.count("FB")
+        assert fwd == bwd == 120
+        assert kinds.count("W") == sum(1 for o in rank_ops if o[0] == "B" and o[2])
+        half = min(r, 15 - r)
+        assert kinds.count("FB") == 2 * (60 - 16 + half + 1) + (8 - half - 1) - (1 if half == 7 else 0)
+    assert [o[0] for o in ops[0]].count("F") == 14 + 2 + 7
+
+
+def test_published_plan_breakdown_is_the_replay():
+    """The replay splits DualPipe's step into the busiest rank's paired chunks, the schedule's order (the
+    bubble), the all-to-all of the chunks run alone (EP comm) and the waited transfers (PP comm); the
+    terms sum to the step."""
+    p, plan = _published()
+    est = evaluate(p, plan)
+    assert sum(est.time_breakdown_s.values()) == pytest.approx(est.step_time_s, rel=1e-9)
+    ctx = with_modes(context(p), plan.recompute)
+    dp, _ = config_reasons(p, plan)
+    cfg = priced_config(ctx, Config.of(plan, dp), {plan.recompute})
+    table = layer_table(ctx, cfg)
+    rp = dualpipe_replay(ctx, table, plan.stage_layers, plan.recompute_per_layer(61))
+    assert est.time_breakdown_s["pp_comm"] == pytest.approx(rp.pp_comm_s)
+    # the paired chunks: 60 pairs of 8 MoE layers at the table's pair price (4 x 32.83 ms a stage)
+    moe = table.layers[("moe", plan.recompute)]
+    assert rp.steady_s == pytest.approx(120 * 4 * moe.total_s, rel=0.01)
+    # chunks run alone (warm-up, cool-down) pay their all-to-all: 23 forward and 16 backward chunks on
+    # rank 0 alone against the pair's 20-SM slowdown, hundreds of ms, and the transfers at least one
+    # 58.7 MB activation (1.39 ms) per chunk of the 240 a rank runs
+    assert 0.2 < rp.unpaired_ep_s < 1.0
+    assert rp.pp_comm_s >= 240 * table.pp_p2p_s * 0.99
+    assert est.step_time_s == pytest.approx(rp.makespan_s + est.time_breakdown_s["dp_comm"]
+                                            + est.time_breakdown_s["optimizer"], rel=1e-9)
 
 
 def test_fp8_dispatch_and_comm_sms_are_the_profile_s_and_not_megatron_s():
