@@ -312,7 +312,8 @@ def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]
     - DualPipe (bidirectional: rank r holds stage r of one direction and stage P-1-r of the other,
       and each micro-batch passes one of them; t, b, w sum both stages): M max t / 2 +
       (P/2 - 1) max (F&B + B - 3W) with F&B = t / 2, B = b / 2, W = w / 2 per stage: the README's
-      bubble with PP = P ranks (DeepSeek-V3 report Table 2).
+      bubble with PP = P ranks (DeepSeek-V3 report Table 2). `evaluate` replays DualPipe's code
+      instead (`dualpipe_replay`); this closed form is its value for equal chunks with B = 2F, W = F.
     """
     tmax = max(t)
     if cfg.schedule == "dualpipe":
