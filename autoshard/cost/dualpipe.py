@@ -25,7 +25,8 @@ share their link (summed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .table import Table
@@ -141,7 +142,8 @@ class _Rank:
         self.ops.append(("W", self.zb_queue.pop(0)))  # "Assume FIFO" (WeightGradStore.pop)
 
 
-def dualpipe_ops(ranks: int, chunks: int) -> list[list[Op]]:
+@functools.lru_cache(maxsize=64)
+def dualpipe_ops(ranks: int, chunks: int) -> tuple[tuple[Op, ...], ...]:
     """Per rank, the ops `DualPipe.step(num_chunks=chunks)` runs, in order: its steps 1-8 transcribed."""
     assert ranks % 2 == 0 and chunks % 2 == 0 and chunks >= 2 * ranks, (ranks, chunks)
     out = []
@@ -197,44 +199,48 @@ def dualpipe_ops(ranks: int, chunks: int) -> list[list[Op]]:
             s.weight_chunk()
         assert not s.zb_queue
         s.commit()  # the step's final `_commit_and_wait_comm`
-        out.append(s.ops)
-    return out
+        out.append(tuple(s.ops))
+    return tuple(out)
 
 
-def simulate(ops: list[list[Op]], duration: Callable[[int, Op], float], p2p_s: float) -> list[float]:
+def simulate(ops: Sequence[Sequence[Op]], duration: Callable[[int, Op], float], p2p_s: float) -> list[float]:
     """Each rank's finish time: ops run in order on one stream; a commit waits until every transfer in
     it is posted by both ranks, then their transfer time (transfers between the same two ranks in one
     batch one after the other). Raises RuntimeError if the ranks deadlock (a transcription error)."""
     n = len(ops)
     clock = [0.0] * n
     pos = [0] * n
-    posted: dict[tuple, dict[int, float]] = {}  # transfer key -> {rank: time it posted the batch}
-    done = 0
-    while done < n:
+    waiting = [False] * n  # the rank has posted the batch at pos[r] and waits for its neighbours
+    posted: dict[tuple, float] = {}  # (transfer key, rank) -> when the rank posted it
+    while True:
         progress = False
         for r in range(n):
-            while pos[r] < len(ops[r]):
-                op = ops[r][pos[r]]
+            rank_ops, i, now = ops[r], pos[r], clock[r]
+            while i < len(rank_ops):
+                op = rank_ops[i]
                 if op[0] != "commit":
-                    clock[r] += duration(r, op)
-                    pos[r] += 1
-                    progress = True
+                    now += duration(r, op)
+                    i += 1
                     continue
-                for key, _peer in op[1]:
-                    posted.setdefault(key, {}).setdefault(r, clock[r])
-                if any(len(posted[key]) < 2 for key, _ in op[1]):
+                if not waiting[r]:
+                    for key, _peer in op[1]:
+                        posted[key, r] = now
+                    waiting[r] = True
+                if any((key, peer) not in posted for key, peer in op[1]):
                     break  # a neighbour has not reached the matching batch yet
                 per_peer: dict[int, float] = {}
                 for key, peer in op[1]:
-                    start = max(posted[key].values())
+                    start = max(posted[key, r], posted[key, peer])
                     per_peer[peer] = max(per_peer.get(peer, 0.0), start) + p2p_s
-                clock[r] = max(clock[r], *per_peer.values())
-                pos[r] += 1
-                progress = True
-        done = sum(pos[r] == len(ops[r]) for r in range(n))
-        if not progress and done < n:
+                now = max(now, *per_peer.values())
+                waiting[r] = False
+                i += 1
+            progress |= i != pos[r] or now != clock[r]
+            pos[r], clock[r] = i, now
+        if all(pos[r] == len(ops[r]) for r in range(n)):
+            return clock
+        if not progress:
             raise RuntimeError("DualPipe replay deadlocked")
-    return clock
 
 
 @dataclass(frozen=True)
