@@ -488,6 +488,18 @@ def robust_text(point: Any, solution: Any) -> str:
             f"{100 * (re_.step_time_s - pe.step_time_s) / pe.step_time_s:.1f}% faster by point estimate)")
 
 
+def dualpipe_line(st: Any) -> str:
+    """What the DualPipe plans priced beside the proof gave (`solver/dualpipe_plans.py`)."""
+    head = (f"DualPipe: {st.dualpipe_plans} plans priced beside the CP-SAT proof (one recompute mode on every "
+            "layer, a balanced stage split each; not covered by the proof): ")
+    if st.dualpipe_chosen:
+        return head + "the chosen plan is the fastest of them that fits with the search's headroom"
+    if st.dualpipe_best_s is None:
+        return head + "none fits with the search's headroom"
+    return head + (f"the fastest that fits with the search's headroom, {st.dualpipe_best_plan}, takes "
+                   f"{st.dualpipe_best_s:.2f} s, no faster than the chosen plan")
+
+
 def solver_status_text(solution: Any, point: Any = None) -> str:
     """`OPTIMAL`, or under --robust with another plan picked `OPTIMAL (point estimate 1.225 s/step)`:
     the status and the objective are the point-estimate optimum's, not the picked plan's."""

@@ -17,9 +17,11 @@ from autoshard.cost.context import config_reasons
 from autoshard.cost.dualpipe import dualpipe_ops, simulate
 from autoshard.cost.moe import priced_config
 from autoshard.cost.step import dualpipe_replay
+from autoshard.cost.table import Cost, Table
 from autoshard.frameworks import get_framework
 from autoshard.hf import model_from_hf_config
 from autoshard.loader import load_plan
+from autoshard.solver.dualpipe_plans import balanced_split
 from autoshard.solver.layouts import search_modes
 from autoshard.solver.search import search_headroom
 from autoshard.topology import all_to_all_s, contiguous_profile
@@ -258,7 +260,7 @@ def test_a_search_naming_only_two_stage_schedules_is_one_line_bad_input(tmp_path
     assert " 1f1b " in capsys.readouterr().out
 
 
-def test_why_the_solver_would_not_pick_dualpipe_under_its_default_headroom():
+def test_why_dualpipe_loses_under_the_solver_s_default_headroom():
     """docs/deepseek-v3.md: DeepSeek's launcher runs one recompute mode on every layer; of the DualPipe
     plans of the problem's search space (EP 32 / 64, PP 8 / 16, the search's five modes) only three fit
     the 77.7 GiB: EP64 with the published recompute (0.4 GiB free) and EP32 / EP64 with full recompute.
@@ -284,3 +286,43 @@ def test_why_the_solver_would_not_pick_dualpipe_under_its_default_headroom():
     best = min(fitting.values(), key=lambda e: e.step_time_s)
     assert best.plan.recompute == "layernorm+mla_up_proj+moe_act" and best.plan.ep == 64
     assert best.step_time_s < 0.85 * sol.estimate.step_time_s  # 17.99 vs 22.11 s: 18.6% faster
+
+
+def test_balanced_dualpipe_split_is_the_hand_worked_one():
+    """8 equal layers of 1 s, a 2 s head, no embedding time, 4 ranks (2 rank pairs, each holding the
+    same two stages): the end pair's e layers + the head against the middle pair's 8 - e: e = 3 (5 s
+    each); the end pair split 2 / 1 (stage 0: 2 s, stage 3: 1 + 2 = 3 s; 3 / 0 ties at 3 s and comes
+    later), the middle pair's 5 layers 3 / 2 (stage 1 the larger half)."""
+    def cost(total_s):
+        c = Cost()
+        c.fwd["compute"] = total_s
+        return c
+    table = Table(cfg=None, placement=None, layers={("moe", "none"): cost(1.0)}, embed=cost(0.0), head=cost(2.0),
+                  pp_p2p_s=0.0, microbatches=8)
+    assert balanced_split(table, ["moe"] * 8, "none", 4) == [2, 3, 2, 1]
+
+
+def test_solver_plans_dualpipe_where_deepseek_runs_it():
+    """The solver prices DualPipe beside its CP-SAT proof (solver/dualpipe_plans.py). With the memory the
+    published plan uses (no search headroom: it leaves 0.4 GiB), it returns DeepSeek's plan: EP64, PP16,
+    DualPipe, ZeRO-1, the published recompute, its stage split balanced by rank pairs ([5, 4 x 14, 0]:
+    the last layer on stage 0, the same rank pair as stage 15), within 0.5% of the published plan's price and
+    18% faster than the 1F1B optimum, which becomes the first alternative. With the default 4.0 GiB
+    headroom the fastest DualPipe plan that fits recomputes everything and loses (23.00 s against 22.11)."""
+    p, published = _published()
+    edge = load_problem({**p.model_dump(exclude={"plan"}), "search": {**p.search.model_dump(exclude_none=True),
+                                                                       "headroom_gib": 0.0}})
+    sol = solve(edge, top_k=1)
+    assert sol.solver.dualpipe_chosen and sol.solver.dualpipe_plans == 70  # 14 configurations x 5 modes
+    plan = sol.plan
+    assert (plan.schedule, plan.ep, plan.pp, plan.tp, plan.zero_stage, plan.micro_batch_size) == \
+        ("dualpipe", 64, 16, 1, 1, 1)
+    assert plan.recompute == "layernorm+mla_up_proj+moe_act" and sol.estimate.fits
+    assert sol.estimate.step_time_s == pytest.approx(evaluate(p, published).step_time_s, rel=0.005)
+    first = sol.alternatives[0]
+    assert first.plan.schedule == "1f1b" and first.estimate.step_time_s == pytest.approx(22.1, abs=0.1)
+    assert first.slower_pct > 18
+    default = solve(p, top_k=0)
+    assert default.plan.schedule == "1f1b" and not default.solver.dualpipe_chosen
+    assert default.solver.dualpipe_best_s == pytest.approx(23.0, abs=0.05)
+    assert default.solver.dualpipe_best_plan.endswith("dualpipe recompute=full")
