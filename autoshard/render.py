@@ -554,6 +554,7 @@ def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
         ["pruned by memory bound", st.pruned_by_memory],
         ["pruned by time bound", st.pruned_by_bound],
         ["CP-SAT solves", st.cp_sat_solves],
+        *([["DualPipe", dualpipe_line(st).removeprefix("DualPipe: ")]] if getattr(st, "dualpipe_plans", 0) else []),
         ["memory headroom kept by the search", f"{getattr(st, 'headroom_gib', 0.0):g} GiB per GPU"
          + (" (default: 5% of HBM, the memory model's measured error; --headroom 0 for the edge)"
             if getattr(st, "headroom_default", False) else "")],
@@ -666,6 +667,8 @@ def solution_text(problem: Any, solution: Any) -> str:
     gap = "-" if st.gap is None else f"{100 * st.gap:.2f}%"
     out.append(f"solver: {st.status} in {st.solve_time_s:.2f} s (gap {gap}), {st.candidates} candidates, "
                f"{st.pruned_by_memory} pruned by memory, {st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
+    if getattr(st, "dualpipe_plans", 0):
+        out.append(dualpipe_line(st))
     for a in solution.alternatives:
         out.append(alternative_line(solution.estimate, a))
     return "\n".join(out) + "\n"
