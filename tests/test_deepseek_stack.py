@@ -326,3 +326,24 @@ def test_solver_plans_dualpipe_where_deepseek_runs_it():
     assert default.plan.schedule == "1f1b" and not default.solver.dualpipe_chosen
     assert default.solver.dualpipe_best_s == pytest.approx(23.0, abs=0.05)
     assert default.solver.dualpipe_best_plan.endswith("dualpipe recompute=full")
+
+
+def test_replayed_transfers_are_a_rendezvous_waited_by_both_ranks():
+    """`_commit_and_wait_comm` posts a batch and waits for it: a transfer ends p2p after the later of the
+    two ranks posts it, on both ranks. Rank 0 computes 1 s and sends; rank 1 computes 3 s, then receives
+    and computes 1 s: both post at 3 (the sender waits 2 s), the transfer ends at 3.5, rank 1 at 4.5.
+    Two transfers between the same ranks in one batch run one after the other: 3 + 2 x 0.5 = 4."""
+    key = ("f", 0, 0, 0, 1)
+    ops = ((("F", 0), ("commit", ((key, 1),))), (("F", 0), ("commit", ((key, 0),)), ("F", 0)))
+    times = {0: 1.0, 1: 3.0}
+    seen = {1: 0}
+
+    def duration(rank, op):
+        if rank == 1:
+            seen[1] += 1
+            return 3.0 if seen[1] == 1 else 1.0
+        return times[rank]
+    assert simulate(ops, duration, 0.5) == pytest.approx([3.5, 4.5])
+    k2 = ("b", 1, 0, 0, 1)
+    two = ((("F", 0), ("commit", ((key, 1), (k2, 1)))), (("F", 0), ("commit", ((key, 0), (k2, 0)))))
+    assert simulate(two, lambda r, op: times[r], 0.5) == pytest.approx([4.0, 4.0])
