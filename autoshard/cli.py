@@ -360,11 +360,13 @@ def cmd_solve(a: argparse.Namespace) -> int:
             print(notice)
         sys.stdout.write(estimate_text(problem, sol.estimate))
         st = sol.solver
-        from .render import alternative_line, robust_text, solver_status_text  # noqa: PLC0415
+        from .render import alternative_line, dualpipe_line, robust_text, solver_status_text  # noqa: PLC0415
 
         print(f"solver: {solver_status_text(sol, point)} in {st.solve_time_s:.2f} s (gap {100 * (st.gap or 0):.2f}%), "
               f"{st.candidates} candidate configurations, {st.pruned_by_memory} pruned by memory, "
               f"{st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
+        if st.dualpipe_plans:
+            print(dualpipe_line(st))
         print(f"memory headroom kept by the search: {st.headroom_gib:g} GiB per GPU beside each stage's free memory "
               + ("(default: 5% of HBM, the memory model's measured error; --headroom 0 for the edge)"
                  if st.headroom_default else "(search.headroom_gib / --headroom)"))

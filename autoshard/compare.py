@@ -121,10 +121,11 @@ def _time_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
         return (f"{ep(pa)} ({la}) vs {ep(pb)} ({lb}): the expert all-to-all dispatch and combine of every MoE "
                 f"layer ({max(va, vb):.2f} s in {more}); DeepEP / HybridEP send a token once per remote node "
                 "(node-limited routing caps those nodes), Megatron's EP overlap and DualPipe's paired chunks hide "
-                "it under another micro-batch's compute")
+                "it under another micro-batch's compute (DualPipe's warm-up and cool-down chunks, run alone, pay it)")
     if key == "pp_comm":
         return (f"{_pipe(pa)} ({la}) vs {_pipe(pb)} ({lb}): activations sent between pipeline stages, once per "
-                "micro-batch and virtual stage")
+                "micro-batch and virtual stage (DualPipe: its sends and receives waited for before each chunk, "
+                "until the neighbour posts them)")
     if key == "zero3_comm":
         return (f"ZeRO-{pa.zero_stage} ({la}) vs ZeRO-{pb.zero_stage} ({lb}): ZeRO-3 gathers every layer's weights "
                 "before its forward and backward; what compute cannot hide is exposed")

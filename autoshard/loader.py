@@ -245,10 +245,15 @@ def _check_search_schedule(problem: Problem) -> None:
         raise InputError(f"{problem.framework} has no {listed} pipeline schedule (it runs {', '.join(fw.schedules)}; "
                          "data/frameworks.yaml)", field="search.schedule")
     if all(x in UNPLANNABLE_SCHEDULES for x in runs):  # two stages per rank: no layout of the solver's stage model
-        raise InputError(f"the solver does not plan {', '.join(repr(x) for x in runs)} (two stages per rank; priced "
-                         "when a plan names it, not searched): price such a plan with `autoshard evaluate --plan` "
-                         "(or `compare`), or allow another schedule (1f1b, interleaved, zero_bubble or gpipe)",
-                         field="search.schedule")
+        # DualPipe, where the framework plans it, is re-planned from the CP-SAT search's configurations
+        # (solver/dualpipe_plans.py): beside another schedule, never alone
+        beside = [x for x in runs if x == "dualpipe" and x not in fw.unplanned_schedules]
+        why = ("two stages per rank; priced when a plan names it, not searched" if not beside else
+               f"two stages per rank: {', '.join(repr(x) for x in beside)} is planned beside a schedule the CP-SAT "
+               "stage model plans, by re-planning its configurations, not alone")
+        raise InputError(f"the solver does not plan {', '.join(repr(x) for x in runs)} ({why}): price such a plan "
+                         "with `autoshard evaluate --plan` (or `compare`), or allow another schedule (1f1b, "
+                         "interleaved, zero_bubble or gpipe)", field="search.schedule")
 
 
 def load_plan(source: str | os.PathLike[str] | Mapping[str, Any] | Plan) -> Plan:

@@ -488,6 +488,18 @@ def robust_text(point: Any, solution: Any) -> str:
             f"{100 * (re_.step_time_s - pe.step_time_s) / pe.step_time_s:.1f}% faster by point estimate)")
 
 
+def dualpipe_line(st: Any) -> str:
+    """What the DualPipe plans priced beside the proof gave (`solver/dualpipe_plans.py`)."""
+    head = (f"DualPipe: {st.dualpipe_plans} plans priced beside the CP-SAT proof (one recompute mode on every "
+            "layer, a balanced stage split each; not covered by the proof): ")
+    if st.dualpipe_chosen:
+        return head + "the chosen plan is the fastest of them that fits with the search's headroom"
+    if st.dualpipe_best_s is None:
+        return head + "none fits with the search's headroom"
+    return head + (f"the fastest that fits with the search's headroom, {st.dualpipe_best_plan}, takes "
+                   f"{st.dualpipe_best_s:.2f} s, no faster than the chosen plan")
+
+
 def solver_status_text(solution: Any, point: Any = None) -> str:
     """`OPTIMAL`, or under --robust with another plan picked `OPTIMAL (point estimate 1.225 s/step)`:
     the status and the objective are the point-estimate optimum's, not the picked plan's."""
@@ -542,6 +554,7 @@ def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
         ["pruned by memory bound", st.pruned_by_memory],
         ["pruned by time bound", st.pruned_by_bound],
         ["CP-SAT solves", st.cp_sat_solves],
+        *([["DualPipe", dualpipe_line(st).removeprefix("DualPipe: ")]] if getattr(st, "dualpipe_plans", 0) else []),
         ["memory headroom kept by the search", f"{getattr(st, 'headroom_gib', 0.0):g} GiB per GPU"
          + (" (default: 5% of HBM, the memory model's measured error; --headroom 0 for the edge)"
             if getattr(st, "headroom_default", False) else "")],
@@ -654,6 +667,8 @@ def solution_text(problem: Any, solution: Any) -> str:
     gap = "-" if st.gap is None else f"{100 * st.gap:.2f}%"
     out.append(f"solver: {st.status} in {st.solve_time_s:.2f} s (gap {gap}), {st.candidates} candidates, "
                f"{st.pruned_by_memory} pruned by memory, {st.pruned_by_bound} by bound, {st.cp_sat_solves} CP-SAT solves")
+    if getattr(st, "dualpipe_plans", 0):
+        out.append(dualpipe_line(st))
     for a in solution.alternatives:
         out.append(alternative_line(solution.estimate, a))
     return "\n".join(out) + "\n"

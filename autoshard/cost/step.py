@@ -25,6 +25,7 @@ from .context import (
     with_modes,
     zero3_step_sync,
 )
+from .dualpipe import Replay, dualpipe_time
 from .kernels import Shapes, unfused_softmax_reason
 from .layers import Cost, Table, layer_table
 from .moe import ep_overlap_on, priced_config
@@ -311,7 +312,8 @@ def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]
     - DualPipe (bidirectional: rank r holds stage r of one direction and stage P-1-r of the other,
       and each micro-batch passes one of them; t, b, w sum both stages): M max t / 2 +
       (P/2 - 1) max (F&B + B - 3W) with F&B = t / 2, B = b / 2, W = w / 2 per stage: the README's
-      bubble with PP = P ranks (DeepSeek-V3 report Table 2).
+      bubble with PP = P ranks (DeepSeek-V3 report Table 2). `evaluate` replays DualPipe's code
+      instead (`dualpipe_replay`); this closed form is its value for equal chunks with B = 2F, W = F.
     """
     tmax = max(t)
     if cfg.schedule == "dualpipe":
@@ -459,6 +461,19 @@ def assign_layers(kinds: list[str], recompute: list[str], stage_layers: list[int
     return ranks
 
 
+def dualpipe_replay(ctx: Context, table: Table, stage_layers: list[int], recompute: list[str]) -> Replay:
+    """DualPipe's step replayed as `DualPipe.step` runs it (`cost.dualpipe`): pairs priced by `table`
+    (the all-to-all under the other chunk), chunks run alone by the same configuration without the EP
+    overlap (nothing to hide the all-to-all under)."""
+    kinds, cfg = ctx.model.layer_kinds(), table.cfg
+    stages, start = [], 0
+    for n in stage_layers:
+        stages.append(list(zip(kinds[start:start + n], recompute[start:start + n])))
+        start += n
+    alone = layer_table(ctx, dataclasses.replace(cfg, ep_overlap=False)) if ep_overlap_on(ctx, cfg) else table
+    return dualpipe_time(table, alone, stages)
+
+
 def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: list[str], plan: Plan,
              warnings: list[str]) -> Estimate:
     cfg, M = table.cfg, table.microbatches
@@ -474,7 +489,8 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     w = [x.wgrad_s for x in tots]
     b = [sum(x.bwd.values()) for x in tots]
     ordered = [] if bidir else [per_rank[chunk_rank(c, cfg.pp, v)][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
-    t_pipe = pipeline_time(cfg, M, t, w, chunk_times(table, ordered), b)
+    replay = dualpipe_replay(ctx, table, stage_layers, recompute) if bidir else None
+    t_pipe = replay.makespan_s if replay else pipeline_time(cfg, M, t, w, chunk_times(table, ordered), b)
     tm = tail_model(ctx, table)
     tails = [dp_tail(tm, x) for x in tots]
     tail_tot = [sum(x.values()) for x in tails]
@@ -508,7 +524,12 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     slow = max(range(cfg.pp), key=lambda r: t[r])
     per_mb = 0.5 if bidir else 1.0  # DualPipe: each micro-batch passes one of a rank's two stages
     bd = {k: per_mb * M * (tots[slow].fwd[k] + tots[slow].bwd[k]) for k in TIME_KEYS}
-    bd["pipeline_bubble"] = max(0.0, t_pipe - per_mb * M * t[slow])  # (round-off can make 1-stage pipelines -1e-20)
+    if replay:  # DualPipe as its code runs: transfers waited per chunk, unpaired chunks' all-to-all exposed
+        bd["pp_comm"] = replay.pp_comm_s
+        bd["ep_comm"] += replay.unpaired_ep_s
+        bd["pipeline_bubble"] = t_pipe - sum(bd.values())
+    else:
+        bd["pipeline_bubble"] = max(0.0, t_pipe - per_mb * M * t[slow])  # (round-off: 1-stage pipelines -1e-20)
     tail_rank = max(range(cfg.pp), key=lambda r: tail_tot[r])
     bd.update(tails[tail_rank])
     tokens = ctx.training.tokens_per_step

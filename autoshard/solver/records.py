@@ -40,6 +40,12 @@ class SolverStats(BaseModel):
     headroom_default: bool = False
     alternatives_complete: bool = True  # False: the alternatives' share of the budget ran out
     fingerprint: str = ""  # sha256 of the problem, autoshard and OR-Tools versions and the budget
+    # DualPipe, planned beside the proof by enumeration where the framework plans it
+    # (solver/dualpipe_plans.py): plans priced, the fastest that fits with the headroom, whether chosen
+    dualpipe_plans: int = 0
+    dualpipe_best_s: float | None = None
+    dualpipe_best_plan: str = ""
+    dualpipe_chosen: bool = False
 
 
 class Alternative(BaseModel):

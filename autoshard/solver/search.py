@@ -39,6 +39,7 @@ from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Plan, Problem
 from .bounds import _bounds, _optimistic_table, _table_bound
 from .candidates import _placements, candidates, offload_passes
+from .dualpipe_plans import dualpipe_pass
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
 from .families import Family, Named, family_key, family_name, named
 from .layouts import search_modes
@@ -658,7 +659,8 @@ def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_h
     if not found:
         assert failed is not None
         raise failed
-    return min(found, key=lambda s: s.estimate.step_time_s)  # (ties: the first pass, without offload)
+    best = min(found, key=lambda s: s.estimate.step_time_s)  # (ties: the first pass, without offload)
+    return dualpipe_pass(problem, shown, ctx, modes, headroom_gib, best)  # (where the framework plans DualPipe)
 
 
 def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_headroom: bool, ctx: Context,
