@@ -503,6 +503,26 @@ class TrainingSpec(Strict):
         "Total training tokens of the run (e.g. 15e12; at most 1e16): sets the FLOP budget's totals "
         "(6 N + causal attention per token, the plain 6 N T beside it, hardware FLOPs with recompute)."))
 
+    # Megatron-LM's loss and output-layer knobs, priced in the last stage's working memory
+    # (cost.layers._head_cost). --cross-entropy-loss-fusion runs the vocab-parallel cross entropy
+    # through torch.compile (megatron/core/fusions/fused_cross_entropy.py, jit_fuser): the in-place
+    # subtract / exp / divide on the fp32 logits are functionalized into a new fp32 buffer copied back,
+    # so the loss holds bf16 logits + fp32 logits + one more fp32 copy at its peak (10 bytes per logit
+    # instead of 6). --defer-embedding-wgrad-compute (tensor_parallel/layers.py
+    # LinearWithGradAccumulationAndAsyncCommunication.backward) keeps the output layer's bf16 gradient
+    # and input of the first --wgrad-deferral-limit micro-batches (0: all of them) until the step's end,
+    # where schedules.finish_embedding_wgrad_compute computes the weight gradient.
+    cross_entropy_fusion: bool = Field(default=False, description=(
+        "Megatron --cross-entropy-loss-fusion: the torch.compile'd vocab-parallel cross entropy, which holds "
+        "one more fp32 copy of the logits at the loss (10 bytes per logit instead of 6). Megatron only."))
+    defer_embedding_wgrad: bool = Field(default=False, description=(
+        "Megatron --defer-embedding-wgrad-compute: the output layer's weight gradient computed once at the "
+        "step's end, its bf16 logit gradients and inputs kept until then (see wgrad_deferral_limit). "
+        "Megatron only."))
+    wgrad_deferral_limit: Annotated[int, Field(ge=0, le=MAX_GLOBAL_BATCH)] = Field(default=0, description=(
+        "Megatron --wgrad-deferral-limit: with defer_embedding_wgrad, the micro-batches whose output-layer "
+        "gradients are kept (the later ones compute theirs at once); 0: all of them (Megatron's default)."))
+
     # Per-module precision under a low-precision recipe (e.g. MXFP8 routed experts with BF16
     # attention): the module classes whose linear GEMMs stay in BF16 (rate, no quantization, no
     # low-precision weight copy, bf16 saved inputs); and Megatron's --first-last-layers-bf16 with
