@@ -638,6 +638,10 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                          # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
                          "main_grads": row.get("main_grads"),
                          "fp8_params": row_flag(row, "fp8_params", False),
+                         # Megatron's output-layer / loss knobs as run (validation/README.md)
+                         "cross_entropy_fusion": row_flag(row, "cross_entropy_fusion", False),
+                         "defer_embedding_wgrad": row_flag(row, "defer_embedding_wgrad", False),
+                         "wgrad_deferral_limit": as_int(row.get("wgrad_deferral_limit"), 0) or 0,
                          # per-module precision as run (validation/README.md): module classes and
                          # leading / trailing blocks kept in BF16 under a low-precision recipe
                          "bf16_modules": list(row.get("bf16_modules") or []),
