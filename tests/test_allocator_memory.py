@@ -195,9 +195,9 @@ def test_cublas_workspaces_per_thread_and_userbuffers():
 
 
 def test_every_converted_functional_case_within_reach():
-    """All converted cases: median |error| <= 2%, at least 51 of them within 3%, none predicted not to fit
-    (every one ran), none more than 8% above the measured peak. Before the terms of this file's commit:
-    median 3.5%, p90 8.9%, 27 within 3%, worst -27.7%."""
+    """All converted cases: median |error| <= 1.5%, at least 54 of them within 3%, none predicted not to fit
+    (every one ran), none more than 3% above the measured peak. Before the terms priced here: median 3.5%,
+    p90 8.9%, 27 within 3%, worst -27.7%."""
     errs, fits = [], []
     for case in FUNCTIONAL:
         problem, plan = problem_and_plan(case["args"], 8, "h100")
@@ -208,9 +208,9 @@ def test_every_converted_functional_case_within_reach():
         errs.append(_last_peak_bytes(est) / case["measured_peak_bytes"] - 1)
         fits.append(est.fits)
     assert len(errs) >= 58 and all(fits)
-    assert statistics.median(abs(e) for e in errs) <= 0.02
-    assert sum(abs(e) <= 0.03 for e in errs) >= 51
-    assert max(errs) <= 0.08
+    assert statistics.median(abs(e) for e in errs) <= 0.015
+    assert sum(abs(e) <= 0.03 for e in errs) >= 54
+    assert max(errs) <= 0.03
 
 
 def test_loss_knobs_are_megatron_only_and_exported():
@@ -226,3 +226,46 @@ def test_loss_knobs_are_megatron_only_and_exported():
     flags = export_plan(load_problem({**base, "framework": "megatron"}), plan, "megatron").text
     assert "--cross-entropy-loss-fusion" in flags and "--defer-embedding-wgrad-compute" in flags
     assert "--wgrad-deferral-limit 2" in flags
+
+
+def test_dataloader_attention_masks_on_the_loading_ranks():
+    """Megatron's data loader builds a [4, 1, 1024, 1024] bool causal mask per micro-batch (4,194,304 B);
+    two of them are priced on the first and last stages: 8,388,608 B. The functional-test pair with and
+    without --no-create-attention-mask-in-dataloader measured 7,864,320 B apart."""
+    with_mask = BY_NAME["gpt3_mcore_te_tp2_pp2_resume_torch_dist"]
+    without = BY_NAME["gpt3_mcore_te_tp2_pp2_resume_torch_dist_no_create_attention_mask_in_dataloader"]
+    prob, _, e_with = _functional(with_mask)
+    prob_without, _, e_without = _functional(without)
+    assert prob.training.attention_mask_in_batch and not prob_without.training.attention_mask_in_batch
+    by_hand = 2 * 4 * 1024 * 1024
+    for s_with, s_without in zip(e_with.stages, e_without.stages):  # both stages load data, pp 2
+        assert (s_with.peak_memory_gib - s_without.peak_memory_gib) * GIB == pytest.approx(by_hand)
+    measured = with_mask["measured_peak_bytes"] - without["measured_peak_bytes"]
+    assert by_hand == pytest.approx(measured, rel=0.07)
+    pp4 = evaluate(load_problem({"model": SMALL_GPT, "framework": "megatron", "cluster": {"gpu": "h100", "num_gpus": 8},
+                                 "training": {"seq_len": 1024, "global_batch_size": 32, "attention_mask_in_batch": True}}),
+                   Plan(tp=1, pp=4, dp=2, micro_batch_size=4))
+    plain = evaluate(load_problem({"model": SMALL_GPT, "framework": "megatron", "cluster": {"gpu": "h100", "num_gpus": 8},
+                                   "training": {"seq_len": 1024, "global_batch_size": 32}}),
+                     Plan(tp=1, pp=4, dp=2, micro_batch_size=4))
+    deltas = [(a.peak_memory_gib - b.peak_memory_gib) * GIB for a, b in zip(pp4.stages, plain.stages)]
+    assert deltas == pytest.approx([by_hand, 0, 0, by_hand])  # the middle stages load no data
+    flags = export_plan(load_problem({"model": SMALL_GPT, "framework": "megatron", "cluster": {"gpu": "h100", "num_gpus": 8},
+                                      "training": {"seq_len": 1024, "global_batch_size": 32}}),
+                        Plan(tp=1, pp=4, dp=2, micro_batch_size=4), "megatron").text
+    assert "--no-create-attention-mask-in-dataloader" in flags
+
+
+def test_qk_layernorm_keeps_the_normalized_query_and_key():
+    """--qk-layernorm: per layer the normalized q and k in bf16 plus two fp32 statistics per (token, head):
+    TP 4 of 8 heads and 8 KV heads, head dim 64, 4,096 tokens: (2 x 64 + 8) x 4,096 x (2 + 2) = 2,228,224 B,
+    twelve layers of one micro-batch in flight at PP 1."""
+    case = BY_NAME["gpt3_mcore_te_tp4_pp1_resume_torch_dist_qk_layernorm_test_mode"]
+    prob, _, with_norm = _functional(case)
+    assert prob.model.qk_layernorm
+    problem, plan = problem_and_plan(case["args"], 8, "h100")
+    problem["model"]["qk_layernorm"] = False
+    without = evaluate(load_problem(problem), Plan(**plan))
+    assert (with_norm.stages[0].memory_gib["activations"] - without.stages[0].memory_gib["activations"]) * GIB == \
+        pytest.approx(12 * 2_228_224)
+    assert _last_peak_bytes(with_norm) == pytest.approx(case["measured_peak_bytes"], rel=0.035)

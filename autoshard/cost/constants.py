@@ -128,5 +128,10 @@ CUBLAS_WORKSPACES_PER_PROCESS = {"pytorch": 2, "transformer_engine": 1, "transfo
 # --cross-entropy-loss-fusion one more fp32 copy (fusions/fused_cross_entropy.py: the in-place ops of
 # the torch.compile'd calculate_predicted_logits on its input are functionalized into a new buffer).
 LOGIT_WORK_BYTES = 2 + 4
+# Attention masks of the batch held at a data-loading rank's peak (training.attention_mask_in_batch): the
+# micro-batch in use and the next one loaded. Megatron-LM's functional tests measured the pair
+# gpt3_mcore_te_tp2_pp2_resume_torch_dist with / without --no-create-attention-mask-in-dataloader
+# 7,864,320 B apart, 1.9 masks of [4, 1, 1024, 1024] bool.
+BATCH_MASKS = 2
 FUSED_CE_EXTRA_BYTES = 4
 SM90_ARCHS = ("hopper", "blackwell", "blackwell-ultra")  # catalog `arch` values of compute capability >= 9.0

@@ -25,6 +25,7 @@ from .constants import (
     CUBLAS_WORKSPACES_PER_PROCESS,
     FUSED_CE_EXTRA_BYTES,
     LOGIT_WORK_BYTES,
+    BATCH_MASKS,
     EAGER_LAUNCH_HOST_S,
     ELEMENTWISE_BWD_FACTOR,
     SM90_ARCHS,
@@ -273,6 +274,9 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
         attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
     else:  # q, k, v, proj input
         attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
+    if m.qk_layernorm and not m.is_mla:  # the normalized q and k (new tensors attention saves), each row's fp32 mean and
+        # 1/std (TE LayerNorm's saved statistics), beside the raw q and k the norms keep as their input
+        attn += (BF16 * sh.d + 2 * 4) * T * (sh.a_local + sh.kv_local)
     mats = _mlp_saved_bytes_per_ffn(m, q_mlp)
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
@@ -579,6 +583,10 @@ def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         op = reduce_scatter_s if cfg.sp else all_reduce_s
         c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
     c.act_bytes = 0.0
+    # the batch's attention masks a data-loading rank holds (`step.working_bytes` adds them on the first
+    # and last stages): [micro-batch, 1, seq, seq] bool, BATCH_MASKS of them
+    if ctx.training.attention_mask_in_batch:
+        c.work_bytes = BATCH_MASKS * cfg.mbs * sh.seq * sh.seq
     return c
 
 

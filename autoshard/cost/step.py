@@ -286,11 +286,13 @@ def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
     return {"dp_comm": exposed, "optimizer": optimizer}
 
 
-def working_bytes(table: "Table", last: bool) -> float:
+def working_bytes(table: "Table", last: bool, first: bool = False) -> float:
     """Transient memory of a rank: the largest layer's full activations (its backward
-    working set), or the last stage's logits if larger."""
+    working set), or the last stage's logits if larger; on a rank that loads data (the first and
+    the last stage) the batch's attention masks beside it (the embedding's `work_bytes`)."""
     layer = max(c.work_bytes for c in table.layers.values())
-    return max(layer, table.head.work_bytes) if last else layer
+    work = max(layer, table.head.work_bytes) if last else layer
+    return work + (table.embed.work_bytes if first or last else 0.0)
 
 
 def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float], chunk_t: list[float],
@@ -488,7 +490,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         mem = static_bytes(ctx, cfg, x.params, x.expert_params)
         infl = inflight_microbatches(cfg, r, M)
         mem["activations"] = x.act_bytes * infl
-        mem["working"] = working_bytes(table, r == head_rank or (bidir and r == 0))
+        mem["working"] = working_bytes(table, r == head_rank or (bidir and r == 0), r in ends)
         if cfg.zero == 3 and cfg.data_parallel:
             mem["zero3_gathered"] = zero3_gathered_for(ctx, cfg, table.layers.values())
         peak = sum(mem.values())

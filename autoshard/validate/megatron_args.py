@@ -20,6 +20,7 @@ argument                                           autoshard
 --vocab-size [GPT-2 BPE: 50,257]                    padded to a multiple of --make-vocab-size-divisible-by
                                                     [128] x TP (training/tokenizer _vocab_size_with_padding)
 --untie-embeddings-and-output-weights               tie_word_embeddings false [tied]
+--qk-layernorm                                      qk_layernorm
 --hidden-dropout / --attention-dropout [0.1]        dropout: either above 0
 --multi-latent-attention, --q-lora-rank, ...        the MLA dimensions
 --fp16 / --bf16; --fp8-format with --fp8-recipe    precision (fp8 tensorwise -> fp8-current, delayed ->
@@ -37,6 +38,7 @@ argument                                           autoshard
 --overlap-grad-reduce / --overlap-param-gather      overlap_grad_reduce / overlap_param_gather [off]
 --recompute-granularity full / selective            recompute
 --tp-comm-overlap                                   tp_comm_overlap [off]
+--no-create-attention-mask-in-dataloader           training.attention_mask_in_batch false [true]
 --cross-entropy-loss-fusion                         training.cross_entropy_fusion [off]
 --defer-embedding-wgrad-compute                     training.defer_embedding_wgrad [off]
 =================================================  ==========================================================
@@ -86,6 +88,8 @@ def model_of(args: Mapping[str, Any]) -> dict[str, Any]:
                      qk_nope_head_dim=int(args.get("--qk-head-dim", 128)),
                      qk_rope_head_dim=int(args.get("--qk-pos-emb-head-dim", 64)),
                      v_head_dim=int(args.get("--v-head-dim", 128)))
+    if _on(args, "--qk-layernorm"):
+        model["qk_layernorm"] = True
     if "--kv-channels" in args:
         model["head_dim"] = int(args["--kv-channels"])
     return model
@@ -138,6 +142,8 @@ def problem_and_plan(args: Mapping[str, Any], num_gpus: int, gpu: str) -> tuple[
         "seq_len": int(args["--seq-length"]), "global_batch_size": int(args["--global-batch-size"]),
         "precision": precision_of(args), "flash_attention": flash,
         "fp8_params": bool(args.get("--fp8-format")) and _on(args, "--fp8-param-gather")}
+    if not _on(args, "--no-create-attention-mask-in-dataloader"):  # GPTDatasetConfig.create_attention_mask
+        training["attention_mask_in_batch"] = True
     if _on(args, "--cross-entropy-loss-fusion"):
         training["cross_entropy_fusion"] = True
     if _on(args, "--defer-embedding-wgrad-compute"):
