@@ -189,6 +189,8 @@ def _megatron(ctx: _Ctx) -> str:
         else:
             add("--fp8-param-gather")
 
+    if m.qk_layernorm and ("--qk-layernorm", None) not in fam.get("megatron", []):  # its saved q / k norms are priced
+        add("--qk-layernorm")
     if not t.attention_mask_in_batch:  # priced without the data loader's [b, 1, s, s] masks
         add("--no-create-attention-mask-in-dataloader")
     if t.cross_entropy_fusion:  # the torch.compile'd vocab-parallel cross entropy (priced: +4 B per logit)
