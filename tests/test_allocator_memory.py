@@ -29,6 +29,7 @@ import pytest
 from autoshard import Plan, evaluate, load_problem
 from autoshard.cost.context import context
 from autoshard.cost.layers import cublas_workspace_bytes
+from autoshard.cost.step import interleaved_windows
 from autoshard.export import export_plan
 from autoshard.validate import validation_file
 from autoshard.validate.megatron_args import problem_and_plan
@@ -195,8 +196,8 @@ def test_cublas_workspaces_per_thread_and_userbuffers():
 
 
 def test_every_converted_functional_case_within_reach():
-    """All converted cases: median |error| <= 1.5%, at least 54 of them within 3%, none predicted not to fit
-    (every one ran), none more than 3% above the measured peak. Before the terms priced here: median 3.5%,
+    """All converted cases: median |error| <= 1.5%, at least 55 of them within 3%, none predicted not to fit
+    (every one ran), none more than 3% above or 3.5% below the measured peak. Before the terms priced here: median 3.5%,
     p90 8.9%, 27 within 3%, worst -27.7%."""
     errs, fits = [], []
     for case in FUNCTIONAL:
@@ -209,8 +210,8 @@ def test_every_converted_functional_case_within_reach():
         fits.append(est.fits)
     assert len(errs) >= 58 and all(fits)
     assert statistics.median(abs(e) for e in errs) <= 0.015
-    assert sum(abs(e) <= 0.03 for e in errs) >= 54
-    assert max(errs) <= 0.03
+    assert sum(abs(e) <= 0.03 for e in errs) >= 55
+    assert -0.035 <= min(errs) and max(errs) <= 0.03
 
 
 def test_loss_knobs_are_megatron_only_and_exported():
@@ -269,3 +270,22 @@ def test_qk_layernorm_keeps_the_normalized_query_and_key():
     assert (with_norm.stages[0].memory_gib["activations"] - without.stages[0].memory_gib["activations"]) * GIB == \
         pytest.approx(12 * 2_228_224)
     assert _last_peak_bytes(with_norm) == pytest.approx(case["measured_peak_bytes"], rel=0.035)
+
+
+def test_interleaved_in_flight_chunks_follow_megatrons_order():
+    """Megatron's interleaved 1F1B on PP 4 x VPP 2 with 4 micro-batches: the last rank runs
+    (4 - 3 - 1) x 2 + (2 - 1) x 4 = 4 warm-up forwards, all of its first chunk, then one forward of its
+    second chunk before each backward of it: (4, 0) and (4, 1) in flight. Rank 0's 10 warm-up forwards
+    exceed the 8 it runs: all of them. With --account-for-embedding/loss-in-pipeline-split (6 layers: the
+    last rank's first chunk one layer, its second the loss alone) the peak is 4 layers' activations, where
+    an even share of the rank's chunks would say 2.5 (measured: -12.9% -> within 1%)."""
+    assert interleaved_windows(4, 2, 3, 4) == ((4, 0), (4, 1))
+    assert interleaved_windows(4, 2, 0, 4) == ((4, 4),)
+    case = BY_NAME["gpt3_mcore_te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split"]
+    _, plan, est = _functional(case)
+    assert plan.stage_layers == [0, 1, 1, 1, 1, 1, 1, 0] and plan.vpp == 2
+    last = next(s for s in est.stages if s.has_lm_head)
+    assert interleaved_windows(4, 2, 1, 4) == ((4, 4),)  # rank 1: 8 forwards of one layer each in flight
+    layer_act = est.stages[1].memory_gib["activations"] / 8
+    assert 4 * layer_act <= last.memory_gib["activations"] <= 4.1 * layer_act  # 4 layers and the head's input
+    assert _last_peak_bytes(est) == pytest.approx(case["measured_peak_bytes"], rel=0.01)
