@@ -55,6 +55,8 @@ class FrameworkProfile:
     eager_launches: bool = True
     # cuBLAS workspaces its process allocates through PyTorch's caching allocator (cost.CUBLAS_WORKSPACE_BYTES)
     cublas_workspaces: tuple[str, ...] = ("pytorch",)
+    # workspaces added where TP communication overlaps the GEMMs (Megatron's TE userbuffers)
+    tp_overlap_cublas_workspaces: tuple[str, ...] = ()
     # Data-parallel tail overlaps its engine runs (Plan.overlap_grad_reduce / overlap_param_gather ask for
     # them; cost.dp_overlaps grants what the engine does): gradient reduction under the backward with
     # pp = 1 and with pipeline parallelism, and the ZeRO-1/2 parameter all-gather under the next forward
@@ -85,6 +87,8 @@ class FrameworkProfile:
     # (DualPipe's overlap): the computation runs on the others (0: priced as COMM_INTERFERENCE instead)
     ep_comm_sms: int = 0
     fp8_params: bool = False  # can keep the weights themselves in FP8 (training.fp8_params)
+    # runs Megatron-LM's output-layer / loss knobs (training.cross_entropy_fusion, defer_embedding_wgrad)
+    output_layer_knobs: bool = False
     # keeps its low-precision weight copies for the whole step (Transformer Engine caches them across
     # micro-batches); False = recasts the weights in every forward (torchao Float8Linear)
     fp8_weight_cache: bool = True
@@ -213,6 +217,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             cuda_graphs=bool(row.get("cuda_graphs", False)),
             eager_launches=bool(row.get("eager_launches", True)),
             cublas_workspaces=tuple(row.get("cublas_workspaces", ["pytorch"])),
+            tp_overlap_cublas_workspaces=tuple(row.get("tp_overlap_cublas_workspaces") or ()),
             grad_reduce_overlap=bool(row.get("grad_reduce_overlap", True)),
             pipeline_grad_reduce_overlap=bool(row.get("pipeline_grad_reduce_overlap", True)),
             param_gather_overlap=bool(row.get("param_gather_overlap", True)),
@@ -230,6 +235,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             low_precision_dispatch=bool(row.get("low_precision_dispatch", False)),
             ep_comm_sms=int(row.get("ep_comm_sms", 0)),
             fp8_params=bool(row.get("fp8_params", False)),
+            output_layer_knobs=bool(row.get("output_layer_knobs", False)),
             fp8_weight_cache=bool(row.get("fp8_weight_cache", True)),
             quant_hbm_bytes_per_element=tuple((str(k), float(v)) for k, v in
                                               (row.get("quant_hbm_bytes_per_element") or {}).items()),

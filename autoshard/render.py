@@ -312,6 +312,11 @@ def training_settings(t: Any) -> list[str]:
         out.append(f"MoE load imbalance {t.moe_load_imbalance:g}")
     if getattr(t, "launch_blocking", False):
         out.append("blocking launches")
+    if getattr(t, "cross_entropy_fusion", False):
+        out.append("fused cross entropy")
+    if getattr(t, "defer_embedding_wgrad", False):
+        lim = getattr(t, "wgrad_deferral_limit", 0)
+        out.append(f"output-layer wgrad deferred ({lim or 'all'} micro-batches)")
     if not getattr(t, "flash_attention", True) and getattr(t, "softmax_fusion", "megatron") != "megatron":
         out.append(f"softmax fusion {t.softmax_fusion}")
     if getattr(t, "finetune", "full") != "full":

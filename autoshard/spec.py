@@ -228,6 +228,12 @@ class ModelSpec(Strict):
     chunked_attention_layers: Annotated[float, Field(gt=0.0, le=1.0)] = Field(default=1.0, description=(
         "Share of the layers with chunked attention (Llama 4: its RoPE layers, 3 in 4; the NoPE layers of HF "
         "no_rope_layers attend globally)."))
+    # A norm over each head's query and key before attention (Megatron --qk-layernorm: TE LayerNorm of
+    # the head dimension on q and k; OLMo 2, Qwen3): the normalized q and k are new tensors that
+    # attention saves beside the norms' saved inputs (cost.layers._activation_bytes).
+    qk_layernorm: bool = Field(default=False, description=(
+        "A norm over each head's query and key before attention (Megatron --qk-layernorm; OLMo 2, Qwen3): "
+        "the normalized q and k are kept beside the raw ones for the backward."))
     # Experts with biases (gpt-oss): the fc2 bias is scaled by the router probability per routed
     # token, outside the grouped GEMM where the framework does not fuse it (cost.layers._mlp_cost).
     expert_bias: bool = Field(default=False, description=(
@@ -502,6 +508,36 @@ class TrainingSpec(Strict):
     tokens: Annotated[float, Field(ge=1, le=1e16)] | None = Field(default=None, description=(
         "Total training tokens of the run (e.g. 15e12; at most 1e16): sets the FLOP budget's totals "
         "(6 N + causal attention per token, the plain 6 N T beside it, hardware FLOPs with recompute)."))
+
+    # Megatron-LM's loss and output-layer knobs, priced in the last stage's working memory
+    # (cost.layers._head_cost). --cross-entropy-loss-fusion runs the vocab-parallel cross entropy
+    # through torch.compile (megatron/core/fusions/fused_cross_entropy.py, jit_fuser): the in-place
+    # subtract / exp / divide on the fp32 logits are functionalized into a new fp32 buffer copied back,
+    # so the loss holds bf16 logits + fp32 logits + one more fp32 copy at its peak (10 bytes per logit
+    # instead of 6). --defer-embedding-wgrad-compute (tensor_parallel/layers.py
+    # LinearWithGradAccumulationAndAsyncCommunication.backward) keeps the output layer's bf16 gradient
+    # and input of the first --wgrad-deferral-limit micro-batches (0: all of them) until the step's end,
+    # where schedules.finish_embedding_wgrad_compute computes the weight gradient.
+    # Megatron-LM's data loader builds a [micro-batch, 1, seq, seq] bool causal mask per micro-batch
+    # unless --no-create-attention-mask-in-dataloader (core/datasets/gpt_dataset.py
+    # _get_ltor_masks_and_position_ids, GPTDatasetConfig.create_attention_mask = True; every TP rank
+    # of the first and last pipeline stages receives it: training/utils.py get_batch_on_this_tp_rank).
+    # Priced as two micro-batches' masks on the ranks that load data (cost.step BATCH_MASKS); off by
+    # default: exports then write --no-create-attention-mask-in-dataloader.
+    attention_mask_in_batch: bool = Field(default=False, description=(
+        "The data loader's [micro-batch, 1, seq, seq] bool causal mask on the ranks that load data (Megatron-"
+        "LM's default; --no-create-attention-mask-in-dataloader turns it off, as exports write when false): "
+        "two micro-batches' masks in the first and last stages' working memory. Megatron only."))
+    cross_entropy_fusion: bool = Field(default=False, description=(
+        "Megatron --cross-entropy-loss-fusion: the torch.compile'd vocab-parallel cross entropy, which holds "
+        "one more fp32 copy of the logits at the loss (10 bytes per logit instead of 6). Megatron only."))
+    defer_embedding_wgrad: bool = Field(default=False, description=(
+        "Megatron --defer-embedding-wgrad-compute: the output layer's weight gradient computed once at the "
+        "step's end, its bf16 logit gradients and inputs kept until then (see wgrad_deferral_limit). "
+        "Megatron only."))
+    wgrad_deferral_limit: Annotated[int, Field(ge=0, le=MAX_GLOBAL_BATCH)] = Field(default=0, description=(
+        "Megatron --wgrad-deferral-limit: with defer_embedding_wgrad, the micro-batches whose output-layer "
+        "gradients are kept (the later ones compute theirs at once); 0: all of them (Megatron's default)."))
 
     # Per-module precision under a low-precision recipe (e.g. MXFP8 routed experts with BF16
     # attention): the module classes whose linear GEMMs stay in BF16 (rate, no quantization, no

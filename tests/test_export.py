@@ -65,6 +65,11 @@ MEGATRON_ALLOWED = frozenset({
     "--cuda-graph-impl", "--cuda-graph-scope", "--no-check-for-nan-in-loss-and-grad",
     # the flex dispatcher's backend: TransformerConfig.moe_flex_dispatcher_backend (d98e8a64dd)
     "--moe-flex-dispatcher-backend",
+    # the loss / output-layer memory knobs as priced (training.attention_mask_in_batch, cross_entropy_fusion,
+    # defer_embedding_wgrad): arguments.py --no-create-attention-mask-in-dataloader, ModelParallelConfig
+    # cross_entropy_loss_fusion / defer_embedding_wgrad_compute / wgrad_deferral_limit (d98e8a64dd)
+    "--no-create-attention-mask-in-dataloader", "--cross-entropy-loss-fusion", "--defer-embedding-wgrad-compute",
+    "--wgrad-deferral-limit",
 })
 NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
 NARGS_FLAGS = ("--hierarchical-context-parallel-sizes",)  # nargs='+' in Megatron-LM arguments.py

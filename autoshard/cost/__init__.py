@@ -152,6 +152,7 @@ from .step import (  # noqa: F401
     flop_budget,
     gathered_kept_bytes,
     inflight_microbatches,
+    interleaved_windows,
     invalid_estimate,
     pipeline_time,
     placement_warnings,

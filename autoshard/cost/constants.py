@@ -111,5 +111,27 @@ MAMBA_BWD_KERNELS = 17
 CUBLAS_WORKSPACE_BYTES = {
     "pytorch": {True: 32 * 2**20, False: 8 * 2**20 + 128 * 2**10},
     "transformer_engine": {True: 32 * 2**20 + 1024, False: 4 * 2**20},
+    # the GEMM workspace Transformer Engine adds for userbuffers' overlapped GEMMs (TE
+    # cpp_extensions/gemm.py get_cublas_workspace(ub=True): _NUM_MAX_UB_STREAMS = 3 workspaces in one
+    # tensor, beside the plain one), where the plan overlaps TP communication that way
+    # (frameworks.yaml tp_overlap_cublas_workspaces)
+    "transformer_engine_ub": {True: 3 * (32 * 2**20 + 1024), False: 3 * 4 * 2**20},
 }
+# Workspaces of each library per process: PyTorch keys its cuBLAS workspaces by (handle, stream)
+# (aten/src/ATen/cuda/CublasHandlePool.cpp cublas_handle_stream_to_workspace) and hands each thread its
+# own handle (DeviceThreadHandles.h); the forward runs on the Python thread, the backward on autograd's
+# worker thread of the device (torch/csrc/autograd/engine.cpp), so an eager step holds two. Transformer
+# Engine keeps one module-level workspace (module/base.py get_workspace) whichever thread calls it.
+CUBLAS_WORKSPACES_PER_PROCESS = {"pytorch": 2, "transformer_engine": 1, "transformer_engine_ub": 1}
+# Megatron-LM's output-layer / loss working memory per logit (cost.layers._head_cost): the bf16 logits and
+# their fp32 copy (tensor_parallel/cross_entropy.py calculate_logits_max `.float()`, then in place); with
+# --cross-entropy-loss-fusion one more fp32 copy (fusions/fused_cross_entropy.py: the in-place ops of
+# the torch.compile'd calculate_predicted_logits on its input are functionalized into a new buffer).
+LOGIT_WORK_BYTES = 2 + 4
+# Attention masks of the batch held at a data-loading rank's peak (training.attention_mask_in_batch): the
+# micro-batch in use and the next one loaded. Megatron-LM's functional tests measured the pair
+# gpt3_mcore_te_tp2_pp2_resume_torch_dist with / without --no-create-attention-mask-in-dataloader
+# 7,864,320 B apart, 1.9 masks of [4, 1, 1024, 1024] bool.
+BATCH_MASKS = 2
+FUSED_CE_EXTRA_BYTES = 4
 SM90_ARCHS = ("hopper", "blackwell", "blackwell-ultra")  # catalog `arch` values of compute capability >= 9.0

@@ -456,6 +456,12 @@ def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int
         elif get_recipe(t.precision).gemm_dtype not in ("fp8", "fp4") or t.finetune != "full":
             bad("training.fp8_params", f"training.fp8_params needs an FP8 or FP4 recipe and full training "
                 f"(precision {t.precision}, finetune {t.finetune}): 16-bit weights have no low-precision param gather")
+    for knob in ("cross_entropy_fusion", "defer_embedding_wgrad", "attention_mask_in_batch"):
+        if getattr(t, knob) and not fw.output_layer_knobs:
+            bad(f"training.{knob}", f"{problem.framework} has no {knob} (a Megatron-LM knob: training.{knob})")
+    if t.defer_embedding_wgrad and plan.pp == 1:  # model_parallel_config.py __post_init__ raises so
+        bad("training.defer_embedding_wgrad", "defer_embedding_wgrad needs pipeline parallelism (pp > 1): "
+            "Megatron cannot defer the embedding wgrad without it")
     if t.moe_capacity_factor is not None and m.is_moe:
         if not fw.moe_token_drop:
             bad("training.moe_capacity_factor", f"{problem.framework} routes dropless: it has no expert capacity "

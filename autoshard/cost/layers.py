@@ -17,11 +17,15 @@ from ..topology import (
     shard_profiles,
     split_profile,
 )
-from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s
+from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s, tp_overlap_on
 from .constants import (
     BF16,
     BLOCKING_LAYER_HOST_S,
     CUBLAS_WORKSPACE_BYTES,
+    CUBLAS_WORKSPACES_PER_PROCESS,
+    FUSED_CE_EXTRA_BYTES,
+    LOGIT_WORK_BYTES,
+    BATCH_MASKS,
     EAGER_LAUNCH_HOST_S,
     ELEMENTWISE_BWD_FACTOR,
     SM90_ARCHS,
@@ -270,6 +274,9 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
         attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
     else:  # q, k, v, proj input
         attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
+    if m.qk_layernorm and not m.is_mla:  # the normalized q and k (new tensors attention saves), each row's fp32 mean and
+        # 1/std (TE LayerNorm's saved statistics), beside the raw q and k the norms keep as their input
+        attn += (BF16 * sh.d + 2 * 4) * T * (sh.a_local + sh.kv_local)
     mats = _mlp_saved_bytes_per_ffn(m, q_mlp)
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
@@ -379,7 +386,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         c.expert_params = expert_local
         c.bwd["compute"] += _grad_accum_s(ctx, c.params)
         c.act_bytes = acts.get(recompute, acts["none"])
-        c.work_bytes = acts["none"] + cublas_workspace_bytes(ctx)
+        c.work_bytes = acts["none"] + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
         c.hfu_flops = c.base_flops = 3 * flops
         if recompute == "full":
             c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
@@ -427,13 +434,16 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     return out
 
 
-def cublas_workspace_bytes(ctx: Context) -> float:
+def cublas_workspace_bytes(ctx: Context, tp_overlap: bool = False) -> float:
     """cuBLAS workspaces the framework's process holds through PyTorch's caching allocator for the whole
     run (CUBLAS_WORKSPACE_BYTES by library and GPU generation, `FrameworkProfile.cublas_workspaces`):
     counted once in the working memory (`Cost.work_bytes` of every layer and of the head, of which a
-    stage's peak takes the largest)."""
+    stage's peak takes the largest). PyTorch's are per thread (CUBLAS_WORKSPACES_PER_PROCESS: the forward's
+    and autograd's); with `tp_overlap` (TP communication overlapped as priced, `tp_overlap_on`) the
+    framework's userbuffers workspaces too (`FrameworkProfile.tp_overlap_cublas_workspaces`)."""
     sm90 = ctx.gpu.arch in SM90_ARCHS
-    return float(sum(CUBLAS_WORKSPACE_BYTES[lib][sm90] for lib in ctx.framework.cublas_workspaces))
+    libs = ctx.framework.cublas_workspaces + (ctx.framework.tp_overlap_cublas_workspaces if tp_overlap else ())
+    return float(sum(CUBLAS_WORKSPACE_BYTES[lib][sm90] * CUBLAS_WORKSPACES_PER_PROCESS[lib] for lib in libs))
 
 
 def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tuple[int, int, int]) -> None:
@@ -573,6 +583,10 @@ def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         op = reduce_scatter_s if cfg.sp else all_reduce_s
         c.fwd["tp_comm"] = op(ctx.levels, pl.tp, act)
     c.act_bytes = 0.0
+    # the batch's attention masks a data-loading rank holds (`step.working_bytes` adds them on the first
+    # and last stages): [micro-batch, 1, seq, seq] bool, BATCH_MASKS of them
+    if ctx.training.attention_mask_in_batch:
+        c.work_bytes = BATCH_MASKS * cfg.mbs * sh.seq * sh.seq
     return c
 
 
@@ -624,9 +638,25 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         c.bwd["tp_comm"] = c.fwd["tp_comm"]
     c.hfu_flops = c.base_flops = 3 * 2 * T * h * V
     c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
-    # bf16 logits + fp32 softmax of one micro-batch, and the cuBLAS workspaces
-    c.work_bytes = (BF16 + 4) * T * V + cublas_workspace_bytes(ctx)
+    c.work_bytes = loss_work_bytes(ctx, cfg, T, V) + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
     return c
+
+
+def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float) -> float:
+    """Transient memory at the loss of one micro-batch on the last stage: the bf16 logits and their fp32
+    copy (LOGIT_WORK_BYTES per logit; FUSED_CE_EXTRA_BYTES more with training.cross_entropy_fusion), and
+    with training.defer_embedding_wgrad the output layer's bf16 logit gradients and bf16 inputs of the
+    deferred micro-batches already through their backward (tensor_parallel/layers.py: the first
+    wgrad_deferral_limit of them, 0 = all; kept until schedules.finish_embedding_wgrad_compute): at the
+    backward of a later micro-batch min(limit, M - 1) of them beside its own loss."""
+    t = ctx.training
+    work = (LOGIT_WORK_BYTES + (FUSED_CE_EXTRA_BYTES if t.cross_entropy_fusion else 0)) * tokens * vocab_local
+    if t.defer_embedding_wgrad:
+        m = num_microbatches(ctx.problem, cfg)
+        kept = min(t.wgrad_deferral_limit or m, m - 1)
+        h_local = ctx.model.hidden_size / (cfg.tp if cfg.sp else 1)  # input_parallel: sequence-sharded under SP
+        work += kept * BF16 * tokens * (vocab_local + h_local)
+    return work
 
 
 def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, key: Any) -> tuple:

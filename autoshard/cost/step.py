@@ -113,6 +113,36 @@ def inflight_microbatches(cfg: Config, rank: int, microbatches: int) -> float:
     return float(min(m, p - rank))
 
 
+@functools.lru_cache(maxsize=4096)
+def interleaved_windows(pp: int, vpp: int, rank: int, microbatches: int) -> tuple[tuple[int, ...], ...]:
+    """The forwards of each local chunk a rank holds in flight, at every step of Megatron's interleaved
+    1F1B (pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving, microbatch group
+    size = pp): forward k runs local chunk (k mod pp*vpp) // pp, backward k chunk vpp - 1 - that; the rank
+    runs (pp - rank - 1) * 2 + (vpp - 1) * pp warm-up forwards, then one forward and one backward per
+    step. Distinct count vectors (one entry per local chunk), measured after each step's forward: with
+    uneven chunks (an embedding- or loss-only virtual stage) the peak is not an even share of the chunks."""
+    total = microbatches * vpp
+    warm = min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp)
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (pp * vpp)) // pp
+        return c if forward else vpp - 1 - c
+    counts = [0] * vpp
+    for k in range(warm):
+        counts[chunk(k, True)] += 1
+    seen = {tuple(counts)}
+    for j in range(total - warm):
+        counts[chunk(warm + j, True)] += 1
+        seen.add(tuple(counts))
+        counts[chunk(j, False)] -= 1
+    return tuple(sorted(seen))
+
+
+def interleaved_activation_bytes(windows: tuple[tuple[int, ...], ...], chunk_act: list[float]) -> float:
+    """The largest in-flight activation total over the schedule's windows (`interleaved_windows`)."""
+    return max(sum(w * a for w, a in zip(win, chunk_act)) for win in windows)
+
+
 def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float) -> dict[str, float]:
     """Weights, gradients and optimizer states of one GPU under the ZeRO stage."""
     dense = params - expert_params
@@ -287,11 +317,13 @@ def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
     return {"dp_comm": exposed, "optimizer": optimizer}
 
 
-def working_bytes(table: "Table", last: bool) -> float:
+def working_bytes(table: "Table", last: bool, first: bool = False) -> float:
     """Transient memory of a rank: the largest layer's full activations (its backward
-    working set), or the last stage's logits if larger."""
+    working set), or the last stage's logits if larger; on a rank that loads data (the first and
+    the last stage) the batch's attention masks beside it (the embedding's `work_bytes`)."""
     layer = max(c.work_bytes for c in table.layers.values())
-    return max(layer, table.head.work_bytes) if last else layer
+    work = max(layer, table.head.work_bytes) if last else layer
+    return work + (table.embed.work_bytes if first or last else 0.0)
 
 
 def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float], chunk_t: list[float],
@@ -504,7 +536,13 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
         mem = static_bytes(ctx, cfg, x.params, x.expert_params)
         infl = inflight_microbatches(cfg, r, M)
         mem["activations"] = x.act_bytes * infl
-        mem["working"] = working_bytes(table, r == head_rank or (bidir and r == 0))
+        if cfg.schedule == "interleaved":  # never below the even share the solver's bounds price
+            acts = [sum(table.layers[piece].act_bytes for piece in chunk) for chunk in per_rank[r]]
+            acts[0] += table.embed.act_bytes if r == 0 else 0.0
+            acts[-1] += table.head.act_bytes if r == head_rank else 0.0
+            mem["activations"] = max(mem["activations"],
+                                     interleaved_activation_bytes(interleaved_windows(cfg.pp, cfg.vpp, r, M), acts))
+        mem["working"] = working_bytes(table, r == head_rank or (bidir and r == 0), r in ends)
         if cfg.zero == 3 and cfg.data_parallel:
             mem["zero3_gathered"] = zero3_gathered_for(ctx, cfg, table.layers.values())
         peak = sum(mem.values())

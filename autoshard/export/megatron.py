@@ -189,6 +189,17 @@ def _megatron(ctx: _Ctx) -> str:
         else:
             add("--fp8-param-gather")
 
+    if m.qk_layernorm and ("--qk-layernorm", None) not in fam.get("megatron", []):  # its saved q / k norms are priced
+        add("--qk-layernorm")
+    if not t.attention_mask_in_batch:  # priced without the data loader's [b, 1, s, s] masks
+        add("--no-create-attention-mask-in-dataloader")
+    if t.cross_entropy_fusion:  # the torch.compile'd vocab-parallel cross entropy (priced: +4 B per logit)
+        add("--cross-entropy-loss-fusion")
+    if t.defer_embedding_wgrad:  # the output layer's wgrad at the step's end (its gradients kept until then)
+        add("--defer-embedding-wgrad-compute")
+        if t.wgrad_deferral_limit:
+            add("--wgrad-deferral-limit", str(t.wgrad_deferral_limit))
+
     # --- recompute -------------------------------------------------------------------------
     _megatron_recompute(ctx, add)
 

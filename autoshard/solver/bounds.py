@@ -440,7 +440,7 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
             else [table.embed.total_s + table.head.total_s])
     infl = np.array([inflight_microbatches(cfg, p, table.microbatches) for p in range(P)])
     ends = [([table.embed] if p == 0 else []) + ([table.head] if p == P - 1 else []) for p in range(P)]
-    fixed = np.array([sum(static(c) + infl[p] * c.act_bytes for c in e) + working_bytes(table, p == P - 1) + z3
+    fixed = np.array([sum(static(c) + infl[p] * c.act_bytes for c in e) + working_bytes(table, p == P - 1, p == 0) + z3
                       for p, e in enumerate(ends)])
     room = (ctx.capacity_bytes * (1 + 1e-9) - fixed) / infl  # activation bytes each rank can hold, before layers
     f1 = _mix_fronts(table, first, modes, n1) if first else [(np.zeros(1), np.zeros(1))]

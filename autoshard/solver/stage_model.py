@@ -14,6 +14,7 @@ from ..cost import (
     Context,
     Table,
     inflight_microbatches,
+    interleaved_windows,
     static_bytes,
     tail_model,
     working_bytes,
@@ -293,8 +294,18 @@ class StageModel:
             infl_i = int(round(infl))
             lhs = (self._piece_sum(p, lambda c: scale * _b(static(c)) + infl_i * _b(c.act_bytes))
                    + scale * _b(self._rank_const(p, static)) + infl_i * _b(self._rank_const(p, lambda c: c.act_bytes))
-                   + scale * _b(working_bytes(tb, p == cfg.pp - 1) + z3))
+                   + scale * _b(working_bytes(tb, p == cfg.pp - 1, p == 0) + z3))
             md.add(lhs <= scale * int(cap // MEM_UNIT_BYTES))
+            if cfg.schedule == "interleaved":  # each window of the schedule's in-flight chunks (cost.assemble)
+                lay, chunks = tb.layers, self._rank_chunks(p)
+                fixed = (self._piece_sum(p, lambda c: _b(static(c))) + _b(self._rank_const(p, static))
+                         + _b(working_bytes(tb, p == cfg.pp - 1, p == 0) + z3))
+                for win in interleaved_windows(cfg.pp, cfg.vpp, p, tb.microbatches):
+                    acts = sum(w * _b(lay[(k, r)].act_bytes) * self.n[c][k][r] for w, c in zip(win, chunks)
+                               for k in self.kinds for r in self.modes)
+                    ends = (win[0] * _b(tb.embed.act_bytes) if p == 0 else 0) + \
+                        (win[-1] * _b(tb.head.act_bytes) if p == cfg.pp - 1 else 0)
+                    md.add(fixed + acts + ends <= int(cap // MEM_UNIT_BYTES))
 
     def _objective(self) -> None:
         """step = pipeline time + max over ranks of the data-parallel tail (see cost.assemble)."""

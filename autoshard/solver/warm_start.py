@@ -111,7 +111,7 @@ class _Greedy:
         pieces = [lay[(kinds[i], lad[kinds[i]][0])] for i in layers] + ends
         params = sum(c.params for c in pieces)
         eparams = sum(c.expert_params for c in pieces)
-        fixed = sum(static_bytes(ctx, cfg, params, eparams).values()) + working_bytes(tb, p == cfg.pp - 1) + self.z3
+        fixed = sum(static_bytes(ctx, cfg, params, eparams).values()) + working_bytes(tb, p == cfg.pp - 1, p == 0) + self.z3
         infl = inflight_microbatches(cfg, p, tb.microbatches)
         over = fixed + infl * sum(c.act_bytes for c in pieces) - ctx.capacity_bytes
         step = {k: [0] * len(lad[k]) for k in lad}  # per kind: layers at each rung

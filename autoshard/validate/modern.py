@@ -515,6 +515,8 @@ def _row_model(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, 
                      f"{model['sliding_window_layers']:g} of the layers")
     if row_flag(row, "expert_bias", False):
         model["expert_bias"] = True
+    if row_flag(row, "qk_layernorm", False):
+        model["qk_layernorm"] = True
     if row.get("attention_chunk_size"):  # Llama 4 chunked attention on a share of the layers
         model.update(attention_chunk_size=int(row["attention_chunk_size"]),
                      chunked_attention_layers=float(row.get("chunked_attention_layers") or 1.0))
@@ -638,6 +640,11 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                          # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
                          "main_grads": row.get("main_grads"),
                          "fp8_params": row_flag(row, "fp8_params", False),
+                         # Megatron's output-layer / loss knobs as run (validation/README.md)
+                         "attention_mask_in_batch": row_flag(row, "attention_mask_in_batch", False),
+                         "cross_entropy_fusion": row_flag(row, "cross_entropy_fusion", False),
+                         "defer_embedding_wgrad": row_flag(row, "defer_embedding_wgrad", False),
+                         "wgrad_deferral_limit": as_int(row.get("wgrad_deferral_limit"), 0) or 0,
                          # per-module precision as run (validation/README.md): module classes and
                          # leading / trailing blocks kept in BF16 under a low-precision recipe
                          "bf16_modules": list(row.get("bf16_modules") or []),
