@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoshard.validate import Case, evaluate_case, load_runs, run_to_case  # noqa: E402
-from autoshard.validate.modern import gpu_arch, gpu_id, precision_recipe, recipe_of  # noqa: E402
+from autoshard.validate.modern import gpu_arch, gpu_id, precision_recipe, recipe_entry, recipe_of  # noqa: E402
 
 DEV = Path(__file__).resolve().parents[1] / "validation" / "modern_runs_dev.json"
 
@@ -102,9 +102,11 @@ def line_to_row(d: dict[str, str], shape: dict, system: dict) -> dict | None:
     precision = re.sub(r"\s*\(.*\)", "", d.get("Precision") or "").strip() or "FP8"  # 25.09: no column
     row = copy.deepcopy(shape)
     # the shape row's architecture fields stay; its run's facts go (the line states its own system and
-    # precision; the release recipe, `modern.recipe_of`, gives overlaps, graphs, dispatcher and recompute)
+    # precision; the release recipe, `modern.recipe_entry`, gives overlaps, graphs, dispatcher and recompute
+    # as the line's `framework_recipe`)
     for k in ("topology", "precision_recipe", "tp_comm_overlap", "ep_overlap", "cuda_graphs", "moe_dispatcher",
-              "moe_capacity_factor", "fp8_params", "measured_peak_memory_gib", "measured_peak_memory_gb"):
+              "moe_capacity_factor", "fp8_params", "measured_peak_memory_gib", "measured_peak_memory_gb",
+              "framework_recipe"):
         row.pop(k, None)
     for k in ("gpu", "gpus_per_node", "nvlink_domain_gpus", "interconnect", "topology"):
         if k in system:
@@ -126,6 +128,9 @@ def line_to_row(d: dict[str, str], shape: dict, system: dict) -> dict | None:
         fsdp=bool(_num(d.get("FSDP")) or 0), grad_accum=None, activation_recompute=None, layers_per_virtual_stage=None,
         tokens_per_sec_per_gpu=tps, tokens_per_sec=tps * n, tflops_per_gpu=None, step_time_s=gbs * seq / (tps * n),
         other_metrics={"release": d["release"], "source_model_label": d["model"]})
+    entry = recipe_entry(row)  # what the release's recipe ran for this line (autoshard/data/mbridge_recipes.yaml)
+    if entry:
+        row["framework_recipe"] = entry
     return row
 
 

@@ -864,6 +864,37 @@ def test_recipe_of_reads_the_release_recipe_and_its_siblings():
     assert recipe_of({**row, "id": "x", "model": "Unknown", "other_metrics": {}}) == {}
 
 
+def test_megatron_rows_carry_their_release_recipe_and_the_conversion_reads_the_field():
+    # The recipe facts live in the rows (`framework_recipe`, validation/README.md), written from the table
+    # of Megatron-Bridge's recipes (data/mbridge_recipes.yaml) unchanged; the conversion reads the field,
+    # never the row's id or model name.
+    from autoshard.validate.modern import framework_of, recipe_entry, recipe_facts
+
+    shipped = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
+    carried = {rid: r for rid, r in shipped.items() if "framework_recipe" in r}
+    assert len(carried) == 48 and all(framework_of(r)[0] == "megatron" for r in carried.values())
+    for rid, r in carried.items():
+        bare = {k: v for k, v in r.items() if k != "framework_recipe"}
+        assert r["framework_recipe"] == recipe_entry(bare), rid
+        assert r["framework_recipe"]["source"] and r["framework_recipe"]["confidence"] in ("high", "medium", "low")
+    # qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config (26.04.01): alltoall with the EP overlap, no graphs
+    row = shipped["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"]
+    renamed = run_to_case({**row, "id": "another-table-line", "model": "another name"})
+    assert (renamed.plan.moe_dispatcher, renamed.plan.ep_overlap) == ("alltoall", True)
+    bare = run_to_case({k: v for k, v in row.items() if k != "framework_recipe"})
+    assert bare.plan.ep_overlap is None and bare.plan.moe_dispatcher is None  # the framework's defaults
+    # a low-confidence entry gives no recompute, offloading or layout; everything else applies
+    low = recipe_facts({"framework_recipe": {"recompute": "full", "layout": "embedding+loss", "offload_layers": 2,
+                                             "ep_overlap": True, "confidence": "low", "source": "s"}})
+    assert low == {"ep_overlap": True, "confidence": "low", "source": "s"}
+    with pytest.raises(InputError) as exc:
+        run_to_case({**row, "framework_recipe": {"ep_overlap": True, "graphs": "full_iteration"}})
+    assert exc.value.field == "mbridge_260401_qwen3235ba22b_h100_fp8_256gpu.framework_recipe"
+    assert "'graphs'" in str(exc.value)
+    with pytest.raises(InputError):
+        run_to_case({**row, "framework_recipe": "full_iteration"})
+
+
 def test_recipe_of_prefers_the_entry_of_the_rows_own_table_line(monkeypatch):
     # Two lines of one release, model and system (BF16 and MXFP8) can run different recipes: a row
     # takes the entry of its own line (precision as printed, GPU count); a line without an entry
@@ -913,7 +944,7 @@ def test_mbridge_recipe_table_is_well_formed():
 def test_recipe_layouts_and_activation_offloading():
     # account_for_embedding/loss_in_pipeline_split: (layers + 2) slots split evenly, the first and last
     # virtual stage one transformer layer short (Llama 3.1 405B: 126 layers on 64 or 32 virtual stages).
-    from autoshard.validate.modern import modern_row_to_case, recipe_stage_layers
+    from autoshard.validate.modern import modern_row_to_case, recipe_entry, recipe_stage_layers
 
     assert recipe_stage_layers(126, 64, "embedding+loss") == [1] + [2] * 62 + [1]
     assert recipe_stage_layers(126, 32, "embedding+loss") == [3] + [4] * 30 + [3]
@@ -934,7 +965,8 @@ def test_recipe_layouts_and_activation_offloading():
            "nvlink_domain_gpus": 72, "precision": "FP8", "tp": 1, "pp": 1, "cp": 1, "dp": 64, "fsdp": True,
            "micro_batch": 2, "global_batch_seqs": 128, "step_time_s": 4.11,
            "other_metrics": {"release": "25.09", "source_model_label": "LLAMA3_70B"}, "notes": "", "etp": None}
-    case = modern_row_to_case(row)
+    assert modern_row_to_case(row).plan.recompute != ["offload"] * 40 + ["none"] * 40  # stated nowhere in the row
+    case = modern_row_to_case({**row, "framework_recipe": recipe_entry(row)})
     assert case.plan.recompute == ["offload"] * 40 + ["none"] * 40 and case.recompute_published
 
 

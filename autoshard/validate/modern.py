@@ -48,15 +48,19 @@ recompute                  'none ...' -> none; 'full ...' -> full; 'selective' /
                            selective; recompute_modules=[] -> none, other module lists -> those
                            modules (Megatron names); recompute_num_layers=N with pp = 1 -> full for
                            the first N layers; activation_checkpointing: true -> full; cpu_offloading
-                           -> none (noted: not modelled); null -> the release recipe's (below), else
-                           the least recompute that fits (solver, as dev_runs)
+                           -> none (noted: not modelled); null -> the row's framework_recipe's
+                           (below), else the least recompute that fits (solver, as dev_runs)
 overlaps, graphs,          `tp_comm_overlap`, `ep_overlap`, `cuda_graphs`, `moe_dispatcher`,
-  dispatcher, token drop   `moe_capacity_factor` where the row states them, else the release
-                           recipe's (Megatron rows)
-Megatron-Bridge recipe     `recipe_of`: what the release's perf recipe ran (data/mbridge_recipes.yaml,
-                           keyed by the row's id, else its release / model / GPU line): EP overlap,
-                           dispatcher, token drop, full-iteration CUDA graphs and recompute, each
-                           where the row states none
+  dispatcher, token drop   `moe_capacity_factor` where the row states them, else its
+                           framework_recipe's (Megatron rows)
+framework_recipe           `recipe_facts`: what the launcher's recipe ran (the row's field, a mapping:
+                           validation/README.md): EP overlap, dispatcher, token drop, full-iteration
+                           CUDA graphs, recompute, TP overlap, offloaded layers, pipeline layout, each
+                           where the row states none; a low-confidence entry gives no recompute,
+                           offloading or layout. The shipped Megatron-Bridge rows carry the entries
+                           of data/mbridge_recipes.yaml (`recipe_entry`, which
+                           benchmarks/bench_mbridge_tables.py uses for the table lines outside
+                           validation/); nothing is looked up by a row's id or name
 memory, precision knobs    main_grads, fp8_params, flash_attention (default true), launch_blocking,
                            softmax_fusion, measured_peak_memory_gib / _gb
 =========================  ===========================================================================
@@ -321,13 +325,14 @@ def _mbridge_recipes() -> dict[str, dict[str, Any]]:
     return dict(yaml.safe_load(text)["runs"])
 
 
-def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
-    """What Megatron-Bridge's performance recipe ran for a row (autoshard/data/mbridge_recipes.yaml,
-    read from the recipes at the row's release): the row's own entry, else the entry of the same table
-    line (release, model, GPU system, precision and GPU count), else the settings on which every entry
-    of the same release, model and GPU system agrees (another GPU count or precision of one recipe).
-    Empty where nothing is known. Low-confidence entries give no recompute, offloading or pipeline
-    layout (their table configuration matches no committed recipe)."""
+def recipe_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What Megatron-Bridge's performance recipe ran for a line of its published tables
+    (autoshard/data/mbridge_recipes.yaml, read from the recipes at the line's release), as recorded:
+    the entry of the row's id, else the entry of the same table line (release, model, GPU system,
+    precision and GPU count), else the settings on which every entry of the same release, model and GPU
+    system agrees (another GPU count or precision of one recipe). Empty where nothing is known. The
+    validation rows carry it as their `framework_recipe` field (`recipe_facts` reads that);
+    benchmarks/bench_mbridge_tables.py prices the table lines outside validation/ with it."""
     table = _mbridge_recipes()
     own = table.get(str(row.get("id") or ""))
     if own is None:
@@ -343,9 +348,45 @@ def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
                if same and all(e.get(k) == same[0].get(k) for e in same)} | (
             {"confidence": min((e["confidence"] for e in same), key=("low", "medium", "high").index),
              "source": same[0]["source"]} if same else {})
-    if own.get("confidence") == "low":
-        own = {k: v for k, v in own.items() if k not in LAYOUT_KNOBS}
-    return dict(own)
+    return {k: own[k] for k in (*RECIPE_KNOBS, "confidence", "source") if k in own}
+
+
+def applied_recipe(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a recipe entry the conversion applies: all of it, except that a low-confidence entry
+    (the table's configuration matches no committed recipe) gives no recompute, offloading or pipeline
+    layout."""
+    if entry.get("confidence") == "low":
+        return {k: v for k, v in entry.items() if k not in LAYOUT_KNOBS}
+    return dict(entry)
+
+
+def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """`recipe_entry` as the conversion applies it (`applied_recipe`)."""
+    return applied_recipe(recipe_entry(row))
+
+
+RECIPE_FIELDS = (*RECIPE_KNOBS, "confidence", "source")
+
+
+def recipe_facts(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What the launcher's recipe ran for a row, from its `framework_recipe` field (validation/README.md:
+    ep_overlap, dispatcher, capacity_factor, cuda_graphs, recompute, tp_comm_overlap, offload_layers,
+    layout, mtp_layers, confidence, source), as the conversion applies it (`applied_recipe`). A row
+    without the field: {} (the row's own fields and the framework's defaults)."""
+    facts = row.get("framework_recipe")
+    if facts is None:
+        return {}
+    where = f"{row.get('id') or '?'}.framework_recipe"
+    if not isinstance(facts, Mapping):
+        raise InputError(f"expected a mapping of recipe facts, got {type(facts).__name__}", field=where)
+    unknown = sorted(set(facts) - set(RECIPE_FIELDS))
+    if unknown:
+        raise InputError(f"unknown recipe fact {unknown[0]!r} (expected one of {', '.join(RECIPE_FIELDS)})",
+                         field=where)
+    if facts.get("confidence") not in (None, "low", "medium", "high"):
+        raise InputError(f"confidence must be low, medium or high, got {facts['confidence']!r}",
+                         field=f"{where}.confidence")
+    return applied_recipe(facts)
 
 
 def megatron_layout_stages(layout: str) -> list[str]:
@@ -582,7 +623,7 @@ def _row_recipe(row: Mapping[str, Any], framework: str, model: Mapping[str, Any]
         raise _SkipRow(rc_note or "activation_recompute has no mapping")
     if rc_note:
         notes.append(rc_note)
-    mb_recipe = recipe_of(row) if framework == "megatron" else {}
+    mb_recipe = recipe_facts(row) if framework == "megatron" else {}
     # A recompute the row copied from today's recipe ('... HEAD recipe ...') yields to the release's own.
     from_head = "head recipe" in str(row.get("activation_recompute") or "").lower()
     if mb_recipe.get("recompute") and (not published_rc or (from_head and mb_recipe.get("confidence") == "high")):
