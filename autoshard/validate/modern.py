@@ -58,9 +58,9 @@ framework_recipe           `recipe_facts`: what the launcher's recipe ran (the r
                            CUDA graphs, recompute, TP overlap, offloaded layers, pipeline layout, each
                            where the row states none; a low-confidence entry gives no recompute,
                            offloading or layout. The shipped Megatron-Bridge rows carry the entries
-                           of data/mbridge_recipes.yaml (`recipe_entry`, which
-                           benchmarks/bench_mbridge_tables.py uses for the table lines outside
-                           validation/); nothing is looked up by a row's id or name
+                           of data/mbridge_recipes.yaml (benchmarks/bench_mbridge_tables.py
+                           `recipe_entry` looks them up for the table lines outside validation/);
+                           nothing is looked up here by a row's id or name
 memory, precision knobs    main_grads, fp8_params, flash_attention (default true), launch_blocking,
                            softmax_fusion, measured_peak_memory_gib / _gb
 =========================  ===========================================================================
@@ -68,13 +68,10 @@ memory, precision knobs    main_grads, fp8_params, flash_attention (default true
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
-from importlib import resources
 from typing import Any, get_args
 
-import yaml
 
 from ..errors import InputError
 from .cases import as_int, global_batch_seqs, row_dp
@@ -319,38 +316,6 @@ RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "r
 LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
 
 
-@functools.cache
-def _mbridge_recipes() -> dict[str, dict[str, Any]]:
-    text = resources.files("autoshard.data").joinpath("mbridge_recipes.yaml").read_text(encoding="utf-8")
-    return dict(yaml.safe_load(text)["runs"])
-
-
-def recipe_entry(row: Mapping[str, Any]) -> dict[str, Any]:
-    """What Megatron-Bridge's performance recipe ran for a line of its published tables
-    (autoshard/data/mbridge_recipes.yaml, read from the recipes at the line's release), as recorded:
-    the entry of the row's id, else the entry of the same table line (release, model, GPU system,
-    precision and GPU count), else the settings on which every entry of the same release, model and GPU
-    system agrees (another GPU count or precision of one recipe). Empty where nothing is known. The
-    validation rows carry it as their `framework_recipe` field (`recipe_facts` reads that);
-    benchmarks/bench_mbridge_tables.py prices the table lines outside validation/ with it."""
-    table = _mbridge_recipes()
-    own = table.get(str(row.get("id") or ""))
-    if own is None:
-        other = row.get("other_metrics") or {}
-        key = (str(other.get("release") or ""), str(other.get("source_model_label") or row.get("model") or ""),
-               str(row.get("gpu") or ""))
-        same = [e for e in table.values() if (e["release"], e["model"], e["gpu"]) == key]
-        # the entry of the row's own table line (precision as printed and GPU count), where one is recorded
-        line = [e for e in same if str(e.get("precision", "")).lower() == str(row.get("precision") or "").lower()
-                and e.get("num_gpus") == as_int(row.get("gpu_count"))]
-        same = line or same
-        own = {k: same[0].get(k) for k in RECIPE_KNOBS
-               if same and all(e.get(k) == same[0].get(k) for e in same)} | (
-            {"confidence": min((e["confidence"] for e in same), key=("low", "medium", "high").index),
-             "source": same[0]["source"]} if same else {})
-    return {k: own[k] for k in (*RECIPE_KNOBS, "confidence", "source") if k in own}
-
-
 def applied_recipe(entry: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a recipe entry the conversion applies: all of it, except that a low-confidence entry
     (the table's configuration matches no committed recipe) gives no recompute, offloading or pipeline
@@ -358,11 +323,6 @@ def applied_recipe(entry: Mapping[str, Any]) -> dict[str, Any]:
     if entry.get("confidence") == "low":
         return {k: v for k, v in entry.items() if k not in LAYOUT_KNOBS}
     return dict(entry)
-
-
-def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
-    """`recipe_entry` as the conversion applies it (`applied_recipe`)."""
-    return applied_recipe(recipe_entry(row))
 
 
 RECIPE_FIELDS = (*RECIPE_KNOBS, "confidence", "source")
