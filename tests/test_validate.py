@@ -899,6 +899,12 @@ def test_megatron_rows_carry_their_release_recipe_and_the_conversion_reads_the_f
     assert (renamed.plan.moe_dispatcher, renamed.plan.ep_overlap) == ("alltoall", True)
     bare = run_to_case({k: v for k, v in row.items() if k != "framework_recipe"})
     assert bare.plan.ep_overlap is None and bare.plan.moe_dispatcher is None  # the framework's defaults
+    # 25.09 DeepSeek-V3 on 1,024 H100: the perf matrix sets etp 1 beside tp 2 (deepseek_v3_llm_pretrain.yaml
+    # perf_matrix.h100.num_gpus_1024), which the table does not print: experts over EP64 without TP
+    dsv3 = shipped["mbridge_2509_deepseekv3dropless_h100_fp8_1024gpu"]
+    assert dsv3["etp"] is None and dsv3["framework_recipe"]["etp"] == 1
+    assert (run_to_case(dsv3).plan.tp, run_to_case(dsv3).plan.expert_tp) == (2, 1)
+    assert run_to_case({k: v for k, v in dsv3.items() if k != "framework_recipe"}).plan.expert_tp == 2
     # a low-confidence entry gives no recompute, offloading or layout; everything else applies
     low = recipe_facts({"framework_recipe": {"recompute": "full", "layout": "embedding+loss", "offload_layers": 2,
                                              "ep_overlap": True, "confidence": "low", "source": "s"}})

@@ -56,7 +56,8 @@ overlaps, graphs,          `tp_comm_overlap`, `ep_overlap`, `cuda_graphs`, `moe_
 framework_recipe           `recipe_facts`: what the launcher's recipe ran (the row's field, a mapping:
                            validation/README.md): EP overlap, dispatcher, token drop, full-iteration
                            CUDA graphs, recompute, TP overlap, offloaded layers, pipeline layout, each
-                           where the row states none; a low-confidence entry gives no recompute,
+                           where the row states none (etp: the expert tensor-parallel size, applied
+                           to a row whose etp is null); a low-confidence entry gives no recompute,
                            offloading or layout. The shipped Megatron-Bridge rows carry the entries
                            of data/mbridge_recipes.yaml (benchmarks/bench_mbridge_tables.py
                            `recipe_entry` looks them up for the table lines outside validation/);
@@ -311,7 +312,7 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(row_flag(row, "cuda_graphs", False))
 
 
-RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
+RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap", "etp",
                 "offload_layers", "layout", "mtp_layers")
 LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
 
@@ -544,6 +545,10 @@ def _row_parallel(row: Mapping[str, Any], framework: str, n: int, notes: list[st
     dp, why = row_dp(row, n, tp, pp, cp, notes)
     if dp is None:
         raise _SkipRow(why or "")
+    recipe_etp = as_int(recipe_facts(row).get("etp")) if framework == "megatron" else None
+    if etp is None and recipe_etp is not None and ep > 1:
+        etp = recipe_etp
+        notes.append(f"etp={etp}: the framework_recipe's expert_tensor_parallel_size")
     if etp is None and ep > 1 and dp % ep and (tp * cp * dp) % ep == 0:
         etp = 1
         notes.append(f"etp not published: ep={ep} does not divide dp={dp}, so the run folds experts over "
