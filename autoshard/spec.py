@@ -604,6 +604,12 @@ class TopologyLevel(Strict):
     efficiency: EfficiencyFactor | None = Field(default=None, description=(
         "Achievable share of the link rate; None: the GPU's catalog efficiency for scale-up (innermost level)"
         " or scale-out."))
+    segment_unit_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] | None = Field(default=None, description=(
+        "GPUs of one scheduling unit (a node, a compute tray) inside a domain of this level, where a job "
+        "larger than one domain is placed in equal segments (Slurm topology/block `--segment`): each domain "
+        "then holds the largest multiple of this many GPUs that divides the job and fits in the domain "
+        "(256 GPUs on 72-GPU NVL72 racks of 4-GPU trays: 4 racks of 64). None: the job's ranks fill every "
+        "domain in turn."))
     source: str | None = Field(default=None, description="Where the figures come from.")
 
 

@@ -75,6 +75,8 @@ def resolve_levels(cluster: ClusterSpec, gpu: GPU) -> tuple[Level, ...]:
     system), efficiencies from the GPU catalog, the top level widened to hold every GPU."""
     topo = cluster.topology if cluster.topology is not None else gpu.default_topology
     specs: list[TopologyLevel] = get_topology(topo).levels if isinstance(topo, str) else list(topo)
+    sizes = segmented_sizes([lv.size for lv in specs], [lv.segment_unit_gpus for lv in specs], cluster.num_gpus)
+    specs = [lv.model_copy(update={"size": n}) if n != lv.size else lv for lv, n in zip(specs, sizes)]
     out: list[Level] = []
     for i, lv in enumerate(specs):
         eff = lv.efficiency if lv.efficiency is not None else (
@@ -90,6 +92,32 @@ def resolve_levels(cluster: ClusterSpec, gpu: GPU) -> tuple[Level, ...]:
     # Levels above the cluster are never crossed: drop them (keep the first that holds all).
     keep = next(i for i, lv in enumerate(out) if lv.size >= cluster.num_gpus)
     return tuple(out[: keep + 1])
+
+
+def segmented_sizes(sizes: list[int], units: list[int | None], num_gpus: int) -> list[int]:
+    """Level sizes as a job of `num_gpus` GPUs occupies them. A level with a `segment_unit_gpus` u (a
+    4-GPU GB200 / GB300 compute tray in a 72-GPU NVL72 rack) whose domain the job outgrows is used in
+    equal segments, Slurm's topology/block `--segment`: each domain holds the largest multiple of u that
+    divides the job and fits in the domain, and every level below the top holds as many of those
+    segments as it holds domains. Megatron-Bridge's launcher asks for it on 4-GPU nodes
+    (scripts/performance/utils/executors.py, 25.09 47ff48829 to v0.6.0: `segment` = the largest node
+    count <= 18 dividing the job's nodes), so 256 GB200 run as 4 racks x 64 GPUs, 2,496 as 39 x 64: a
+    group of 32 or 64 consecutive ranks stays inside one NVLink domain instead of straddling two.
+    Sizes of levels without a unit, of jobs that fit in one domain or that are no multiple of u are
+    kept."""
+    out = list(sizes)
+    for i, u in enumerate(units):
+        size = out[i]
+        if not u or num_gpus <= size or num_gpus % u or i == len(out) - 1:
+            continue
+        per = max(d for d in range(1, size // u + 1) if (num_gpus // u) % d == 0) * u
+        if per == size:
+            continue
+        out[i] = per
+        for j in range(i + 1, len(out) - 1):  # the levels above hold the same count of (now smaller) domains
+            if out[j] % size == 0:
+                out[j] = out[j] // size * per
+    return out
 
 
 def level_size_error(sizes: list[int]) -> tuple[int, str] | None:

@@ -23,19 +23,65 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import re
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoshard.validate import Case, evaluate_case, load_runs, run_to_case  # noqa: E402
-from autoshard.validate.modern import gpu_arch, gpu_id, precision_recipe, recipe_of  # noqa: E402
+from autoshard.validate.cases import as_int  # noqa: E402
+from autoshard.validate.modern import RECIPE_FIELDS, RECIPE_KNOBS, applied_recipe, gpu_arch, gpu_id, precision_recipe  # noqa: E402
 
 DEV = Path(__file__).resolve().parents[1] / "validation" / "modern_runs_dev.json"
+
+
+@functools.cache
+def recipe_table() -> dict[str, dict[str, Any]]:
+    """autoshard/data/mbridge_recipes.yaml `runs`: what Megatron-Bridge's performance recipes ran, per
+    published table line (read from the recipes at each release; per-row evidence in
+    docs/validation/mbridge_*_recipes_evidence.yaml)."""
+    text = resources.files("autoshard.data").joinpath("mbridge_recipes.yaml").read_text(encoding="utf-8")
+    return dict(yaml.safe_load(text)["runs"])
+
+
+def recipe_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What Megatron-Bridge's performance recipe ran for a line of its published tables (`recipe_table`),
+    as recorded: the entry of the row's id, else the entry of the same table line (release, model, GPU
+    system, precision and GPU count), else the settings on which every entry of the same release, model
+    and GPU system agrees (another GPU count or precision of one recipe). Empty where nothing is known.
+    A line states it as its `framework_recipe` field (validation/README.md), which the conversion reads
+    (`autoshard.validate.modern.recipe_facts`); the 48 Megatron-Bridge rows of validation/ carry theirs."""
+    table = recipe_table()
+    own = table.get(str(row.get("id") or ""))
+    if own is None:
+        other = row.get("other_metrics") or {}
+        key = (str(other.get("release") or ""), str(other.get("source_model_label") or row.get("model") or ""),
+               str(row.get("gpu") or ""))
+        same = [e for e in table.values() if (e["release"], e["model"], e["gpu"]) == key]
+        # the entry of the row's own table line (precision as printed and GPU count), where one is recorded
+        line = [e for e in same if str(e.get("precision", "")).lower() == str(row.get("precision") or "").lower()
+                and e.get("num_gpus") == as_int(row.get("gpu_count"))]
+        same = line or same
+        own = {k: same[0].get(k) for k in RECIPE_KNOBS
+               if same and all(e.get(k) == same[0].get(k) for e in same)} | (
+            {"confidence": min((e["confidence"] for e in same), key=("low", "medium", "high").index),
+             "source": same[0]["source"]} if same else {})
+    return {k: own[k] for k in RECIPE_FIELDS if k in own}
+
+
+def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """`recipe_entry` as the conversion applies it (`autoshard.validate.modern.applied_recipe`)."""
+    return applied_recipe(recipe_entry(row))
 
 
 def base_label(label: str) -> str:
@@ -102,9 +148,11 @@ def line_to_row(d: dict[str, str], shape: dict, system: dict) -> dict | None:
     precision = re.sub(r"\s*\(.*\)", "", d.get("Precision") or "").strip() or "FP8"  # 25.09: no column
     row = copy.deepcopy(shape)
     # the shape row's architecture fields stay; its run's facts go (the line states its own system and
-    # precision; the release recipe, `modern.recipe_of`, gives overlaps, graphs, dispatcher and recompute)
+    # precision; the release recipe, `recipe_entry`, gives overlaps, graphs, dispatcher and recompute
+    # as the line's `framework_recipe`)
     for k in ("topology", "precision_recipe", "tp_comm_overlap", "ep_overlap", "cuda_graphs", "moe_dispatcher",
-              "moe_capacity_factor", "fp8_params", "measured_peak_memory_gib", "measured_peak_memory_gb"):
+              "moe_capacity_factor", "fp8_params", "measured_peak_memory_gib", "measured_peak_memory_gb",
+              "framework_recipe"):
         row.pop(k, None)
     for k in ("gpu", "gpus_per_node", "nvlink_domain_gpus", "interconnect", "topology"):
         if k in system:
@@ -126,6 +174,9 @@ def line_to_row(d: dict[str, str], shape: dict, system: dict) -> dict | None:
         fsdp=bool(_num(d.get("FSDP")) or 0), grad_accum=None, activation_recompute=None, layers_per_virtual_stage=None,
         tokens_per_sec_per_gpu=tps, tokens_per_sec=tps * n, tflops_per_gpu=None, step_time_s=gbs * seq / (tps * n),
         other_metrics={"release": d["release"], "source_model_label": d["model"]})
+    entry = recipe_entry(row)  # what the release's recipe ran for this line (autoshard/data/mbridge_recipes.yaml)
+    if entry:
+        row["framework_recipe"] = entry
     return row
 
 

@@ -16,7 +16,7 @@ from autoshard.catalog import (_recipes, check_precision, gemm_flops_per_s, gemm
 from autoshard.errors import InputError
 from autoshard.spec import ClusterSpec, Precision, TopologyLevel
 from autoshard.topology import all_reduce_s, all_to_all_s, cluster_graph, contiguous_profile, level_size_error, \
-    resolve_levels
+    resolve_levels, segmented_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -275,6 +275,36 @@ def test_nvl576_is_one_full_bandwidth_domain_of_576():
         return all_to_all_s(lv, contiguous_profile(cluster_graph(lv, 576), 576), 1e9)
     assert a2a("nvl576") == pytest.approx(1e9 * (1 - 72 / 576) / 900e9)
     assert a2a("gb200-nvl72") == pytest.approx(1e9 * (1 - 72 / 576) / 50e9)
+
+
+def test_nvl72_jobs_run_in_equal_segments_of_trays_as_slurm_segment_places_them():
+    # Megatron-Bridge's launcher (scripts/performance/utils/executors.py, 25.09 to v0.6.0) asks Slurm for
+    # `--segment` = the largest node count <= 18 that divides the job's nodes, on 4-GPU GB200 / GB300
+    # compute trays (18 per NVL72 rack). Brute force of that rule against the levels the job is priced on.
+    for gpu, topo in (("gb200", "gb200-nvl72"), ("gb300", "gb300-nvl72")):
+        for nodes in range(19, 400):
+            segment = next(s for s in range(18, 0, -1) if nodes % s == 0)
+            levels = resolve_levels(ClusterSpec(gpu=gpu, num_gpus=4 * nodes, topology=topo), get_gpu(gpu))
+            assert levels[0].size == 4 * segment, (topo, nodes)
+            if len(levels) > 2:  # a leaf of 8 racks holds 8 segments
+                assert levels[1].size == 8 * 4 * segment
+        for n in (8, 64, 72):  # one rack: the job's GPUs share one NVLink domain, as before
+            assert resolve_levels(ClusterSpec(gpu=gpu, num_gpus=n, topology=topo), get_gpu(gpu))[0].size == 72
+    # 256 GB200 = 4 racks x 64: an all-to-all over 32 consecutive ranks (EP32) stays on NVLink,
+    # 1e9 B x 31/32 at 900 GB/s; packed 72 to a rack, ranks 64-95 straddle two racks and the worst
+    # group sends 1e9 x (1 - 16/32) at 50 GB/s.
+    def a2a(levels_spec, n=256, group=32):
+        cl = ClusterSpec(gpu="gb200", num_gpus=n, topology=levels_spec)
+        lv = tuple(lvl.__class__(**{**lvl.__dict__, "bytes_per_s": lvl.link_bytes_per_s, "latency_s": 0.0})
+                   for lvl in resolve_levels(cl, get_gpu("gb200")))
+        return all_to_all_s(lv, contiguous_profile(cluster_graph(lv, n), group), 1e9)
+    assert a2a("gb200-nvl72") == pytest.approx(1e9 * 31 / 32 / 900e9)
+    packed = [lv.model_copy(update={"segment_unit_gpus": None}) for lv in get_topology("gb200-nvl72").levels]
+    assert a2a(packed) == pytest.approx(1e9 * (1 - 16 / 32) / 50e9)
+    # a job that is no multiple of the tray, and 1,152 GPUs (16 full racks), keep the racks whole
+    assert segmented_sizes([72, 576, 16384], [4, None, None], 258) == [72, 576, 16384]
+    assert segmented_sizes([72, 576, 16384], [4, None, None], 1152) == [72, 576, 16384]
+    assert segmented_sizes([72, 576, 16384], [4, None, None], 2496) == [64, 512, 16384]  # 624 trays: 39 x 16
 
 
 def test_h800_reduces_in_the_network_and_h100_pcie_is_a_gen5_server():

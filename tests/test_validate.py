@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import statistics
@@ -848,10 +849,23 @@ def test_completed_plans_keep_the_runs_overlaps_and_graphs():
     assert cost.evaluate(case.problem, done).time_breakdown_s.get("host", 0.0) == 0.0  # graphs: no host time
 
 
+@functools.cache
+def mbridge_bench():
+    """benchmarks/bench_mbridge_tables.py as a module: the lookup of Megatron-Bridge's recipe table
+    (recipe_table, recipe_entry, recipe_of), which validation itself never does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_mbridge_tables", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mbridge_tables.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_recipe_of_reads_the_release_recipe_and_its_siblings():
     # A row of the table is looked up by id; an unlisted row of the same release, model and GPU system
     # (another GPU count or precision of one recipe) gets the settings all its listed siblings share.
-    from autoshard.validate.modern import recipe_of
+    recipe_of = mbridge_bench().recipe_of
 
     row = modern_rows()["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"]
     assert recipe_of(row)["ep_overlap"] is True and recipe_of(row)["recompute"] == "none"
@@ -864,35 +878,73 @@ def test_recipe_of_reads_the_release_recipe_and_its_siblings():
     assert recipe_of({**row, "id": "x", "model": "Unknown", "other_metrics": {}}) == {}
 
 
+def test_megatron_rows_carry_their_release_recipe_and_the_conversion_reads_the_field():
+    # The recipe facts live in the rows (`framework_recipe`, validation/README.md), written from the table
+    # of Megatron-Bridge's recipes (data/mbridge_recipes.yaml) unchanged; the conversion reads the field,
+    # never the row's id or model name.
+    from autoshard.validate.modern import framework_of, recipe_facts
+
+    recipe_entry = mbridge_bench().recipe_entry
+
+    shipped = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
+    carried = {rid: r for rid, r in shipped.items() if "framework_recipe" in r}
+    assert len(carried) == 48 and all(framework_of(r)[0] == "megatron" for r in carried.values())
+    for rid, r in carried.items():
+        bare = {k: v for k, v in r.items() if k != "framework_recipe"}
+        assert r["framework_recipe"] == recipe_entry(bare), rid
+        assert r["framework_recipe"]["source"] and r["framework_recipe"]["confidence"] in ("high", "medium", "low")
+    # qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config (26.04.01): alltoall with the EP overlap, no graphs
+    row = shipped["mbridge_260401_qwen3235ba22b_h100_fp8_256gpu"]
+    renamed = run_to_case({**row, "id": "another-table-line", "model": "another name"})
+    assert (renamed.plan.moe_dispatcher, renamed.plan.ep_overlap) == ("alltoall", True)
+    bare = run_to_case({k: v for k, v in row.items() if k != "framework_recipe"})
+    assert bare.plan.ep_overlap is None and bare.plan.moe_dispatcher is None  # the framework's defaults
+    # 25.09 DeepSeek-V3 on 1,024 H100: the perf matrix sets etp 1 beside tp 2 (deepseek_v3_llm_pretrain.yaml
+    # perf_matrix.h100.num_gpus_1024), which the table does not print: experts over EP64 without TP
+    dsv3 = shipped["mbridge_2509_deepseekv3dropless_h100_fp8_1024gpu"]
+    assert dsv3["etp"] is None and dsv3["framework_recipe"]["etp"] == 1
+    assert (run_to_case(dsv3).plan.tp, run_to_case(dsv3).plan.expert_tp) == (2, 1)
+    assert run_to_case({k: v for k, v in dsv3.items() if k != "framework_recipe"}).plan.expert_tp == 2
+    # a low-confidence entry gives no recompute, offloading or layout; everything else applies
+    low = recipe_facts({"framework_recipe": {"recompute": "full", "layout": "embedding+loss", "offload_layers": 2,
+                                             "ep_overlap": True, "confidence": "low", "source": "s"}})
+    assert low == {"ep_overlap": True, "confidence": "low", "source": "s"}
+    with pytest.raises(InputError) as exc:
+        run_to_case({**row, "framework_recipe": {"ep_overlap": True, "graphs": "full_iteration"}})
+    assert exc.value.field == "mbridge_260401_qwen3235ba22b_h100_fp8_256gpu.framework_recipe"
+    assert "'graphs'" in str(exc.value)
+    with pytest.raises(InputError):
+        run_to_case({**row, "framework_recipe": "full_iteration"})
+
+
 def test_recipe_of_prefers_the_entry_of_the_rows_own_table_line(monkeypatch):
     # Two lines of one release, model and system (BF16 and MXFP8) can run different recipes: a row
     # takes the entry of its own line (precision as printed, GPU count); a line without an entry
     # gets only what all the lines' entries share.
-    from autoshard.validate import modern
+    bench = mbridge_bench()
 
     base = {"release": "26.04", "model": "M", "gpu": "DGX-GB200", "ep_overlap": True, "dispatcher": "hybridep",
             "recompute": "none", "confidence": "high", "source": "test"}
     table = {"a": {**base, "precision": "BF16", "num_gpus": 256, "cuda_graphs": "none"},
              "b": {**base, "precision": "MXFP8", "num_gpus": 256, "cuda_graphs": "full_iteration"}}
-    monkeypatch.setattr(modern, "_mbridge_recipes", lambda: table)
+    monkeypatch.setattr(bench, "recipe_table", lambda: table)
     row = {"id": "x", "gpu": "DGX-GB200", "gpu_count": 256, "precision": "MXFP8",
            "other_metrics": {"release": "26.04", "source_model_label": "M"}}
-    assert modern.recipe_of(row)["cuda_graphs"] == "full_iteration"
-    assert modern.recipe_of({**row, "precision": "BF16"})["cuda_graphs"] == "none"
-    other = modern.recipe_of({**row, "precision": "NVFP4"})
+    assert bench.recipe_of(row)["cuda_graphs"] == "full_iteration"
+    assert bench.recipe_of({**row, "precision": "BF16"})["cuda_graphs"] == "none"
+    other = bench.recipe_of({**row, "precision": "NVFP4"})
     assert "cuda_graphs" not in other and other["dispatcher"] == "hybridep" and other["ep_overlap"] is True
-    assert modern.recipe_of({**row, "gpu_count": 64})["dispatcher"] == "hybridep"
+    assert bench.recipe_of({**row, "gpu_count": 64})["dispatcher"] == "hybridep"
 
 
 def test_mbridge_recipe_table_is_well_formed():
     from typing import get_args
 
     from autoshard.spec import Dispatcher, Plan
-    from autoshard.validate.modern import _mbridge_recipes
 
     from autoshard.validate.modern import megatron_layout_stages
 
-    table = _mbridge_recipes()
+    table = mbridge_bench().recipe_table()
     # the 48 Megatron-Bridge rows of the dev file and the other lines of the published tables
     assert len(table) >= 176 and all(modern_rows_id in table for modern_rows_id in modern_rows() if
                                      modern_rows_id.startswith("mbridge_"))
@@ -915,6 +967,8 @@ def test_recipe_layouts_and_activation_offloading():
     # virtual stage one transformer layer short (Llama 3.1 405B: 126 layers on 64 or 32 virtual stages).
     from autoshard.validate.modern import modern_row_to_case, recipe_stage_layers
 
+    recipe_entry = mbridge_bench().recipe_entry
+
     assert recipe_stage_layers(126, 64, "embedding+loss") == [1] + [2] * 62 + [1]
     assert recipe_stage_layers(126, 32, "embedding+loss") == [3] + [4] * 30 + [3]
     assert recipe_stage_layers(80, 20, "embedding+loss") is None  # 82 slots do not split in 20
@@ -934,7 +988,8 @@ def test_recipe_layouts_and_activation_offloading():
            "nvlink_domain_gpus": 72, "precision": "FP8", "tp": 1, "pp": 1, "cp": 1, "dp": 64, "fsdp": True,
            "micro_batch": 2, "global_batch_seqs": 128, "step_time_s": 4.11,
            "other_metrics": {"release": "25.09", "source_model_label": "LLAMA3_70B"}, "notes": "", "etp": None}
-    case = modern_row_to_case(row)
+    assert modern_row_to_case(row).plan.recompute != ["offload"] * 40 + ["none"] * 40  # stated nowhere in the row
+    case = modern_row_to_case({**row, "framework_recipe": recipe_entry(row)})
     assert case.plan.recompute == ["offload"] * 40 + ["none"] * 40 and case.recompute_published
 
 

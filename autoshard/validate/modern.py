@@ -48,15 +48,20 @@ recompute                  'none ...' -> none; 'full ...' -> full; 'selective' /
                            selective; recompute_modules=[] -> none, other module lists -> those
                            modules (Megatron names); recompute_num_layers=N with pp = 1 -> full for
                            the first N layers; activation_checkpointing: true -> full; cpu_offloading
-                           -> none (noted: not modelled); null -> the release recipe's (below), else
-                           the least recompute that fits (solver, as dev_runs)
+                           -> none (noted: not modelled); null -> the row's framework_recipe's
+                           (below), else the least recompute that fits (solver, as dev_runs)
 overlaps, graphs,          `tp_comm_overlap`, `ep_overlap`, `cuda_graphs`, `moe_dispatcher`,
-  dispatcher, token drop   `moe_capacity_factor` where the row states them, else the release
-                           recipe's (Megatron rows)
-Megatron-Bridge recipe     `recipe_of`: what the release's perf recipe ran (data/mbridge_recipes.yaml,
-                           keyed by the row's id, else its release / model / GPU line): EP overlap,
-                           dispatcher, token drop, full-iteration CUDA graphs and recompute, each
-                           where the row states none
+  dispatcher, token drop   `moe_capacity_factor` where the row states them, else its
+                           framework_recipe's (Megatron rows)
+framework_recipe           `recipe_facts`: what the launcher's recipe ran (the row's field, a mapping:
+                           validation/README.md): EP overlap, dispatcher, token drop, full-iteration
+                           CUDA graphs, recompute, TP overlap, offloaded layers, pipeline layout, each
+                           where the row states none (etp: the expert tensor-parallel size, applied
+                           to a row whose etp is null); a low-confidence entry gives no recompute,
+                           offloading or layout. The shipped Megatron-Bridge rows carry the entries
+                           of data/mbridge_recipes.yaml (benchmarks/bench_mbridge_tables.py
+                           `recipe_entry` looks them up for the table lines outside validation/);
+                           nothing is looked up here by a row's id or name
 memory, precision knobs    main_grads, fp8_params, flash_attention (default true), launch_blocking,
                            softmax_fusion, measured_peak_memory_gib / _gb
 =========================  ===========================================================================
@@ -64,13 +69,10 @@ memory, precision knobs    main_grads, fp8_params, flash_attention (default true
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
-from importlib import resources
 from typing import Any, get_args
 
-import yaml
 
 from ..errors import InputError
 from .cases import as_int, global_batch_seqs, row_dp
@@ -310,42 +312,42 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(row_flag(row, "cuda_graphs", False))
 
 
-RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap",
+RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap", "etp",
                 "offload_layers", "layout", "mtp_layers")
 LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
 
 
-@functools.cache
-def _mbridge_recipes() -> dict[str, dict[str, Any]]:
-    text = resources.files("autoshard.data").joinpath("mbridge_recipes.yaml").read_text(encoding="utf-8")
-    return dict(yaml.safe_load(text)["runs"])
+def applied_recipe(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a recipe entry the conversion applies: all of it, except that a low-confidence entry
+    (the table's configuration matches no committed recipe) gives no recompute, offloading or pipeline
+    layout."""
+    if entry.get("confidence") == "low":
+        return {k: v for k, v in entry.items() if k not in LAYOUT_KNOBS}
+    return dict(entry)
 
 
-def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
-    """What Megatron-Bridge's performance recipe ran for a row (autoshard/data/mbridge_recipes.yaml,
-    read from the recipes at the row's release): the row's own entry, else the entry of the same table
-    line (release, model, GPU system, precision and GPU count), else the settings on which every entry
-    of the same release, model and GPU system agrees (another GPU count or precision of one recipe).
-    Empty where nothing is known. Low-confidence entries give no recompute, offloading or pipeline
-    layout (their table configuration matches no committed recipe)."""
-    table = _mbridge_recipes()
-    own = table.get(str(row.get("id") or ""))
-    if own is None:
-        other = row.get("other_metrics") or {}
-        key = (str(other.get("release") or ""), str(other.get("source_model_label") or row.get("model") or ""),
-               str(row.get("gpu") or ""))
-        same = [e for e in table.values() if (e["release"], e["model"], e["gpu"]) == key]
-        # the entry of the row's own table line (precision as printed and GPU count), where one is recorded
-        line = [e for e in same if str(e.get("precision", "")).lower() == str(row.get("precision") or "").lower()
-                and e.get("num_gpus") == as_int(row.get("gpu_count"))]
-        same = line or same
-        own = {k: same[0].get(k) for k in RECIPE_KNOBS
-               if same and all(e.get(k) == same[0].get(k) for e in same)} | (
-            {"confidence": min((e["confidence"] for e in same), key=("low", "medium", "high").index),
-             "source": same[0]["source"]} if same else {})
-    if own.get("confidence") == "low":
-        own = {k: v for k, v in own.items() if k not in LAYOUT_KNOBS}
-    return dict(own)
+RECIPE_FIELDS = (*RECIPE_KNOBS, "confidence", "source")
+
+
+def recipe_facts(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What the launcher's recipe ran for a row, from its `framework_recipe` field (validation/README.md:
+    ep_overlap, dispatcher, capacity_factor, cuda_graphs, recompute, tp_comm_overlap, offload_layers,
+    layout, mtp_layers, confidence, source), as the conversion applies it (`applied_recipe`). A row
+    without the field: {} (the row's own fields and the framework's defaults)."""
+    facts = row.get("framework_recipe")
+    if facts is None:
+        return {}
+    where = f"{row.get('id') or '?'}.framework_recipe"
+    if not isinstance(facts, Mapping):
+        raise InputError(f"expected a mapping of recipe facts, got {type(facts).__name__}", field=where)
+    unknown = sorted(set(facts) - set(RECIPE_FIELDS))
+    if unknown:
+        raise InputError(f"unknown recipe fact {unknown[0]!r} (expected one of {', '.join(RECIPE_FIELDS)})",
+                         field=where)
+    if facts.get("confidence") not in (None, "low", "medium", "high"):
+        raise InputError(f"confidence must be low, medium or high, got {facts['confidence']!r}",
+                         field=f"{where}.confidence")
+    return applied_recipe(facts)
 
 
 def megatron_layout_stages(layout: str) -> list[str]:
@@ -545,6 +547,10 @@ def _row_parallel(row: Mapping[str, Any], framework: str, n: int, notes: list[st
     dp, why = row_dp(row, n, tp, pp, cp, notes)
     if dp is None:
         raise _SkipRow(why or "")
+    recipe_etp = as_int(recipe_facts(row).get("etp")) if framework == "megatron" else None
+    if etp is None and recipe_etp is not None and ep > 1:
+        etp = recipe_etp
+        notes.append(f"etp={etp}: the framework_recipe's expert_tensor_parallel_size")
     if etp is None and ep > 1 and dp % ep and (tp * cp * dp) % ep == 0:
         etp = 1
         notes.append(f"etp not published: ep={ep} does not divide dp={dp}, so the run folds experts over "
@@ -584,7 +590,7 @@ def _row_recipe(row: Mapping[str, Any], framework: str, model: Mapping[str, Any]
         raise _SkipRow(rc_note or "activation_recompute has no mapping")
     if rc_note:
         notes.append(rc_note)
-    mb_recipe = recipe_of(row) if framework == "megatron" else {}
+    mb_recipe = recipe_facts(row) if framework == "megatron" else {}
     # A recompute the row copied from today's recipe ('... HEAD recipe ...') yields to the release's own.
     from_head = "head recipe" in str(row.get("activation_recompute") or "").lower()
     if mb_recipe.get("recompute") and (not published_rc or (from_head and mb_recipe.get("confidence") == "high")):
