@@ -150,12 +150,13 @@ def test_fsdp2_terms_need_fsdp():
 
 
 def test_measured_rows_regression():
-    """`autoshard validate validation/measured_h100_steps.json`: step median 34.8% -> 12.0% with these
-    terms, memory median 8.2% -> 4.9%, none predicted not to fit (bounds with a little margin)."""
+    """`autoshard validate validation/measured_h100_steps.json`: step median 34.8% -> 11.4% with these
+    terms and the Megatron rows' unfused softmax stated, memory median 8.2% -> 4.8% (p90 23.7% ->
+    16.1%), none predicted not to fit (bounds with a little margin)."""
     report = validate(RUNS)
     assert report.summary.n == 63
-    assert report.summary.median_abs_error_pct <= 12.5
+    assert report.summary.median_abs_error_pct <= 12.0
     assert report.memory is not None and report.memory.n == 63
-    assert report.memory.median_abs_error_pct <= 5.5
-    assert report.memory.p90_abs_error_pct <= 17.0
+    assert report.memory.median_abs_error_pct <= 5.2
+    assert report.memory.p90_abs_error_pct <= 16.5
     assert report.memory.predicted_oom_that_ran == 0
