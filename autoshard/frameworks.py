@@ -64,6 +64,9 @@ class FrameworkProfile:
     # frees its gradients between steps (zero_grad(set_to_none=True)): with one micro-batch a step, the
     # loss backward's peak holds none (cost.layers._step_grad_bytes)
     grads_freed_between_steps: bool = False
+    # compiles the step where it runs the TP overlap it prices (AsyncTP needs torch.compile): the eager facts
+    # above (unfused_gated_activation, loss_logit_bytes) do not hold there (cost.layers.eager_step)
+    compiled_with_tp_overlap: bool = False
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
     # launches its kernels from eager Python (cost.EAGER_LAUNCH_HOST_S per counted launch); False: a
     # compiled step (XLA) whose runtime launches from C++
@@ -230,6 +233,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             loss_logit_bytes=float(row.get("loss_logit_bytes", 6.0)),
             unfused_gated_activation=bool(row.get("unfused_gated_activation", False)),
             grads_freed_between_steps=bool(row.get("grads_freed_between_steps", False)),
+            compiled_with_tp_overlap=bool(row.get("compiled_with_tp_overlap", False)),
             cuda_graphs=bool(row.get("cuda_graphs", False)),
             eager_launches=bool(row.get("eager_launches", True)),
             cublas_workspaces=tuple(row.get("cublas_workspaces", ["pytorch"])),

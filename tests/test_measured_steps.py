@@ -16,6 +16,8 @@ from autoshard.cost import evaluate
 from autoshard.cost.context import Config, context
 from autoshard.cost.layers import layer_table
 from autoshard.frameworks import get_framework
+from autoshard.loader import load_problem
+from autoshard.spec import Plan
 from autoshard.validate import completed_plan, run_to_case, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,3 +162,25 @@ def test_measured_rows_regression():
     assert report.memory.median_abs_error_pct <= 5.2
     assert report.memory.p90_abs_error_pct <= 16.5
     assert report.memory.predicted_oom_that_ran == 0
+
+
+def test_eager_facts_only_on_an_eager_step():
+    """torchtitan's step is compiled where the plan runs AsyncTP (it needs torch.compile; the export turns
+    compile on with it): there the eager SwiGLU's extra 2 B per FFN element and token and the eager fp32
+    loss's 12 B per logit are not priced (the loss falls back to bf16 logits + fp32 softmax, 6 B)."""
+    problem = load_problem({"model": {"name": "m", "num_hidden_layers": 4, "hidden_size": 2048,
+                                      "intermediate_size": FFN, "num_attention_heads": 32,
+                                      "num_key_value_heads": 8, "vocab_size": VOCAB},
+                            "framework": "torchtitan", "training": {"seq_len": 4096, "global_batch_size": 4},
+                            "cluster": {"gpu": "h100-sxm", "num_gpus": 8}})
+    ctx = context(problem)
+    tables = {}
+    for overlap in (True, False):
+        plan = Plan(tp=2, pp=1, dp=4, sequence_parallel=True, zero_stage=3, micro_batch_size=1,
+                    tp_comm_overlap=overlap)
+        tables[overlap] = layer_table(ctx, Config.of(plan, 4))
+    eager, compiled = tables[False], tables[True]
+    tokens = 4096
+    assert eager.layers[("dense", "none")].act_bytes - compiled.layers[("dense", "none")].act_bytes == \
+        pytest.approx(2 * tokens * FFN / 2)
+    assert eager.head.work_bytes - compiled.head.work_bytes == pytest.approx((12 - 6) * tokens * VOCAB / 2)

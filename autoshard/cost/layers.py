@@ -18,7 +18,7 @@ from ..topology import (
     shard_profiles,
     split_profile,
 )
-from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s
+from .communication import _qkvo_bytes, cp_comm_s, cp_hierarchy, tp_comm_s, tp_overlap_on
 from .constants import (
     BF16,
     BLOCKING_LAYER_HOST_S,
@@ -206,19 +206,27 @@ def _mlp_saved_bytes_per_ffn(m, q: float, act_in: float = BF16, act_out: float =
     return (2 if m.gated else 1) * act_in + q + (act_out if m.gated else 0.0)
 
 
-def _eager_gate_bytes(ctx: Context) -> float:
+def eager_step(ctx: Context, cfg: Config, pl: Placement) -> bool:
+    """Whether the framework runs this plan's step eagerly: not where it compiles the step with the TP
+    overlap it prices (`FrameworkProfile.compiled_with_tp_overlap`: torchtitan's AsyncTP needs
+    torch.compile, and the export turns compile on with it and only then). The facts measured on the
+    eager step (`unfused_gated_activation`, `loss_logit_bytes`) hold there."""
+    return not (ctx.framework.compiled_with_tp_overlap and tp_overlap_on(ctx, cfg, pl))
+
+
+def _eager_gate_bytes(ctx: Context, eager: bool = True) -> float:
     """Bytes per token and ffn element a gated MLP keeps beyond a fused SwiGLU's where the framework
-    runs silu(fc1_gate) * fc1_up as separate eager ops (`FrameworkProfile.unfused_gated_activation`):
-    the bf16 activation output (measured on torchtitan 0.2.2: frameworks.yaml)."""
-    return BF16 if ctx.framework.unfused_gated_activation else 0.0
+    runs silu(fc1_gate) * fc1_up as separate eager ops (`FrameworkProfile.unfused_gated_activation`,
+    on an `eager_step`): the bf16 activation output (measured on torchtitan 0.2.2: frameworks.yaml)."""
+    return BF16 if ctx.framework.unfused_gated_activation and eager else 0.0
 
 
-def _expert_saved_bytes_per_ffn(ctx: Context, m, q: float) -> float:
+def _expert_saved_bytes_per_ffn(ctx: Context, m, q: float, eager: bool = True) -> float:
     """`_mlp_saved_bytes_per_ffn` of the routed experts: their activation's inputs at `q` too where the
     framework caches them quantized (DeepSeek-V3 report sec. 3.3.3: "we cache the inputs of the SwiGLU
     operator ... These activations are also stored in FP8")."""
     return _mlp_saved_bytes_per_ffn(m, q, q if ctx.framework.quantized_expert_act_inputs else BF16,
-                                    _eager_gate_bytes(ctx))
+                                    _eager_gate_bytes(ctx, eager))
 
 
 def _mamba_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
@@ -263,7 +271,7 @@ def _mamba_saved_bytes(ctx: Context, cfg: Config, sh: Shapes) -> float:
             + q * T * d_in)
 
 
-def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
+def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str, eager: bool = True) -> dict[str, float]:
     """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022). The
     inputs of the linear layers (QKV, MLA up-projections, attention output projection, fc1, fc2 and
     the experts' fc1) are kept at `Context.saved_input_bytes` per element: bf16, or the recipe's
@@ -281,15 +289,15 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
         attn += BF16 * T * sh.a_local * (2 * sh.d_qk + sh.d_v) + q * T * sh.a_local * sh.d_v
     else:  # q, k, v, proj input
         attn = BF16 * T * sh.d * (sh.a_local + 2 * sh.kv_local) + q * T * sh.d * sh.a_local
-    mats = _mlp_saved_bytes_per_ffn(m, q_mlp, act_out=_eager_gate_bytes(ctx))
+    mats = _mlp_saved_bytes_per_ffn(m, q_mlp, act_out=_eager_gate_bytes(ctx, eager))
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
         etp = cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        mlp = _expert_saved_bytes_per_ffn(ctx, m, q_mlp) * routed * m.expert_ffn / etp + q_mlp * routed * h \
+        mlp = _expert_saved_bytes_per_ffn(ctx, m, q_mlp, eager) * routed * m.expert_ffn / etp + q_mlp * routed * h \
             + 4 * T * m.num_experts
-        mlp += _mlp_saved_bytes_per_ffn(m, q_shared, act_out=_eager_gate_bytes(ctx)) * T * m.shared_ffn / t
+        mlp += _mlp_saved_bytes_per_ffn(m, q_shared, act_out=_eager_gate_bytes(ctx, eager)) * T * m.shared_ffn / t
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
     else:
@@ -333,7 +341,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     expert_local = experts / (cfg.expert_tp * cfg.ep)
     if experts and ctx.training.moe_redundant_experts:  # EPLB keeps the redundant copies' weights too
         expert_local *= 1 + ctx.training.moe_redundant_experts / ctx.model.num_experts
-    acts = _activation_bytes(ctx, cfg, sh, kind)
+    acts = _activation_bytes(ctx, cfg, sh, kind, eager_step(ctx, cfg, pl))
     flops = aflops + mflops
     exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
     ep_overlap = ep_overlap_on(ctx, cfg)
@@ -656,7 +664,8 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     # what the loss holds per logit of one micro-batch at its backward's peak (bf16 logits + fp32
     # softmax; torchtitan's fp32 log-softmax, its gradient and the gradient input:
     # `FrameworkProfile.loss_logit_bytes`), and the cuBLAS workspaces
-    c.work_bytes = ctx.framework.loss_logit_bytes * T * V + cublas_workspace_bytes(ctx)
+    loss_b = ctx.framework.loss_logit_bytes if eager_step(ctx, cfg, pl) else BF16 + 4.0  # compiled: not measured
+    c.work_bytes = loss_b * T * V + cublas_workspace_bytes(ctx)
     _fsdp_outer_host(ctx, cfg, c)
     return c
 
@@ -697,14 +706,24 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
             zero3_step_sync(ctx.framework, cfg), cfg.grad_overlap, cfg.param_overlap) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     microbatches = num_microbatches(ctx.problem, cfg)
-    if ctx.framework.grads_freed_between_steps and microbatches == 1 and cfg.pp == 1:
-        head = dataclasses.replace(head, work_bytes=max(0.0, head.work_bytes - _step_grad_bytes(ctx, cfg, layers, embed, head)))
+    head = loss_phase_head(ctx, cfg, layers, embed, head, microbatches)
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
     # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.
     p2p_bytes = BF16 * sh.tokens * sh.h / cfg.tp
     p2p = p2p_s(ctx.levels, pl.pp_level, p2p_bytes) if cfg.pp > 1 else 0.0
     return Table(cfg, pl, layers, embed, head, p2p, microbatches, memo)
+
+
+def loss_phase_head(ctx: Context, cfg: Config, layers: dict, embed: Cost, head: Cost, microbatches: int) -> Cost:
+    """The head as a table holds it: where the framework frees its gradients between steps and a step of
+    a one-stage plan runs one micro-batch, its working set less the step's gradient bytes
+    (`_step_grad_bytes`); else the head itself. Every table (`layer_table`, the solver's optimistic one)
+    takes its head from here, so evaluate and the solver's bounds price one peak."""
+    if ctx.framework.grads_freed_between_steps and microbatches == 1 and cfg.pp == 1:
+        grads = _step_grad_bytes(ctx, cfg, layers, embed, head)
+        return dataclasses.replace(head, work_bytes=max(0.0, head.work_bytes - grads))
+    return head
 
 
 def _step_grad_bytes(ctx: Context, cfg: Config, layers: dict, embed: Cost, head: Cost) -> float:
