@@ -14,8 +14,9 @@ For each configuration it records the median step time over the timed steps (CUD
 reset after the warm-up steps, so the optimizer states exist), the memory allocated between steps
 (parameters, gradients freed, optimizer states) and the parameter count.
 
-It was run on a GPU machine lent to the project; its output is shipped as
-``validation/steps_h100_torchtitan.json`` and compared with the cost model by
+It was run on a GPU machine lent to the project; its outputs are shipped in ``validation/measured/``
+(``steps_torchtitan*.json``, ``sweep_torchtitan.json``), turned into runs by
+``benchmarks/measured_steps_to_runs.py`` and compared with the cost model by
 ``tests/test_measured_steps.py``. Nothing in autoshard depends on running it.
 
     python benchmarks/measure_steps.py --out steps.json            # on a GPU
