@@ -49,6 +49,24 @@ class FrameworkProfile:
     # core attention's backward rate relative to its forward (cost.attention_backward_s)
     attention_backward_rate: float = CUDNN_ATTENTION_BACKWARD_RATE
     recompute_module_host_s: float = 0.0  # host time of one recompute module per layer and micro-batch
+    # Eager FSDP2 (fully_shard per block, hooks in Python): host time its hooks add per FSDP-wrapped
+    # block and micro-batch (forward + backward), and per parameter of the units outside the blocks
+    # (embedding, final norm, output layer) per micro-batch; run ahead of the GPU like the launches
+    # (cost.layers._eager_host, cost.layers._fsdp_outer_host). Measured (frameworks.yaml).
+    fsdp_block_host_s: float = 0.0
+    fsdp_outer_host_s_per_param: float = 0.0
+    # Bytes per logit element its loss holds at the loss backward's peak (cost.layers._head_cost): bf16
+    # logits + fp32 softmax (6, Megatron's fused vocab-parallel cross entropy) unless stated
+    loss_logit_bytes: float = 6.0
+    # Its gated MLPs (SwiGLU) run the activation and the product as separate eager ops, so autograd keeps
+    # the activation's output beside the fc1 outputs and the fc2 input (cost.layers._mlp_saved_bytes_per_ffn)
+    unfused_gated_activation: bool = False
+    # frees its gradients between steps (zero_grad(set_to_none=True)): with one micro-batch a step, the
+    # loss backward's peak holds none (cost.layers._step_grad_bytes)
+    grads_freed_between_steps: bool = False
+    # compiles the step where it runs the TP overlap it prices (AsyncTP needs torch.compile): the eager facts
+    # above (unfused_gated_activation, loss_logit_bytes) do not hold there (cost.layers.eager_step)
+    compiled_with_tp_overlap: bool = False
     cuda_graphs: bool = False  # can capture the whole training step in CUDA graphs
     # launches its kernels from eager Python (cost.EAGER_LAUNCH_HOST_S per counted launch); False: a
     # compiled step (XLA) whose runtime launches from C++
@@ -214,6 +232,12 @@ def profiles() -> dict[str, FrameworkProfile]:
             attention_kernel_factor=float(row.get("attention_kernel_factor", 1.0)),
             attention_backward_rate=float(row.get("attention_backward_rate", CUDNN_ATTENTION_BACKWARD_RATE)),
             recompute_module_host_s=float(row.get("recompute_module_host_ms", 0.0)) / 1e3,
+            fsdp_block_host_s=float(row.get("fsdp_block_host_ms", 0.0)) / 1e3,
+            fsdp_outer_host_s_per_param=float(row.get("fsdp_outer_host_ms_per_billion_params", 0.0)) / 1e12,
+            loss_logit_bytes=float(row.get("loss_logit_bytes", 6.0)),
+            unfused_gated_activation=bool(row.get("unfused_gated_activation", False)),
+            grads_freed_between_steps=bool(row.get("grads_freed_between_steps", False)),
+            compiled_with_tp_overlap=bool(row.get("compiled_with_tp_overlap", False)),
             cuda_graphs=bool(row.get("cuda_graphs", False)),
             eager_launches=bool(row.get("eager_launches", True)),
             cublas_workspaces=tuple(row.get("cublas_workspaces", ["pytorch"])),

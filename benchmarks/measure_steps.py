@@ -14,9 +14,11 @@ For each configuration it records the median step time over the timed steps (CUD
 reset after the warm-up steps, so the optimizer states exist), the memory allocated between steps
 (parameters, gradients freed, optimizer states) and the parameter count.
 
-It was run on a GPU machine lent to the project; its output is shipped as
-``validation/measured/`` (raw) and ``validation/measured_h100_steps.json`` (runs format, read by
-``autoshard validate`` and ``tests/test_measured_data.py``). Nothing in autoshard depends on running it.
+It was run on GPU machines lent to the project; its outputs are shipped in ``validation/measured/``
+(``steps_torchtitan*.json``, ``sweep_torchtitan*.json``, ``compiled_torchtitan.json``), turned into runs by
+``benchmarks/measured_steps_to_runs.py`` (``validation/measured_h100_steps.json``) and compared with the
+cost model by ``tests/test_measured_steps.py`` and ``tests/test_measured_data.py``. Nothing in autoshard
+depends on running it.
 
     python benchmarks/measure_steps.py --out steps.json            # on a GPU
     python benchmarks/measure_steps.py --smoke --device cpu        # logic check without a GPU

@@ -83,9 +83,15 @@ def mcore_rows(doc: dict, raw: str, tag: str = "") -> list[dict]:
                    hidden=a["hidden_size"], heads=a["num_attention_heads"], kv_heads=a["num_query_groups"],
                    ffn=a["ffn_hidden_size"], vocab=a["vocab_size"], zero_stage=1, fsdp=False,
                    flash_attention=False, activation_recompute=run["recompute"],
+                   # measure_mcore_steps.py leaves TransformerConfig.masked_softmax_fusion at its default,
+                   # False (megatron/core/transformer/transformer_config.py), and megatron-core's wheel
+                   # ships no fused softmax kernel (scaled_upper_triang_masked_softmax_cuda comes with
+                   # apex / a Megatron-LM build): FusedScaleMaskSoftmax runs torch's fp32 softmax
+                   softmax_fusion="off",
                    notes="megatron-core 0.16.1 GPTModel, local layer spec (unfused DotProductAttention, no "
                          "Transformer Engine), DDP fp32 grad buffers + distributed optimizer, bf16; "
-                         f"recompute {run['recompute']}")
+                         "masked_softmax_fusion False (the TransformerConfig default): softmax in PyTorch, "
+                         f"fp32; recompute {run['recompute']}")
         rows.append(row)
     return rows
 

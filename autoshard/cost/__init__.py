@@ -99,6 +99,7 @@ from .layers import (  # noqa: F401
     layer_cost,
     layer_costs,
     layer_table,
+    loss_phase_head,
     shared_costs,
 )
 from .moe import (  # noqa: F401

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..spec import Recompute
@@ -55,7 +56,7 @@ from .moe import (
     moe_imbalance,
     routed_tokens,
 )
-from .params import QLORA_BYTES_PER_PARAM, layer_params, mamba_in_proj_width, mla_dim, zero3_bytes_per_param
+from .params import QLORA_BYTES_PER_PARAM, layer_params, mamba_in_proj_width, mla_dim, param_bytes, zero3_bytes_per_param
 from .table import Cost, Table  # noqa: F401  (re-exported: moved to cost/table.py)
 
 # The MLP kind of a hybrid model's MLP-only blocks (spec.HYBRID_KINDS); other kinds map to themselves.
@@ -201,17 +202,35 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     return fwd, bwd, t_w, flops
 
 
-def _mlp_saved_bytes_per_ffn(m, q: float, act_in: float = BF16) -> float:
+def _mlp_saved_bytes_per_ffn(m, q: float, act_in: float = BF16, act_out: float = 0.0) -> float:
     """Bytes an MLP keeps per token and ffn element: the fc1 output(s) at `act_in` (bf16, two for a
-    gated MLP, for its activation's backward) and the fc2 input at `q` (as the framework keeps it)."""
-    return (2 if m.gated else 1) * act_in + q
+    gated MLP, for its activation's backward) and the fc2 input at `q` (as the framework keeps it);
+    a gated MLP run as separate eager ops also keeps its activation's output (`act_out`, the product's
+    other operand: `_eager_gate_bytes`)."""
+    return (2 if m.gated else 1) * act_in + q + (act_out if m.gated else 0.0)
 
 
-def _expert_saved_bytes_per_ffn(ctx: Context, m, q: float) -> float:
+def eager_step(ctx: Context, cfg: Config, pl: Placement) -> bool:
+    """Whether the framework runs this plan's step eagerly: not where it compiles the step with the TP
+    overlap it prices (`FrameworkProfile.compiled_with_tp_overlap`: torchtitan's AsyncTP needs
+    torch.compile, and the export turns compile on with it and only then). The facts measured on the
+    eager step (`unfused_gated_activation`, `loss_logit_bytes`) hold there."""
+    return not (ctx.framework.compiled_with_tp_overlap and tp_overlap_on(ctx, cfg, pl))
+
+
+def _eager_gate_bytes(ctx: Context, eager: bool = True) -> float:
+    """Bytes per token and ffn element a gated MLP keeps beyond a fused SwiGLU's where the framework
+    runs silu(fc1_gate) * fc1_up as separate eager ops (`FrameworkProfile.unfused_gated_activation`,
+    on an `eager_step`): the bf16 activation output (measured on torchtitan 0.2.2: frameworks.yaml)."""
+    return BF16 if ctx.framework.unfused_gated_activation and eager else 0.0
+
+
+def _expert_saved_bytes_per_ffn(ctx: Context, m, q: float, eager: bool = True) -> float:
     """`_mlp_saved_bytes_per_ffn` of the routed experts: their activation's inputs at `q` too where the
     framework caches them quantized (DeepSeek-V3 report sec. 3.3.3: "we cache the inputs of the SwiGLU
     operator ... These activations are also stored in FP8")."""
-    return _mlp_saved_bytes_per_ffn(m, q, q if ctx.framework.quantized_expert_act_inputs else BF16)
+    return _mlp_saved_bytes_per_ffn(m, q, q if ctx.framework.quantized_expert_act_inputs else BF16,
+                                    _eager_gate_bytes(ctx, eager))
 
 
 def _mamba_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
@@ -256,7 +275,7 @@ def _mamba_saved_bytes(ctx: Context, cfg: Config, sh: Shapes) -> float:
             + q * T * d_in)
 
 
-def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[str, float]:
+def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str, eager: bool = True) -> dict[str, float]:
     """Activation bytes kept per micro-batch by one layer, per recompute mode (Korthikanti 2022). The
     inputs of the linear layers (QKV, MLA up-projections, attention output projection, fc1, fc2 and
     the experts' fc1) are kept at `Context.saved_input_bytes` per element: bf16, or the recipe's
@@ -277,15 +296,15 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> dict[
     if m.qk_layernorm and not m.is_mla:  # the normalized q and k (new tensors attention saves), each row's fp32 mean and
         # 1/std (TE LayerNorm's saved statistics), beside the raw q and k the norms keep as their input
         attn += (BF16 * sh.d + 2 * 4) * T * (sh.a_local + sh.kv_local)
-    mats = _mlp_saved_bytes_per_ffn(m, q_mlp)
+    mats = _mlp_saved_bytes_per_ffn(m, q_mlp, act_out=_eager_gate_bytes(ctx, eager))
     if kind == "dense":
         mlp = mats * T * m.intermediate_size / t
     else:
         etp = cfg.expert_tp
         routed = routed_tokens(ctx, cfg, sh)
-        mlp = _expert_saved_bytes_per_ffn(ctx, m, q_mlp) * routed * m.expert_ffn / etp + q_mlp * routed * h \
+        mlp = _expert_saved_bytes_per_ffn(ctx, m, q_mlp, eager) * routed * m.expert_ffn / etp + q_mlp * routed * h \
             + 4 * T * m.num_experts
-        mlp += _mlp_saved_bytes_per_ffn(m, q_shared) * T * m.shared_ffn / t
+        mlp += _mlp_saved_bytes_per_ffn(m, q_shared, act_out=_eager_gate_bytes(ctx, eager)) * T * m.shared_ffn / t
     if ctx.training.flash_attention:
         scores = 4.0 * T * sh.a_local  # log-sum-exp per query and head (fp32)
     else:
@@ -329,7 +348,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     expert_local = experts / (cfg.expert_tp * cfg.ep)
     if experts and ctx.training.moe_redundant_experts:  # EPLB keeps the redundant copies' weights too
         expert_local *= 1 + ctx.training.moe_redundant_experts / ctx.model.num_experts
-    acts = _activation_bytes(ctx, cfg, sh, kind)
+    acts = _activation_bytes(ctx, cfg, sh, kind, eager_step(ctx, cfg, pl))
     flops = aflops + mflops
     exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
     ep_overlap = ep_overlap_on(ctx, cfg)
@@ -465,8 +484,25 @@ def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tu
         bwd_k += core_k
     elif recompute not in ("none", "offload"):
         bwd_k += sum(core_k if mod == "core_attn" else 3 for mod in recompute.split("+"))
-    c.fwd["host"] += max(0.0, fwd_k * EAGER_LAUNCH_HOST_S - c.fwd_s)
-    c.bwd["host"] += max(0.0, bwd_k * EAGER_LAUNCH_HOST_S - c.bwd_s)
+    # FSDP2's per-block hooks (`FrameworkProfile.fsdp_block_host_s`) run on the same host thread, a
+    # third before the forward (all-gather) and two thirds around the backward (re-gather, reduce-scatter)
+    hooks = ctx.framework.fsdp_block_host_s if cfg.zero == 3 else 0.0
+    c.fwd["host"] += max(0.0, fwd_k * EAGER_LAUNCH_HOST_S + hooks / 3 - c.fwd_s)
+    c.bwd["host"] += max(0.0, bwd_k * EAGER_LAUNCH_HOST_S + 2 * hooks / 3 - c.bwd_s)
+
+
+def _fsdp_outer_host(ctx: Context, cfg: Config, c: Cost) -> None:
+    """Add to `c` (the embedding or the head) the host time eager FSDP2 spends per micro-batch on the
+    units outside the blocks, `FrameworkProfile.fsdp_outer_host_s_per_param` per parameter they hold
+    (measured: frameworks.yaml), where the GPU work of that piece does not hide it (a third in the
+    forward, two thirds in the backward, as `_eager_host`). None without FSDP (ZeRO-3), under CUDA
+    graphs or a compiled step."""
+    rate = ctx.framework.fsdp_outer_host_s_per_param
+    if not rate or cfg.zero != 3 or cfg.cuda_graphs or not ctx.framework.eager_launches:
+        return
+    host = rate * c.params
+    c.fwd["host"] += max(0.0, host / 3 - c.fwd_s)
+    c.bwd["host"] += max(0.0, 2 * host / 3 - c.bwd_s)
 
 
 def _zero3_layer_comm_s(ctx: Context, cfg: Config, pl: Placement, dense: float, expert: float
@@ -587,6 +623,7 @@ def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     # and last stages): [micro-batch, 1, seq, seq] bool, BATCH_MASKS of them
     if ctx.training.attention_mask_in_batch:
         c.work_bytes = BATCH_MASKS * cfg.mbs * sh.seq * sh.seq
+    _fsdp_outer_host(ctx, cfg, c)
     return c
 
 
@@ -638,19 +675,26 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
         c.bwd["tp_comm"] = c.fwd["tp_comm"]
     c.hfu_flops = c.base_flops = 3 * 2 * T * h * V
     c.act_bytes = BF16 * T * h / (cfg.tp if cfg.sp else 1)
-    c.work_bytes = loss_work_bytes(ctx, cfg, T, V) + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
+    # what the loss holds per logit of one micro-batch at its backward's peak (`loss_work_bytes`: the
+    # framework's bytes per logit on an eager step, `FrameworkProfile.loss_logit_bytes`), and the cuBLAS
+    # workspaces
+    logit_b = ctx.framework.loss_logit_bytes if eager_step(ctx, cfg, pl) else LOGIT_WORK_BYTES  # compiled: not measured
+    c.work_bytes = loss_work_bytes(ctx, cfg, T, V, logit_b) + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
+    _fsdp_outer_host(ctx, cfg, c)
     return c
 
 
-def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float) -> float:
-    """Transient memory at the loss of one micro-batch on the last stage: the bf16 logits and their fp32
-    copy (LOGIT_WORK_BYTES per logit; FUSED_CE_EXTRA_BYTES more with training.cross_entropy_fusion), and
+def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float,
+                    logit_bytes: float = LOGIT_WORK_BYTES) -> float:
+    """Transient memory at the loss of one micro-batch on the last stage: `logit_bytes` per logit (the
+    bf16 logits and their fp32 copy, LOGIT_WORK_BYTES; torchtitan's eager fp32 loss holds more:
+    `FrameworkProfile.loss_logit_bytes`; FUSED_CE_EXTRA_BYTES more with training.cross_entropy_fusion), and
     with training.defer_embedding_wgrad the output layer's bf16 logit gradients and bf16 inputs of the
     deferred micro-batches already through their backward (tensor_parallel/layers.py: the first
     wgrad_deferral_limit of them, 0 = all; kept until schedules.finish_embedding_wgrad_compute): at the
     backward of a later micro-batch min(limit, M - 1) of them beside its own loss."""
     t = ctx.training
-    work = (LOGIT_WORK_BYTES + (FUSED_CE_EXTRA_BYTES if t.cross_entropy_fusion else 0)) * tokens * vocab_local
+    work = (logit_bytes + (FUSED_CE_EXTRA_BYTES if t.cross_entropy_fusion else 0)) * tokens * vocab_local
     if t.defer_embedding_wgrad:
         m = num_microbatches(ctx.problem, cfg)
         kept = min(t.wgrad_deferral_limit or m, m - 1)
@@ -688,15 +732,46 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     shared `Cost` objects must not be modified."""
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
     zero3 = cfg.zero == 3 and cfg.data_parallel
-    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp,
+    key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp, cfg.zero == 3,
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
            cfg.cp_comm,
            (cfg.dp, pl.dp_cp, pl.edp, cfg.dp_replicate, reshard_policy(ctx.framework, cfg),
             zero3_step_sync(ctx.framework, cfg), cfg.grad_overlap, cfg.param_overlap) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
+    microbatches = num_microbatches(ctx.problem, cfg)
+    head = loss_phase_head(ctx, cfg, layers, embed, head, microbatches)
     sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
     # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.
     p2p_bytes = BF16 * sh.tokens * sh.h / cfg.tp
     p2p = p2p_s(ctx.levels, pl.pp_level, p2p_bytes) if cfg.pp > 1 else 0.0
-    return Table(cfg, pl, layers, embed, head, p2p, num_microbatches(ctx.problem, cfg), memo)
+    return Table(cfg, pl, layers, embed, head, p2p, microbatches, memo)
+
+
+def loss_phase_head(ctx: Context, cfg: Config, layers: dict, embed: Cost, head: Cost, microbatches: int) -> Cost:
+    """The head as a table holds it: where the framework frees its gradients between steps and a step of
+    a one-stage plan runs one micro-batch, its working set less the step's gradient bytes
+    (`_step_grad_bytes`); else the head itself. Every table (`layer_table`, the solver's optimistic one)
+    takes its head from here, so evaluate and the solver's bounds price one peak."""
+    if ctx.framework.grads_freed_between_steps and microbatches == 1 and cfg.pp == 1:
+        grads = _step_grad_bytes(ctx, cfg, layers, embed, head)
+        return dataclasses.replace(head, work_bytes=max(0.0, head.work_bytes - grads))
+    return head
+
+
+def _step_grad_bytes(ctx: Context, cfg: Config, layers: dict, embed: Cost, head: Cost) -> float:
+    """Gradient bytes one GPU of a one-stage plan holds at the end of its backward (`cost.static_bytes`'s
+    "gradients": the framework's gradient bytes per parameter, sharded from ZeRO-2 on). Where the
+    framework frees its gradients between steps (`FrameworkProfile.grads_freed_between_steps`: torchtitan
+    calls zero_grad(), set_to_none) and a step runs one micro-batch, none of them exist yet at the loss
+    backward, the head's peak: `layer_table` takes them off the head's working set, so the peak is the
+    larger of the loss's (activations + loss) and the layers' (gradients + activations + a layer's
+    working set) without changing the form the solver's memory rows take."""
+    kinds = ctx.model.layer_kinds()
+    pieces = [layers[(k, "none")] for k in kinds] + [embed, head]
+    params = sum(c.params for c in pieces)
+    expert = sum(c.expert_params for c in pieces)
+    g_b = param_bytes(ctx)[1]
+    if cfg.zero < 2:
+        return g_b * params
+    return g_b * ((params - expert) / cfg.shard_dense + expert / cfg.shard_expert)

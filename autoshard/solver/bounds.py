@@ -35,6 +35,7 @@ from ..cost import (
     dp_overlaps,
     dp_tail_s,
     lora_fraction,
+    loss_phase_head,
     num_microbatches,
     param_bytes,
     reshard_policy,
@@ -733,7 +734,9 @@ def _optimistic_table(ctx: Context, cfg: Config, cache: dict | None = None) -> T
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, zero3, cfg.dp if zero3 else 0, cfg.pp == 1, cfg.etp,
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg))
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
-    return Table(cfg, pl, layers, embed, head, 0.0, num_microbatches(ctx.problem, cfg), memo)
+    microbatches = num_microbatches(ctx.problem, cfg)
+    head = loss_phase_head(ctx, cfg, layers, embed, head, microbatches)
+    return Table(cfg, pl, layers, embed, head, 0.0, microbatches, memo)
 
 
 def _free_tail_model(ctx: Context, table: Table) -> TailModel:
