@@ -14,7 +14,7 @@ import pytest
 
 from autoshard.cost import evaluate
 from autoshard.cost.context import Config, context
-from autoshard.cost.layers import layer_table
+from autoshard.cost.layers import cublas_workspace_bytes, layer_table
 from autoshard.frameworks import get_framework
 from autoshard.loader import load_problem
 from autoshard.spec import Plan
@@ -106,7 +106,7 @@ def test_gradients_freed_only_with_one_microbatch():
     """torchtitan frees its gradients between steps: with one micro-batch the loss backward's peak
     holds none of the 4 B per parameter of fp32 gradients (1.498 B parameters: 5.58 GiB), with two the
     first micro-batch's are there. The peak is the larger of the loss's (no gradients, 12 B per logit +
-    cuBLAS's 32 MiB) and a block's backward (all gradients, the block's working set L), so the two
+    PyTorch's cuBLAS workspaces, one per thread: `cublas_workspace_bytes`) and a block's backward (all gradients, the block's working set L), so the two
     peaks differ by min(G, H - L)."""
     case = _case("h100_torchtitan_llama-1b_s4096_mb1_none")
     one = evaluate(case.problem, case.plan)
@@ -114,7 +114,8 @@ def test_gradients_freed_only_with_one_microbatch():
     two = evaluate(case.problem.model_copy(update={"training": training}), case.plan)
     params = 1498482688
     grads = 4 * params
-    head = 12 * 4096 * VOCAB + 32 * 2**20
+    head = 12 * 4096 * VOCAB + cublas_workspace_bytes(context(case.problem))
+    assert cublas_workspace_bytes(context(case.problem)) == 2 * 32 * 2**20  # forward + autograd threads on sm90
     block = layer_table(context(case.problem), Config.of(case.plan, 1)).layers[("dense", "none")].work_bytes
     assert (two.peak_memory_gib - one.peak_memory_gib) * GIB == pytest.approx(min(grads, head - block), rel=1e-3)
     assert one.peak_memory_gib < two.peak_memory_gib - 0.9 * (head - block) / GIB
