@@ -1000,7 +1000,7 @@ def test_documented_time_limit_defaults_are_the_programs():
     """docs/faults.md said `whatif` 30 s while `whatif --help` and the code used 10 s."""
     from autoshard.whatif import DEFAULT_TIME_LIMIT_S  # noqa: PLC0415
 
-    parser = cli.build_parser()
+    parser = cli.cli_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
     solve_s, batch_s = sub["solve"].get_default("time_limit"), sub["batch"].get_default("time_limit")
     doc = " ".join(FAULTS_DOC.read_text(encoding="utf-8").split())
