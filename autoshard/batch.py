@@ -65,6 +65,7 @@ from .fileio import atomic_write, dumps_json, read_document, read_json_file, sam
 from .loader import file_folder, problem_paths, resolve_path
 from .progress import TerminalLine
 from .spec import DEFAULT_GAP_LIMIT
+from .tables import Column, table_text
 from .render import (
     error_markdown,
     error_record,
@@ -894,7 +895,7 @@ class ProgressBar(TerminalLine):
 
 
 def summary_table(result: BatchResult) -> str:
-    """Aligned text table of a batch, one line per problem, and a totals line."""
+    """The batch as a table (`tables.table_text`), one row per problem, then a totals line."""
     header = ["name", "status", "step time", "tokens/s", "MFU", "peak GiB", "plan / message"]
     rows = []
     for p in result.problems:
@@ -908,14 +909,9 @@ def summary_table(result: BatchResult) -> str:
         else:
             msg = (rec.get("error") or {}).get("message", "")
             rows.append([p.name, status, "-", "-", "-", "-", msg if len(msg) <= 120 else msg[:117] + "..."])
-    widths = [max([len(header[i])] + [len(str(r[i])) for r in rows]) for i in range(len(header) - 1)]
     right = {2, 3, 4, 5}
-
-    def line(cells: list[Any]) -> str:
-        parts = [str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i]) for i, c in enumerate(cells[:-1])]
-        return "  ".join(parts + [str(cells[-1])]).rstrip()
-
-    out = [line(header)] + [line(r) for r in rows]
+    columns: list[Column] = [(h, "right") if i in right else h for i, h in enumerate(header)]
+    out = table_text(columns, rows).splitlines()
     counts = ", ".join(f"{n} {s}" for s, n in result.counts().items())
     tail = f"{len(result.problems)} problem{'s' if len(result.problems) != 1 else ''}: {counts or 'none'}"
     if result.interrupted:

@@ -63,6 +63,7 @@ from .. import frameworks as fw
 from ..catalog import GemmDtype, _gpus, _matmul_model, end_to_end_factor, get_gpu, matmul_generation
 from ..cost import evaluate
 from ..frameworks import profiles
+from ..tables import Column, table_text
 
 FD = 1.1  # finite-difference step that finds the rows a framework factor moves
 
@@ -456,15 +457,14 @@ def _pct(x: float) -> str:
 
 
 def format_loso(r: LosoReport) -> str:
-    head = (f"{'left-out family':<32} {'runs':>4} {'catalog':>8} {'refit':>7} {'LOSO':>7} {'LOSO p90':>9} "
-            f"{'pairs in/LOSO':>14}  LOSO worst")
+    head: list[Column] = ["left-out family", ("runs", "right"), ("catalog", "right"), ("refit", "right"),
+                          ("LOSO", "right"), ("LOSO p90", "right"), ("pairs in/LOSO", "right"), "LOSO worst"]
+    rows = [[f.family, str(f.runs), _pct(f.catalog_median_pct), _pct(f.refit_median_pct), _pct(f.loso_median_pct),
+             _pct(f.loso_p90_pct),
+             f"{f.pairs_in_sample}/{f.pairs_loso} of {f.pairs_compared}" if f.pairs_compared else "-",
+             f"{f.loso_worst_id} ({f.loso_worst_pct:+.1f}%)" if f.runs else ""] for f in r.families]
     lines = ["leave-one-source-out: every fitted factor refitted without the family, its runs and ablation pairs "
-             "predicted (median |err| per family)", head, "-" * len(head)]
-    for f in r.families:
-        pairs = f"{f.pairs_in_sample}/{f.pairs_loso} of {f.pairs_compared}" if f.pairs_compared else "-"
-        worst = f"{f.loso_worst_id} ({f.loso_worst_pct:+.1f}%)" if f.runs else ""
-        lines.append(f"{f.family[:32]:<32} {f.runs:>4} {_pct(f.catalog_median_pct):>8} {_pct(f.refit_median_pct):>7} "
-                     f"{_pct(f.loso_median_pct):>7} {_pct(f.loso_p90_pct):>9} {pairs:>14}  {worst}")
+             "predicted (median |err| per family)", table_text(head, rows).rstrip("\n")]
     c, rf, lo, p = r.catalog, r.refit, r.loso, r.pairs
     n = p["compared"]
     lines += ["",
@@ -479,15 +479,15 @@ def format_loso(r: LosoReport) -> str:
 
 
 def format_factors(r: LosoReport) -> str:
-    head = (f"{'fitted factor':<34} {'catalog':>8} {'refit':>7} {'rows':>4}  {'its rows: in-sample -> LOSO':>28}  "
-            "values without a family")
-    lines = [head, "-" * len(head)]
+    head: list[Column] = ["fitted factor", ("catalog", "right"), ("refit", "right"), ("rows", "right"),
+                          ("its rows: in-sample -> LOSO", "right"), "values without a family"]
+    rows = []
     for ff in r.factors:
         vals = ", ".join(f"{fam}: {v:.3g}" for fam, v in sorted(ff.loso.items()))
         eff = (f"{_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)}" if ff.rows else
                f"(ablations of {', '.join(ff.ablation_families)})" if ff.ablation_families else "no rows")
-        lines.append(f"{ff.factor.name:<34} {ff.catalog:>8.4g} {ff.refit:>7.4g} {len(ff.rows):>4}  {eff:>28}  {vals}")
-    return "\n".join(lines)
+        rows.append([ff.factor.name, f"{ff.catalog:.4g}", f"{ff.refit:.4g}", str(len(ff.rows)), eff, vals])
+    return table_text(head, rows).rstrip("\n")
 
 
 def worst_factors(r: LosoReport, n: int = 6) -> list[FactorFit]:
