@@ -8,6 +8,8 @@ import shlex
 import zlib
 from typing import Any
 
+import tomli_w
+
 from .common import _recompute_counts
 from .context import _Ctx
 from .megatron import megatron_order
@@ -15,18 +17,17 @@ from .model_facts import _recipe_settings, titan_flavor, titan_llama3_args
 from ..solver.layouts import every_nth_layers
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"no TOML form for {type(v).__name__}")
+def _toml_text(sections: list[tuple[str, dict[str, Any]]]) -> str:
+    """The job's tables as TOML (`tomli_w`), in the given order; a dotted name (`quantize.linear.float8`)
+    is a nested table, written under its dotted header."""
+    doc: dict[str, Any] = {}
+    for name, table in sections:
+        node = doc
+        *parents, leaf = name.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = table
+    return tomli_w.dumps(doc)
 
 
 def _titan_parts(stages: list[int], n_layers: int) -> list[list[str]]:
@@ -254,10 +255,7 @@ def _torchtitan(ctx: _Ctx) -> str:
     lines = [f"# {line}" for line in ctx.header()]
     for w in ctx.warnings:
         lines.append(f"# warning: {w}")
-    lines += ["", "[job]", f"description = {_toml_value('autoshard: ' + p.short())}"]
-    for name, table in sections:
-        lines += ["", f"[{name}]"]
-        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    lines += ["", _toml_text([("job", {"description": "autoshard: " + p.short()}), *sections]).rstrip("\n")]
 
     # torchtitan 0.3 (configs.py): the same degrees as tyro overrides; expert TP is not a 0.3 option
     # (EP borrows from FSDP x TP), async TP lives under compile, and pipelines or EP need CUDA graphs off.
