@@ -637,15 +637,14 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
         out.append(binding_text(est))
         if len(est.stages) > 1:
             out.append("stages:")
-            head: list[Column] = [("rank", "right"), ("layers (dense/moe)", "right"), "recompute",
-                                  ("fwd/bwd ms per micro-batch", "right"), ("in-flight", "right"),
-                                  ("peak GiB", "right"), "headroom"]
-            out.append(table_text(head, [[str(st.rank), f"{st.layers} ({st.dense_layers}/{st.moe_layers})",
-                                          _recompute_counts(st.recompute),
-                                          f"{fmt_ms(st.forward_s)}/{fmt_ms(st.backward_s)}",
-                                          f"{st.inflight_microbatches:.3g}", f"{st.peak_memory_gib:.1f}",
-                                          headroom_text(st.peak_memory_gib, est.memory_capacity_gib)]
-                                         for st in est.stages], indent=2).rstrip("\n"))
+            columns: list[Column] = [("rank", "right"), ("layers (dense/moe)", "right"), "recompute",
+                                     ("fwd/bwd ms per micro-batch", "right"), ("in-flight", "right"),
+                                     ("peak GiB", "right"), "headroom"]
+            rows = [[str(st.rank), f"{st.layers} ({st.dense_layers}/{st.moe_layers})", _recompute_counts(st.recompute),
+                     f"{fmt_ms(st.forward_s)}/{fmt_ms(st.backward_s)}", f"{st.inflight_microbatches:.3g}",
+                     f"{st.peak_memory_gib:.1f}", headroom_text(st.peak_memory_gib, est.memory_capacity_gib)]
+                    for st in est.stages]
+            out.append(table_text(columns, rows, indent=2).rstrip("\n"))
     for w in est.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"
