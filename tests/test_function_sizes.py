@@ -12,13 +12,6 @@ MAX_LINES = 120
 
 # "file:function" -> why it is still longer than MAX_LINES (issue 32: one part per technique).
 EXCEPTIONS = {
-    "autoshard/export/megatron.py:_megatron":
-        "export/ was reworked this round and is still being edited; to split into _parallelism_flags, "
-        "_recompute_flags, _precision_flags, _moe_flags, _schedule_flags once it settles",
-    "autoshard/export/torchtitan.py:_torchtitan":
-        "export/ still being edited: the same split as _megatron (one section of the TOML per technique)",
-    "autoshard/export/maxtext.py:_maxtext":
-        "export/ still being edited: the same split as _megatron",
     "autoshard/calibrate.py:calibrate":
         "grew this round by the artifact hook (cases=, keep_factors=) and the common ratio; to split into "
         "load / identify / fit / write once artifacts/ settles",
