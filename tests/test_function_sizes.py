@@ -15,9 +15,6 @@ EXCEPTIONS = {
     "autoshard/calibrate.py:calibrate":
         "grew this round by the artifact hook (cases=, keep_factors=) and the common ratio; to split into "
         "load / identify / fit / write once artifacts/ settles",
-    "autoshard/cost/layers.py:layer_costs":
-        "this round's merges added the eager host time, ZeRO-3's reshard / step-sync terms and MTP to it; to "
-        "split into the per-pass sums, the ZeRO-3 traffic and the per-mode loop",
     "autoshard/validate/loso.py:loso":
         "new this round (one fold loop: refit, price, rank per left-out family); to split per fold step",
 }
