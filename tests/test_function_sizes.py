@@ -12,9 +12,6 @@ MAX_LINES = 120
 
 # "file:function" -> why it is still longer than MAX_LINES (issue 32: one part per technique).
 EXCEPTIONS = {
-    "autoshard/calibrate.py:calibrate":
-        "grew this round by the artifact hook (cases=, keep_factors=) and the common ratio; to split into "
-        "load / identify / fit / write once artifacts/ settles",
     "autoshard/validate/loso.py:loso":
         "new this round (one fold loop: refit, price, rank per left-out family); to split per fold step",
 }
