@@ -559,15 +559,14 @@ def format_report(report: Report) -> str:
     if report.skipped:
         lines.append("")
         lines.append(f"skipped ({len(report.skipped)}):")
-        for sk in report.skipped:
-            lines.append(f"  {sk.id:<44} {sk.reason}")
+        lines.append(table_text(["run", "why"], [[sk.id, sk.reason] for sk in report.skipped], indent=2).rstrip("\n"))
     not_fit = [r for r in report.results if not r.fits]
     if not_fit:
         lines.append("")
         lines.append(f"runs whose priced plan does not fit in memory ({len(not_fit)}; the source must use "
                      "memory savings the row does not state):")
-        for r in not_fit:
-            lines.append(f"  {r.id:<44} peak {r.peak_memory_gib:.1f} GiB")
+        lines.append(table_text(["run", ("peak GiB", "right")], [[r.id, f"{r.peak_memory_gib:.1f}"] for r in not_fit],
+                                indent=2).rstrip("\n"))
     s = report.summary
     lines.append("")
     lines.append(f"summary: n={s.n}  median |err| {s.median_abs_error_pct:.1f}%  p90 |err| "
