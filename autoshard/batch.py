@@ -42,7 +42,6 @@ import errno
 import functools
 import glob
 import io
-import logging
 import multiprocessing
 import os
 import shutil
@@ -51,7 +50,6 @@ import stat
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -65,6 +63,7 @@ from .fileio import atomic_write, dumps_json, read_document, read_json_file, sam
 from .loader import file_folder, problem_paths, resolve_path
 from .progress import TerminalLine
 from .spec import DEFAULT_GAP_LIMIT
+from .tables import Column, table_text
 from .render import (
     error_markdown,
     error_record,
@@ -82,7 +81,7 @@ from .fileio import MAX_FILE_BYTES, read_limited
 from .loader import load_problem, with_headroom
 from .progress import status_text
 from .render import strip_timing
-from .whatif.runner import import_distributed, local_cluster, sigint_deferred
+from .dask_run import import_distributed, run_on_dask
 
 PROBLEM_SUFFIXES = (".yaml", ".yml", ".json")
 SUMMARY_NAME = "summary.csv"
@@ -773,62 +772,26 @@ def _solve_task_on_worker(task: _Task) -> tuple[str, dict[str, Any], str]:
 
 def _run_dask(tasks: list[_Task], jobs: int, finish: Callable[[str, str, dict[str, Any], str], None],
               scheduler: str | None) -> None:
-    """Solve the tasks on a Dask cluster (the scheduler at `scheduler`, else a LocalCluster of `jobs`
-    single-threaded worker processes started for the run): each worker runs the same `solve_task` as the
-    local pool and returns the record; this process writes it (atomically, as the local executor does)
-    as each completes. The workers read the problem files (and the catalogs / HF configs they name) at
-    the paths this process sees them: a shared filesystem. On an interrupt the pending tasks are
-    cancelled, the client (and a cluster started here) closed; the records written stay."""
-    distributed = import_distributed()
-    cluster = client = None
-    futures: list[Any] = []
-    by_key: dict[str, _Task] = {}
-    level = None
-    try:
-        if scheduler:
-            try:
-                client = distributed.Client(scheduler, set_as_default=False)
-            except (OSError, TimeoutError, ValueError) as exc:
-                raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
-                                 source=scheduler) from None
-        else:
-            with sigint_deferred():
-                cluster = local_cluster(distributed, max(1, min(jobs, len(tasks))))
-            client = distributed.Client(cluster, set_as_default=False)
-        run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other batches too
-        for i, t in enumerate(tasks):
-            key = f"autoshard-batch-{run_id}-{i}"
-            by_key[key] = t
-            futures.append(client.submit(_solve_task_on_worker, t, key=key, pure=False, priority=len(tasks) - i))
-        for fut in distributed.as_completed(futures, loop=client.loop):
-            t = by_key[fut.key]
-            try:
-                _, rec, md = fut.result()
-            except Exception as exc:  # noqa: BLE001  (a lost worker, autoshard missing on a worker: its record says so)
-                rec = error_record(t.path, "internal", f"dask: {type(exc).__name__}: {exc}".splitlines()[0][:500],
-                                   input_sha256=t.key, settings=_settings(t.time_limit_s, t.top_k, t.gap_limit,
-                                                                          t.headroom_gib), name=t.name)
-                md = error_markdown(rec)
-            finish(t.name, t.path, rec, md)
-    except BaseException:
-        quiet = logging.getLogger("distributed")
-        level = quiet.level
-        quiet.setLevel(logging.CRITICAL)  # cancelled keys vanishing are expected, not errors
-        if client is not None and futures:
-            try:
-                client.cancel(futures)
-            except Exception:  # noqa: BLE001, S110  (closing below releases them anyway)
-                pass
-        raise
-    finally:
-        for closable in (client, cluster):
-            if closable is not None:
-                try:
-                    closable.close()
-                except Exception:  # noqa: BLE001, S110
-                    pass
-        if level is not None:
-            logging.getLogger("distributed").setLevel(level)
+    """Solve the tasks on a Dask cluster (`dask_run.run_on_dask`: the scheduler at `scheduler`, else a
+    LocalCluster of `jobs` single-threaded worker processes started for the run): each worker runs the
+    same `solve_task` as the local pool and returns the record; this process writes it (atomically, as
+    the local executor does) as each completes. The workers read the problem files (and the catalogs /
+    HF configs they name) at the paths this process sees them: a shared filesystem. On an interrupt the
+    pending tasks are cancelled, the client (and a cluster started here) closed; the records written stay."""
+
+    def failed(t: _Task, exc: BaseException) -> tuple[str, dict[str, Any], str]:
+        # a lost worker, autoshard missing on a worker: its record says so
+        rec = error_record(t.path, "internal", f"dask: {type(exc).__name__}: {exc}".splitlines()[0][:500],
+                           input_sha256=t.key, settings=_settings(t.time_limit_s, t.top_k, t.gap_limit,
+                                                                  t.headroom_gib), name=t.name)
+        return t.name, rec, error_markdown(rec)
+
+    def finished(t: _Task, result: tuple[str, dict[str, Any], str]) -> None:
+        _, rec, md = result
+        finish(t.name, t.path, rec, md)
+
+    run_on_dask(tasks, _solve_task_on_worker, jobs=jobs, scheduler=scheduler, key_prefix="autoshard-batch",
+                on_result=finished, on_error=failed)
 
 
 # =============================================================================================
@@ -894,7 +857,7 @@ class ProgressBar(TerminalLine):
 
 
 def summary_table(result: BatchResult) -> str:
-    """Aligned text table of a batch, one line per problem, and a totals line."""
+    """The batch as a table (`tables.table_text`), one row per problem, then a totals line."""
     header = ["name", "status", "step time", "tokens/s", "MFU", "peak GiB", "plan / message"]
     rows = []
     for p in result.problems:
@@ -908,14 +871,9 @@ def summary_table(result: BatchResult) -> str:
         else:
             msg = (rec.get("error") or {}).get("message", "")
             rows.append([p.name, status, "-", "-", "-", "-", msg if len(msg) <= 120 else msg[:117] + "..."])
-    widths = [max([len(header[i])] + [len(str(r[i])) for r in rows]) for i in range(len(header) - 1)]
     right = {2, 3, 4, 5}
-
-    def line(cells: list[Any]) -> str:
-        parts = [str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i]) for i, c in enumerate(cells[:-1])]
-        return "  ".join(parts + [str(cells[-1])]).rstrip()
-
-    out = [line(header)] + [line(r) for r in rows]
+    columns: list[Column] = [(h, "right") if i in right else h for i, h in enumerate(header)]
+    out = table_text(columns, rows).splitlines()
     counts = ", ".join(f"{n} {s}" for s, n in result.counts().items())
     tail = f"{len(result.problems)} problem{'s' if len(result.problems) != 1 else ''}: {counts or 'none'}"
     if result.interrupted:

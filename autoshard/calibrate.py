@@ -366,17 +366,7 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     # the fit then prices those fixed plans.
     cases = [dataclasses.replace(c, plan=completed_plan(with_catalog(c, base_path)), recompute_published=True)
              for c in cases]
-    excluded: list[dict[str, str]] = [{"id": s.id, "reason": s.reason} for s in skipped]
-    usable: list[Case] = []
-    for c in cases:
-        est = evaluate(with_catalog(c, base_path).problem, c.plan)
-        if not est.step_time_s > 0:
-            excluded.append({"id": c.id, "reason": "plan rejected by the cost model: " + "; ".join(est.reasons)})
-        elif not est.fits:
-            excluded.append({"id": c.id, "reason": f"priced plan does not fit in memory (peak "
-                                                     f"{est.peak_memory_gib:.1f} GiB): not what ran"})
-        else:
-            usable.append(c)
+    usable, excluded = _usable(cases, skipped, base_path)
     if not usable:
         raise InputError("no run of the file can be used for calibration "
                          f"({len(excluded)} excluded: {excluded[0]['reason'] if excluded else 'empty'})",
@@ -390,67 +380,11 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     entries: dict[str, dict[str, Any]] = {g: _copy(e) for g, e in base.items()}
     with tempfile.TemporaryDirectory(prefix="autoshard-calibrate-") as tmp:
         for g_i, gpu in enumerate(sorted(by_gpu)):
-            gcases = by_gpu[gpu]
-            where = f"GPU {g_i + 1}/{len(by_gpu)} {gpu}"
-            say(f"{where}: which factors its {len(gcases)} runs determine")
-            trials = _Trials(tmp, gcases)
-            measured = np.array([c.measured_step_s for c in gcases])
-            eff0 = efficiency_of(gpu, base)
-            precisions = {c.precision for c in gcases}
-            candidates = []
-            for name in FACTOR_ORDER:
-                if name in keep_factors:
-                    continue
-                if name.startswith("matmul."):
-                    if name.split(".", 1)[1] not in precisions and name != "matmul.bf16":
-                        continue
-                    if name.split(".", 1)[1] not in eff0["matmul"]:
-                        continue
-                candidates.append(name)
-            scaled = tuple(candidates)
-            if common_ratio:
-                candidates = [STEP, *candidates]
-            chosen, kept, rms = _identify(trials, gpu, eff0, candidates, scaled=scaled,
-                                          by_elasticity=common_ratio, extra_terms=extra_terms)
-            for name in FACTOR_ORDER:
-                if name in keep_factors:
-                    kept[name] = "measured from the artifacts (kept as given)"
-                elif name not in candidates:
-                    kept[name] = "no runs of this precision" if name.startswith("matmul.") else "not a candidate"
-            params = {name: (1.0 if name == STEP else _get(eff0, name)) for name in chosen}
-            obj0 = trials.objective(gpu, eff0, measured)
-            for sweep in range(SWEEPS):
-                for name in chosen:
-                    say(f"{where}: sweep {sweep + 1}/{SWEEPS}, fitting {name}")
-                    current = dict(params)
-
-                    def f(x: float, name: str = name, current: dict = current) -> float:
-                        return trials.objective(gpu, _compose(eff0, {**current, name: x}, scaled), measured)
-
-                    params[name] = (_minimize_factor(f, STEP_LO, STEP_HI) if name == STEP else _minimize_factor(f))
-            params = {k: round(v, DECIMALS) for k, v in params.items()}
-            eff = _compose(eff0, params, scaled)
-            for name in scaled if STEP in params else chosen:
-                eff = _set(eff, name, round(_get(eff, name), DECIMALS))
-            obj1 = trials.objective(gpu, eff, measured)
-            if obj1 > obj0:  # never write something worse than the start point
-                eff, obj1, params = _copy(eff0), obj0, {k: (1.0 if k == STEP else _get(eff0, k)) for k in params}
-            entries[gpu] = eff
-            warnings = [f"{name} = {_get(eff, name):g} is at the bound of the search [{LO}, {HI}]: the fit may be "
-                        "compensating a term the cost model misprices rather than measuring this efficiency"
-                        for name in chosen if name != STEP and min(_get(eff, name) - LO, HI - _get(eff, name)) < 1e-3]
-            ratio = params.get(STEP, 1.0)
-            if STEP in params and min(ratio - STEP_LO, STEP_HI - ratio) < 1e-3:
-                warnings.append(f"the common ratio {ratio:g} is at the bound of its search [{STEP_LO}, {STEP_HI}]")
-            low = [f"{name} {_get(eff, name):.3g}" for name in scaled if STEP in params and _get(eff, name) < LO]
-            if low:
-                warnings.append(f"the common ratio {ratio:g} takes {', '.join(low)} below {LO}: the measured steps are "
-                                "slower than these efficiencies can physically explain; the ratio stands in for a "
-                                "term the cost model does not price for these runs (host time, launches, syncs)")
-            fits.append(GpuFit(gpu=gpu, runs=[c.id for c in gcases], fitted=chosen,
-                               kept={k: kept[k] for k in FACTOR_ORDER if k in kept}, elasticity_rms=rms,
-                               before=eff0, after=eff, objective_before=obj0, objective_after=obj1,
-                               warnings=warnings, step_ratio=ratio))
+            fit = _fit_gpu(_Trials(tmp, by_gpu[gpu]), gpu, by_gpu[gpu], efficiency_of(gpu, base),
+                           f"GPU {g_i + 1}/{len(by_gpu)} {gpu}", say, keep_factors=keep_factors,
+                           common_ratio=common_ratio, extra_terms=extra_terms)
+            entries[gpu] = fit.after
+            fits.append(fit)
 
     say(f"measuring the fitted overlay on the {len(usable)} runs")
     errs_before = _errors(usable, base_path)
@@ -469,6 +403,101 @@ def calibrate(measurements_path: str | os.PathLike[str], out_path: str | os.Path
     if verbose:
         print(format_calibration(result))
     return result
+
+
+def _usable(cases: list[Case], skipped: list[Any], base_path: str | None) -> tuple[list[Case], list[dict[str, str]]]:
+    """(the runs the fit can use, the excluded ones with their reason): a run whose plan the cost model
+    rejects, or that does not fit in memory under the base catalog, is not what ran."""
+    excluded: list[dict[str, str]] = [{"id": s.id, "reason": s.reason} for s in skipped]
+    usable: list[Case] = []
+    for c in cases:
+        est = evaluate(with_catalog(c, base_path).problem, c.plan)
+        if not est.step_time_s > 0:
+            excluded.append({"id": c.id, "reason": "plan rejected by the cost model: " + "; ".join(est.reasons)})
+        elif not est.fits:
+            excluded.append({"id": c.id, "reason": f"priced plan does not fit in memory (peak "
+                                                     f"{est.peak_memory_gib:.1f} GiB): not what ran"})
+        else:
+            usable.append(c)
+    return usable, excluded
+
+
+def _candidates(eff0: dict[str, Any], precisions: set[str], keep_factors: tuple[str, ...]) -> list[str]:
+    """The factors a GPU's runs may determine, in FACTOR_ORDER: a matmul factor only for a precision
+    the runs trained in (bf16 always) and the catalog has; none measured elsewhere (`keep_factors`)."""
+    candidates = []
+    for name in FACTOR_ORDER:
+        if name in keep_factors:
+            continue
+        if name.startswith("matmul."):
+            if name.split(".", 1)[1] not in precisions and name != "matmul.bf16":
+                continue
+            if name.split(".", 1)[1] not in eff0["matmul"]:
+                continue
+        candidates.append(name)
+    return candidates
+
+
+def _fit_gpu(trials: _Trials, gpu: str, gcases: list[Case], eff0: dict[str, Any], where: str,
+             say: Callable[[str], None], *, keep_factors: tuple[str, ...], common_ratio: bool,
+             extra_terms: int) -> GpuFit:
+    """One GPU's fit: identify the factors its runs determine, fit them by coordinate sweeps (each
+    factor a 1-D minimization of the objective), round, keep the start point where the fit is worse,
+    and say where a factor ends at its bound."""
+    say(f"{where}: which factors its {len(gcases)} runs determine")
+    measured = np.array([c.measured_step_s for c in gcases])
+    candidates = _candidates(eff0, {c.precision for c in gcases}, keep_factors)
+    scaled = tuple(candidates)
+    if common_ratio:
+        candidates = [STEP, *candidates]
+    chosen, kept, rms = _identify(trials, gpu, eff0, candidates, scaled=scaled,
+                                  by_elasticity=common_ratio, extra_terms=extra_terms)
+    for name in FACTOR_ORDER:
+        if name in keep_factors:
+            kept[name] = "measured from the artifacts (kept as given)"
+        elif name not in candidates:
+            kept[name] = "no runs of this precision" if name.startswith("matmul.") else "not a candidate"
+    params = {name: (1.0 if name == STEP else _get(eff0, name)) for name in chosen}
+    obj0 = trials.objective(gpu, eff0, measured)
+    for sweep in range(SWEEPS):
+        for name in chosen:
+            say(f"{where}: sweep {sweep + 1}/{SWEEPS}, fitting {name}")
+            current = dict(params)
+
+            def f(x: float, name: str = name, current: dict = current) -> float:
+                return trials.objective(gpu, _compose(eff0, {**current, name: x}, scaled), measured)
+
+            params[name] = (_minimize_factor(f, STEP_LO, STEP_HI) if name == STEP else _minimize_factor(f))
+    params = {k: round(v, DECIMALS) for k, v in params.items()}
+    eff = _compose(eff0, params, scaled)
+    for name in scaled if STEP in params else chosen:
+        eff = _set(eff, name, round(_get(eff, name), DECIMALS))
+    obj1 = trials.objective(gpu, eff, measured)
+    if obj1 > obj0:  # never write something worse than the start point
+        eff, obj1, params = _copy(eff0), obj0, {k: (1.0 if k == STEP else _get(eff0, k)) for k in params}
+    warnings = _bound_warnings(eff, params, chosen, scaled)
+    return GpuFit(gpu=gpu, runs=[c.id for c in gcases], fitted=chosen,
+                  kept={k: kept[k] for k in FACTOR_ORDER if k in kept}, elasticity_rms=rms,
+                  before=eff0, after=eff, objective_before=obj0, objective_after=obj1,
+                  warnings=warnings, step_ratio=params.get(STEP, 1.0))
+
+
+def _bound_warnings(eff: dict[str, Any], params: dict[str, float], chosen: list[str],
+                    scaled: tuple[str, ...]) -> list[str]:
+    """Warnings where a fitted factor, or the common ratio, ends at the bound of its search, or the
+    ratio takes factors below the physical range."""
+    warnings = [f"{name} = {_get(eff, name):g} is at the bound of the search [{LO}, {HI}]: the fit may be "
+                "compensating a term the cost model misprices rather than measuring this efficiency"
+                for name in chosen if name != STEP and min(_get(eff, name) - LO, HI - _get(eff, name)) < 1e-3]
+    ratio = params.get(STEP, 1.0)
+    if STEP in params and min(ratio - STEP_LO, STEP_HI - ratio) < 1e-3:
+        warnings.append(f"the common ratio {ratio:g} is at the bound of its search [{STEP_LO}, {STEP_HI}]")
+    low = [f"{name} {_get(eff, name):.3g}" for name in scaled if STEP in params and _get(eff, name) < LO]
+    if low:
+        warnings.append(f"the common ratio {ratio:g} takes {', '.join(low)} below {LO}: the measured steps are "
+                        "slower than these efficiencies can physically explain; the ratio stands in for a "
+                        "term the cost model does not price for these runs (host time, launches, syncs)")
+    return warnings
 
 
 def _write(path: str | os.PathLike[str], text: str) -> None:

@@ -37,7 +37,7 @@ class Command(NamedTuple):
     help: str
 
 
-COMMANDS: dict[str, Command] = {}  # by name; `build_parser` adds them in COMMAND_ORDER
+COMMANDS: dict[str, Command] = {}  # by name; `cli_parser` adds them in COMMAND_ORDER
 
 
 def command(name: str, help_: str, add_args: Callable[[argparse.ArgumentParser], None],
@@ -1051,7 +1051,9 @@ class _Parser(argparse.ArgumentParser):
 COMMAND_ORDER = ("solve", "compare", "evaluate", "collective", "catalog", "rooflines", "serve-memory", "export", "batch", "whatif", "validate", "calibrate")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def cli_parser() -> argparse.ArgumentParser:
+    """`autoshard`'s parser: the top-level options, then each registered command (`@command`: its
+    handler with its `_add_<cmd>_args`) in COMMAND_ORDER. Nothing command-specific is added here."""
     p = _Parser(
         prog="autoshard",
         description="Find the fastest way to parallelize LLM training that fits in HBM, and what it costs.",
@@ -1108,7 +1110,7 @@ def _stdout_closed() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = cli_parser()
     a = parser.parse_args(argv)
     if not getattr(a, "func", None):
         parser.print_help()

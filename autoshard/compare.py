@@ -232,10 +232,10 @@ def comparison_text(c: Comparison) -> str:
     """A side-by-side table of both plans, the terms by size of their difference, one line each
     (terms both plans price at zero, as printed, are left out)."""
     a, b = c.a, c.b
-    w = max(len(c.label_a), len(c.label_b), 6)
-    lines = [*(f"{label:>{w}}: {e.plan.short()}  {e.step_time_s:.3f} s/step  MFU {e.mfu:.1%}  "
-               f"peak {e.peak_memory_gib:.1f} GiB{'' if e.fits else '  (does not fit)'}"
-               for label, e in ((c.label_a, a), (c.label_b, b))),
+    plans: list[str | tuple[str, str]] = ["", "plan", ("s/step", "right"), ("MFU", "right"), ("peak GiB", "right"), ""]
+    lines = [table_text(plans, [[label, e.plan.short(), f"{e.step_time_s:.3f}", f"{e.mfu:.1%}",
+                                 f"{e.peak_memory_gib:.1f}", "" if e.fits else "does not fit"]
+                                for label, e in ((c.label_a, a), (c.label_b, b))]).rstrip("\n"),
              "", c.summary, "",
              f"step time, s ({c.label_b} - {c.label_a} = {c.step_delta_s:+.3f} s):"]
     head: list[str | tuple[str, str]] = ["term", (c.label_a, "right"), (c.label_b, "right"), ("diff", "right"), "why"]

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .catalog import _aliases, _norm, get_gpu, load_overlay, resolve_model
+from .catalog import _aliases, _gpus, _norm, default_precision, get_gpu, load_overlay, resolve_model
 from .errors import InputError
 from .fileio import (  # noqa: F401  (re-exported: the loader's names before fileio existed)
     MAX_DEPTH, MAX_FILE_BYTES, MAX_YAML_BYTES, DuplicateKeyError, StrictSafeLoader, atomic_write,
@@ -118,11 +118,12 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
         if "model" not in data and ("model_type" in data or "architectures" in data):
             raise InputError("this is a Hugging Face config.json, not a problem file: pass it with --hf-config, "
                              "or as `model: {hf_config: PATH}` in a problem file", source=src, field="model")
-        if "model" in data and all(isinstance(k, str) for k in data):
-            try:  # here rather than in Problem's validator, so that an error in the config.json names both files
+        if "model" in data:
+            try:  # an error in the config.json names both files
                 data["model"] = resolve_model(data["model"])
             except InputError as exc:
                 raise named_file_error(exc, src, "model.hf_config") from None
+        data = with_default_precision(data)
     problem = validate(Problem, data, source=src)
 
     try:
@@ -134,6 +135,19 @@ def load_problem(source: str | os.PathLike[str] | Mapping[str, Any] | Problem) -
     except InputError as exc:  # one with a file of its own is in the calibrated catalog the problem names
         raise named_file_error(exc, src, "cluster.catalog") from None
     return problem
+
+
+def with_default_precision(data: dict[str, Any]) -> dict[str, Any]:
+    """A problem document that names no precision trains in bf16, or in fp16 on a GPU without bf16
+    (V100): the GPU's default precision (`catalog.default_precision`) is written into `training`.
+    An unknown GPU is left for validation to report."""
+    training, cluster = data.get("training"), data.get("cluster")
+    if isinstance(training, dict) and "precision" not in training and isinstance(cluster, dict) \
+            and isinstance(cluster.get("gpu"), str):
+        gid = _aliases().get(_norm(cluster["gpu"]))
+        if gid is not None and default_precision(_gpus()[gid]) != "bf16":
+            data = {**data, "training": {**training, "precision": default_precision(_gpus()[gid])}}
+    return data
 
 
 def _count(x: float) -> str:

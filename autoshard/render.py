@@ -32,6 +32,7 @@ from .errors import AutoshardError
 from .frameworks import get_framework
 from .intervals import interval_source, overlaps, upper
 from .spec import mode_order
+from .tables import Column, table_text
 
 ERROR_KINDS = {"input": 2, "infeasible": 1, "internal": 3}
 TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm",
@@ -653,13 +654,15 @@ def estimate_text(problem: Any, estimate: Any, *, reasons: bool = True) -> str:
         out += flop_budget_lines(est)
         out.append(binding_text(est))
         if len(est.stages) > 1:
-            out.append("stages: rank layers(dense/moe) recompute  fwd/bwd ms per micro-batch  in-flight  peak GiB  "
-                       "headroom")
-            for st in est.stages:
-                out.append(f"  {st.rank:>3} {st.layers:>4} ({st.dense_layers}/{st.moe_layers})  "
-                           f"{_recompute_counts(st.recompute)}  {fmt_ms(st.forward_s)}/{fmt_ms(st.backward_s)}  "
-                           f"{st.inflight_microbatches:.3g}  {st.peak_memory_gib:.1f}  "
-                           f"{headroom_text(st.peak_memory_gib, est.memory_capacity_gib)}")
+            out.append("stages:")
+            columns: list[Column] = [("rank", "right"), ("layers (dense/moe)", "right"), "recompute",
+                                     ("fwd/bwd ms per micro-batch", "right"), ("in-flight", "right"),
+                                     ("peak GiB", "right"), "headroom"]
+            rows = [[str(st.rank), f"{st.layers} ({st.dense_layers}/{st.moe_layers})", _recompute_counts(st.recompute),
+                     f"{fmt_ms(st.forward_s)}/{fmt_ms(st.backward_s)}", f"{st.inflight_microbatches:.3g}",
+                     f"{st.peak_memory_gib:.1f}", headroom_text(st.peak_memory_gib, est.memory_capacity_gib)]
+                    for st in est.stages]
+            out.append(table_text(columns, rows, indent=2).rstrip("\n"))
     for w in est.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"

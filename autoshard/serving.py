@@ -44,6 +44,7 @@ from .cost import active_matmul_params, total_params
 from .cost.params import mla_dim
 from .errors import InputError
 from .spec import ModelSpec
+from .tables import Column, table_text
 
 GIB = 2**30
 BYTES_PER_WEIGHT = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8-delayed": 1.0, "fp8-current": 1.0,
@@ -261,37 +262,43 @@ def disaggregated(gpu: GPU, model: ModelSpec, *, request_rate: float, prompt_tok
 
 
 def render_disaggregated(d: dict[str, Any]) -> str:
+    """The two pools as a table (GPUs, instances, layout, the load that sized them), the KV transfer
+    between them and the total."""
     p, dc, k = d["prefill"], d["decode"], d["kv_transfer"]
-    lines = [f"Disaggregated serving: {d['request_rate_per_s']:g} requests/s, {d['prompt_tokens']:,} prompt + "
-             f"{d['output_tokens']:,} output tokens (full utilization; queueing not modelled)",
-             f"  prefill pool: {p['gpus']:,} GPUs = {p['instances']:,} x (TP {p['tp']} x PP {p['pp']}); "
-             f"{p['matmul_flops_per_request'] + p['attention_flops_per_request']:.3g} FLOP per prompt "
-             f"({p['attention_flops_per_request']:.3g} attention), {p['gpu_seconds_per_request']:.3g} GPU-s each at "
-             f"{p['matmul_flops_per_s_per_gpu'] / 1e12:,.0f} TFLOP/s achievable; {p['seconds_per_prompt'] * 1e3:,.0f} ms "
-             f"per prompt per instance; {p['gpus_exact']:.3g} GPUs busy ({p['utilization']:.0%})",
-             f"  decode pool:  {dc['gpus']:,} GPUs = {dc['instances']:,} x (TP {dc['tp']} x PP {dc['pp']}); batch "
-             f"{dc['batch']:,} per instance (memory holds {dc['batch_by_memory']:,}), {dc['step_s'] * 1e3:.1f} ms per "
-             f"step = {dc['tokens_per_s_per_instance']:,.0f} tokens/s per instance for {dc['tokens_per_s_needed']:,.0f} "
-             f"needed ({dc['utilization']:.0%})"
-             + ("" if dc["meets_tpot"] else f"; the {d['tpot_ms_target']:g} ms TPOT target is out of reach even at batch 1"),
-             f"  KV transfer:  {k['gib_per_request'] * 1024:,.1f} MiB per request, "
-             f"{k['seconds_per_request'] * 1e3:,.1f} ms over the prefill instance's {k['link']} links "
-             f"({k['bytes_per_s_per_gpu'] / 1e9:,.1f} GB/s per GPU); {k['bytes_per_s_total'] / 1e9:,.2f} GB/s in all "
-             f"({k['link_utilization']:.1%} of the prefill pool's links)",
-             f"  total: {d['total_gpus']:,} GPUs"]
-    return "\n".join(lines) + "\n"
+    prefill_load = (f"{p['matmul_flops_per_request'] + p['attention_flops_per_request']:.3g} FLOP per prompt "
+                    f"({p['attention_flops_per_request']:.3g} attention), {p['gpu_seconds_per_request']:.3g} GPU-s each at "
+                    f"{p['matmul_flops_per_s_per_gpu'] / 1e12:,.0f} TFLOP/s achievable; {p['seconds_per_prompt'] * 1e3:,.0f} ms "
+                    f"per prompt per instance; {p['gpus_exact']:.3g} GPUs busy ({p['utilization']:.0%})")
+    decode_load = (f"batch {dc['batch']:,} per instance (memory holds {dc['batch_by_memory']:,}), {dc['step_s'] * 1e3:.1f} ms "
+                   f"per step = {dc['tokens_per_s_per_instance']:,.0f} tokens/s per instance for "
+                   f"{dc['tokens_per_s_needed']:,.0f} needed ({dc['utilization']:.0%})"
+                   + ("" if dc["meets_tpot"] else f"; the {d['tpot_ms_target']:g} ms TPOT target is out of reach even at batch 1"))
+    head: list[Column] = ["pool", ("GPUs", "right"), ("instances", "right"), "each instance", "load"]
+    rows = [["prefill", f"{p['gpus']:,}", f"{p['instances']:,}", f"TP {p['tp']} x PP {p['pp']}", prefill_load],
+            ["decode", f"{dc['gpus']:,}", f"{dc['instances']:,}", f"TP {dc['tp']} x PP {dc['pp']}", decode_load],
+            ["total", f"{d['total_gpus']:,}", "", "", ""]]
+    return (f"Disaggregated serving: {d['request_rate_per_s']:g} requests/s, {d['prompt_tokens']:,} prompt + "
+            f"{d['output_tokens']:,} output tokens (full utilization; queueing not modelled)\n"
+            + table_text(head, rows, indent=2)
+            + f"  KV transfer: {k['gib_per_request'] * 1024:,.1f} MiB per request, "
+              f"{k['seconds_per_request'] * 1e3:,.1f} ms over the prefill instance's {k['link']} links "
+              f"({k['bytes_per_s_per_gpu'] / 1e9:,.1f} GB/s per GPU); {k['bytes_per_s_total'] / 1e9:,.2f} GB/s in all "
+              f"({k['link_utilization']:.1%} of the prefill pool's links)\n")
 
 
 def render(r: dict[str, Any]) -> str:
+    """The memory of one server as a table (weights, KV cache, activations, total), then the GPUs to
+    hold the weights and to serve."""
     what = r["model"] or f"{r['params']:.3g} parameters"
     lines = [f"Serving memory: {what} in {r['precision']} on {r['gpu']} "
              f"({r['gpu_hbm_gb']:g} GB, {r['gpu_usable_gib']:g} GiB usable)"]
-    lines.append(f"  weights      {r['weights_gib']:>14,.1f} GiB  ({r['weights_tb']:,.1f} TB)")
+    rows = [["weights", f"{r['weights_gib']:,.1f}", f"{r['weights_tb']:,.1f} TB"]]
     if r["model"]:
-        lines.append(f"  KV cache     {r['kv_cache_gib']:>14,.1f} GiB  ({r['batch']} x {r['context']:,} tokens, "
-                     f"{r['kv_cache_per_sequence_gib']:,.2f} GiB per sequence, {r['kv_precision']})")
-        lines.append(f"  activations  {r['activations_gib']:>14,.1f} GiB  (one layer's prefill working set + logits)")
-        lines.append(f"  total        {r['total_gib']:>14,.1f} GiB")
+        rows += [["KV cache", f"{r['kv_cache_gib']:,.1f}", f"{r['batch']} x {r['context']:,} tokens, "
+                  f"{r['kv_cache_per_sequence_gib']:,.2f} GiB per sequence, {r['kv_precision']}"],
+                 ["activations", f"{r['activations_gib']:,.1f}", "one layer's prefill working set + logits"],
+                 ["total", f"{r['total_gib']:,.1f}", ""]]
+    lines.append(table_text(["memory", ("GiB", "right"), "what"], rows, indent=2).rstrip("\n"))
     lines.append(f"  to hold the weights: {r['min_gpus_to_hold_weights']:,} GPUs "
                  f"({r['min_nodes_to_hold_weights']:,} nodes of 8), all of each GPU's usable HBM")
     s = r["serve_layout"]

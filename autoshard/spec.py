@@ -912,7 +912,13 @@ class Plan(Strict):
 
 
 class Problem(Strict):
-    """Model + training setup + cluster (+ optional search restrictions)."""
+    """Model + training setup + cluster (+ optional search restrictions), as explicit data.
+
+    `autoshard.load_problem` builds one from a file or a dict: it resolves a model preset name,
+    `{preset: name, ...overrides}` or `{hf_config: path}` to explicit fields and picks the GPU's
+    default precision where none is named (both read the catalog). `Problem(...)` itself takes the
+    explicit fields only (a `ModelSpec`, or a dict of its fields).
+    """
 
     name: str | None = Field(default=None, description="Label of the problem in reports and output file names.")
     description: str | None = Field(default=None, description="Free text shown at the top of the report.")
@@ -928,18 +934,6 @@ class Problem(Strict):
         "The framework whose launcher runs the plan: megatron, torchtitan, automodel (NeMo AutoModel), "
         "deepspeed, maxtext or deepseek (DeepSeek-V3's own stack: DualPipe, ZeRO-1, node-limited DeepEP dispatch); "
         "the solver plans only what it runs (autoshard/data/frameworks.yaml)."))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _resolve_model(cls, data: Any) -> Any:
-        # A preset name or {preset: name, ...overrides} becomes explicit fields here,
-        # so that everything downstream sees one ModelSpec.
-        if isinstance(data, dict) and "model" in data:
-            from .catalog import resolve_model
-
-            data = dict(data)
-            data["model"] = resolve_model(data["model"])
-        return _default_precision(data)
 
     @model_validator(mode="after")
     def _bf16_layers(self) -> "Problem":
@@ -966,21 +960,6 @@ class ProblemParts:
     @property
     def training(self) -> TrainingSpec:
         return self.problem.training
-
-
-def _default_precision(data: Any) -> Any:
-    """A problem that names no precision trains in bf16, or in fp16 on a GPU without bf16 (V100)."""
-    if not isinstance(data, dict):
-        return data
-    training, cluster = data.get("training"), data.get("cluster")
-    if isinstance(training, dict) and "precision" not in training and isinstance(cluster, dict) \
-            and isinstance(cluster.get("gpu"), str):
-        from .catalog import _aliases, _gpus, _norm, default_precision
-
-        gid = _aliases().get(_norm(cluster["gpu"]))
-        if gid is not None and default_precision(_gpus()[gid]) != "bf16":
-            data = {**data, "training": {**training, "precision": default_precision(_gpus()[gid])}}
-    return data
 
 
 def divisors(n: int) -> list[int]:

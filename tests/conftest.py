@@ -25,6 +25,7 @@ SPAWNS = ("subprocess.", "Popen", "sys.executable")
 SLOW_MODULES = {"test_whatif_dask.py"}  # a Dask LocalCluster per test, 7-9 s each
 # (module, test function): measured seconds (the slowest parameter) on the loaded machine.
 SLOW = {
+    ("test_batch_dask.py", "test_run_on_dask_closes_the_cluster_it_started_and_keeps_what_finished"): 29.0,
     ("test_solver.py", "test_solver_matches_brute_force"): 31.0,
     ("test_solver.py", "test_memory_bound_is_sound_and_binds_under_pressure"): 20.7,
     ("test_solver.py", "test_memory_tmax_is_the_least_slowest_rank_over_every_fitting_plan"): 7.4,

@@ -139,3 +139,38 @@ def test_bad_executor_arguments(tmp_path, capsys, monkeypatch):
     rc = cli_main(["batch", str(src), "-o", str(tmp_path / "d"), "--executor", "dask"])
     assert rc == 2 and capsys.readouterr().err == f"autoshard: error: {DASK_EXTRA_HINT}\n"
     assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+def test_run_on_dask_closes_the_cluster_it_started_and_keeps_what_finished(monkeypatch):
+    """The one Dask helper of batch and whatif (`dask_run.run_on_dask`): an interrupt raised while the
+    results come in reaches the caller, the results handed over before it are kept, and the client and
+    the LocalCluster started for the run are closed; a task that raises is passed to `on_error`."""
+    pytest.importorskip("distributed")
+    import autoshard.dask_run as dask_run  # noqa: PLC0415
+
+    started = []
+
+    def spy(distributed, n_workers):
+        started.append((real(distributed, n_workers), n_workers))
+        return started[-1][0]
+
+    real = dask_run.local_cluster
+    monkeypatch.setattr(dask_run, "local_cluster", spy)
+    kept: list[tuple[int, object]] = []
+
+    def on_result(item, res):
+        kept.append((item, res))
+        if len(kept) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dask_run.run_on_dask([4, 0, 9], _inverse, jobs=8, scheduler=None, key_prefix="autoshard-test",
+                             on_result=on_result, on_error=lambda item, exc: type(exc).__name__)
+    (cluster, n_workers), = started
+    assert n_workers == 3  # one worker per item at most
+    assert len(kept) == 2 and all(res == (1 / item if item else "ZeroDivisionError") for item, res in kept)
+    assert cluster.status.name == "closed"
+
+
+def _inverse(x: int) -> float:
+    return 1 / x

@@ -320,7 +320,7 @@ def test_readme_cli_table_lists_every_option_of_every_command():
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `autoshard ([a-z-]+) [^\n]*", text, re.M)}
-    parser = cli.build_parser()
+    parser = cli.cli_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(rows) == set(sub.choices)
     for name, sp in sub.choices.items():

@@ -120,7 +120,10 @@ def test_cli_names_two_long_inline_plans_apart_and_says_what_dispatch_changes(ca
     rc, out, err = run(capsys, "compare", str(dsv3), "--plan", base, "--plan", base + ",moe_dispatcher=deepep")
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0].startswith("plan A: ") and lines[1].startswith("plan B: ") and " deepep " in lines[1]
+    # the plans' table (rich): a header row, then one row per plan, named by its label
+    assert lines[0].split() == ["plan", "s/step", "MFU", "peak", "GiB"]
+    assert lines[1].startswith("plan A  ") and lines[2].startswith("plan B  ") and " deepep " in lines[2]
+    assert " deepep " not in lines[1]
     ep = next(line for line in lines if line.strip().startswith("expert all-to-all"))
     assert "EP32 (plan A) vs EP32 deepep (plan B)" in ep
     a, b = (float(x) for x in ep.split()[2:4])

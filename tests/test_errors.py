@@ -769,7 +769,8 @@ def test_per_stage_headroom_in_the_text_report(capsys):
     est = evaluate(problem, load_plan_dict(plan))
     text = render.estimate_text(problem, est)
     rows = [ln for ln in text.splitlines() if re.match(r"\s+\d+\s+\d+ \(", ln)]
-    assert len(rows) == 2 and "headroom" in text.split("stages:")[1].splitlines()[0]
+    header = text.split("stages:\n")[1].splitlines()[0]  # the stages' table (rich): its header row
+    assert len(rows) == 2 and header.split()[-1] == "headroom" and header.split()[0] == "rank"
     for st, row in zip(est.stages, rows):
         free = est.memory_capacity_gib - st.peak_memory_gib
         assert f"{free:.1f} GiB free, {100 * free / est.memory_capacity_gib:.1f}% headroom" in row, row
@@ -1000,7 +1001,7 @@ def test_documented_time_limit_defaults_are_the_programs():
     """docs/faults.md said `whatif` 30 s while `whatif --help` and the code used 10 s."""
     from autoshard.whatif import DEFAULT_TIME_LIMIT_S  # noqa: PLC0415
 
-    parser = cli.build_parser()
+    parser = cli.cli_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
     solve_s, batch_s = sub["solve"].get_default("time_limit"), sub["batch"].get_default("time_limit")
     doc = " ".join(FAULTS_DOC.read_text(encoding="utf-8").split())

@@ -12,7 +12,7 @@ import tomllib
 import pytest
 import yaml
 
-from autoshard import evaluate
+from autoshard import evaluate, load_problem
 from autoshard.errors import InputError
 from autoshard.export import FORMATS, Export, export_plan, megatron_layout, recompute_runs
 from autoshard.spec import Plan, Problem
@@ -76,7 +76,7 @@ NARGS_FLAGS = ("--hierarchical-context-parallel-sizes",)  # nargs='+' in Megatro
 
 
 def problem(model, search: dict | None = None, **training) -> Problem:
-    return Problem(**{
+    return load_problem({
         "model": model,
         "cluster": {"gpu": "h100-sxm", "num_gpus": WORLD},
         "training": {"seq_len": 4096, "global_batch_size": GBS, **training},
@@ -657,8 +657,8 @@ def test_hierarchical_cp_exports_the_priced_group_sizes():
     # exported as Megatron's --hierarchical-context-parallel-sizes inner outer (nargs='+').
     from autoshard import evaluate
 
-    prob = Problem(model="llama3-70b", cluster={"gpu": "h100-sxm", "num_gpus": 512},
-                   training={"seq_len": 131072, "global_batch_size": 64})
+    prob = load_problem({"model": "llama3-70b", "cluster": {"gpu": "h100-sxm", "num_gpus": 512},
+                         "training": {"seq_len": 131072, "global_batch_size": 64}})
     plan = Plan(tp=2, cp=16, pp=4, zero_stage=1, recompute="full", cp_comm_type="a2a+p2p")
     flags = megatron_flags(export_plan(prob, plan, "megatron").text)
     # tp2 leaves 4 CP ranks in an 8-GPU node, and 4 divides each TP rank's 32 query and 4 KV heads.
@@ -749,8 +749,8 @@ def test_solver_plans_only_what_megatron_runs_and_exports_it_exactly() -> None:
 
 def test_torchtitan_preset_with_shape_overrides_is_not_the_preset_flavor() -> None:
     def titan(model) -> tuple[dict, Export]:
-        prob = Problem(model=model, cluster={"gpu": "h100-sxm", "num_gpus": 8},
-                       training={"seq_len": 2048, "global_batch_size": 64})
+        prob = load_problem({"model": model, "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+                             "training": {"seq_len": 2048, "global_batch_size": 64}})
         out = export_plan(prob, Plan(tp=2, pp=2), "torchtitan")
         return tomllib.loads(out.text), out
 

@@ -10,24 +10,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 120
 
-# "file:function" -> why it is still longer than MAX_LINES (issue 32: one part per technique).
-EXCEPTIONS = {
-    "autoshard/export/megatron.py:_megatron":
-        "export/ was reworked this round and is still being edited; to split into _parallelism_flags, "
-        "_recompute_flags, _precision_flags, _moe_flags, _schedule_flags once it settles",
-    "autoshard/export/torchtitan.py:_torchtitan":
-        "export/ still being edited: the same split as _megatron (one section of the TOML per technique)",
-    "autoshard/export/maxtext.py:_maxtext":
-        "export/ still being edited: the same split as _megatron",
-    "autoshard/calibrate.py:calibrate":
-        "grew this round by the artifact hook (cases=, keep_factors=) and the common ratio; to split into "
-        "load / identify / fit / write once artifacts/ settles",
-    "autoshard/cost/layers.py:layer_costs":
-        "this round's merges added the eager host time, ZeRO-3's reshard / step-sync terms and MTP to it; to "
-        "split into the per-pass sums, the ZeRO-3 traffic and the per-mode loop",
-    "autoshard/validate/loso.py:loso":
-        "new this round (one fold loop: refit, price, rank per left-out family); to split per fold step",
-}
+# "file:function" -> why it is still longer than MAX_LINES (issue 32: one part per technique). Empty: the
+# exports, calibrate, layer_costs and loso were split into one function per technique or step.
+EXCEPTIONS: dict[str, str] = {}
 
 
 def function_lengths(root: Path = REPO / "autoshard", base: Path = REPO) -> dict[str, int]:

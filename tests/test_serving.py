@@ -165,8 +165,13 @@ def test_disaggregated_cli():
     base = [sys.executable, "-m", "autoshard.cli", "serve-memory", "llama3-70b", "--gpu", "h100",
             "--request-rate", "10", "--prompt-tokens", "2048", "--output-tokens", "256"]
     out = subprocess.run(base, capture_output=True, text=True, check=True).stdout
-    assert "prefill pool: 6 GPUs = 3 x (TP 2 x PP 1)" in out and "decode pool:  4 GPUs = 1 x (TP 4 x PP 1)" in out
-    assert "KV transfer:  640.0 MiB per request, 7.9 ms" in out and "total: 10 GPUs" in out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.split()[:2] == ["pool", "GPUs"])
+    rows = {line.split()[0]: line.split() for line in lines[first:first + 4]}  # the pools' table (rich)
+    assert rows["pool"] == ["pool", "GPUs", "instances", "each", "instance", "load"]
+    assert rows["prefill"][:7] == ["prefill", "6", "3", "TP", "2", "x", "PP"] and rows["prefill"][7] == "1"
+    assert rows["decode"][:8] == ["decode", "4", "1", "TP", "4", "x", "PP", "1"] and rows["total"] == ["total", "10"]
+    assert "KV transfer: 640.0 MiB per request, 7.9 ms" in out
     doc = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, check=True).stdout)
     assert doc["disaggregated"]["total_gpus"] == 10
     bad = subprocess.run(base[:7] + ["--output-tokens", "256"], capture_output=True, text=True)

@@ -652,6 +652,23 @@ def test_report_html_tables_fit_a_window(tmp_path):
     assert "`*` marks the recommended option" in (tmp_path / "report.md").read_text()
 
 
+def test_report_html_is_report_md_rendered():
+    """report.html renders report.md's own Markdown (markdown-it-py, CommonMark + tables): emphasis and
+    code spans become tags, an escaped `|` stays inside its cell, raw HTML in a text is shown, not run."""
+    from autoshard.whatif.report import _Doc  # noqa: PLC0415
+
+    d = _Doc()
+    d.h(2, "Options <b>")
+    d.p("**h100** is `tp8` <script>alert(1)</script>")
+    d.table(["option", "days"], [["h100-sxm x 1024 | superpod", "9.2"]])
+    md, html = d.markdown(), d.html("t")
+    assert "| h100-sxm x 1024 \\| superpod | 9.2 |" in md
+    assert "<h2>Options &lt;b&gt;</h2>" in html and "<script>" not in html and "&lt;script&gt;" in html
+    assert "<p><strong>h100</strong> is <code>tp8</code>" in html
+    assert '<div class="tw"><table>' in html and '<td class="w">h100-sxm x 1024 | superpod</td>' in html
+    assert "<td>9.2</td>" in html and html.count("<td") == 2
+
+
 # ---- spot capacity, goodput as the seeds define it, GB200 rack power (issue 16) ------------------------
 
 

@@ -352,7 +352,53 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     flops = aflops + mflops
     exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
     ep_overlap = ep_overlap_on(ctx, cfg)
-    if ep_overlap and cfg.schedule == "dualpipe":
+    if ep_overlap:
+        mfwd, mbwd = _ep_overlapped(ctx, cfg, afwd, abwd, mfwd, mbwd, mwgrad)
+    zero3 = cfg.zero == 3 and cfg.data_parallel
+    ag = ag_bwd = rs = 0.0
+    if zero3:
+        ag, ag_bwd, rs = _zero3_layer_traffic_s(ctx, cfg, pl, dense_local, expert_local)
+    launches = layer_kernels(ctx, cfg, sh, kind)
+    out = {}
+    for recompute in ctx.modes:
+        c = Cost()
+        for key in TIME_KEYS:
+            c.fwd[key] = afwd[key] + mfwd[key]
+            c.bwd[key] = abwd[key] + mbwd[key]
+        c.wgrad_s = awgrad + mwgrad
+        if ctx.training.finetune == "qlora":  # NF4 weights dequantized to bf16 for every GEMM pass
+            dq = _mem_s(ctx, (QLORA_BYTES_PER_PARAM + BF16) * (dense_local + expert_local))
+            c.fwd["compute"] += dq
+            c.bwd["compute"] += dq
+        c.params = dense_local + expert_local
+        c.expert_params = expert_local
+        c.bwd["compute"] += _grad_accum_s(ctx, c.params)
+        c.act_bytes = acts.get(recompute, acts["none"])
+        c.work_bytes = acts["none"] + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
+        c.hfu_flops = c.base_flops = 3 * flops
+        _recompute_mode(ctx, cfg, pl, sh, kind, recompute, c, flops, core, acts, afwd, mfwd)
+        host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
+        if host and ep_overlap:
+            extra = ep_overlap_host_s(ctx, cfg, c, host)
+            host += extra
+            c.ep_overlap_gain_s = exposed_ep_s - mfwd["ep_comm"] - mbwd["ep_comm"] - extra
+        if ctx.training.launch_blocking and not cfg.cuda_graphs:
+            host += BLOCKING_LAYER_HOST_S
+        if host:
+            c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
+        _eager_host(ctx, cfg, c, recompute, launches)
+        if zero3:
+            _zero3_exposed(cfg, c, ag, ag_bwd, rs)
+        out[recompute] = c
+    return out
+
+
+def _ep_overlapped(ctx: Context, cfg: Config, afwd: dict[str, float], abwd: dict[str, float],
+                   mfwd: dict[str, float], mbwd: dict[str, float], mwgrad: float,
+                   ) -> tuple[dict[str, float], dict[str, float]]:
+    """The MLP's forward and backward times with the expert all-to-all overlapped (`ep_overlap_on`):
+    what stays exposed of each pass's dispatch and combine (new dicts; the arguments are unchanged)."""
+    if cfg.schedule == "dualpipe":
         # DualPipe (DeepSeek-V3 report sec. 3.2.1, Fig. 4) runs a forward chunk beside a backward chunk
         # of another micro-batch, each split into attention, dispatch, MLP and combine, with the
         # all-to-all of one chunk on the communication SMs while the other chunk computes: the
@@ -372,85 +418,71 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
         else:
             mfwd["ep_comm"] = overlapped(mfwd["ep_comm"], b_comp)
             mbwd["ep_comm"] = overlapped(mbwd["ep_comm"], f_comp)
-    elif ep_overlap:
-        # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
-        # layer, each all-to-all beside one piece of the other pass (model_chunk_schedule_plan.py
-        # TransformerLayerSchedulePlan.run: comm combine_bwd | dispatch_fwd -> dispatch_bwd |
-        # combine_fwd against comp attention fwd | mlp dgrad -> mlp wgrad -> mlp fwd | attention bwd).
-        half_f, half_b = mfwd["ep_comm"] / 2, mbwd["ep_comm"] / 2  # dispatch and combine
-        m_dgrad = mbwd["compute"] - mwgrad
-        mfwd, mbwd = dict(mfwd), dict(mbwd)
-        mfwd["ep_comm"] = overlapped(half_f, m_dgrad) + overlapped(half_f, abwd["compute"])
-        mbwd["ep_comm"] = overlapped(half_b, mwgrad + mfwd["compute"]) + overlapped(half_b, afwd["compute"])
-    zero3 = cfg.zero == 3 and cfg.data_parallel
-    if zero3:  # gather this layer's weights before forward and backward, reduce-scatter its gradients
-        ag, ag_bwd, rs = _zero3_layer_comm_s(ctx, cfg, pl, dense_local, expert_local)
-        if zero3_step_sync(ctx.framework, cfg):  # reduced once per step, in the tail (`cost.tail_model`)
-            rs = 0.0
-            if reshard_policy(ctx.framework, cfg) == "never":
-                ag = 0.0  # gathered once per step by the first forward, kept: the tail's gather
-    launches = layer_kernels(ctx, cfg, sh, kind)
-    out = {}
-    for recompute in ctx.modes:
-        c = Cost()
-        for key in TIME_KEYS:
-            c.fwd[key] = afwd[key] + mfwd[key]
-            c.bwd[key] = abwd[key] + mbwd[key]
-        c.wgrad_s = awgrad + mwgrad
-        if ctx.training.finetune == "qlora":  # NF4 weights dequantized to bf16 for every GEMM pass
-            dq = _mem_s(ctx, (QLORA_BYTES_PER_PARAM + BF16) * (dense_local + expert_local))
-            c.fwd["compute"] += dq
-            c.bwd["compute"] += dq
-        c.params = dense_local + expert_local
-        c.expert_params = expert_local
-        c.bwd["compute"] += _grad_accum_s(ctx, c.params)
-        c.act_bytes = acts.get(recompute, acts["none"])
-        c.work_bytes = acts["none"] + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
-        c.hfu_flops = c.base_flops = 3 * flops
-        if recompute == "full":
-            c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
-            c.hfu_flops += flops
-        elif recompute == "selective":
-            c.bwd["recompute"] = core
-            c.hfu_flops += core_attention_flops(sh) if core else 0.0
-        elif recompute == "offload":
-            # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
-            # stream to host memory during the forward and back before its backward, over the host
-            # link, hidden under the layer's computation where it is long enough.
-            moved = acts["none"] - acts["full"]
-            c.act_bytes = acts["full"]
-            link = ctx.gpu.host_link_bytes_per_s
-            c.fwd["offload"] = overlapped(moved / link, c.fwd["compute"])
-            c.bwd["offload"] = overlapped(moved / link, c.bwd["compute"])
-        elif recompute != "none":  # Megatron recompute modules
-            for module in recompute.split("+"):
-                t_s, saved, fl = _module_recompute(ctx, cfg, pl, sh, kind, module, afwd, mfwd, core, acts)
-                if (t_s or saved) and not cfg.cuda_graphs:  # the module's checkpoint wrapper's host time
-                    t_s += ctx.framework.recompute_module_host_s
-                c.bwd["recompute"] += t_s
-                c.act_bytes -= saved
-                c.hfu_flops += fl
-            c.act_bytes = max(c.act_bytes, acts["full"])
-        host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
-        if host and ep_overlap:
-            extra = ep_overlap_host_s(ctx, cfg, c, host)
-            host += extra
-            c.ep_overlap_gain_s = exposed_ep_s - mfwd["ep_comm"] - mbwd["ep_comm"] - extra
-        if ctx.training.launch_blocking and not cfg.cuda_graphs:
-            host += BLOCKING_LAYER_HOST_S
-        if host:
-            c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
-        _eager_host(ctx, cfg, c, recompute, launches)
-        if zero3:
-            # prefetched under the computation (FSDP2, DeepSpeed ZeRO-3, Megatron-FSDP with
-            # --overlap-param-gather / --overlap-grad-reduce); a plan turning an overlap off where
-            # the launcher has the switch (frameworks.yaml dp_overlap_flags) pays that part exposed
-            hidden = (ag_bwd if cfg.param_overlap else 0.0) + (rs if cfg.grad_overlap else 0.0)
-            exposed = ag_bwd + rs - hidden
-            c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"]) if cfg.param_overlap else ag
-            c.bwd["zero3_comm"] = exposed + overlapped(hidden, c.bwd["compute"] + c.bwd["recompute"])
-        out[recompute] = c
-    return out
+        return mfwd, mbwd
+    # Megatron's EP overlap runs one micro-batch's forward beside another's backward, layer by
+    # layer, each all-to-all beside one piece of the other pass (model_chunk_schedule_plan.py
+    # TransformerLayerSchedulePlan.run: comm combine_bwd | dispatch_fwd -> dispatch_bwd |
+    # combine_fwd against comp attention fwd | mlp dgrad -> mlp wgrad -> mlp fwd | attention bwd).
+    half_f, half_b = mfwd["ep_comm"] / 2, mbwd["ep_comm"] / 2  # dispatch and combine
+    m_dgrad = mbwd["compute"] - mwgrad
+    mfwd, mbwd = dict(mfwd), dict(mbwd)
+    mfwd["ep_comm"] = overlapped(half_f, m_dgrad) + overlapped(half_f, abwd["compute"])
+    mbwd["ep_comm"] = overlapped(half_b, mwgrad + mfwd["compute"]) + overlapped(half_b, afwd["compute"])
+    return mfwd, mbwd
+
+
+def _zero3_layer_traffic_s(ctx: Context, cfg: Config, pl: Placement, dense_local: float,
+                           expert_local: float) -> tuple[float, float, float]:
+    """ZeRO-3's per-layer (forward gather, backward gather, gradient reduce-scatter) seconds: this layer's
+    weights gathered before forward and backward, its gradients reduce-scattered; what the framework
+    does once per step instead is left to the tail (`cost.tail_model`)."""
+    ag, ag_bwd, rs = _zero3_layer_comm_s(ctx, cfg, pl, dense_local, expert_local)
+    if zero3_step_sync(ctx.framework, cfg):  # reduced once per step, in the tail (`cost.tail_model`)
+        rs = 0.0
+        if reshard_policy(ctx.framework, cfg) == "never":
+            ag = 0.0  # gathered once per step by the first forward, kept: the tail's gather
+    return ag, ag_bwd, rs
+
+
+def _recompute_mode(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, recompute: str, c: Cost,
+                    flops: float, core: float, acts: dict[str, float], afwd: dict[str, float],
+                    mfwd: dict[str, float]) -> None:
+    """The recompute mode's price on `c`: the backward's recompute time, the activations it keeps and
+    the hardware FLOPs it adds (full, selective, offload to host, or Megatron's recompute modules)."""
+    if recompute == "full":
+        c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
+        c.hfu_flops += flops
+    elif recompute == "selective":
+        c.bwd["recompute"] = core
+        c.hfu_flops += core_attention_flops(sh) if core else 0.0
+    elif recompute == "offload":
+        # Activation offloading (TE / Megatron --cpu-offloading): the layer's saved activations
+        # stream to host memory during the forward and back before its backward, over the host
+        # link, hidden under the layer's computation where it is long enough.
+        moved = acts["none"] - acts["full"]
+        c.act_bytes = acts["full"]
+        link = ctx.gpu.host_link_bytes_per_s
+        c.fwd["offload"] = overlapped(moved / link, c.fwd["compute"])
+        c.bwd["offload"] = overlapped(moved / link, c.bwd["compute"])
+    elif recompute != "none":  # Megatron recompute modules
+        for module in recompute.split("+"):
+            t_s, saved, fl = _module_recompute(ctx, cfg, pl, sh, kind, module, afwd, mfwd, core, acts)
+            if (t_s or saved) and not cfg.cuda_graphs:  # the module's checkpoint wrapper's host time
+                t_s += ctx.framework.recompute_module_host_s
+            c.bwd["recompute"] += t_s
+            c.act_bytes -= saved
+            c.hfu_flops += fl
+        c.act_bytes = max(c.act_bytes, acts["full"])
+
+
+def _zero3_exposed(cfg: Config, c: Cost, ag: float, ag_bwd: float, rs: float) -> None:
+    """ZeRO-3's layer traffic on `c`: prefetched under the computation (FSDP2, DeepSpeed ZeRO-3,
+    Megatron-FSDP with --overlap-param-gather / --overlap-grad-reduce); a plan turning an overlap off
+    where the launcher has the switch (frameworks.yaml dp_overlap_flags) pays that part exposed."""
+    hidden = (ag_bwd if cfg.param_overlap else 0.0) + (rs if cfg.grad_overlap else 0.0)
+    exposed = ag_bwd + rs - hidden
+    c.fwd["zero3_comm"] = overlapped(ag, c.fwd["compute"]) if cfg.param_overlap else ag
+    c.bwd["zero3_comm"] = exposed + overlapped(hidden, c.bwd["compute"] + c.bwd["recompute"])
 
 
 def cublas_workspace_bytes(ctx: Context, tp_overlap: bool = False) -> float:

@@ -30,13 +30,28 @@ def _yaml_value(v: Any) -> str:
 
 
 def _maxtext(ctx: _Ctx) -> str:
-    """A MaxText config (its base.yml key names), to pass as `python -m maxtext.train <this file>`."""
-    p, m, t = ctx.plan, ctx.model, ctx.training
-    fam = model_family(m) or {}
+    """A MaxText config (its base.yml key names), to pass as `python -m maxtext.train <this file>`: one
+    part per technique (the model, the mesh, the batch and pipeline, rematerialization, precision)."""
+    fam = model_family(ctx.model) or {}
     names, axis_size, inner_first = _jax_mesh(ctx)
     split = _ici_dcn(inner_first, ctx.gpus_per_node, ctx)
     cfg: dict[str, Any] = {}
-    # --- model ----------------------------------------------------------------------------
+    block = _maxtext_model(ctx, fam, cfg)
+    _maxtext_mesh(ctx, split, cfg)
+    _maxtext_batch(ctx, block, cfg)
+    _maxtext_remat(ctx, cfg)
+    _maxtext_precision(ctx, cfg)
+    lines = [f"# {line}" for line in ctx.header()]
+    lines.append("# MaxText config (src/maxtext/configs/base.yml key names): python -m maxtext.train <this file>")
+    for w in ctx.warnings:
+        lines.append(f"# warning: {w}")
+    lines += [f"{k}: {_yaml_value(v)}" for k, v in cfg.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _maxtext_model(ctx: _Ctx, fam: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """The decoder block and the model's shape (MoE, MLA, MTP); returns the decoder block."""
+    m = ctx.model
     block = MAXTEXT_DECODER.get(fam.get("family", ""))
     if block is None:
         block = "llama2" if m.gated else "gpt3"
@@ -85,7 +100,12 @@ def _maxtext(ctx: _Ctx) -> str:
             cfg["q_lora_rank"] = m.q_lora_rank
         cfg.update(kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
-    # --- mesh ------------------------------------------------------------------------------
+    return block
+
+
+def _maxtext_mesh(ctx: _Ctx, split: dict[str, tuple[int, int]], cfg: dict[str, Any]) -> None:
+    """ici_* / dcn_* parallelism per mesh axis and the slice count."""
+    p = ctx.plan
     ici_total = 1
     for name in ("data", "fsdp", "stage", "context", "expert", "tensor"):
         ici, dcn = split.get(name, (1, 1))
@@ -98,7 +118,12 @@ def _maxtext(ctx: _Ctx) -> str:
     if megatron_order(p) != "tp-cp-ep-dp-pp" and p.pp > 1:
         ctx.warn(f"placement {p.placement}: MaxText orders its mesh by mesh_axes (data, stage, fsdp, context, "
                  "tensor, expert) within and across slices; the plan's rank order is not kept")
-    # --- batch and pipeline ---------------------------------------------------------------------
+
+
+def _maxtext_batch(ctx: _Ctx, block: str, cfg: dict[str, Any]) -> None:
+    """Sequence length, per-device batch, gradient accumulation, and the pipeline (stages, repeats,
+    micro-batches, layers pipelined)."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
     cfg["max_target_length"] = t.seq_len
     if p.pp > 1:
         per_device = t.global_batch_size / ctx.world
@@ -133,7 +158,11 @@ def _maxtext(ctx: _Ctx) -> str:
         gas = ctx.microbatches
     cfg["per_device_batch_size"] = int(per_device) if per_device == int(per_device) else per_device
     cfg["gradient_accumulation_steps"] = gas
-    # --- memory ------------------------------------------------------------------------------
+
+
+def _maxtext_remat(ctx: _Ctx, cfg: dict[str, Any]) -> None:
+    """remat_policy (one for all layers) and what ZeRO cannot express."""
+    p = ctx.plan
     remat_of = {"none": "minimal_with_context", "selective": "minimal", "full": "full"}
     mode = _most_conservative(sorted(set(ctx.recompute)))
     if ctx.mixed:
@@ -144,6 +173,11 @@ def _maxtext(ctx: _Ctx) -> str:
     if p.zero_stage in (1, 2):
         ctx.warn(f"ZeRO-{p.zero_stage}: MaxText has no switch for it: parameters and optimizer state stay "
                  "replicated over 'data' (use the jax export's optimizer_state specs in your own loop)")
+
+
+def _maxtext_precision(ctx: _Ctx, cfg: dict[str, Any]) -> None:
+    """Activation and weight dtypes, and the quantization recipe."""
+    t = ctx.training
     cfg["dtype"] = "float16" if t.precision == "fp16" else "bfloat16"
     cfg["weight_dtype"] = "float32"
     recipe = str(t.precision)
@@ -153,9 +187,3 @@ def _maxtext(ctx: _Ctx) -> str:
         if recipe != "fp8-current":
             ctx.warn(f"precision {recipe}: MaxText quantization {cfg['quantization'] or 'none (bf16)'!r} is "
                      "the closest")
-    lines = [f"# {line}" for line in ctx.header()]
-    lines.append("# MaxText config (src/maxtext/configs/base.yml key names): python -m maxtext.train <this file>")
-    for w in ctx.warnings:
-        lines.append(f"# warning: {w}")
-    lines += [f"{k}: {_yaml_value(v)}" for k, v in cfg.items()]
-    return "\n".join(lines) + "\n"

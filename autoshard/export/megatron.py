@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import InputError
@@ -59,15 +60,39 @@ def megatron_env(ctx: _Ctx) -> dict[str, str]:
     return {}
 
 
+Add = Callable[..., None]  # add(flag, value=None): one flag of the command line, in order
+
+
 def _megatron(ctx: _Ctx) -> str:
-    p, m, t = ctx.plan, ctx.model, ctx.training
-    fam = model_family(m) or {}
+    """`pretrain_gpt.py` flags, one part per technique (as torchtitan's parallelize_llama applies one
+    `apply_*` per technique), after a header of comments: the plan, the derived sizes, what the launch
+    needs and every warning the parts raised."""
+    fam = model_family(ctx.model) or {}
     flags: list[tuple[str, Any]] = []
 
     def add(flag: str, value: Any = None) -> None:
         flags.append((flag, value))
 
-    # --- parallelism --------------------------------------------------------------------
+    etp, edp = _parallelism_flags(ctx, add)
+    _overlap_flags(ctx, add)
+    _schedule_flags(ctx, add)
+    _batch_flags(ctx, add)
+    _data_parallel_flags(ctx, add)
+    _cuda_graph_flags(ctx, add)
+    _low_precision_weight_flags(ctx, add)
+    _memory_knob_flags(ctx, add, fam)
+    _megatron_recompute(ctx, add)
+    _precision_flags(ctx, add)
+    _model_shape_flags(ctx, add, fam)
+    _moe_flags(ctx, add, fam)
+    _mla_mtp_flags(ctx, add)
+    return "\n".join(_megatron_header(ctx, fam, etp, edp) + _flag_lines(flags)) + "\n"
+
+
+def _parallelism_flags(ctx: _Ctx, add: Add) -> tuple[int, int]:
+    """TP / PP / CP (and hierarchical CP) / EP / ETP degrees, sequence parallelism and the rank order;
+    returns (etp, the expert data-parallel size) for the header."""
+    p, m = ctx.plan, ctx.model
     add("--tensor-model-parallel-size", p.tp)
     add("--pipeline-model-parallel-size", p.pp)
     add("--context-parallel-size", p.cp)
@@ -107,15 +132,22 @@ def _megatron(ctx: _Ctx) -> str:
                  f"stage's ranks, so each ep={p.ep} group spans ranks {etp} apart (across the CP ranks), "
                  f"while the plan carved EP out of DP ({p.tp * p.cp} apart); the all-to-all crosses the "
                  "network levels of TP x CP neighbours instead")
+    return etp, edp
 
-    # --- overlaps ---------------------------------------------------------------------------
+
+def _overlap_flags(ctx: _Ctx, add: Add) -> None:
+    """Communication overlaps the plan was priced with: TP comm overlap, the EP all-to-all overlap."""
     if ctx.tp_overlap:
         add("--tp-comm-overlap")
     if ctx.ep_overlap:
         add("--overlap-moe-expert-parallel-comm")
         add("--delay-wgrad-compute")
 
-    # --- pipeline split and schedule ------------------------------------------------------
+
+def _schedule_flags(ctx: _Ctx, add: Add) -> None:
+    """The pipeline split (even, first/last lighter, or an explicit layout; virtual stages) and the
+    schedule."""
+    p, m = ctx.plan, ctx.model
     if p.pp > 1:
         stages = ctx.stages
         if m.hybrid_override_pattern is not None:  # the stage boundaries are `|` in --hybrid-layer-pattern
@@ -141,13 +173,20 @@ def _megatron(ctx: _Ctx) -> str:
             ctx.warn("schedule zero_bubble is not in Megatron-LM's mainline flags: exported as "
                      + ("interleaved 1F1B" if p.vpp > 1 else "1F1B") + " (larger bubble than planned)")
 
-    # --- batch ---------------------------------------------------------------------------
+
+def _batch_flags(ctx: _Ctx, add: Add) -> None:
+    """Micro-batch, global batch and sequence length."""
+    p, t = ctx.plan, ctx.training
     add("--micro-batch-size", p.micro_batch_size)
     add("--global-batch-size", t.global_batch_size)
     add("--seq-length", t.seq_len)
     add("--max-position-embeddings", t.seq_len)
 
-    # --- data parallelism / ZeRO ------------------------------------------------------------
+
+def _data_parallel_flags(ctx: _Ctx, add: Add) -> None:
+    """Data parallelism: ZeRO (distributed optimizer, Megatron-FSDP), replicas, gradient / parameter
+    overlaps, optimizer offload."""
+    p = ctx.plan
     if p.zero_stage == 1:
         add("--use-distributed-optimizer")
     if p.zero_stage >= 2:
@@ -166,6 +205,11 @@ def _megatron(ctx: _Ctx) -> str:
         add("--optimizer-offload-fraction", 1.0)
         add("--use-precision-aware-optimizer")  # validate_args requires it with --optimizer-cpu-offload
         add("--overlap-cpu-optimizer-d2h-h2d")
+
+
+def _cuda_graph_flags(ctx: _Ctx, add: Add) -> None:
+    """Full-iteration CUDA graphs."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
     if p.cuda_graphs:  # the whole step captured once and replayed
         # megatron-core <= 0.16 spells it impl local + scope full_iteration; Megatron-LM d98e8a64dd
         # migrates that spelling to --cuda-graph-impl full_iteration (validate_args, cuda_graph_config.py)
@@ -178,6 +222,10 @@ def _megatron(ctx: _Ctx) -> str:
             ctx.warn(f"full-iteration CUDA graphs with dropless MoE need a sync-free dispatcher: set {need} "
                      "(Megatron-Bridge _enable_hybridep_full_iteration_mxfp8); not written by this exporter")
 
+
+def _low_precision_weight_flags(ctx: _Ctx, add: Add) -> None:
+    """bf16 gradient reduction and FP8 / FP4 primary weights (all-gathered in that precision)."""
+    t = ctx.training
     if t.main_grads == "bf16":  # main_grad buffers and the gradient reduction in bf16
         add("--grad-reduce-in-bf16")
     if t.fp8_params:  # FP8 / FP4 primary weights, all-gathered in that precision
@@ -189,6 +237,11 @@ def _megatron(ctx: _Ctx) -> str:
         else:
             add("--fp8-param-gather")
 
+
+def _memory_knob_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
+    """The memory knobs the plan was priced with: q/k norms, the data loader's attention masks, the fused
+    cross entropy and the deferred output-layer wgrad."""
+    m, t = ctx.model, ctx.training
     if m.qk_layernorm and ("--qk-layernorm", None) not in fam.get("megatron", []):  # its saved q / k norms are priced
         add("--qk-layernorm")
     if not t.attention_mask_in_batch:  # priced without the data loader's [b, 1, s, s] masks
@@ -200,10 +253,9 @@ def _megatron(ctx: _Ctx) -> str:
         if t.wgrad_deferral_limit:
             add("--wgrad-deferral-limit", str(t.wgrad_deferral_limit))
 
-    # --- recompute -------------------------------------------------------------------------
-    _megatron_recompute(ctx, add)
-
-    # --- precision ---------------------------------------------------------------------------
+def _precision_flags(ctx: _Ctx, add: Add) -> None:
+    """The training precision: --bf16 / --fp16 and the low-precision recipe, and the layers kept in BF16."""
+    t = ctx.training
     add("--fp16" if t.precision == "fp16" else "--bf16")
     recipe = _recipe_settings(t.precision)
     if recipe:
@@ -215,7 +267,11 @@ def _megatron(ctx: _Ctx) -> str:
         ctx.warn(f"precision {t.precision} has no Megatron recipe in this exporter: trains in bf16")
     _megatron_bf16_parts(ctx, add)
 
-    # --- model shape ---------------------------------------------------------------------------
+
+def _model_shape_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
+    """The model's shape and architecture: layers, widths, attention (GQA, windows), activation, norm,
+    RoPE, dropout."""
+    m = ctx.model
     add("--num-layers", m.num_hidden_layers)
     add("--hidden-size", m.hidden_size)
     add("--ffn-hidden-size", m.intermediate_size)
@@ -261,7 +317,11 @@ def _megatron(ctx: _Ctx) -> str:
         add("--attention-dropout", 0.0)
         add("--hidden-dropout", 0.0)
 
-    # --- mixture of experts ------------------------------------------------------------------
+
+def _moe_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
+    """Mixture of experts: experts, router top-k, widths, dense layers, the dispatcher, capacity; the
+    family's own flags."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
     fam_flags = dict(fam.get("megatron", []))
     if m.is_moe:
         add("--num-experts", m.num_experts)
@@ -293,7 +353,10 @@ def _megatron(ctx: _Ctx) -> str:
             continue
         add(flag, value)
 
-    # --- multi-head latent attention ----------------------------------------------------------
+
+def _mla_mtp_flags(ctx: _Ctx, add: Add) -> None:
+    """Multi-head latent attention and multi-token prediction."""
+    m = ctx.model
     if m.is_mla:
         add("--multi-latent-attention")
         if m.q_lora_rank is not None:
@@ -308,6 +371,11 @@ def _megatron(ctx: _Ctx) -> str:
             ctx.warn("Megatron's EP overlap supports at most one MTP layer (TransformerConfig: 'MTP supports at "
                      "most one layer when enabling overlap_moe_expert_parallel_comm'): drop one or the other")
 
+
+def _megatron_header(ctx: _Ctx, fam: dict[str, Any], etp: int, edp: int) -> list[str]:
+    """The comment lines above the flags: the plan, derived sizes, required versions and kernels, the
+    environment, the warnings."""
+    p, m, t = ctx.plan, ctx.model, ctx.training
     head = [f"# {line}" for line in ctx.header()]
     head.append(f"# data-parallel size is derived by Megatron: {ctx.world} // (TP*PP*CP = "
                 f"{p.tp * p.pp * p.cp}) = {ctx.dp}; {ctx.microbatches} micro-batches per step")
@@ -331,6 +399,11 @@ def _megatron(ctx: _Ctx) -> str:
         head.append(f"# launch with: export {k}={v}   (Megatron asserts it for TP/CP on pre-Blackwell GPUs)")
     for w in ctx.warnings:
         head.append(f"# warning: {w}")
+    return head
+
+
+def _flag_lines(flags: list[tuple[str, Any]]) -> list[str]:
+    """One flag per line, continued with ` \\`; an nargs='+' value as several words."""
     body = []
     for i, (flag, value) in enumerate(flags):
         if value is None:
@@ -340,7 +413,7 @@ def _megatron(ctx: _Ctx) -> str:
         else:
             line = f"{flag} {shlex.quote(str(value))}"
         body.append(line + (" \\" if i < len(flags) - 1 else ""))
-    return "\n".join(head + body) + "\n"
+    return body
 
 
 def hybrid_layer_pattern(pattern: str, stages: list[int] | None) -> str:
@@ -356,7 +429,7 @@ def hybrid_layer_pattern(pattern: str, stages: list[int] | None) -> str:
     return "|".join(out)
 
 
-def _megatron_hybrid(ctx: _Ctx, add) -> None:
+def _megatron_hybrid(ctx: _Ctx, add: Add) -> None:
     """A hybrid Mamba2 / attention model (ModelSpec.hybrid_override_pattern): Megatron-LM's hybrid
     stack (pretrain_mamba.py), its block pattern and Mamba2 dimensions (TransformerConfig
     mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads)."""
@@ -373,7 +446,7 @@ def _megatron_hybrid(ctx: _Ctx, add) -> None:
              "pretrain_gpt.py; the pattern's `|` marks the planned stage boundaries")
 
 
-def _megatron_attention_span(ctx: _Ctx, add) -> None:
+def _megatron_attention_span(ctx: _Ctx, add: Add) -> None:
     """Packed documents (`training.mean_document_tokens`): --dataloader-inter-document-masking (the
     dataloader returns cu_seqlens, attention restricted to each document: THD). Llama 4's NoPE layers:
     --no-rope-freq N (TransformerConfig.no_rope_freq, one NoPE layer in N); its chunked attention has no
@@ -390,7 +463,7 @@ def _megatron_attention_span(ctx: _Ctx, add) -> None:
                  "layers) has no Megatron-LM flag: those layers attend globally there (slower than planned)")
 
 
-def _megatron_bf16_parts(ctx: _Ctx, add) -> None:
+def _megatron_bf16_parts(ctx: _Ctx, add: Add) -> None:
     """Per-module precision: whole blocks kept in BF16 (TransformerConfig first_last_layers_bf16 with
     num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, each 1 by default when the flag is on, so
     both are written; fp8_utils.is_first_last_bf16_layer); module classes in BF16 have no flag."""
@@ -409,7 +482,7 @@ def _megatron_bf16_parts(ctx: _Ctx, add) -> None:
                  "recipe everywhere, which runs them in low precision")
 
 
-def _megatron_recompute(ctx: _Ctx, add) -> None:
+def _megatron_recompute(ctx: _Ctx, add: Add) -> None:
     """The recompute / offload flags that run exactly the planned per-layer list
     (`solver.layouts.megatron_recompute`, the predicate evaluate and the solver use), or InputError
     (exit 2) naming why Megatron cannot run it: a plan is never exported as something else."""

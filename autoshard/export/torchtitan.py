@@ -8,6 +8,8 @@ import shlex
 import zlib
 from typing import Any
 
+import tomli_w
+
 from .common import _recompute_counts
 from .context import _Ctx
 from .megatron import megatron_order
@@ -15,18 +17,17 @@ from .model_facts import _recipe_settings, titan_flavor, titan_llama3_args
 from ..solver.layouts import every_nth_layers
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"no TOML form for {type(v).__name__}")
+def _toml_text(sections: list[tuple[str, dict[str, Any]]]) -> str:
+    """The job's tables as TOML (`tomli_w`), in the given order; a dotted name (`quantize.linear.float8`)
+    is a nested table, written under its dotted header."""
+    doc: dict[str, Any] = {}
+    for name, table in sections:
+        node = doc
+        *parents, leaf = name.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = table
+    return tomli_w.dumps(doc)
 
 
 def _titan_parts(stages: list[int], n_layers: int) -> list[list[str]]:
@@ -137,15 +138,43 @@ def _titan_schedule(ctx: _Ctx) -> tuple[str, list[int]]:
 
 
 def _torchtitan(ctx: _Ctx) -> str:
-    p, m, t = ctx.plan, ctx.model, ctx.training
-    replicate, shard = _titan_shard(ctx)
+    """The TOML job, one part per technique (the model and its flavor, the precision recipe, the batch,
+    the parallelism degrees, activation checkpointing), after a header of comments with every warning
+    the parts raised; then the same plan as torchtitan 0.3 overrides, and a flavor module to save
+    where torchtitan ships none of the model's shape."""
+    replicate, shard = _titan_shard(ctx)  # first: its warning heads the list
+    model, experimental, register = _titan_model(ctx)
+    quantize = _titan_precision(ctx, model)
+    training = _titan_training(ctx)
+    parallelism, compile_, parts_listing = _titan_parallelism(ctx, replicate, shard)
+    ac = _titan_ac(ctx)
+
+    sections = [("model", model), ("training", training), ("parallelism", parallelism)]
+    if experimental:
+        sections.append(("experimental", experimental))
+    if quantize is not None:
+        sections.append(quantize)
+    if compile_:
+        sections.append(("compile", compile_))
+    sections.append(("activation_checkpoint", ac))
+    lines = [f"# {line}" for line in ctx.header()]
+    for w in ctx.warnings:
+        lines.append(f"# warning: {w}")
+    lines += ["", _toml_text([("job", {"description": "autoshard: " + ctx.plan.short()}), *sections]).rstrip("\n")]
+    lines += _titan_03_overrides(ctx, model, training, parallelism, ac, quantize, parts_listing)
+    if register:
+        lines += [""] + register
+    return "\n".join(lines) + "\n"
+
+
+def _titan_model(ctx: _Ctx) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """([model] name and flavor, [experimental], the comment lines of a flavor module to save): the
+    torchtitan flavor of the priced shape, else a llama3 flavor registered under a digest of it."""
+    m = ctx.model
     model: dict[str, Any] = {}
-    training: dict[str, Any] = {}
-    parallelism: dict[str, Any] = {}
-    compile_: dict[str, Any] = {}
-    flavor = titan_flavor(m)
     experimental: dict[str, Any] = {}
     register: list[str] = []
+    flavor = titan_flavor(m)
     if flavor is not None:
         model["name"], model["flavor"] = flavor
     else:
@@ -175,6 +204,12 @@ def _torchtitan(ctx: _Ctx) -> str:
                      f"the flavor lookup until you register a model with dim={m.hidden_size}, "
                      f"n_layers={m.num_hidden_layers}, n_heads={m.num_attention_heads}, n_kv_heads={m.kv_heads}, "
                      f"vocab_size={m.vocab_size}")
+    return model, experimental, register
+
+
+def _titan_precision(ctx: _Ctx, model: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The low-precision recipe: a model converter in [model] and its (section, settings), or None."""
+    t = ctx.training
     recipe = _recipe_settings(t.precision) or {
         "titan": None, "titan_note": "no torchtitan recipe: the exported job trains in bf16"}
     quantize: tuple[str, dict[str, Any]] | None = None
@@ -184,6 +219,13 @@ def _torchtitan(ctx: _Ctx) -> str:
         quantize = (converter, {"recipe_name": recipe_name})
     if recipe.get("titan_note"):
         ctx.warn(f"precision {t.precision}: {recipe['titan_note']}")
+    return quantize
+
+
+def _titan_training(ctx: _Ctx) -> dict[str, Any]:
+    """[training]: the per-rank batch, the global batch, the sequence and the mixed precision."""
+    p, t = ctx.plan, ctx.training
+    training: dict[str, Any] = {}
     if p.pp > 1:
         # The whole per-rank batch goes through the pipeline in micro-batches of micro_batch_size.
         training["local_batch_size"] = p.micro_batch_size * ctx.microbatches
@@ -197,6 +239,16 @@ def _torchtitan(ctx: _Ctx) -> str:
                  "exported as bf16, which needs a GPU with bf16 tensor cores (same speed where it has them)")
     training["mixed_precision_reduce"] = "bfloat16" if t.main_grads == "bf16" else "float32"
 
+    return training
+
+
+def _titan_parallelism(ctx: _Ctx, replicate: int, shard: int,
+                       ) -> tuple[dict[str, Any], dict[str, Any], list[list[str]] | None]:
+    """([parallelism], [compile] for async TP, the module names per model part of an uneven pipeline),
+    for the data-parallel degrees (replicate, shard) of `_titan_shard`."""
+    p, m = ctx.plan, ctx.model
+    parallelism: dict[str, Any] = {}
+    compile_: dict[str, Any] = {}
     parallelism["data_parallel_replicate_degree"] = replicate
     parallelism["data_parallel_shard_degree"] = shard
     if shard > 1 or p.cp > 1:
@@ -241,24 +293,15 @@ def _torchtitan(ctx: _Ctx) -> str:
     if megatron_order(p) != "tp-cp-ep-dp-pp" and not (p.pp == 1 and megatron_order(p)):
         ctx.warn(f"placement {p.placement} is not expressible: torchtitan orders its mesh pp, dp_replicate, "
                  "fsdp (dp_shard x cp), tp (tp innermost); groups land on other network levels than planned")
-    ac = _titan_ac(ctx)
+    return parallelism, compile_, parts_listing
 
-    sections = [("model", model), ("training", training), ("parallelism", parallelism)]
-    if experimental:
-        sections.append(("experimental", experimental))
-    if quantize is not None:
-        sections.append(quantize)
-    if compile_:
-        sections.append(("compile", compile_))
-    sections.append(("activation_checkpoint", ac))
-    lines = [f"# {line}" for line in ctx.header()]
-    for w in ctx.warnings:
-        lines.append(f"# warning: {w}")
-    lines += ["", "[job]", f"description = {_toml_value('autoshard: ' + p.short())}"]
-    for name, table in sections:
-        lines += ["", f"[{name}]"]
-        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
 
+def _titan_03_overrides(ctx: _Ctx, model: dict[str, Any], training: dict[str, Any], parallelism: dict[str, Any],
+                        ac: dict[str, Any], quantize: tuple[str, dict[str, Any]] | None,
+                        parts_listing: list[list[str]] | None) -> list[str]:
+    """The trailing comments: the same plan as torchtitan 0.3 command-line overrides."""
+    p, m = ctx.plan, ctx.model
+    lines: list[str] = []
     # torchtitan 0.3 (configs.py): the same degrees as tyro overrides; expert TP is not a 0.3 option
     # (EP borrows from FSDP x TP), async TP lives under compile, and pipelines or EP need CUDA graphs off.
     override = []
@@ -286,6 +329,4 @@ def _torchtitan(ctx: _Ctx) -> str:
     lines.append(f"#   in the recipe function: {ac_cfg}; model {model['name']} flavor {model['flavor']}")
     if quantize is not None:
         lines.append(f"#   precision: model converter {quantize[0]} with recipe_name {quantize[1]['recipe_name']!r}")
-    if register:
-        lines += [""] + register
-    return "\n".join(lines) + "\n"
+    return lines

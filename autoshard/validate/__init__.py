@@ -85,6 +85,7 @@ from ..frameworks import get_framework
 from ..loader import load_problem, read_runs
 from ..solver import solve
 from ..spec import Plan
+from ..tables import Column, table_text
 from .cases import (  # noqa: F401  (re-exported: the run records and row readers, cases.py)
     Case,
     GB_PER_GIB,
@@ -537,36 +538,35 @@ BREAKDOWN_COLS = (("compute", "comp"), ("recompute", "recomp"), ("tp_comm", "tp"
 def format_report(report: Report) -> str:
     """A readable text table: every run, the skipped rows, the summary and the per-source table."""
     lines: list[str] = []
-    head = (f"{'run':<44} {'gpu':<13} {'precision':<13} {'N':>5} {'meas s':>7} {'pred s':>7} {'err %':>7} "
-            f"{'fits':<4} " + " ".join(f"{short:>6}" for _, short in BREAKDOWN_COLS) + "  other")
     lines.append(f"runs: {report.runs_path}" + (f"   catalog: {report.catalog}" if report.catalog else ""))
     lines.append("time breakdown columns: seconds per step on the critical path "
                  "(comp=compute, recomp=recompute, tp/pp=TP/PP comm, z3=ZeRO-3 comm, dp=exposed DP comm)")
-    lines.append(head)
-    lines.append("-" * len(head))
+    head: list[Column] = ["run", "gpu", "precision", ("N", "right"), ("meas s", "right"), ("pred s", "right"),
+                          ("err %", "right"), "fits", *((short, "right") for _, short in BREAKDOWN_COLS),
+                          ("other", "right")]
+    rows: list[list[str]] = []
     group = None
     for r in sorted(report.results, key=lambda r: (r.source_group, r.precision, r.gpu_count, r.id)):
         if r.source_group != group:
             group = r.source_group
-            lines.append(f"[{group}]")
+            rows.append([f"[{group}]"] + [""] * (len(head) - 1))
         bd = r.time_breakdown_s
         other = sum(v for k, v in bd.items() if k not in dict(BREAKDOWN_COLS))
-        lines.append(
-            f"{r.id:<44} {r.gpu:<13} {(r.recipe or r.precision):<13} {r.gpu_count:>5} {r.measured_step_s:>7.3f} "
-            f"{r.predicted_step_s:>7.3f} {r.error_pct:>+7.1f} {'yes' if r.fits else 'NO':<4} "
-            + " ".join(f"{bd.get(k, 0.0):>6.2f}" for k, _ in BREAKDOWN_COLS) + f"  {other:.2f}")
+        rows.append([r.id, r.gpu, r.recipe or r.precision, str(r.gpu_count), f"{r.measured_step_s:.3f}",
+                     f"{r.predicted_step_s:.3f}", f"{r.error_pct:+.1f}", "yes" if r.fits else "NO",
+                     *(f"{bd.get(k, 0.0):.2f}" for k, _ in BREAKDOWN_COLS), f"{other:.2f}"])
+    lines.append(table_text(head, rows).rstrip("\n"))
     if report.skipped:
         lines.append("")
         lines.append(f"skipped ({len(report.skipped)}):")
-        for sk in report.skipped:
-            lines.append(f"  {sk.id:<44} {sk.reason}")
+        lines.append(table_text(["run", "why"], [[sk.id, sk.reason] for sk in report.skipped], indent=2).rstrip("\n"))
     not_fit = [r for r in report.results if not r.fits]
     if not_fit:
         lines.append("")
         lines.append(f"runs whose priced plan does not fit in memory ({len(not_fit)}; the source must use "
                      "memory savings the row does not state):")
-        for r in not_fit:
-            lines.append(f"  {r.id:<44} peak {r.peak_memory_gib:.1f} GiB")
+        lines.append(table_text(["run", ("peak GiB", "right")], [[r.id, f"{r.peak_memory_gib:.1f}"] for r in not_fit],
+                                indent=2).rstrip("\n"))
     s = report.summary
     lines.append("")
     lines.append(f"summary: n={s.n}  median |err| {s.median_abs_error_pct:.1f}%  p90 |err| "
@@ -590,12 +590,11 @@ def memory_line(m: MemorySummary) -> str:
 
 def format_groups(groups: list[GroupSummary], title: str) -> list[str]:
     """The per-source (or per-regime) table: runs, median / p90 |error|, median signed error, worst."""
-    gh = f"{title:<32} {'runs':>4} {'median |err| %':>15} {'p90 |err| %':>12} {'median err %':>13}  worst"
-    lines = [gh, "-" * len(gh)]
-    for g in groups:
-        lines.append(f"{g.source_group:<32} {g.runs:>4} {g.median_abs_error_pct:>15.1f} {g.p90_abs_error_pct:>12.1f} "
-                     f"{g.median_error_pct:>+13.1f}  {g.worst_id} ({g.worst_error_pct:+.1f}%)")
-    return lines
+    head: list[Column] = [title, ("runs", "right"), ("median |err| %", "right"), ("p90 |err| %", "right"),
+                          ("median err %", "right"), "worst"]
+    rows = [[g.source_group, str(g.runs), f"{g.median_abs_error_pct:.1f}", f"{g.p90_abs_error_pct:.1f}",
+             f"{g.median_error_pct:+.1f}", f"{g.worst_id} ({g.worst_error_pct:+.1f}%)"] for g in groups]
+    return table_text(head, rows).splitlines()
 
 
 # ---------------------------------------------------------------------------------------
@@ -644,8 +643,7 @@ def korthikanti_check(s: int = 2048, h: int = 12288, a: int = 96, b: int = 1, t:
 
 
 def format_korthikanti(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'configuration':<36} {'formula':<28} {'autoshard GiB':>13} {'paper GiB':>10} {'ratio':>7}"]
-    for r in rows:
-        lines.append(f"{r['config']:<36} {r['formula']:<28} {r['cost_model_bytes'] / 2**30:>13.3f} "
-                     f"{r['korthikanti_bytes'] / 2**30:>10.3f} {r['ratio']:>7.3f}")
-    return "\n".join(lines)
+    head: list[Column] = ["configuration", "formula", ("autoshard GiB", "right"), ("paper GiB", "right"),
+                          ("ratio", "right")]
+    return table_text(head, [[r["config"], r["formula"], f"{r['cost_model_bytes'] / 2**30:.3f}",
+                              f"{r['korthikanti_bytes'] / 2**30:.3f}", f"{r['ratio']:.3f}"] for r in rows]).rstrip("\n")

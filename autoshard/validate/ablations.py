@@ -39,6 +39,7 @@ from . import filled_notes
 from . import Case, completed_plan, with_catalog
 from ..cost import evaluate
 from .modern import modern_row_to_case
+from ..tables import table_text
 
 APART = 0.08  # pairs measured at least this far apart (relative) must be ordered right
 BLIND = 0.04  # pairs measured at least this far apart that the model predicts equal are reported
@@ -381,11 +382,14 @@ def format_ablations(report: AblationReport) -> str:
         lines.append(f"[{g.id}]  metric {g.metric or '-'}  ({g.source[:70]})")
         fastest_m = min((c.measured_time for c in g.configs if c.measured_time), default=None)
         fastest_p = min((c.predicted_step_s for c in g.configs if c.predicted_step_s), default=None)
+        rows = []
         for c in sorted(g.configs, key=lambda c: (c.measured_time is None, c.measured_time or 0.0)):
-            meas = "OOM" if c.status == "OOM" else (f"{c.measured_time / fastest_m:6.3f}" if c.measured_time and fastest_m else "  -   ")
-            pred = f"{c.predicted_step_s / fastest_p:6.3f}" if c.predicted_step_s and fastest_p else "  -   "
+            meas = "OOM" if c.status == "OOM" else (f"{c.measured_time / fastest_m:.3f}" if c.measured_time and fastest_m else "-")
+            pred = f"{c.predicted_step_s / fastest_p:.3f}" if c.predicted_step_s and fastest_p else "-"
             fit = "" if c.fits is None else ("fits" if c.fits else "NO FIT")
-            lines.append(f"  #{c.index} meas {meas:>6}  pred {pred:>6} {fit:<6}  {c.plan or c.reason[:90]}  | {c.label[:60]}")
+            rows.append([f"#{c.index}", meas, pred, fit, c.plan or c.reason[:90], c.label[:60]])
+        lines.append(table_text(["", ("measured", "right"), ("predicted", "right"), "memory", "plan", "label"], rows,
+                                indent=2).rstrip("\n"))
         lines.append(f"  measured order {g.measured_order}  predicted order {g.predicted_order}  "
                      f"concordant {g.concordant}/{len(g.compared)}  top-1 {'-' if g.top1 is None else 'yes' if g.top1 else 'NO'}"
                      f"  OOM/fit {g.oom_agree}/{g.oom_total}")

@@ -63,6 +63,7 @@ from .. import frameworks as fw
 from ..catalog import GemmDtype, _gpus, _matmul_model, end_to_end_factor, get_gpu, matmul_generation
 from ..cost import evaluate
 from ..frameworks import profiles
+from ..tables import Column, table_text
 
 FD = 1.1  # finite-difference step that finds the rows a framework factor moves
 
@@ -304,6 +305,92 @@ def _rank(groups: list[dict[str, Any]], overlay: str | None, pricer: Pricer, val
         return [group_result(g, overlay) for g in groups]
 
 
+@dataclass
+class _Folds:
+    """What every fold refits from: the rows each factor moves, their log steps on its grid, the
+    family of each row, and the families whose ablation groups fitted a factor."""
+
+    factors: tuple[Factor, ...]
+    rows_of: dict[Factor, list[int]]
+    grids: dict[Factor, np.ndarray]
+    family: list[str]  # of each case
+    log_meas: np.ndarray
+    ablation_families: dict[str, set[str]]
+
+    def fit(self, f: Factor, leave: str | None) -> float | None:
+        """The factor refitted on its rows outside the family `leave` (None: on all); None where it has none."""
+        keep = [j for j, k in enumerate(self.rows_of[f]) if self.family[k] != leave]
+        if f.on_ablations:  # kept at its catalog value unless every group that fitted it is left out
+            fams = self.ablation_families.get(f.name, set())
+            return None if fams and fams <= {leave} else catalog_value(f)
+        if not keep:
+            return None
+        return fit_on(grid_of(f), self.grids[f][keep], self.log_meas[[self.rows_of[f][j] for j in keep]],
+                      f.kind in ("matmul", "scaled"))
+
+    def values(self, leave: str | None) -> dict[Factor, float]:
+        """Every factor's value in the fold that leaves out `leave`: refitted, or the prior of a factor
+        left without rows."""
+        vals: dict[Factor, float] = {}
+        empty = []
+        for f in self.factors:
+            v = self.fit(f, leave)
+            if v is None:
+                empty.append(f)
+            else:
+                vals[f] = v
+        for f in empty:
+            vals[f] = _prior(f, vals)
+        return vals
+
+
+def _prior(f: Factor, vals: Mapping[Factor, float]) -> float:
+    """The value of a factor left without rows in a fold, from the factors fitted in it."""
+    if f.kind == "matmul" and all(sourced_rate(g) for g in vals if g.kind == "matmul"
+                                  and g.precision == f.precision) and sourced_rate(f):
+        # its sourced GEMM rate x the others' fitted / sourced ratio (geometric mean)
+        same = [math.log(v / sourced_rate(g)) for g, v in vals.items()
+                if g.kind == "matmul" and g.precision == f.precision]
+        return sourced_rate(f) * (math.exp(statistics.fmean(same)) if same else 1.0)
+    if f.kind == "matmul":
+        same = [v for g, v in vals.items() if g.kind == "matmul" and g.precision == f.precision]
+        return math.exp(statistics.fmean(math.log(v) for v in same)) if same else catalog_value(f)
+    if f.kind == "scaled":  # the same precision's other end-to-end factors, else matmul.yaml's
+        same = [v for g, v in vals.items() if g.kind == "scaled" and g.precision == f.precision]
+        return math.exp(statistics.fmean(math.log(v) for v in same)) if same else catalog_value(f)
+    return FRAMEWORK_PRIOR.get(f.attribute, 0.0)
+
+
+def _factor_rows(pricer: Pricer, cases: list[Case], base: np.ndarray,
+                 factors: tuple[Factor, ...]) -> dict[Factor, list[int]]:
+    """The rows each factor prices: a GEMM or end-to-end factor its GPUs' rows of its precision, a
+    framework factor the rows whose step a finite-difference step of it moves."""
+    rows_of: dict[Factor, list[int]] = {}
+    for f in factors:
+        if f.kind in ("matmul", "scaled"):
+            rows_of[f] = [k for k, c in enumerate(cases) if c.gpu in f.targets
+                          and precision_family(c.recipe or c.precision).lower() == f.precision]
+        else:
+            cv = catalog_value(f)
+            moved = pricer.steps(cases, {f: cv * FD if cv else (f.grid[1] - f.grid[0]) / 10})
+            rows_of[f] = [k for k in range(len(cases)) if abs(math.log(moved[k] / base[k])) > 1e-9]
+    return rows_of
+
+
+def _factor_grids(pricer: Pricer, cases: list[Case], rows_of: dict[Factor, list[int]],
+                  factors: tuple[Factor, ...]) -> dict[Factor, np.ndarray]:
+    """Each factor's rows' log steps at every point of its grid (rows x GRID_POINTS)."""
+    grids: dict[Factor, np.ndarray] = {}
+    for f in factors:
+        sub = [cases[k] for k in rows_of[f]]
+        if not sub:
+            grids[f] = np.zeros((0, GRID_POINTS))
+            continue
+        cols = [np.log(pricer.steps(sub, {f: x})) for x in grid_of(f)]
+        grids[f] = np.stack(cols, axis=1)
+    return grids
+
+
 def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
          families: list[str] | None = None, factors: tuple[Factor, ...] = FACTORS) -> LosoReport:
     """Leave-one-source-out over the runs files and the ablation groups (module docstring); `factors`:
@@ -319,7 +406,6 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
         for name in g.get("fitted_factors") or ():
             ablation_families.setdefault(str(name), set()).add(str(g.get("source_family") or ""))
     meas = np.array([c.measured_step_s for c in cases])
-    log_meas = np.log(meas)
     ids = [c.id for c in cases]
     fam_list = sorted({family_of[i] for i in ids} | {str(g.get("source_family") or "") for g in groups} - {""})
     if families:
@@ -328,97 +414,24 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
     with tempfile.TemporaryDirectory(prefix="autoshard-loso-") as tmp:
         pricer = Pricer(tmp)
         base = pricer.steps(cases, {})
-        # rows of every factor, and their log steps on the factor's grid
-        rows_of: dict[Factor, list[int]] = {}
-        for f in factors:
-            if f.kind == "matmul":
-                rows_of[f] = [k for k, c in enumerate(cases) if c.gpu in f.targets
-                              and precision_family(c.recipe or c.precision).lower() == f.precision]
-            elif f.kind == "scaled":
-                rows_of[f] = [k for k, c in enumerate(cases) if c.gpu in f.targets
-                              and precision_family(c.recipe or c.precision).lower() == f.precision]
-            else:
-                cv = catalog_value(f)
-                moved = pricer.steps(cases, {f: cv * FD if cv else (f.grid[1] - f.grid[0]) / 10})
-                rows_of[f] = [k for k in range(len(cases)) if abs(math.log(moved[k] / base[k])) > 1e-9]
-        grids: dict[Factor, np.ndarray] = {}
-        for f in factors:
-            sub = [cases[k] for k in rows_of[f]]
-            if not sub:
-                grids[f] = np.zeros((0, GRID_POINTS))
-                continue
-            cols = [np.log(pricer.steps(sub, {f: x})) for x in grid_of(f)]
-            grids[f] = np.stack(cols, axis=1)
-
-        def fit(f: Factor, leave: str | None, fold: dict[Factor, float]) -> float | None:
-            keep = [j for j, k in enumerate(rows_of[f]) if family_of[ids[k]] != leave]
-            if f.on_ablations:  # kept at its catalog value unless every group that fitted it is left out
-                fams = ablation_families.get(f.name, set())
-                return None if fams and fams <= {leave} else catalog_value(f)
-            if not keep:
-                return None
-            return fit_on(grid_of(f), grids[f][keep], log_meas[[rows_of[f][j] for j in keep]],
-                          f.kind in ("matmul", "scaled"))
-
-        def fold_values(leave: str | None) -> dict[Factor, float]:
-            vals: dict[Factor, float] = {}
-            empty = []
-            for f in factors:
-                v = fit(f, leave, vals)
-                if v is None:
-                    empty.append(f)
-                else:
-                    vals[f] = v
-            for f in empty:  # the prior of a factor left without rows
-                if f.kind == "matmul" and all(sourced_rate(g) for g in vals if g.kind == "matmul"
-                                                                and g.precision == f.precision) and sourced_rate(f):
-                    # its sourced GEMM rate x the others' fitted / sourced ratio (geometric mean)
-                    same = [math.log(v / sourced_rate(g)) for g, v in vals.items()
-                            if g.kind == "matmul" and g.precision == f.precision]
-                    vals[f] = sourced_rate(f) * (math.exp(statistics.fmean(same)) if same else 1.0)
-                elif f.kind == "matmul":
-                    same = [v for g, v in vals.items() if g.kind == "matmul" and g.precision == f.precision]
-                    vals[f] = math.exp(statistics.fmean(math.log(v) for v in same)) if same else catalog_value(f)
-                elif f.kind == "scaled":  # the same precision's other end-to-end factors, else matmul.yaml's
-                    same = [v for g, v in vals.items() if g.kind == "scaled" and g.precision == f.precision]
-                    vals[f] = math.exp(statistics.fmean(math.log(v) for v in same)) if same else catalog_value(f)
-                else:
-                    vals[f] = FRAMEWORK_PRIOR.get(f.attribute, 0.0)
-            return vals
-
-        refit_vals = fold_values(None)
+        rows_of = _factor_rows(pricer, cases, base, factors)
+        folds = _Folds(factors, rows_of, _factor_grids(pricer, cases, rows_of, factors),
+                       [family_of[i] for i in ids], np.log(meas), ablation_families)
+        refit_vals = folds.values(None)
         refit_steps = pricer.steps(cases, refit_vals)
         loso_steps = np.array(base)
         fold_vals: dict[str, dict[Factor, float]] = {}
         results: list[FamilyResult] = []
         pairs = {"compared": 0, "catalog": 0, "refit": 0, "loso": 0}
         catalog_groups = [group_result(g, None) for g in groups]
-        refit_overlay = pricer.overlay(refit_vals)
-        refit_groups = _rank(groups, refit_overlay, pricer, refit_vals)
+        refit_groups = _rank(groups, pricer.overlay(refit_vals), pricer, refit_vals)
         for fam in fam_list:
-            vals = fold_values(fam)
-            fold_vals[fam] = vals
-            mine = [k for k in range(len(cases)) if family_of[ids[k]] == fam]
-            if mine:
-                loso_steps[mine] = pricer.steps([cases[k] for k in mine], vals)
-            gi = [j for j, g in enumerate(groups) if str(g.get("source_family") or "") == fam]
-            ranked = _rank([groups[j] for j in gi], pricer.overlay(vals), pricer, vals) if gi else []
-            errs = [(loso_steps[k] - meas[k]) / meas[k] * 100 for k in mine]
-            st = _stats(errs)
-            worst_k = max(mine, key=lambda k: (abs(loso_steps[k] / meas[k] - 1), ids[k])) if mine else None
-            fr = FamilyResult(
-                fam, len(mine),
-                _stats([(base[k] - meas[k]) / meas[k] * 100 for k in mine])["median_abs_pct"],
-                _stats([(refit_steps[k] - meas[k]) / meas[k] * 100 for k in mine])["median_abs_pct"],
-                st["median_abs_pct"], st["p90_abs_pct"], ids[worst_k] if worst_k is not None else "",
-                st["worst_pct"])
-            cat_s = summarize_ablations([catalog_groups[j] for j in gi])
-            los_s = summarize_ablations(ranked)
-            fr.pairs_compared, fr.pairs_in_sample, fr.pairs_loso = (cat_s.pairs_compared, cat_s.pairs_concordant,
-                                                                   los_s.pairs_concordant)
-            pairs["compared"] += cat_s.pairs_compared
-            pairs["catalog"] += cat_s.pairs_concordant
-            pairs["loso"] += los_s.pairs_concordant
+            fold_vals[fam] = folds.values(fam)
+            fr = _leave_out(fam, fold_vals[fam], pricer, cases, folds.family, groups, catalog_groups, base,
+                            refit_steps, loso_steps, meas)
+            pairs["compared"] += fr.pairs_compared
+            pairs["catalog"] += fr.pairs_in_sample
+            pairs["loso"] += fr.pairs_loso
             results.append(fr)
         pairs["refit"] = summarize_ablations(refit_groups).pairs_concordant
 
@@ -446,6 +459,32 @@ def loso(runs_paths: list[str | Path], ablations_path: str | Path | None = None,
         errors={ids[k]: {"catalog": e_cat[k], "refit": e_ref[k], "loso": e_los[k]} for k in covered})
 
 
+def _leave_out(fam: str, vals: dict[Factor, float], pricer: Pricer, cases: list[Case], family: list[str],
+               groups: list[dict[str, Any]], catalog_groups: list[Any], base: np.ndarray, refit_steps: np.ndarray,
+               loso_steps: np.ndarray, meas: np.ndarray) -> FamilyResult:
+    """One fold: the family's runs priced with the factors refitted without it (written into
+    `loso_steps`), and its ablation groups ranked under them; its errors and concordant pairs."""
+    mine = [k for k in range(len(cases)) if family[k] == fam]
+    if mine:
+        loso_steps[mine] = pricer.steps([cases[k] for k in mine], vals)
+    gi = [j for j, g in enumerate(groups) if str(g.get("source_family") or "") == fam]
+    ranked = _rank([groups[j] for j in gi], pricer.overlay(vals), pricer, vals) if gi else []
+    errs = [(loso_steps[k] - meas[k]) / meas[k] * 100 for k in mine]
+    st = _stats(errs)
+    worst_k = max(mine, key=lambda k: (abs(loso_steps[k] / meas[k] - 1), cases[k].id)) if mine else None
+    fr = FamilyResult(
+        fam, len(mine),
+        _stats([(base[k] - meas[k]) / meas[k] * 100 for k in mine])["median_abs_pct"],
+        _stats([(refit_steps[k] - meas[k]) / meas[k] * 100 for k in mine])["median_abs_pct"],
+        st["median_abs_pct"], st["p90_abs_pct"], cases[worst_k].id if worst_k is not None else "",
+        st["worst_pct"])
+    cat_s = summarize_ablations([catalog_groups[j] for j in gi])
+    los_s = summarize_ablations(ranked)
+    fr.pairs_compared, fr.pairs_in_sample, fr.pairs_loso = (cat_s.pairs_compared, cat_s.pairs_concordant,
+                                                           los_s.pairs_concordant)
+    return fr
+
+
 # ---------------------------------------------------------------------------------------
 # Text
 # ---------------------------------------------------------------------------------------
@@ -456,15 +495,14 @@ def _pct(x: float) -> str:
 
 
 def format_loso(r: LosoReport) -> str:
-    head = (f"{'left-out family':<32} {'runs':>4} {'catalog':>8} {'refit':>7} {'LOSO':>7} {'LOSO p90':>9} "
-            f"{'pairs in/LOSO':>14}  LOSO worst")
+    head: list[Column] = ["left-out family", ("runs", "right"), ("catalog", "right"), ("refit", "right"),
+                          ("LOSO", "right"), ("LOSO p90", "right"), ("pairs in/LOSO", "right"), "LOSO worst"]
+    rows = [[f.family, str(f.runs), _pct(f.catalog_median_pct), _pct(f.refit_median_pct), _pct(f.loso_median_pct),
+             _pct(f.loso_p90_pct),
+             f"{f.pairs_in_sample}/{f.pairs_loso} of {f.pairs_compared}" if f.pairs_compared else "-",
+             f"{f.loso_worst_id} ({f.loso_worst_pct:+.1f}%)" if f.runs else ""] for f in r.families]
     lines = ["leave-one-source-out: every fitted factor refitted without the family, its runs and ablation pairs "
-             "predicted (median |err| per family)", head, "-" * len(head)]
-    for f in r.families:
-        pairs = f"{f.pairs_in_sample}/{f.pairs_loso} of {f.pairs_compared}" if f.pairs_compared else "-"
-        worst = f"{f.loso_worst_id} ({f.loso_worst_pct:+.1f}%)" if f.runs else ""
-        lines.append(f"{f.family[:32]:<32} {f.runs:>4} {_pct(f.catalog_median_pct):>8} {_pct(f.refit_median_pct):>7} "
-                     f"{_pct(f.loso_median_pct):>7} {_pct(f.loso_p90_pct):>9} {pairs:>14}  {worst}")
+             "predicted (median |err| per family)", table_text(head, rows).rstrip("\n")]
     c, rf, lo, p = r.catalog, r.refit, r.loso, r.pairs
     n = p["compared"]
     lines += ["",
@@ -479,15 +517,15 @@ def format_loso(r: LosoReport) -> str:
 
 
 def format_factors(r: LosoReport) -> str:
-    head = (f"{'fitted factor':<34} {'catalog':>8} {'refit':>7} {'rows':>4}  {'its rows: in-sample -> LOSO':>28}  "
-            "values without a family")
-    lines = [head, "-" * len(head)]
+    head: list[Column] = ["fitted factor", ("catalog", "right"), ("refit", "right"), ("rows", "right"),
+                          ("its rows: in-sample -> LOSO", "right"), "values without a family"]
+    rows = []
     for ff in r.factors:
         vals = ", ".join(f"{fam}: {v:.3g}" for fam, v in sorted(ff.loso.items()))
         eff = (f"{_pct(ff.in_sample_median_pct)} -> {_pct(ff.loso_median_pct)}" if ff.rows else
                f"(ablations of {', '.join(ff.ablation_families)})" if ff.ablation_families else "no rows")
-        lines.append(f"{ff.factor.name:<34} {ff.catalog:>8.4g} {ff.refit:>7.4g} {len(ff.rows):>4}  {eff:>28}  {vals}")
-    return "\n".join(lines)
+        rows.append([ff.factor.name, f"{ff.catalog:.4g}", f"{ff.refit:.4g}", str(len(ff.rows)), eff, vals])
+    return table_text(head, rows).rstrip("\n")
 
 
 def worst_factors(r: LosoReport, n: int = 6) -> list[FactorFit]:

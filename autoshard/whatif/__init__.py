@@ -64,9 +64,9 @@ from .purchase import (
     resolve_objective,
     violations,
 )
+from ..dask_run import DASK_EXTRA_HINT
 from .runner import (
     CSV_COLUMNS,
-    DASK_EXTRA_HINT,
     EXECUTORS,
     TIMING_FIELDS,
     ProgressFn,

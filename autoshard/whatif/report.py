@@ -18,6 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
 from ..fileio import atomic_write, dumps_json
 from .schema import fmt_tokens
 from .sensitivity import BINDING_MIN_GAIN_PCT
@@ -548,46 +551,21 @@ class _Doc:
         self.blocks.append(("img", (name, alt, png)))
 
     def markdown(self) -> str:
-        out = []
-        for kind, v in self.blocks:
-            if kind == "h":
-                out.append("#" * v[0] + " " + v[1])
-            elif kind == "p":
-                out.append(v)
-            elif kind == "ul":
-                out.append("\n".join(f"- {x}" for x in v))
-            elif kind == "table":
-                head, rows = v
-                esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-                lines = ["| " + " | ".join(esc(h) for h in head) + " |", "|" + "---|" * len(head)]
-                lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
-                out.append("\n".join(lines))
-            elif kind == "img":
-                out.append(f"![{v[1]}]({v[0]})")
-        return "\n\n".join(out) + "\n"
+        return "\n\n".join(_block_markdown(kind, v) for kind, v in self.blocks) + "\n"
 
     def html(self, title: str) -> str:
+        """The same blocks as HTML: text, lists and tables are report.md's Markdown rendered by
+        markdown-it-py (raw HTML in the text is escaped, not passed through); the plots are embedded
+        as data URIs with their captions."""
         e = html.escape
         body = []
         for kind, v in self.blocks:
-            if kind == "h":
-                body.append(f"<h{v[0]}>{e(v[1])}</h{v[0]}>")
-            elif kind == "p":
-                body.append(f"<p>{_inline(v)}</p>")
-            elif kind == "ul":
-                body.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in v) + "</ul>")
-            elif kind == "table":
-                head, rows = v
-                t = ['<div class="tw"><table><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in head)
-                     + "</tr></thead><tbody>"]
-                wrap = ' class="w"'  # a long cell (option, plan, reasons) may wrap; numbers stay whole
-                t += ["<tr>" + "".join(f"<td{wrap if len(str(c)) > 16 else ''}>{_inline(str(c))}</td>" for c in r)
-                      + "</tr>" for r in rows]
-                body.append("".join(t) + "</tbody></table></div>")
-            elif kind == "img":
+            if kind == "img":
                 data = base64.b64encode(v[2]).decode("ascii")
                 body.append(f'<figure><img alt="{e(v[1])}" src="data:image/png;base64,{data}">'
                             f"<figcaption>{e(v[1])}</figcaption></figure>")
+            else:
+                body.append(_MARKDOWN.render(_block_markdown(kind, v)).rstrip("\n"))
         css = ("body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;"
                "padding:0 1em;color:#222;line-height:1.45}"
                # tables fit the page (1,280 px windows and narrower): long option names and plans wrap
@@ -600,14 +578,48 @@ class _Doc:
                 + f"</title><style>{css}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def _inline(text: str) -> str:
-    """Escape, then render **bold** and `code` spans."""
-    out = html.escape(text)
-    parts = out.split("**")
-    out = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)) if len(parts) % 2 else out
-    parts = out.split("`")
-    out = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)) if len(parts) % 2 else out
-    return out
+def _block_markdown(kind: str, v: Any) -> str:
+    """One block of the report as Markdown (report.md; report.html renders the same text)."""
+    if kind == "h":
+        return "#" * v[0] + " " + v[1]
+    if kind == "ul":
+        return "\n".join(f"- {x}" for x in v)
+    if kind == "table":
+        head, rows = v
+        esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+        lines = ["| " + " | ".join(esc(h) for h in head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(lines + ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows])
+    if kind == "img":
+        return f"![{v[1]}]({v[0]})"
+    return str(v)  # a paragraph
+
+
+LONG_CELL = 16  # characters of a table cell above which it may wrap (option, plan, reasons); numbers stay whole
+
+
+def _markdown_renderer() -> MarkdownIt:
+    """CommonMark with tables, raw HTML off; each table in a horizontally scrolling wrapper
+    (`div.tw`) and a long cell marked `td.w` (may wrap)."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+
+    def table_open(self: Any, tokens: Sequence[Token], idx: int, options: Any, env: Any) -> str:
+        return '<div class="tw">' + str(self.renderToken(tokens, idx, options, env))
+
+    def table_close(self: Any, tokens: Sequence[Token], idx: int, options: Any, env: Any) -> str:
+        return str(self.renderToken(tokens, idx, options, env)).rstrip("\n") + "</div>\n"
+
+    def td_open(self: Any, tokens: Sequence[Token], idx: int, options: Any, env: Any) -> str:
+        if len(tokens[idx + 1].content) > LONG_CELL:
+            tokens[idx].attrSet("class", "w")
+        return str(self.renderToken(tokens, idx, options, env))
+
+    md.add_render_rule("table_open", table_open)
+    md.add_render_rule("table_close", table_close)
+    md.add_render_rule("td_open", td_open)
+    return md
+
+
+_MARKDOWN = _markdown_renderer()
 
 
 def _summary_rows(rows: list[dict], limit: int = 40) -> list[dict]:

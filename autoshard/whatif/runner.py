@@ -8,7 +8,6 @@ import csv
 import dataclasses
 import hashlib
 import io
-import logging
 import math
 import multiprocessing
 import os
@@ -17,7 +16,6 @@ import signal
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,7 @@ from .sensitivity import sensitivities, solve_option
 from .study import load_study
 from ..cost import FLOP_CONVENTION, flops_per_token_parts, total_params
 from ..cost.intervals import overlaps
+from ..dask_run import import_distributed, run_on_dask
 from .report import write_report
 
 CSV_COLUMNS = (
@@ -302,68 +301,6 @@ def _execute_local(order: Sequence[Task], jobs: int, progress: ProgressFn | None
 # ---- Dask executor (optional extra: pip install 'autoshard[dask]') ------------------------------
 
 EXECUTORS = ("local", "dask")
-DASK_EXTRA_HINT = "the dask executor needs `pip install 'autoshard[dask]'`"
-
-
-def import_distributed() -> Any:
-    """The `distributed` module, or a one-line InputError naming the extra."""
-    try:
-        import distributed  # noqa: PLC0415
-    except ImportError:
-        raise InputError(DASK_EXTRA_HINT) from None
-    return distributed
-
-
-# Run by each worker of a LocalCluster started here (a Dask "preload" given as source text), in the
-# worker's main thread: the workers ignore Ctrl-C, like the local pool's workers, and the interrupt
-# is handled by the client (cancel, close) instead of by a traceback from every worker.
-_WORKER_PRELOAD = """
-import signal
-
-
-def dask_setup(worker):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-"""
-
-
-@contextlib.contextmanager
-def sigint_deferred() -> Any:
-    """Hold a Ctrl-C (or a SIGTERM that run_study turns into `Terminated`) that arrives inside the
-    block and raise it on exit: a cluster being started is assigned first, so the caller can close it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved: dict[Any, Any] = {}  # signal -> its handler
-    hit: list[tuple[int, Any]] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(sig)
-        if callable(previous):  # a Python handler (not SIG_IGN / SIG_DFL): hold its signal
-            saved[sig] = previous
-            signal.signal(sig, lambda signum, frame: hit.append((signum, frame)))
-    try:
-        yield
-    finally:
-        for sig, previous in saved.items():
-            signal.signal(sig, previous)
-        if hit:
-            signum, frame = hit[0]
-            previous = saved[signum]
-            if previous is signal.default_int_handler:
-                raise KeyboardInterrupt
-            previous(signum, frame)
-
-
-def local_cluster(distributed: Any, n_workers: int) -> Any:
-    # On 127.0.0.1, no dashboard, the scheduler's HTTP routes (health, metrics) on a free port instead of
-    # 8787 (which another cluster may hold); worker logs only at CRITICAL: a cancel logs warnings, and a
-    # stop mid-run logs errors (CommClosedError from heartbeats to the closed scheduler); a task that
-    # fails is reported in its row.
-    return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                    dashboard_address=None,
-                                    scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
-                                    silence_logs=logging.CRITICAL, preload=[_WORKER_PRELOAD])
-
-
 def _dask_failure(task: Task, exc: BaseException) -> dict[str, Any]:
     """A task that the cluster could not run (worker lost, autoshard missing on a worker): an error row."""
     return {"key": task.key, "status": "error",
@@ -372,64 +309,19 @@ def _dask_failure(task: Task, exc: BaseException) -> dict[str, Any]:
 
 def _execute_dask(order: Sequence[Task], jobs: int, progress: ProgressFn | None, done: dict[str, dict],
                   scheduler: str | None) -> None:
-    """Run tasks on a Dask cluster: the scheduler at `scheduler`, else a LocalCluster of `jobs`
-    single-threaded worker processes started for this run. The same `run_task` as the local pool;
-    results are gathered as they complete. On an interrupt the pending futures are cancelled and the
-    client (and a cluster started here) closed; what finished stays in `done`."""
-    distributed = import_distributed()
+    """Run tasks on a Dask cluster (`dask_run.run_on_dask`: the scheduler at `scheduler`, else a
+    LocalCluster of `jobs` single-threaded worker processes started for this run). The same `run_task`
+    as the local pool; results are kept in `done` as they complete, so what finished before an
+    interrupt stays there."""
     total = len(order)
-    cluster = client = None
-    futures: list[Any] = []
-    by_key: dict[str, Task] = {}
-    try:
-        if scheduler:
-            try:
-                client = distributed.Client(scheduler, set_as_default=False)
-            except (OSError, TimeoutError, ValueError) as exc:
-                raise InputError(f"cannot connect to the dask scheduler: {' '.join(str(exc).split())}",
-                                 source=scheduler) from None
-        else:
-            with sigint_deferred():  # a Ctrl-C while it starts is raised after `cluster` is set
-                cluster = local_cluster(distributed, min(jobs, total))
-            client = distributed.Client(cluster, set_as_default=False)
-        run_id = uuid.uuid4().hex[:12]  # unique keys: a shared scheduler may run other sweeps too
-        for i, t in enumerate(order):  # big clusters first, as in the local pool
-            key = f"autoshard-whatif-{run_id}-{i}"
-            by_key[key] = t
-            futures.append(client.submit(run_task, t, key=key, pure=False, priority=total - i))
-        for fut in distributed.as_completed(futures, loop=client.loop):
-            task = by_key[fut.key]
-            try:
-                res = fut.result()
-            except Exception as exc:  # noqa: BLE001  (a lost worker must not sink the sweep; reported per row)
-                res = _dask_failure(task, exc)
-            done[res["key"]] = res
-            if progress:
-                progress(len(done), total, task.label)
-    except BaseException:
-        # Interrupted: the cancelled tasks' keys are expected to vanish; the scheduler (in this process
-        # for a local cluster) would log that as errors ("Couldn't gather keys").
-        quiet = logging.getLogger("distributed")
-        level: int | None = quiet.level
-        quiet_level = logging.CRITICAL
-        quiet.setLevel(quiet_level)
-        if client is not None and futures:
-            try:
-                client.cancel(futures)
-            except Exception:  # noqa: BLE001, S110  (closing below releases them anyway)
-                pass
-        raise
-    else:
-        level = None
-    finally:  # a failure to close must not hide the result or the interrupt
-        for closable in (client, cluster):
-            if closable is not None:
-                try:
-                    closable.close()
-                except Exception:  # noqa: BLE001, S110
-                    pass
-        if level is not None:
-            logging.getLogger("distributed").setLevel(level)
+
+    def finished(task: Task, res: dict[str, Any]) -> None:
+        done[res["key"]] = res
+        if progress:
+            progress(len(done), total, task.label)
+
+    run_on_dask(order, run_task, jobs=jobs, scheduler=scheduler, key_prefix="autoshard-whatif",
+                on_result=finished, on_error=_dask_failure)
 
 
 def workload_flops(w: Workload) -> dict[str, Any]:

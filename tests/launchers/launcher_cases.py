@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _problem(model: str | dict, num_gpus: int, gbs: int, seq: int = 4096, gpu: str = "h100-sxm", **training) -> Problem:
-    return Problem(model=model, cluster={"gpu": gpu, "num_gpus": num_gpus},
-                   training={"seq_len": seq, "global_batch_size": gbs, **training})
+    return load_problem({"model": model, "cluster": {"gpu": gpu, "num_gpus": num_gpus},
+                         "training": {"seq_len": seq, "global_batch_size": gbs, **training}})
 
 
 LLAMA = _problem("llama3-70b", 640, 1280)
