@@ -16,7 +16,7 @@ reset after the warm-up steps, so the optimizer states exist), the memory alloca
 
 It was run on GPU machines lent to the project; its outputs are shipped in ``validation/measured/``
 (``steps_torchtitan*.json``, ``sweep_torchtitan*.json``, ``compiled_torchtitan.json``), turned into runs by
-``benchmarks/measured_steps_to_runs.py`` (``validation/measured_h100_steps.json``) and compared with the
+``benchmarks/measured_steps_to_runs.py`` (``validation/measured_steps.json``) and compared with the
 cost model by ``tests/test_measured_steps.py`` and ``tests/test_measured_data.py``. Nothing in autoshard
 depends on running it.
 

@@ -1,9 +1,10 @@
 """Turn the one-GPU step measurements (validation/measured/*.json) into a runs file `autoshard validate` reads.
 
-    python benchmarks/measured_steps_to_runs.py > validation/measured_h100_steps.json
+    python benchmarks/measured_steps_to_runs.py > validation/measured_steps.json
 
 Each measured configuration becomes one modern-format row (validation/README.md): the model's shape
-as the measurement script built it, one H100 SXM at 700 W (nvidia-smi, validation/measured/smi.csv),
+as the measurement script built it, one H100 SXM or H200 SXM at 700 W (nvidia-smi,
+validation/measured/smi*.csv),
 the framework it ran under, the recompute mode, the measured median step time and
 `measured_peak_memory_gib` (torch.cuda.max_memory_allocated). Failed or out-of-memory
 configurations are left out (the OOM is kept in the raw file).
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent / "validation" / "measured"
-SOURCE_FAMILY = "autoshard H100 measurements"
+SOURCE_FAMILY = "autoshard GPU measurements"
 
 
 def _llama_ffn(dim: int, multiple_of: int, multiplier: float | None) -> int:
@@ -26,12 +27,21 @@ def _llama_ffn(dim: int, multiple_of: int, multiplier: float | None) -> int:
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-def _base(run: dict, framework: str, raw: str) -> dict:
+def _gpu(doc: dict) -> str:
+    """The catalog spelling of the GPU the raw file names (torch.cuda.get_device_name)."""
+    name = doc["machine"]["gpu"]
+    for gpu in ("H100", "H200"):
+        if gpu in name:
+            return f"{gpu} SXM"
+    raise ValueError(f"unknown GPU in the raw file: {name}")
+
+
+def _base(run: dict, framework: str, raw: str, gpu: str = "H100 SXM") -> dict:
     return {
-        "source": f"autoshard's own measurement on one H100 SXM lent to the project, {raw}",
+        "source": f"autoshard's own measurement on one {gpu} lent to the project, {raw}",
         "source_ref": f"validation/measured/{raw}; benchmarks/measure_steps.py, benchmarks/measure_mcore_steps.py",
         "source_family": SOURCE_FAMILY, "confidence": "primary", "framework": framework,
-        "gpu": "H100 SXM", "gpu_count": 1, "gpus_per_node": 1, "nvlink_domain_gpus": 1,
+        "gpu": gpu, "gpu_count": 1, "gpus_per_node": 1, "nvlink_domain_gpus": 1,
         "interconnect": "one GPU: no communication", "precision": "BF16",
         "tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": None, "etp": None, "sp": False,
         "seq_len": run["seq_len"], "micro_batch": run["micro_batch"], "global_batch_seqs": run["micro_batch"],
@@ -51,8 +61,9 @@ def torchtitan_rows(doc: dict, raw: str, tag: str = "") -> list[dict]:
         if "step_s_median" not in run or not run.get("fsdp", True):
             continue  # the no-FSDP sweep points are not a torchtitan configuration: kept in the raw file
         a = run["model_args"]
-        row = _base(run, "torchtitan", raw)
-        row.update(id=f"h100_torchtitan_{run['model']}_s{run['seq_len']}_mb{run['micro_batch']}_{run['ac_mode']}{tag}",
+        gpu = _gpu(doc)
+        row = _base(run, "torchtitan", raw, gpu)
+        row.update(id=f"{gpu.split()[0].lower()}_torchtitan_{run['model']}_s{run['seq_len']}_mb{run['micro_batch']}_{run['ac_mode']}{tag}",
                    model=run["model"], params_b=round(run["params"] / 1e9, 4), layers=a["n_layers"],
                    hidden=a["dim"], heads=a["n_heads"], vocab=a["vocab_size"], zero_stage=3, fsdp=True,
                    flash_attention=True, activation_recompute=run["ac_mode"] if run["ac_mode"] != "none" else "none",
@@ -102,6 +113,8 @@ def main() -> int:
     rows = torchtitan_rows(read("steps_torchtitan.json"), "steps_torchtitan.json")
     rows += torchtitan_rows(read("steps_torchtitan_repeat.json"), "steps_torchtitan_repeat.json", "_repeat")
     rows += torchtitan_rows(read("sweep_torchtitan.json"), "sweep_torchtitan.json", "_sweep")
+    rows += torchtitan_rows(read("steps_torchtitan_h200.json"), "steps_torchtitan_h200.json")
+    rows += torchtitan_rows(read("sweep_torchtitan_h200.json"), "sweep_torchtitan_h200.json", "_sweep")
     rows += mcore_rows(read("steps_mcore.json"), "steps_mcore.json")
     rows += mcore_rows(read("sweep_mcore.json"), "sweep_mcore.json", "_sweep")
     json.dump(rows, sys.stdout, indent=1)
