@@ -33,6 +33,7 @@ import numpy as np
 
 from ..catalog import get_gpu
 from ..cost import GIB, Config, Context, Table, context, ep_overlap_blocked, layer_table, with_modes
+from ..cost.layers import KIND_COSTS
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
@@ -683,6 +684,8 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
     search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
+    # (the placement-free and the placed tables share each layer kind's costs: `cost.layers._kind_costs`)
+    search.tables[KIND_COSTS] = opt_cache.setdefault(KIND_COSTS, {})
     jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
     if jobs > 1:
         search.pool = ThreadPoolExecutor(max_workers=min(jobs, ROUND), thread_name_prefix="autoshard-cpsat")
