@@ -523,7 +523,10 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     fixed = np.array([sum(static(c) + infl[p] * c.act_bytes for c in e) + working_bytes(table, p == P - 1) + z3
                       for p, e in enumerate(ends)])
     room = (ctx.capacity_bytes * (1 + 1e-9) - fixed) / infl  # activation bytes each rank can hold, before layers
-    f1 = _mix_fronts(table, first, modes, n1) if first else [(np.zeros(1), np.zeros(1))]
+    # (over the first kind's useful modes: a mode left out is no faster than a kept one that keeps no
+    # more bytes, so a mix using it is weakly dominated by the same mix with the kept mode, and the
+    # fronts' values are the same, bucketing included; fewer points to combine below)
+    f1 = _mix_fronts(table, first, _useful_modes(table, first, modes), n1) if first else [(np.zeros(1), np.zeros(1))]
     s1 = static(lay[(first, modes[0])]) if first else 0.0
     s2 = static(lay[(second, modes[0])])
     n = np.arange(n2 + 1)
