@@ -534,13 +534,23 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     d_q = np.concatenate([np.full(len(b1), d) for d, (b1, _) in enumerate(f1)])
     bb_q = np.concatenate([b1 for b1, _ in f1])
     tt_q = np.concatenate([t1 for _, t1 in f1])
+    n_top = n2
+    if len(_useful_modes(table, second, modes)) > 2:
+        # Counts past the last whose leanest mix fits some rank's room beside no first-kind layer (q = 0,
+        # the zero point: the most room of any point, since every other point's bytes and static bytes
+        # are >= 0) cost inf in `_least_time` for every point; left is built only up to it.
+        left0 = room[:, None] - (d_q[0] * s1 + n[None, :] * s2) / infl[:, None] - bb_q[0]
+        lean = _front_set(table, second, _useful_modes(table, second, modes)).least_bytes(n2)
+        can = ~(left0 < lean).all(axis=0)
+        n_top = int(np.flatnonzero(can)[-1]) if can.any() else 0
+    n = n[:n_top + 1]
     # second-kind activation bytes each rank p can hold beside them: left[q, p, n]
     left = (room[None, :, None] - (d_q[:, None, None] * s1 + n[None, None, :] * s2) / infl[None, :, None]
             - bb_q[:, None, None])
     t_q = _least_time(table, second, modes, left) + tt_q[:, None, None]
     out = np.full((P, n1 + 1, n2 + 1), np.inf)
     for d in range(len(f1)):
-        out[:, d, :] = t_q[d_q == d].min(axis=0)
+        out[:, d, :n_top + 1] = t_q[d_q == d].min(axis=0)
     out += np.array(t_ex)[:, None, None]
     return np.maximum.accumulate(out, axis=2)
 

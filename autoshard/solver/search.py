@@ -161,9 +161,11 @@ class _Search:
 
     def __init__(self, problem: Problem, ctx: Context, modes: list[str], gap_limit: float, budget: _Budget,
                  uniform: bool, allow: Callable[[Config], bool] | None = None,
+                 admit: Callable[[Config], bool] | None = None,
                  progress: ProgressFn | None = None):
         self.problem, self.ctx, self.modes, self.gap_limit = problem, ctx, modes, gap_limit
         self.budget, self.uniform, self.allow, self.progress = budget, uniform, allow, progress
+        self.admit = admit or allow  # (before placements: whether some placement may be allowed)
         self.found: dict[Family, _Found] = {}  # the best plan of each family
         self.best: _Found | None = None
         self.lower = math.inf  # proven lower bound of every closed configuration not solved to optimality
@@ -448,7 +450,7 @@ class _Search:
                 self.timed_out = True
                 self.close(float(t_lb[i]))
                 break
-            if self.allow is not None and not self.allow(cands[i]):
+            if self.admit is not None and not self.admit(cands[i]):
                 continue
             self.frontier = float(t_lb[i])
             pruned += not self.visit(cands[i], opt_cache)
@@ -812,7 +814,7 @@ def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search
                            family=req.name)
     modes = [m for m in main.modes if req.modes is None or m in req.modes]
     sub = _Search(problem, ctx, modes, main.gap_limit, _Budget(work, deadline), main.uniform or req.uniform,
-                  allow=req.allow)
+                  allow=req.allow, admit=req.admit)
     sub.tables, sub.orders, sub.pool = main.tables, main.orders, main.pool
     sub.run(order, cands, t_lb, opt_cache)
     sub.retry()
