@@ -445,11 +445,14 @@ class _FrontSet:
             lean.append(lean[-1] + a_min)
         return np.array(lean[:n_max + 1])
 
-    def padded(self, n_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def padded(self, n_max: int, limit: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The fronts up to n_max as [count, point] arrays padded with +inf bytes (B, T); the distinct
         byte values of every front (U, sorted, +inf last) and each point's rank among them (1-based),
         offset by count (R, flat and sorted). Built for every front computed so far; rows past
-        n_max are not read."""
+        n_max are not read. Where the fronts must grow, they grow by half again (up to `limit`, the
+        most ever asked): the arrays are rebuilt a few times, not once per count."""
+        if n_max >= len(self.fronts) and limit is not None:
+            n_max = max(n_max, min(limit, (3 * len(self.fronts)) // 2))
         self.upto(n_max)
         if self._padded is None:
             fronts = self.fronts
@@ -591,7 +594,7 @@ def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> 
     lean = fs.least_bytes(N - 1)
     can = ~(room < lean).reshape(-1, N).all(axis=0)  # (NaN rooms count as fitting, as a binary search has it)
     n_need = int(np.flatnonzero(can)[-1]) if can.any() else 0
-    B, T, U, R = fs.padded(n_need)
+    B, T, U, R = fs.padded(n_need, N - 1)
     width = B.shape[1]
     rows = np.arange(n_need + 1)
     # per rank and count: how many front points (bytes ascending) fit, i.e. the leanest that fits; a
