@@ -647,7 +647,7 @@ def _kind_key(ctx: Context, cfg: Config, pl: Placement, kind: str) -> tuple:
     left out of its key. tests/test_solver_speed.py checks every cached kind against a fresh pricing."""
     zero3 = cfg.zero == 3 and cfg.data_parallel
     experts = MLP_KIND.get(kind, kind) == "moe"
-    z3 = None
+    z3: tuple | None = None
     if zero3:
         z3 = (cfg.dp, cfg.dp_replicate, pl.dp_cp, cfg.shard_dense, reshard_policy(ctx.framework, cfg),
               zero3_step_sync(ctx.framework, cfg), cfg.grad_overlap, cfg.param_overlap)

@@ -591,8 +591,8 @@ def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> 
     # room. Their fronts are never built: a rank holds far fewer layers than the model has.
     fs = _front_set(table, kind, useful)
     N = room.shape[-1]
-    lean = fs.least_bytes(N - 1)
-    can = ~(room < lean).reshape(-1, N).all(axis=0)  # (NaN rooms count as fitting, as a binary search has it)
+    least = fs.least_bytes(N - 1)
+    can = ~(room < least).reshape(-1, N).all(axis=0)  # (NaN rooms count as fitting, as a binary search has it)
     n_need = int(np.flatnonzero(can)[-1]) if can.any() else 0
     B, T, U, R = fs.padded(n_need, N - 1)
     width = B.shape[1]
