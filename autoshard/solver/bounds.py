@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -419,31 +420,36 @@ class _FrontSet:
     """Per count n = 0, 1, ...: the (activation bytes, least time) front of n layers over every mix
     of the modes whose one-layer (bytes, time) are (a, s), computed as far as asked (`upto`): the
     front of n layers is the capped Pareto front of the front of n - 1 plus each mode, so a prefix
-    never changes when the set grows. With the lookup arrays of `_least_time` (`padded`)."""
+    never changes when the set grows. With the lookup arrays of `_least_time` (`padded`). Shared by
+    the threads of a round's descents (the stage model's rank cuts read `_rank_times`): it grows
+    under a lock."""
 
     def __init__(self, a: np.ndarray, s: np.ndarray):
         self.a, self.s = a, s
         self.fronts: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(1), np.zeros(1))]
         self.lean = [0.0]  # per count: the front's least bytes (every layer in the leanest mode)
         self._padded: tuple | None = None
+        self._lock = threading.RLock()
 
     def upto(self, n_max: int) -> list[tuple[np.ndarray, np.ndarray]]:
         a, s = self.a, self.s
-        while len(self.fronts) <= n_max:
-            b, t = self.fronts[-1]
-            # (mode-major: one sorted run of bytes per mode)
-            self.fronts.append(_pareto((a[:, None] + b[None, :]).ravel(), (s[:, None] + t[None, :]).ravel()))
-            self._padded = None
-        return self.fronts[:n_max + 1]
+        with self._lock:
+            while len(self.fronts) <= n_max:
+                b, t = self.fronts[-1]
+                # (mode-major: one sorted run of bytes per mode)
+                self.fronts.append(_pareto((a[:, None] + b[None, :]).ravel(), (s[:, None] + t[None, :]).ravel()))
+                self._padded = None
+            return self.fronts[:n_max + 1]
 
     def least_bytes(self, n_max: int) -> np.ndarray:
         """Per count n <= n_max: the least bytes of its front (without building the fronts): the
         leanest mode's bytes added n times, the same sums the fronts' first points hold (each front's
         least-bytes point is the previous one's plus the least a, and a sort keeps it first)."""
         lean, a_min = self.lean, float(self.a.min())
-        while len(lean) <= n_max:
-            lean.append(lean[-1] + a_min)
-        return np.array(lean[:n_max + 1])
+        with self._lock:
+            while len(lean) <= n_max:
+                lean.append(lean[-1] + a_min)
+            return np.array(lean[:n_max + 1])
 
     def padded(self, n_max: int, limit: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The fronts up to n_max as [count, point] arrays padded with +inf bytes (B, T); the distinct
@@ -451,22 +457,23 @@ class _FrontSet:
         offset by count (R, flat and sorted). Built for every front computed so far; rows past
         n_max are not read. Where the fronts must grow, they grow by half again (up to `limit`, the
         most ever asked): the arrays are rebuilt a few times, not once per count."""
-        if n_max >= len(self.fronts) and limit is not None:
-            n_max = max(n_max, min(limit, (3 * len(self.fronts)) // 2))
-        self.upto(n_max)
-        if self._padded is None:
-            fronts = self.fronts
-            width = max(len(b) for b, _ in fronts)
-            B = np.full((len(fronts), width), np.inf)
-            T = np.full((len(fronts), width), np.inf)
-            for j, (b, t) in enumerate(fronts):
-                B[j, :len(b)], T[j, :len(t)] = b, t
-            # (+inf closes U: a room of +inf, or NaN, counts the padding too, as a binary search of B would)
-            U = np.append(np.unique(B[np.isfinite(B)]), np.inf)
-            ranks = np.searchsorted(U, B, side="left") + 1
-            R = (ranks + np.arange(len(fronts))[:, None] * (len(U) + 1)).ravel()
-            self._padded = (B, T, U, R)
-        return self._padded
+        with self._lock:
+            if n_max >= len(self.fronts) and limit is not None:
+                n_max = max(n_max, min(limit, (3 * len(self.fronts)) // 2))
+            self.upto(n_max)
+            if self._padded is None:
+                fronts = self.fronts
+                width = max(len(b) for b, _ in fronts)
+                B = np.full((len(fronts), width), np.inf)
+                T = np.full((len(fronts), width), np.inf)
+                for j, (b, t) in enumerate(fronts):
+                    B[j, :len(b)], T[j, :len(t)] = b, t
+                # (+inf closes U: a room of +inf, or NaN, counts the padding too, as a binary search of B would)
+                U = np.append(np.unique(B[np.isfinite(B)]), np.inf)
+                ranks = np.searchsorted(U, B, side="left") + 1
+                R = (ranks + np.arange(len(fronts))[:, None] * (len(U) + 1)).ravel()
+                self._padded = (B, T, U, R)
+            return self._padded
 
 
 # Fronts by value: a count's front depends only on the modes' (activation bytes, time), so
