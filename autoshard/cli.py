@@ -281,8 +281,9 @@ def _add_solve_args(s: argparse.ArgumentParser) -> None:
                    help="the best plan of each of the K best families (degrees tp, cp, ep, pp and the schedule) other "
                         "than the chosen plan's, from the same search (default 3; 0 skips it)")
     s.add_argument("--alternatives", metavar="NAMES",
-                   help="named alternatives, comma-separated: no-cp, no-pp, no-ep, tp-in-node, 1f1b, even-stages, "
-                        "no-recompute, or a fixed degree such as tp8 (each the best plan under that restriction)")
+                   help="named alternatives, comma-separated: no-cp, no-pp, no-ep, tp-in-node, ep-in-node, "
+                        "ep-across-nodes, 1f1b, even-stages, no-recompute, or a fixed degree such as tp8 (each the best "
+                        "plan under that restriction)")
     s.add_argument("--compare", metavar="PLAN",
                    help="also explain, term by term, how the chosen plan differs from this one (a plan file or "
                         "inline tp=8,pp=4,...)")

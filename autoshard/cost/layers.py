@@ -735,6 +735,55 @@ def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float
     return work
 
 
+# The entry of a `shared_costs` cache that holds one kind's layer costs (`_kind_costs`).
+KIND_COSTS = ("layer costs by kind",)
+CHECK_KIND_CACHE = False  # tests set it: every `_kind_costs` hit is compared with a fresh `layer_costs`
+
+
+def _kind_key(ctx: Context, cfg: Config, pl: Placement, kind: str) -> tuple:
+    """Everything `layer_costs` reads of (cfg, pl) for one layer kind: configurations and placements
+    that differ elsewhere (pp, dp, vpp, schedule, ZeRO below 3, the data-parallel and pipeline
+    groups) share the kind's costs. The pipeline degree and schedule reach a layer only through
+    whether the EP overlap runs (`ep_overlap_on`, in the key; DualPipe's pairing named apart), dp only
+    through ZeRO-3's shard groups (in the key where ZeRO-3 applies). A kind without routed experts
+    (dense, attention, Mamba) reads nothing of the expert layout: its expert parameters are 0, so
+    every expert term (the expert ZeRO-3 gathers and reductions of 0 bytes, all 0 s) vanishes, its
+    MLP has no dispatcher, no all-to-all and no MoE host time, and the EP overlap re-times only the
+    all-to-all (overlapped(0, x) = 0); so ep, etp, their groups, the dispatcher and the overlap are
+    left out of its key. tests/test_solver_speed.py checks every cached kind against a fresh pricing."""
+    zero3 = cfg.zero == 3 and cfg.data_parallel
+    experts = MLP_KIND.get(kind, kind) == "moe"
+    z3: tuple | None = None
+    if zero3:
+        z3 = (cfg.dp, cfg.dp_replicate, pl.dp_cp, cfg.shard_dense, reshard_policy(ctx.framework, cfg),
+              zero3_step_sync(ctx.framework, cfg), cfg.grad_overlap, cfg.param_overlap)
+        if experts:
+            z3 += (pl.edp, cfg.shard_expert)
+    # cfg.zero == 3 apart from zero3: eager FSDP2's per-block host time (`_eager_host`) applies to a fully
+    # sharded plan without data parallelism too (one rank, measured so)
+    common = (kind, cfg.tp, cfg.cp, cfg.sp, cfg.mbs, pl.tp, pl.cp, cfg.tp_overlap, cfg.cuda_graphs, cfg.cp_comm, zero3, z3,
+              cfg.zero == 3)
+    if not experts:
+        return common
+    overlap = ep_overlap_on(ctx, cfg)
+    return (*common, cfg.ep, pl.ep, cfg.etp, cfg.expert_tp, pl.etp, overlap, overlap and cfg.schedule == "dualpipe",
+            dispatcher_of(ctx, cfg))
+
+
+def _kind_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict | None) -> dict[str, Cost]:
+    """`layer_costs`, from `cache` where a configuration with the same `_kind_key` was priced."""
+    if cache is None:
+        return layer_costs(ctx, cfg, pl, kind)
+    key = _kind_key(ctx, cfg, pl, kind)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = layer_costs(ctx, cfg, pl, kind)
+    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
+        fresh = layer_costs(ctx, cfg, pl, kind)
+        assert fresh == got, (kind, cfg, pl)
+    return got
+
+
 def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, key: Any) -> tuple:
     """(layer costs by (kind, mode), embedding, head, memo) of cfg under placement pl, from
     `cache[key]` when the caller's key says they were priced already (the key must cover
@@ -742,10 +791,11 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
     if cache is not None and key in cache:
         return cache[key]
     kinds = sorted(set(ctx.model.layer_kinds()))
-    layers = {(k, r): c for k in kinds for r, c in layer_costs(ctx, cfg, pl, k).items()}
+    by_kind = None if cache is None else cache.setdefault(KIND_COSTS, {})
+    layers = {(k, r): c for k in kinds for r, c in _kind_costs(ctx, cfg, pl, k, by_kind).items()}
     overlap = ep_overlap_on(ctx, cfg)
     if overlap and "moe" in kinds and not ep_overlap_pays(ctx, cfg, layers):
-        layers.update({("moe", r): c for r, c in layer_costs(ctx, _no_ep_overlap(cfg), pl, "moe").items()})
+        layers.update({("moe", r): c for r, c in _kind_costs(ctx, _no_ep_overlap(cfg), pl, "moe", by_kind).items()})
         overlap = False
     # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
     head = _head_cost(ctx, cfg, pl)

@@ -177,8 +177,27 @@ def active_params(m) -> float:
     return total_params(m) - m.num_moe_layers * idle
 
 
+# `active_matmul_params` per model object (a frozen ModelSpec: the same object, the same answer; the
+# object is kept beside its figure so a recycled id never matches). Every evaluation needs it, and
+# its loop over the layers cost the solver's warm start a second on a 61-layer MoE.
+_ACTIVE_MATMUL: dict[int, tuple[Any, float]] = {}
+
+
 def active_matmul_params(m) -> float:
     """Matmul weights a token passes through (LM head included, input embedding excluded)."""
+    if not getattr(m, "model_config", {}).get("frozen"):  # (only objects that cannot change)
+        return _active_matmul_params(m)
+    got = _ACTIVE_MATMUL.get(id(m))
+    if got is not None and got[0] is m:
+        return got[1]
+    total = _active_matmul_params(m)
+    if len(_ACTIVE_MATMUL) >= 256:
+        _ACTIVE_MATMUL.clear()
+    _ACTIVE_MATMUL[id(m)] = (m, total)
+    return total
+
+
+def _active_matmul_params(m) -> float:
     total = m.vocab_size * m.hidden_size
     for kind in m.layer_kinds():
         if kind in ("dense", "moe", "attention"):

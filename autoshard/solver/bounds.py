@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -385,37 +386,126 @@ FRONT_CAP = 256  # points kept per (kind, layer count) front; beyond, bytes are 
 def _pareto(b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (bytes ascending, time strictly descending) Pareto front of the points (b, t); past
     FRONT_CAP points, an optimistic front: each of FRONT_CAP byte buckets becomes one point
-    with the bucket's least bytes and least time (so sums stay lower bounds)."""
-    o = np.lexsort((t, b))
+    with the bucket's least bytes and least time (so sums stay lower bounds).
+
+    Sorted by bytes alone (stable: the input is a few sorted runs, `_FrontSet.extend`), then of
+    points with equal bytes the last kept: the running minimum makes it the least time among them,
+    the point a sort by (bytes, time) would keep first, so the front's values are the same."""
+    o = np.argsort(b, kind="stable")
     b, t = b[o], t[o]
-    keep = np.ones(len(t), dtype=bool)
-    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+    keep = np.empty(len(t), dtype=bool)
+    keep[0] = True
+    np.less(t[1:], np.minimum.accumulate(t)[:-1], out=keep[1:])
     b, t = b[keep], t[keep]
+    if len(b) > 1:
+        last = np.empty(len(b), dtype=bool)
+        last[-1] = True
+        np.not_equal(b[1:], b[:-1], out=last[:-1])
+        if not last.all():
+            b, t = b[last], t[last]
     if len(b) > FRONT_CAP:
         edges = np.linspace(b[0], b[-1], FRONT_CAP + 1)
         bucket = np.minimum(np.searchsorted(edges, b, side="right") - 1, FRONT_CAP - 1)
-        first = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-        last = np.r_[first[1:], len(b)] - 1
-        b, t = b[first], t[last]  # least bytes and least time of each bucket
+        change = np.empty(len(b), dtype=bool)
+        change[0] = True
+        np.not_equal(bucket[1:], bucket[:-1], out=change[1:])
+        first = np.flatnonzero(change)
+        last_ = np.empty_like(first)
+        last_[:-1] = first[1:] - 1
+        last_[-1] = len(b) - 1
+        b, t = b[first], t[last_]  # least bytes and least time of each bucket
     return b, t
+
+
+class _FrontSet:
+    """Per count n = 0, 1, ...: the (activation bytes, least time) front of n layers over every mix
+    of the modes whose one-layer (bytes, time) are (a, s), computed as far as asked (`upto`): the
+    front of n layers is the capped Pareto front of the front of n - 1 plus each mode, so a prefix
+    never changes when the set grows. With the lookup arrays of `_least_time` (`padded`). Shared by
+    the threads of a round's descents (the stage model's rank cuts read `_rank_times`): it grows
+    under a lock."""
+
+    def __init__(self, a: np.ndarray, s: np.ndarray):
+        self.a, self.s = a, s
+        self.fronts: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(1), np.zeros(1))]
+        self.lean = [0.0]  # per count: the front's least bytes (every layer in the leanest mode)
+        self._padded: tuple | None = None
+        self._lock = threading.RLock()
+
+    def upto(self, n_max: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        a, s = self.a, self.s
+        with self._lock:
+            while len(self.fronts) <= n_max:
+                b, t = self.fronts[-1]
+                # (mode-major: one sorted run of bytes per mode)
+                self.fronts.append(_pareto((a[:, None] + b[None, :]).ravel(), (s[:, None] + t[None, :]).ravel()))
+                self._padded = None
+            return self.fronts[:n_max + 1]
+
+    def least_bytes(self, n_max: int) -> np.ndarray:
+        """Per count n <= n_max: the least bytes of its front (without building the fronts): the
+        leanest mode's bytes added n times, the same sums the fronts' first points hold (each front's
+        least-bytes point is the previous one's plus the least a, and a sort keeps it first)."""
+        lean, a_min = self.lean, float(self.a.min())
+        with self._lock:
+            while len(lean) <= n_max:
+                lean.append(lean[-1] + a_min)
+            return np.array(lean[:n_max + 1])
+
+    def padded(self, n_max: int, limit: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The fronts up to n_max as [count, point] arrays padded with +inf bytes (B, T); the distinct
+        byte values of every front (U, sorted, +inf last) and each point's rank among them (1-based),
+        offset by count (R, flat and sorted). Built for every front computed so far; rows past
+        n_max are not read. Where the fronts must grow, they grow by half again (up to `limit`, the
+        most ever asked): the arrays are rebuilt a few times, not once per count."""
+        with self._lock:
+            if n_max >= len(self.fronts) and limit is not None:
+                n_max = max(n_max, min(limit, (3 * len(self.fronts)) // 2))
+            self.upto(n_max)
+            if self._padded is None:
+                fronts = self.fronts
+                width = max(len(b) for b, _ in fronts)
+                B = np.full((len(fronts), width), np.inf)
+                T = np.full((len(fronts), width), np.inf)
+                for j, (b, t) in enumerate(fronts):
+                    B[j, :len(b)], T[j, :len(t)] = b, t
+                # (+inf closes U: a room of +inf, or NaN, counts the padding too, as a binary search of B would)
+                U = np.append(np.unique(B[np.isfinite(B)]), np.inf)
+                ranks = np.searchsorted(U, B, side="left") + 1
+                R = (ranks + np.arange(len(fronts))[:, None] * (len(U) + 1)).ravel()
+                self._padded = (B, T, U, R)
+            return self._padded
+
+
+# Fronts by value: a count's front depends only on the modes' (activation bytes, time), so
+# configurations whose layer costs price the same (other ep, dp or ZeRO stage, other placements)
+# share one `_FrontSet`. Bounded (cleared when full): a pure function of its key, so the cache
+# changes no answer, only how often a front is computed.
+_FRONTS_BY_VALUE: dict[tuple, _FrontSet] = {}
+_FRONTS_CACHE_MAX = 4096
+
+
+def _front_set(table: Table, kind: str, modes: list[str]) -> _FrontSet:
+    """The `_FrontSet` of `kind`'s layers over `modes` (memoized per set of shared layer costs and by value)."""
+    key = ("frontset", kind, tuple(modes))
+    got = table.memo.get(key)
+    if got is None:
+        costs = [table.layers[(kind, r)] for r in modes]
+        a, s = np.array([c.act_bytes for c in costs]), np.array([c.total_s for c in costs])
+        vkey = (a.tobytes(), s.tobytes())
+        got = _FRONTS_BY_VALUE.get(vkey)
+        if got is None:
+            if len(_FRONTS_BY_VALUE) >= _FRONTS_CACHE_MAX:
+                _FRONTS_BY_VALUE.clear()
+            got = _FRONTS_BY_VALUE[vkey] = _FrontSet(a, s)
+        table.memo[key] = got
+    return got
 
 
 def _mix_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per count n = 0..n_max: the (activation bytes, least time) front of n layers of `kind`
-    over every mix of recompute modes (memoized per set of shared layer costs)."""
-    key = ("fronts", kind, tuple(modes), n_max)
-    got = table.memo.get(key)
-    if got is not None:
-        return got
-    costs = [table.layers[(kind, r)] for r in modes]
-    a = np.array([c.act_bytes for c in costs])
-    s = np.array([c.total_s for c in costs])
-    fronts = [(np.zeros(1), np.zeros(1))]
-    for _ in range(n_max):
-        b, t = fronts[-1]
-        fronts.append(_pareto((b[:, None] + a[None, :]).ravel(), (t[:, None] + s[None, :]).ravel()))
-    table.memo[key] = fronts
-    return fronts
+    over every mix of recompute modes (`_FrontSet`)."""
+    return _front_set(table, kind, modes).upto(n_max)
 
 
 def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
@@ -444,7 +534,10 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     fixed = np.array([sum(static(c) + infl[p] * c.act_bytes for c in e) + working_bytes(table, p == P - 1, p == 0) + z3
                       for p, e in enumerate(ends)])
     room = (ctx.capacity_bytes * (1 + 1e-9) - fixed) / infl  # activation bytes each rank can hold, before layers
-    f1 = _mix_fronts(table, first, modes, n1) if first else [(np.zeros(1), np.zeros(1))]
+    # (over the first kind's useful modes: a mode left out is no faster than a kept one that keeps no
+    # more bytes, so a mix using it is weakly dominated by the same mix with the kept mode, and the
+    # fronts' values are the same, bucketing included; fewer points to combine below)
+    f1 = _mix_fronts(table, first, _useful_modes(table, first, modes), n1) if first else [(np.zeros(1), np.zeros(1))]
     s1 = static(lay[(first, modes[0])]) if first else 0.0
     s2 = static(lay[(second, modes[0])])
     n = np.arange(n2 + 1)
@@ -452,13 +545,23 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     d_q = np.concatenate([np.full(len(b1), d) for d, (b1, _) in enumerate(f1)])
     bb_q = np.concatenate([b1 for b1, _ in f1])
     tt_q = np.concatenate([t1 for _, t1 in f1])
+    n_top = n2
+    if len(_useful_modes(table, second, modes)) > 2:
+        # Counts past the last whose leanest mix fits some rank's room beside no first-kind layer (q = 0,
+        # the zero point: the most room of any point, since every other point's bytes and static bytes
+        # are >= 0) cost inf in `_least_time` for every point; left is built only up to it.
+        left0 = room[:, None] - (d_q[0] * s1 + n[None, :] * s2) / infl[:, None] - bb_q[0]
+        lean = _front_set(table, second, _useful_modes(table, second, modes)).least_bytes(n2)
+        can = ~(left0 < lean).all(axis=0)
+        n_top = int(np.flatnonzero(can)[-1]) if can.any() else 0
+    n = n[:n_top + 1]
     # second-kind activation bytes each rank p can hold beside them: left[q, p, n]
     left = (room[None, :, None] - (d_q[:, None, None] * s1 + n[None, None, :] * s2) / infl[None, :, None]
             - bb_q[:, None, None])
     t_q = _least_time(table, second, modes, left) + tt_q[:, None, None]
     out = np.full((P, n1 + 1, n2 + 1), np.inf)
     for d in range(len(f1)):
-        out[:, d, :] = t_q[d_q == d].min(axis=0)
+        out[:, d, :n_top + 1] = t_q[d_q == d].min(axis=0)
     out += np.array(t_ex)[:, None, None]
     return np.maximum.accumulate(out, axis=2)
 
@@ -491,30 +594,28 @@ def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> 
         save = fast.act_bytes - lean.act_bytes
         k = np.maximum(0.0, np.ceil(over / save - 1e-9)) if save > 0 else np.where(over > 0, np.inf, 0.0)
         return np.where(k <= n, n * fast.total_s + np.minimum(k, n) * (lean.total_s - fast.total_s), np.inf)
-    B, T = _padded_fronts(table, kind, useful, room.shape[-1] - 1)
+    # Counts past the last one whose leanest mix (every layer in the leanest mode: the front's least
+    # bytes) fits some room cost inf: a binary search finds no point of their front at or under the
+    # room. Their fronts are never built: a rank holds far fewer layers than the model has.
+    fs = _front_set(table, kind, useful)
+    N = room.shape[-1]
+    least = fs.least_bytes(N - 1)
+    can = ~(room < least).reshape(-1, N).all(axis=0)  # (NaN rooms count as fitting, as a binary search has it)
+    n_need = int(np.flatnonzero(can)[-1]) if can.any() else 0
+    B, T, U, R = fs.padded(n_need, N - 1)
+    width = B.shape[1]
+    rows = np.arange(n_need + 1)
     # per rank and count: how many front points (bytes ascending) fit, i.e. the leanest that fits; a
-    # binary search per count (O(log width) per cell, not a comparison with every point of the front)
-    out = np.empty(room.shape)
-    for j in range(room.shape[-1]):
-        i = np.searchsorted(B[j], room[..., j], side="right") - 1
-        out[..., j] = np.where(i >= 0, T[j, np.maximum(i, 0)], np.inf)
+    # binary search per cell (O(log width), not a comparison with every point of the front), every
+    # count at once: a room's rank among the fronts' distinct byte values (U), then that rank among
+    # the count's own ranks (R, offset by count so one sorted array holds them all). The number of
+    # the count's points <= room is the number of its ranks <= the room's rank: the same index as a
+    # binary search of B[j] itself.
+    g = np.searchsorted(U, room[..., :n_need + 1], side="right")  # distinct front values <= room
+    i = np.searchsorted(R, g + rows * (len(U) + 1), side="right") - rows * width - 1
+    out = np.full(room.shape, np.inf)
+    out[..., :n_need + 1] = np.where(i >= 0, T[rows, np.maximum(i, 0)], np.inf)
     return out
-
-
-def _padded_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """`_mix_fronts` as two [count, point] arrays padded with +inf bytes (memoized): one vectorized
-    lookup for every count at once."""
-    key = ("padded", kind, tuple(modes), n_max)
-    got = table.memo.get(key)
-    if got is None:
-        fronts = _mix_fronts(table, kind, modes, n_max)
-        width = max(len(b) for b, _ in fronts)
-        B = np.full((len(fronts), width), np.inf)
-        T = np.full((len(fronts), width), np.inf)
-        for j, (b, t) in enumerate(fronts):
-            B[j, :len(b)], T[j, :len(t)] = b, t
-        got = table.memo[key] = (B, T)
-    return got
 
 
 def _spread(mask: int, lo: int, hi: int) -> int:

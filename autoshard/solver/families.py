@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ..cost import Config, Context
 from ..errors import InputError
 from ..spec import MESH_AXES
+from ..topology import place_axes
 
 Family = tuple
 
@@ -50,13 +51,16 @@ def family_name(key: Family) -> str:
 @dataclass(frozen=True)
 class Named:
     """A named alternative: the configurations it admits (`allow`, checked per placement too),
-    whether stages must be even, and the recompute modes it allows (None: all)."""
+    whether stages must be even, and the recompute modes it allows (None: all). `admit`, where the
+    restriction depends on the placement: whether some placement of a configuration may qualify
+    (the search's filter before placements; default `allow`)."""
 
     name: str
     description: str
     allow: Callable[[Config], bool]
     uniform: bool = False
     modes: tuple[str, ...] | None = None
+    admit: Callable[[Config], bool] | None = None
 
 
 def _live_axes(cfg: Config) -> list[str]:
@@ -65,8 +69,14 @@ def _live_axes(cfg: Config) -> list[str]:
     return [a for a in order if sizes[a] > 1]
 
 
-NAMED_HELP = ("no-cp, no-pp, no-ep, tp-in-node, 1f1b, even-stages, no-recompute, or a fixed degree such as "
-              "tp8, cp2, ep16, pp4")
+NAMED_HELP = ("no-cp, no-pp, no-ep, tp-in-node, ep-in-node, ep-across-nodes, 1f1b, even-stages, no-recompute, or a "
+              "fixed degree such as tp8, cp2, ep16, pp4")
+
+
+def ep_spans_domains(ctx: Context, c: Config) -> bool:
+    """Whether c's expert-parallel group (placed as its placement has it) spans more than one
+    innermost domain (a node's NVLink domain): its all-to-all then crosses the scale-out network."""
+    return place_axes(ctx.graph, c.placement, c.tp, c.cp, c.ep, c.dp, c.pp, c.etp).ep.members[0] < c.ep
 
 
 def named(name: str, ctx: Context) -> Named:
@@ -83,6 +93,11 @@ def named(name: str, ctx: Context) -> Named:
         # TP inside one NVLink domain: at most a node, and the innermost mesh axis of the placement.
         "tp-in-node": Named("tp-in-node", f"tensor parallelism inside one {node}-GPU NVLink domain",
                             lambda c: c.tp == 1 or (c.tp <= node and _live_axes(c)[:1] == ["tp"])),
+        # EP inside one NVLink domain or across domains: the expert all-to-all on NVLink or on the network.
+        "ep-in-node": Named("ep-in-node", f"expert parallelism inside one {node}-GPU NVLink domain",
+                            lambda c: c.ep > 1 and not ep_spans_domains(ctx, c), admit=lambda c: 1 < c.ep <= node),
+        "ep-across-nodes": Named("ep-across-nodes", f"expert parallelism across {node}-GPU NVLink domains",
+                                 lambda c: c.ep > 1 and ep_spans_domains(ctx, c), admit=lambda c: c.ep > 1),
         "1f1b": Named("1f1b", "the 1F1B schedule (or no pipeline)", lambda c: c.schedule == "1f1b"),
         "even-stages": Named("even-stages", "even stages (launchers without uneven pipelines)",
                              lambda c: True, uniform=True),

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..catalog import get_gpu
 from ..cost import GIB, Config, Context, Table, context, ep_overlap_blocked, layer_table, with_modes
+from ..cost.layers import KIND_COSTS
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
@@ -161,9 +162,11 @@ class _Search:
 
     def __init__(self, problem: Problem, ctx: Context, modes: list[str], gap_limit: float, budget: _Budget,
                  uniform: bool, allow: Callable[[Config], bool] | None = None,
+                 admit: Callable[[Config], bool] | None = None,
                  progress: ProgressFn | None = None):
         self.problem, self.ctx, self.modes, self.gap_limit = problem, ctx, modes, gap_limit
         self.budget, self.uniform, self.allow, self.progress = budget, uniform, allow, progress
+        self.admit = admit or allow  # (before placements: whether some placement may be allowed)
         self.found: dict[Family, _Found] = {}  # the best plan of each family
         self.best: _Found | None = None
         self.lower = math.inf  # proven lower bound of every closed configuration not solved to optimality
@@ -448,7 +451,7 @@ class _Search:
                 self.timed_out = True
                 self.close(float(t_lb[i]))
                 break
-            if self.allow is not None and not self.allow(cands[i]):
+            if self.admit is not None and not self.admit(cands[i]):
                 continue
             self.frontier = float(t_lb[i])
             pruned += not self.visit(cands[i], opt_cache)
@@ -685,6 +688,8 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
     pruned_mem = int((~fits).sum())
     order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
     search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
+    # (the placement-free and the placed tables share each layer kind's costs: `cost.layers._kind_costs`)
+    search.tables[KIND_COSTS] = opt_cache.setdefault(KIND_COSTS, {})
     jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
     if jobs > 1:
         search.pool = ThreadPoolExecutor(max_workers=min(jobs, ROUND), thread_name_prefix="autoshard-cpsat")
@@ -811,7 +816,7 @@ def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search
                            family=req.name)
     modes = [m for m in main.modes if req.modes is None or m in req.modes]
     sub = _Search(problem, ctx, modes, main.gap_limit, _Budget(work, deadline), main.uniform or req.uniform,
-                  allow=req.allow)
+                  allow=req.allow, admit=req.admit)
     sub.tables, sub.orders, sub.pool = main.tables, main.orders, main.pool
     sub.run(order, cands, t_lb, opt_cache)
     sub.retry()

@@ -1,0 +1,211 @@
+"""The solver's speed-ups change no number: the memory bound's fronts (`bounds._FrontSet`), their
+lookup (`bounds._least_time`) and the layer costs shared per kind (`cost.layers._kind_costs`) give
+exactly what the straightforward computations they replace give (written out here as references)."""
+
+import dataclasses
+import importlib
+
+import numpy as np
+import pytest
+
+from autoshard import load_problem
+from autoshard.cost import context, evaluate, layer_table, with_modes
+from autoshard.solver import _placements, candidates, solve
+from autoshard.solver.layouts import search_modes
+
+# (the modules: `autoshard.solver.bounds` the attribute is the function `bounds`)
+B = importlib.import_module("autoshard.solver.bounds")
+cost_layers = importlib.import_module("autoshard.cost.layers")
+
+# A small MoE model with dense layers first (two kinds) and several recompute modes per kind.
+SMALL_MOE = {"name": "moe", "num_hidden_layers": 12, "hidden_size": 4096, "intermediate_size": 16384,
+             "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000, "num_experts": 16,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 4096, "first_k_dense_replace": 3}
+
+
+CAPPED: list[int] = []  # fronts the reference bucketed (their sizes before)
+
+
+def reference_pareto(b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The front as first written: a sort by (bytes, time), the running-minimum mask, FRONT_CAP buckets."""
+    o = np.lexsort((t, b))
+    b, t = b[o], t[o]
+    keep = np.ones(len(t), dtype=bool)
+    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+    b, t = b[keep], t[keep]
+    if len(b) > B.FRONT_CAP:
+        CAPPED.append(len(b))
+        edges = np.linspace(b[0], b[-1], B.FRONT_CAP + 1)
+        bucket = np.minimum(np.searchsorted(edges, b, side="right") - 1, B.FRONT_CAP - 1)
+        first = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        last = np.r_[first[1:], len(b)] - 1
+        b, t = b[first], t[last]
+    return b, t
+
+
+def reference_fronts(a: np.ndarray, s: np.ndarray, n_max: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    fronts = [(np.zeros(1), np.zeros(1))]
+    for _ in range(n_max):
+        b, t = fronts[-1]
+        fronts.append(reference_pareto((b[:, None] + a[None, :]).ravel(), (t[:, None] + s[None, :]).ravel()))
+    return fronts
+
+
+def reference_least_time(fronts: list, room: np.ndarray) -> np.ndarray:
+    """As first written: the fronts padded with +inf bytes to one width, a binary search of each
+    count's row for the leanest point that fits (a room of +inf or NaN reaches the padding: inf)."""
+    width = max(len(b) for b, _ in fronts)
+    Bp = np.full((len(fronts), width), np.inf)
+    Tp = np.full((len(fronts), width), np.inf)
+    for j, (b, t) in enumerate(fronts):
+        Bp[j, :len(b)], Tp[j, :len(t)] = b, t
+    out = np.empty(room.shape)
+    for j in range(room.shape[-1]):
+        i = np.searchsorted(Bp[j], room[..., j], side="right") - 1
+        out[..., j] = np.where(i >= 0, Tp[j, np.maximum(i, 0)], np.inf)
+    return out
+
+
+def test_fronts_equal_the_reference_with_ties_and_buckets():
+    """Random modes on a coarse grid (many equal byte sums, and equal times) and enough layers to
+    pass FRONT_CAP: every front equals the reference's, value for value; `least_bytes` is each
+    front's first point."""
+    rng = np.random.default_rng(7)
+    CAPPED.clear()
+    for trial in range(40):
+        m = int(rng.integers(1, 7))
+        if trial % 2:  # a coarse grid: many equal byte sums and equal times
+            a = rng.integers(0, 12, m).astype(float) * (1e6 if trial % 4 == 1 else 1.37)
+            s = rng.integers(1, 7, m) * 0.013
+        else:  # a trade-off like the recompute modes': leaner modes are slower
+            a = np.sort(rng.uniform(2e8, 8e9, m))[::-1]
+            s = np.sort(rng.uniform(0.15, 0.21, m))
+        n = int(rng.integers(1, 70))
+        got = B._FrontSet(a, s).upto(n)
+        ref = reference_fronts(a, s, n)
+        assert len(got) == len(ref)
+        for (gb, gt), (rb, rt) in zip(got, ref):
+            assert np.array_equal(gb, rb) and np.array_equal(gt, rt), trial
+        assert np.array_equal(B._FrontSet(a, s).least_bytes(n), np.array([b[0] for b, _ in ref]))
+    assert len(CAPPED) >= 20  # (the buckets were exercised)
+
+
+def moe_table(seq: int = 8192):
+    p = load_problem({"model": SMALL_MOE, "training": {"seq_len": seq, "global_batch_size": 64},
+                      "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+                      "search": {"pp": [2], "zero_stage": [1], "micro_batch_size": [1]}})
+    ctx = context(p)
+    modes = search_modes(p, ctx)
+    ctx = with_modes(ctx, modes)
+    cfg = candidates(p, ctx)[0]
+    return p, ctx, modes, layer_table(ctx, _placements(p, ctx, cfg)[0])
+
+
+def test_least_time_equals_a_binary_search_per_count():
+    """`_least_time` (counts past the last whose leanest mix fits any room skipped, one lookup for
+    every count) equals a binary search of every count's reference front, for rooms anywhere
+    (negative, at front points exactly, +inf, NaN) and rooms that shrink with the count."""
+    _, ctx, modes, table = moe_table()
+    kinds = ctx.model.layer_kinds()
+    rng = np.random.default_rng(3)
+    tested = 0
+    for kind in sorted(set(kinds)):
+        useful = B._useful_modes(table, kind, modes)
+        if len(useful) <= 2:
+            continue
+        N = kinds.count(kind) + 1
+        a, s = B._front_set(table, kind, useful).a, B._front_set(table, kind, useful).s
+        ref = reference_fronts(a, s, N - 1)
+        points = np.concatenate([b for b, _ in ref])
+        top = points.max()
+        for shape in [(40, 3, N), (5, 1, N)]:
+            rooms = [rng.uniform(-0.1 * top, 1.2 * top, shape),
+                     rng.uniform(-0.1 * top, 0.3 * top, shape) - np.arange(N) * 0.05 * top,  # past some count: none fits
+                     points[rng.integers(0, len(points), shape)]]
+            r = rng.uniform(0, top, shape)
+            r[0, 0, :] = np.inf
+            r[-1, -1, :] = np.nan
+            rooms.append(r)
+            for room in rooms:
+                assert np.array_equal(B._least_time(table, kind, modes, room), reference_least_time(ref, room))
+                tested += 1
+    assert tested >= 8
+
+
+def test_first_kind_fronts_over_useful_modes_equal_every_mode():
+    """`_rank_times` combines the first kind's fronts over its useful modes only: the same fronts as
+    over every planned mode (a dominated mode's mixes are dominated)."""
+    _, ctx, modes, table = moe_table()
+    for kind in sorted(set(ctx.model.layer_kinds())):
+        useful = B._useful_modes(table, kind, modes)
+        assert len(useful) < len(modes) or kind == "moe"
+        costs = [table.layers[(kind, r)] for r in modes]
+        every = reference_fronts(np.array([c.act_bytes for c in costs]), np.array([c.total_s for c in costs]), 30)
+        got = B._mix_fronts(table, kind, useful, 30)
+        assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(got, every))
+
+
+def test_layer_costs_shared_per_kind_equal_a_fresh_pricing(monkeypatch):
+    """Every layer-cost hit of the per-kind cache during a whole solve (ZeRO-3, MoE folding, EP
+    overlap, several pp / schedules) equals `layer_costs` priced afresh for that configuration and
+    placement; dense layers are shared across expert layouts, and the answer is the one the solver
+    gives without the per-kind sharing."""
+    problem = {"model": SMALL_MOE, "training": {"seq_len": 4096, "global_batch_size": 64},
+               "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+               "search": {"micro_batch_size": [1, 2], "zero_stage": [1, 3], "cp": [1]}}
+    hits: dict[str, int] = {}
+    original = cost_layers.layer_costs
+
+    def counting(ctx, cfg, pl, kind):
+        hits[kind] = hits.get(kind, 0) + 1
+        return original(ctx, cfg, pl, kind)
+
+    monkeypatch.setattr(cost_layers, "layer_costs", counting)
+
+    def answer() -> dict:
+        doc = solve(load_problem(problem), top_k=3).model_dump(mode="json")
+        doc["solver"].pop("solve_time_s")
+        return doc
+
+    shared = answer()
+    priced = dict(hits)
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)  # every hit re-priced and compared
+    assert answer() == shared
+    # Without sharing (each shared_costs entry prices its own kinds) the same answer comes back.
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
+    monkeypatch.setattr(cost_layers, "_kind_costs", lambda ctx, cfg, pl, kind, cache: counting(ctx, cfg, pl, kind))
+    hits.clear()
+    assert answer() == shared
+    # (the sharing was exercised: fewer pricings, dense kinds most of all)
+    assert priced["dense"] < hits["dense"] / 2 and priced["moe"] < hits["moe"]
+
+
+def test_dense_layer_costs_ignore_the_expert_layout():
+    """A dense layer priced under two expert layouts (ep, etp) of the same attention layout costs the same."""
+    p, ctx, modes, table = moe_table()
+    cfg = table.cfg
+    other = dataclasses.replace(cfg, ep=cfg.ep * 2 if cfg.ep < 8 else 1)
+    t2 = layer_table(ctx, _placements(p, ctx, other)[0])
+    assert t2.placement.tp == table.placement.tp and t2.placement.cp == table.placement.cp
+    assert cost_layers.layer_costs(ctx, cfg, table.placement, "dense") == \
+        cost_layers.layer_costs(ctx, other, t2.placement, "dense")
+    assert cost_layers.layer_costs(ctx, cfg, table.placement, "moe") != \
+        cost_layers.layer_costs(ctx, other, t2.placement, "moe")
+
+
+def test_kind_cache_keeps_fsdp_host_time_on_one_gpu(monkeypatch):
+    """On one GPU a fully sharded plan (torchtitan FSDP2) pays the measured per-block hook time though it has
+    no data parallelism: the layer-cost cache must not hand a ZeRO-0 plan's costs to a ZeRO-3 one (the key
+    holds zero == 3 apart from the ZeRO-3 traffic groups). Every hit is re-priced and compared."""
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
+    problem = load_problem({"model": {"name": "m", "num_hidden_layers": 4, "hidden_size": 2048,
+                                      "intermediate_size": 8192, "num_attention_heads": 32,
+                                      "num_key_value_heads": 8, "vocab_size": 128256},
+                            "framework": "torchtitan", "training": {"seq_len": 256, "global_batch_size": 1},
+                            "cluster": {"gpu": "h100-sxm", "num_gpus": 1},
+                            "search": {"zero_stage": [0, 3]}})
+    sol = solve(problem, time_limit_s=120)
+    z0 = evaluate(problem, sol.plan.model_copy(update={"zero_stage": 0}))
+    z3 = evaluate(problem, sol.plan.model_copy(update={"zero_stage": 3}))
+    assert z3.step_time_s > z0.step_time_s  # FSDP2's hooks: 4 blocks x 2.46 ms where the GPU is idle
+    assert sol.plan.zero_stage == 0 and sol.estimate.step_time_s == pytest.approx(z0.step_time_s)
