@@ -14,8 +14,7 @@ Output shipped in ``validation/measured/``; nothing in autoshard depends on runn
 from __future__ import annotations
 
 import argparse
-import gc
-import json
+import functools
 import os
 import platform
 import statistics
@@ -33,6 +32,8 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
+
+from measure_common import run_grid
 
 GIB = 1024**3
 # Llama 3.2 1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, vocab 128256)
@@ -128,24 +129,11 @@ def main() -> int:
                      "the distributed optimizer (torch AdamW fallback: no TE/apex), bf16; median of the timed steps; "
                      "peak = torch.cuda.max_memory_allocated over the timed steps",
            "runs": []}
-    start = time.perf_counter()
     grid = SWEEP if a.sweep else [(16, *g) for g in GRID]
-    for layers, seq, mbs, rc in grid:
-        if time.perf_counter() - start > a.budget_s:
-            out["runs"].append({"seq_len": seq, "micro_batch": mbs, "recompute": rc, "skipped": "time budget"})
-            continue
-        try:
-            row = measure(seq, mbs, rc, a.warmup, a.steps, layers)
-        except torch.OutOfMemoryError as e:
-            row = {"seq_len": seq, "micro_batch": mbs, "recompute": rc, "oom": str(e)[:300]}
-        except Exception as e:  # record and go on
-            row = {"seq_len": seq, "micro_batch": mbs, "recompute": rc, "error": f"{type(e).__name__}: {e}"[:800]}
-        gc.collect()
-        torch.cuda.empty_cache()
-        out["runs"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("model_args", "step_s_all")}), flush=True)
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
+    items = [({"seq_len": seq, "micro_batch": mbs, "recompute": rc},
+              functools.partial(measure, seq, mbs, rc, a.warmup, a.steps, layers))
+             for layers, seq, mbs, rc in grid]
+    run_grid(out, a.out, items, a.budget_s)
     dist.destroy_process_group()
     return 0
 

@@ -26,8 +26,7 @@ depends on running it.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
+import functools
 import os
 import platform
 import statistics
@@ -48,6 +47,8 @@ from torchtitan.models.llama3.model.args import TransformerModelArgs
 from torchtitan.models.llama3.infra.parallelize import apply_compile
 from torchtitan.models.llama3.model.model import Transformer
 from torchtitan.models.moe import MoEArgs
+
+from measure_common import run_grid
 
 GIB = 1024**3
 
@@ -239,27 +240,11 @@ def main() -> int:
                      "fp32-logit cross entropy, random tokens; median of the timed steps after warm-up; "
                      "peak = torch.cuda.max_memory_allocated over the timed steps",
            "runs": []}
-    start = time.perf_counter()
-    for name, seq, mbs, ac, fsdp in grid:
-        if time.perf_counter() - start > a.budget_s:
-            out["runs"].append({"model": name, "seq_len": seq, "micro_batch": mbs, "ac_mode": ac,
-                                "skipped": "time budget"})
-            continue
-        family, kwargs = models[name]
-        try:
-            row = measure(name, family, kwargs, seq, mbs, ac, mesh, device, a.warmup, a.steps, fsdp, a.compile)
-        except torch.OutOfMemoryError as e:
-            row = {"model": name, "seq_len": seq, "micro_batch": mbs, "ac_mode": ac, "oom": str(e)[:300]}
-        except Exception as e:  # record and go on: one failure must not cost the whole run
-            row = {"model": name, "seq_len": seq, "micro_batch": mbs, "ac_mode": ac,
-                   "error": f"{type(e).__name__}: {e}"[:500]}
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        out["runs"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("model_args", "step_s_all")}), flush=True)
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
+    items = [({"model": name, "seq_len": seq, "micro_batch": mbs, "ac_mode": ac},
+              functools.partial(measure, name, *models[name], seq, mbs, ac, mesh, device, a.warmup, a.steps,
+                                fsdp, a.compile))
+             for name, seq, mbs, ac, fsdp in grid]
+    run_grid(out, a.out, items, a.budget_s)
     dist.destroy_process_group()
     return 0
 
