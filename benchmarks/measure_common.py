@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import statistics
 import time
 from collections.abc import Callable
 
@@ -32,3 +33,43 @@ def run_grid(out: dict, path: str, items: list[tuple[dict, Callable[[], dict]]],
         print(json.dumps({k: v for k, v in row.items() if k not in ("model_args", "step_s_all")}), flush=True)
         with open(path, "w") as f:
             json.dump(out, f, indent=1)
+
+
+GIB = 1024**3
+
+
+def time_steps(row: dict, zero_grad: Callable[[], None], forward: Callable[[], torch.Tensor],
+               backward_step: Callable[[torch.Tensor], None], warmup: int, steps: int) -> torch.Tensor:
+    """Run `warmup` + `steps` training steps (zero_grad, forward -> loss, backward_step(loss)) and record
+    in `row`: the memory allocated between steps after the warm-up (optimizer states exist; peak stats
+    reset there), before and after the last forward, the median step time (CUDA synchronised), every
+    timed step and the median host enqueue time (the step's Python time before the final sync).
+    Returns the last loss."""
+    cuda = torch.cuda.is_available()
+    times: list[float] = []
+    host: list[float] = []
+    loss = torch.zeros(())
+    for i in range(warmup + steps):
+        last = i == warmup + steps - 1
+        if i == warmup and cuda:
+            torch.cuda.synchronize()
+            row["allocated_between_steps_gib"] = torch.cuda.memory_allocated() / GIB
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        zero_grad()
+        if last and cuda:
+            row["allocated_before_forward_gib"] = torch.cuda.memory_allocated() / GIB
+        loss = forward()
+        if last and cuda:
+            row["allocated_after_forward_gib"] = torch.cuda.memory_allocated() / GIB
+        backward_step(loss)
+        t1 = time.perf_counter()
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+            host.append(t1 - t0)
+    row["step_s_median"] = statistics.median(times)
+    row["step_s_all"] = times
+    row["host_enqueue_s_median"] = statistics.median(host)
+    return loss

@@ -17,7 +17,6 @@ import argparse
 import functools
 import os
 import platform
-import statistics
 import sys
 import time
 
@@ -33,9 +32,8 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
 
-from measure_common import run_grid
+from measure_common import GIB, run_grid, time_steps
 
-GIB = 1024**3
 # Llama 3.2 1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, vocab 128256)
 SHAPE = dict(num_layers=16, hidden_size=2048, num_attention_heads=32, num_query_groups=8, ffn_hidden_size=8192)
 VOCAB = 128256
@@ -74,36 +72,21 @@ def measure(seq_len: int, mbs: int, recompute: str, warmup: int, steps: int, lay
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     pos = torch.arange(seq_len, device="cuda").unsqueeze(0).expand(mbs, -1)
     mask = torch.ones(1, 1, seq_len, seq_len, device="cuda", dtype=torch.bool).triu(1)
-    times: list[float] = []
-    host: list[float] = []
-    for i in range(warmup + steps):
-        if i == warmup:
-            torch.cuda.synchronize()
-            row["allocated_between_steps_gib"] = torch.cuda.memory_allocated() / GIB
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
+
+    def zero_grad() -> None:
         ddp.zero_grad_buffer()
         opt.zero_grad()
-        if i == warmup + steps - 1:
-            row["allocated_before_forward_gib"] = torch.cuda.memory_allocated() / GIB
-        loss = ddp(inputs, pos, mask, labels=labels).float().mean()
-        if i == warmup + steps - 1:
-            row["allocated_after_forward_gib"] = torch.cuda.memory_allocated() / GIB
+
+    def backward_step(loss: torch.Tensor) -> None:
         loss.backward()
         ddp.finish_grad_sync()
         opt.step()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-            host.append(t1 - t0)
-    row["step_s_median"] = statistics.median(times)
-    row["step_s_all"] = times
-    row["host_enqueue_s_median"] = statistics.median(host)  # Python time of the step before the final sync
+
+    loss = time_steps(row, zero_grad, lambda: ddp(inputs, pos, mask, labels=labels).float().mean(),
+                      backward_step, warmup, steps)
     row["loss"] = float(loss.detach())
     row["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
     row["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
-    del ddp, opt, loss, cfg
     return row
 
 

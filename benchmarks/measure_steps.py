@@ -29,7 +29,6 @@ import argparse
 import functools
 import os
 import platform
-import statistics
 import sys
 import time
 
@@ -48,9 +47,8 @@ from torchtitan.models.llama3.infra.parallelize import apply_compile
 from torchtitan.models.llama3.model.model import Transformer
 from torchtitan.models.moe import MoEArgs
 
-from measure_common import run_grid
+from measure_common import GIB, run_grid, time_steps
 
-GIB = 1024**3
 
 # name -> (family, model kwargs). Llama shapes follow Llama 3.2 1B / 3B (hidden, layers, heads, kv heads,
 # FFN width, vocab) and a 512-wide model whose step is dominated by fixed per-kernel costs; the MoE shape
@@ -163,31 +161,13 @@ def measure(name: str, family: str, kwargs: dict, seq_len: int, mbs: int, ac_mod
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, vocab, (mbs, seq_len + 1), generator=gen).to(device)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    times: list[float] = []
-    host: list[float] = []
-    for i in range(warmup + steps):
-        if i == warmup and device.type == "cuda":
-            torch.cuda.synchronize()
-            row["allocated_between_steps_gib"] = torch.cuda.memory_allocated() / GIB
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        if i == warmup + steps - 1 and device.type == "cuda":
-            row["allocated_before_forward_gib"] = torch.cuda.memory_allocated() / GIB
-        loss = loss_fn(model(inputs), labels)
-        if i == warmup + steps - 1 and device.type == "cuda":
-            row["allocated_after_forward_gib"] = torch.cuda.memory_allocated() / GIB
+
+    def backward_step(loss: torch.Tensor) -> None:
         loss.backward()
         opt.step()
-        t1 = time.perf_counter()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-            host.append(t1 - t0)
-    row["step_s_median"] = statistics.median(times)
-    row["step_s_all"] = times
-    row["host_enqueue_s_median"] = statistics.median(host)  # the step's Python time before the final sync
+
+    loss = time_steps(row, lambda: opt.zero_grad(set_to_none=True), lambda: loss_fn(model(inputs), labels),
+                      backward_step, warmup, steps)
     if device.type == "cuda":
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             opt.zero_grad(set_to_none=True)
@@ -200,7 +180,6 @@ def measure(name: str, family: str, kwargs: dict, seq_len: int, mbs: int, ac_mod
     if device.type == "cuda":
         row["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
         row["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
-    del model, opt, loss, tokens, inputs, labels
     return row
 
 
