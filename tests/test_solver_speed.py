@@ -156,9 +156,9 @@ def test_layer_costs_shared_per_kind_equal_a_fresh_pricing(monkeypatch):
     hits: dict[str, int] = {}
     original = cost_layers.layer_costs
 
-    def counting(ctx, cfg, pl, kind):
+    def counting(ctx, cfg, pl, kind, cache=None):
         hits[kind] = hits.get(kind, 0) + 1
-        return original(ctx, cfg, pl, kind)
+        return original(ctx, cfg, pl, kind, cache)
 
     monkeypatch.setattr(cost_layers, "layer_costs", counting)
 
@@ -296,3 +296,34 @@ def test_memory_tmax_equals_the_least_level_that_fits():
             seen["inf" if np.isinf(want) else "finite"] += 1
             seen["pp>2"] += P > 2
     assert seen["finite"] >= 10 and seen["pp>2"] >= 5, seen
+
+
+def test_attention_block_shared_across_kinds_and_expert_layouts(monkeypatch):
+    """The attention block's pricing shared by the dense and MoE kinds and every expert layout
+    (`cost.layers._attention_of`): during a whole solve over tp, cp (ring and all-to-all), SP and
+    micro-batch, every hit equals `_attention_cost` priced afresh and every layer-cost hit a fresh
+    `layer_costs` (which prices its attention afresh); the answer is the one without the sharing."""
+    problem = {"model": SMALL_MOE, "training": {"seq_len": 8192, "global_batch_size": 64},
+               "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+               "search": {"micro_batch_size": [1, 2], "zero_stage": [1], "cp": [1, 2]}}
+    calls = {"fresh": 0, "hit": 0}
+    original = cost_layers._attention_of
+
+    def counting(ctx, cfg, pl, sh, cache):
+        key = (cost_layers.ATTENTION_TAG, cfg.tp, cfg.sp, cfg.tp_overlap, cfg.cp, cfg.cp_comm, cfg.mbs, pl.tp, pl.cp)
+        if cache is not None:  # (not the check's own fresh pricings)
+            calls["hit" if key in cache else "fresh"] += 1
+        return original(ctx, cfg, pl, sh, cache)
+
+    def answer() -> dict:
+        doc = solve(load_problem(problem), top_k=3).model_dump(mode="json")
+        doc["solver"].pop("solve_time_s")
+        return doc
+
+    monkeypatch.setattr(cost_layers, "_attention_of", counting)
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
+    shared = answer()
+    assert calls["hit"] > calls["fresh"] > 0, calls  # (hits exist: the MoE kind reuses the dense kind's attention)
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
+    monkeypatch.setattr(cost_layers, "_attention_of", lambda ctx, cfg, pl, sh, cache: cost_layers._attention_cost(ctx, cfg, pl, sh))
+    assert answer() == shared
