@@ -156,9 +156,9 @@ def test_layer_costs_shared_per_kind_equal_a_fresh_pricing(monkeypatch):
     hits: dict[str, int] = {}
     original = cost_layers.layer_costs
 
-    def counting(ctx, cfg, pl, kind):
+    def counting(ctx, cfg, pl, kind, cache=None):
         hits[kind] = hits.get(kind, 0) + 1
-        return original(ctx, cfg, pl, kind)
+        return original(ctx, cfg, pl, kind, cache)
 
     monkeypatch.setattr(cost_layers, "layer_costs", counting)
 
@@ -214,3 +214,116 @@ def test_kind_cache_keeps_fsdp_host_time_on_one_gpu(monkeypatch):
         costs[zero] = cost_layers._kind_costs(ctx, table.cfg, table.placement, "dense", cache)
     assert costs[3]["none"].fwd["host"] + costs[3]["none"].bwd["host"] > \
         costs[0]["none"].fwd["host"] + costs[0]["none"].bwd["host"]
+
+
+def reference_split_fits(t: np.ndarray, T: float, min_per: int, d_lo: list[int], d_hi: list[int]) -> bool:
+    """`_memory_tmax`'s split test as first written: a program over every rank, rank by rank, on the
+    reachable (first-kind total -> second-kind totals as a bit mask)."""
+    P, D, N = t.shape
+    n1, n2 = D - 1, N - 1
+    most = (t <= T).sum(axis=2) - 1
+    if D == 1:
+        return bool((most[:, 0] >= min_per).all() and most[:, 0].sum() >= n2)
+    reach = {0: 1}
+    for p in range(P):
+        nxt: dict[int, int] = {}
+        for d, mask in reach.items():
+            for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
+                lo, hi = max(0, min_per - k), min(int(most[p, k]), n2)
+                if hi >= lo:
+                    nxt[d + k] = nxt.get(d + k, 0) | (B._spread(mask, lo, hi) & ((1 << (n2 + 1)) - 1))
+        reach = nxt
+        if not reach:
+            return False
+    return bool((reach.get(n1, 0) >> n2) & 1)
+
+
+def test_split_fits_equals_the_rank_by_rank_program():
+    """`_split_fits` (the ranks past the dense layers taken together as one range of sums) gives the
+    rank-by-rank program's answer at every level of random rank-time tables, including ranks that
+    hold nothing, minimums above a rank's room or above the layer count, and one-kind tables."""
+    rng = np.random.default_rng(11)
+    checked = {True: 0, False: 0}
+    for _ in range(400):
+        P = int(rng.integers(1, 9))
+        n1 = int(rng.integers(0, 4))
+        n2 = int(rng.integers(0, 14))
+        vpp = int(rng.integers(1, 4))
+        t = rng.integers(1, 30, size=(P, n1 + 1, n2 + 1)).astype(float)
+        t[rng.random(t.shape) < 0.05] = np.inf
+        t = np.maximum.accumulate(t, axis=2)
+        min_per = vpp if P > 1 else n1 + n2
+        if P > 1:
+            d_lo = [min(1, n1) if p == 0 else 0 for p in range(P)]
+            d_hi = [min(n1, sum(n1 - c for c in range(p, min(n1, P * vpp), P))) for p in range(P)]
+        else:
+            d_lo, d_hi = [0], [n1]
+        for T in np.unique(np.r_[t[np.isfinite(t)], 0.0]):
+            want = reference_split_fits(t, T, min_per, d_lo, d_hi)
+            assert B._split_fits(t, T, min_per, d_lo, d_hi) == want, (t, T, min_per, d_lo, d_hi)
+            checked[want] += 1
+    assert checked[True] > 300 and checked[False] > 1000, checked
+
+
+def test_memory_tmax_equals_the_least_level_that_fits():
+    """`_memory_tmax` (searched with a sentinel instead of a first test of the top level) equals the
+    least level of the rank times at which the rank-by-rank program fits, found by a linear scan,
+    on every configuration and placement of a small two-kind MoE problem."""
+    p = load_problem({"model": SMALL_MOE, "training": {"seq_len": 8192, "global_batch_size": 64},
+                      "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+                      "search": {"pp": [1, 2, 4], "zero_stage": [1], "micro_batch_size": [1, 2]}})
+    ctx = context(p)
+    modes = search_modes(p, ctx)
+    ctx = with_modes(ctx, modes)
+    kinds = ctx.model.layer_kinds()
+    seen = {"inf": 0, "finite": 0, "pp>2": 0}
+    for cfg in candidates(p, ctx)[::7]:
+        for pl_cfg in _placements(p, ctx, cfg)[:2]:
+            table = layer_table(ctx, pl_cfg)
+            t = B._rank_times(ctx, table, modes)
+            P, D, N = t.shape
+            n1 = D - 1
+            min_per = table.cfg.vpp if P > 1 else len(kinds)
+            if P > 1:
+                d_lo = [min(1, n1) if q == 0 else 0 for q in range(P)]
+                d_hi = [min(n1, sum(n1 - c for c in range(q, min(n1, P * table.cfg.vpp), P))) for q in range(P)]
+            else:
+                d_lo, d_hi = [0], [n1]
+            want = next((float(T) for T in np.unique(t[np.isfinite(t)])
+                         if reference_split_fits(t, T, min_per, d_lo, d_hi)), np.inf)
+            got = B._memory_tmax(ctx, table, modes)
+            assert got == want
+            seen["inf" if np.isinf(want) else "finite"] += 1
+            seen["pp>2"] += P > 2
+    assert seen["finite"] >= 10 and seen["pp>2"] >= 5, seen
+
+
+def test_attention_block_shared_across_kinds_and_expert_layouts(monkeypatch):
+    """The attention block's pricing shared by the dense and MoE kinds and every expert layout
+    (`cost.layers._attention_of`): during a whole solve over tp, cp (ring and all-to-all), SP and
+    micro-batch, every hit equals `_attention_cost` priced afresh and every layer-cost hit a fresh
+    `layer_costs` (which prices its attention afresh); the answer is the one without the sharing."""
+    problem = {"model": SMALL_MOE, "training": {"seq_len": 8192, "global_batch_size": 64},
+               "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+               "search": {"micro_batch_size": [1, 2], "zero_stage": [1], "cp": [1, 2]}}
+    calls = {"fresh": 0, "hit": 0}
+    original = cost_layers._attention_of
+
+    def counting(ctx, cfg, pl, sh, cache):
+        key = (cost_layers.ATTENTION_TAG, cfg.tp, cfg.sp, cfg.tp_overlap, cfg.cp, cfg.cp_comm, cfg.mbs, pl.tp, pl.cp)
+        if cache is not None:  # (not the check's own fresh pricings)
+            calls["hit" if key in cache else "fresh"] += 1
+        return original(ctx, cfg, pl, sh, cache)
+
+    def answer() -> dict:
+        doc = solve(load_problem(problem), top_k=3).model_dump(mode="json")
+        doc["solver"].pop("solve_time_s")
+        return doc
+
+    monkeypatch.setattr(cost_layers, "_attention_of", counting)
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
+    shared = answer()
+    assert calls["hit"] > calls["fresh"] > 0, calls  # (hits exist: the MoE kind reuses the dense kind's attention)
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
+    monkeypatch.setattr(cost_layers, "_attention_of", lambda ctx, cfg, pl, sh, cache: cost_layers._attention_cost(ctx, cfg, pl, sh))
+    assert answer() == shared

@@ -328,9 +328,31 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str, eager: b
     return {"none": none, "selective": selective, "full": BF16 * T * h / div}
 
 
-def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str, Cost]:
+ATTENTION_TAG = ("attention block",)  # first element of `_attention_of`'s keys (kind keys start with a str)
+
+
+def _attention_of(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, cache: dict | None) -> tuple:
+    """`_attention_cost`, from `cache` where a configuration with the same TP / CP / SP / micro-batch
+    shape and TP / CP groups was priced: `_attention_cost` reads nothing else of (cfg, pl) (its
+    Shapes: tp, cp, sp, mbs, cp_comm; `tp_comm_s`: tp, sp, tp_overlap, pl.tp; `cp_hierarchy` and the
+    CP terms: cp, cp_comm, pl.cp), so the dense and MoE kinds and every expert layout share one
+    pricing. Fresh dicts are returned (the cached ones stay unmodified)."""
+    if cache is None:
+        return _attention_cost(ctx, cfg, pl, sh)
+    key = (ATTENTION_TAG, cfg.tp, cfg.sp, cfg.tp_overlap, cfg.cp, cfg.cp_comm, cfg.mbs, pl.tp, pl.cp)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = _attention_cost(ctx, cfg, pl, sh)
+    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
+        assert _attention_cost(ctx, cfg, pl, sh) == got, (cfg, pl)
+    fwd, bwd, core, wgrad, flops = got
+    return dict(fwd), dict(bwd), core, wgrad, flops
+
+
+def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict | None = None) -> dict[str, Cost]:
     """One layer of `kind` under every recompute mode (the forward pass, communication and
-    activations are priced once and shared by the modes)."""
+    activations are priced once and shared by the modes). `cache` (`_kind_costs`'): the attention
+    block's pricing shared across kinds and expert layouts (`_attention_of`)."""
     sh = Shapes(ctx, cfg)
     zero = dict.fromkeys(TIME_KEYS, 0.0)
     if kind == "mamba":  # a hybrid model's blocks (spec.HYBRID_KINDS) have a mixer or an MLP
@@ -338,7 +360,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str) -> dict[str
     elif kind in MLP_KIND:
         afwd, abwd, core, awgrad, aflops = zero, zero, 0.0, 0.0, 0.0
     else:
-        afwd, abwd, core, awgrad, aflops = _attention_cost(ctx, cfg, pl, sh)
+        afwd, abwd, core, awgrad, aflops = _attention_of(ctx, cfg, pl, sh, cache)
     if kind in ("mamba", "attention"):
         mfwd, mbwd, mwgrad, mflops = zero, zero, 0.0, 0.0
     else:
@@ -777,7 +799,7 @@ def _kind_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
     key = _kind_key(ctx, cfg, pl, kind)
     got = cache.get(key)
     if got is None:
-        got = cache[key] = layer_costs(ctx, cfg, pl, kind)
+        got = cache[key] = layer_costs(ctx, cfg, pl, kind, cache)
     elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
         fresh = layer_costs(ctx, cfg, pl, kind)
         assert fresh == got, (kind, cfg, pl)

@@ -654,31 +654,19 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         d_lo, d_hi = [0], [n1]
 
     def fits(T: float) -> bool:
-        most = (t <= T).sum(axis=2) - 1  # most second-kind layers per (rank, first-kind count); -1: none
-        if D == 1:  # one kind: every rank its minimum, and room for all together
-            return bool((most[:, 0] >= min_per).all() and most[:, 0].sum() >= n2)
-        reach = {0: 1}
-        for p in range(P):
-            nxt: dict[int, int] = {}
-            for d, mask in reach.items():
-                for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
-                    lo, hi = max(0, min_per - k), min(int(most[p, k]), n2)
-                    if hi >= lo:
-                        nxt[d + k] = nxt.get(d + k, 0) | (_spread(mask, lo, hi) & ((1 << (n2 + 1)) - 1))
-            reach = nxt
-            if not reach:
-                return False
-        return bool((reach.get(n1, 0) >> n2) & 1)
+        return _split_fits(t, T, min_per, d_lo, d_hi)
 
     levels = np.unique(t[np.isfinite(t)])
-    if not len(levels) or not fits(levels[-1]):
-        best = math.inf
-    else:
+    # The least level at which the split fits (fits is monotone in T), searched over levels[lo:] plus a
+    # sentinel len(levels) that stands for "none fits" (inf): the same level as checking the top level
+    # first and searching below it, one `fits` call fewer.
+    best = math.inf
+    if len(levels):
         # Start from the least T at which the second kind alone fits (the first taken as free), a
         # necessary condition checked for every level at once; the answer is usually at or near it.
         most = _counts_under(t.min(axis=1), levels) - 1  # (P, levels)
         alone = (np.minimum(most, n2).sum(axis=0) >= n2) & (most >= min_per - n1).all(axis=0)
-        lo, hi, step = int(np.argmax(alone)), len(levels) - 1, 1  # every level below lo fails
+        lo, hi, step = int(np.argmax(alone)), len(levels), 1  # every level below lo fails (none: 0)
         while lo + step - 1 < hi:  # galloping, then bisection
             if fits(levels[lo + step - 1]):
                 hi = lo + step - 1
@@ -691,9 +679,51 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
                 hi = mid
             else:
                 lo = mid + 1
-        best = float(levels[lo])
+        if lo < len(levels):
+            best = float(levels[lo])
     table.memo[key] = best
     return best
+
+
+def _split_fits(t: np.ndarray, T: float, min_per: int, d_lo: list[int], d_hi: list[int]) -> bool:
+    """Whether ranks p (t[p, d, n]: their time holding d first-kind and n second-kind layers, made
+    nondecreasing in n) can together hold every layer of both kinds at time <= T, each holding at
+    least min_per layers and d_lo[p]..d_hi[p] of the first kind (`_memory_tmax`).
+
+    The ranks that hold no first-kind layer (d_lo = d_hi = 0: past the dense layers) are taken
+    together: each adds any second-kind count in a range [lo_p, hi_p], and adding one range after
+    another reaches exactly the range of sums [sum lo_p, sum hi_p], so the suffix of such ranks is
+    one range test on the prefix's mask (bits past n2 are dropped either way: shifts only move
+    them up). The same boolean as the rank-by-rank program over every rank (tests/test_solver_speed.py)."""
+    P, D, N = t.shape
+    n1, n2 = D - 1, N - 1
+    most = (t <= T).sum(axis=2) - 1  # most second-kind layers per (rank, first-kind count); -1: none
+    if D == 1:  # one kind: every rank its minimum, and room for all together
+        return bool((most[:, 0] >= min_per).all() and most[:, 0].sum() >= n2)
+    cut = P  # the ranks from `cut` on hold no first-kind layer
+    while cut > 0 and d_lo[cut - 1] == 0 and d_hi[cut - 1] == 0:
+        cut -= 1
+    tail_lo = max(0, min_per) * (P - cut)
+    tail_hi_p = np.minimum(most[cut:, 0], n2)  # (a rank's range is empty where it is below its least)
+    if (tail_hi_p < max(0, min_per)).any():
+        return False
+    tail_hi = int(tail_hi_p.sum())
+    full = (1 << (n2 + 1)) - 1
+    reach = {0: 1}
+    for p in range(cut):
+        nxt: dict[int, int] = {}
+        for d, mask in reach.items():
+            for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
+                lo, hi = max(0, min_per - k), min(int(most[p, k]), n2)
+                if hi >= lo:
+                    nxt[d + k] = nxt.get(d + k, 0) | (_spread(mask, lo, hi) & full)
+        reach = nxt
+        if not reach:
+            return False
+    mask = reach.get(n1, 0)
+    # n2 reachable: some reached m with n2 - tail_hi <= m <= n2 - tail_lo
+    lo_m, hi_m = max(0, n2 - tail_hi), n2 - tail_lo
+    return hi_m >= lo_m and bool((mask >> lo_m) & ((1 << (hi_m - lo_m + 1)) - 1))
 
 
 def _counts_under(t: np.ndarray, levels: np.ndarray) -> np.ndarray:
