@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from autoshard.catalog import resolve_gpu_id
+
 HERE = Path(__file__).resolve().parent.parent / "validation" / "measured"
 SOURCE_FAMILY = "autoshard GPU measurements"
 
@@ -28,15 +30,12 @@ def _llama_ffn(dim: int, multiple_of: int, multiplier: float | None) -> int:
 
 
 def _gpu(doc: dict) -> str:
-    """The catalog spelling of the GPU the raw file names (torch.cuda.get_device_name)."""
-    name = doc["machine"]["gpu"]
-    for gpu in ("H100", "H200"):
-        if gpu in name:
-            return f"{gpu} SXM"
-    raise ValueError(f"unknown GPU in the raw file: {name}")
+    """The catalog id of the GPU the raw file names (torch.cuda.get_device_name), through the catalog's
+    aliases: 'NVIDIA H100 80GB HBM3' -> h100-sxm."""
+    return resolve_gpu_id(doc["machine"]["gpu"])
 
 
-def _base(run: dict, framework: str, raw: str, gpu: str = "H100 SXM") -> dict:
+def _base(run: dict, framework: str, raw: str, gpu: str) -> dict:
     return {
         "source": f"autoshard's own measurement on one {gpu} lent to the project, {raw}",
         "source_ref": f"validation/measured/{raw}; benchmarks/measure_steps.py, benchmarks/measure_mcore_steps.py",
@@ -63,7 +62,7 @@ def torchtitan_rows(doc: dict, raw: str, tag: str = "") -> list[dict]:
         a = run["model_args"]
         gpu = _gpu(doc)
         row = _base(run, "torchtitan", raw, gpu)
-        row.update(id=f"{gpu.split()[0].lower()}_torchtitan_{run['model']}_s{run['seq_len']}_mb{run['micro_batch']}_{run['ac_mode']}{tag}",
+        row.update(id=f"{gpu.split('-')[0]}_torchtitan_{run['model']}_s{run['seq_len']}_mb{run['micro_batch']}_{run['ac_mode']}{tag}",
                    model=run["model"], params_b=round(run["params"] / 1e9, 4), layers=a["n_layers"],
                    hidden=a["dim"], heads=a["n_heads"], vocab=a["vocab_size"], zero_stage=3, fsdp=True,
                    flash_attention=True, activation_recompute=run["ac_mode"] if run["ac_mode"] != "none" else "none",
@@ -88,8 +87,9 @@ def mcore_rows(doc: dict, raw: str, tag: str = "") -> list[dict]:
         if "step_s_median" not in run:
             continue
         a = run["model_args"]
-        row = _base(run, "megatron", raw)
-        row.update(id=f"h100_mcore_{run['model']}_s{run['seq_len']}_mb{run['micro_batch']}_{run['recompute']}{tag}",
+        gpu = _gpu(doc)
+        row = _base(run, "megatron", raw, gpu)
+        row.update(id=f"{gpu.split('-')[0]}_mcore_{run['model']}_s{run['seq_len']}_mb{run['micro_batch']}_{run['recompute']}{tag}",
                    model=run["model"], params_b=round(run["params"] / 1e9, 4), layers=a["num_layers"],
                    hidden=a["hidden_size"], heads=a["num_attention_heads"], kv_heads=a["num_query_groups"],
                    ffn=a["ffn_hidden_size"], vocab=a["vocab_size"], zero_stage=1, fsdp=False,

@@ -37,11 +37,11 @@ import ast
 import os
 import re
 import statistics
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 from .files import MAX_CONFIG_BYTES, MAX_LOG_BYTES, at_line, read_text
-import tomllib
 
 WARMUP_ITERATIONS = 3
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -471,6 +471,16 @@ def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int
                 "with --moe-pad-expert-input-to-capacity): token dropping needs alltoall or hybridep")
 
 
+def _dual_microbatches(plan: Plan, global_batch: int, dp: int, bad: ReasonSink, why: str) -> None:
+    """DualPipe and DualPipeV run micro-batches in forward/backward pairs and fill each of the 2 x pp
+    virtual stages: an even number of them, at least 2 x pp (checked where the batch divides)."""
+    if dp and global_batch % (dp * plan.micro_batch_size) == 0:
+        mb = global_batch // (dp * plan.micro_batch_size)
+        if mb < 2 * plan.pp or mb % 2:
+            bad("micro_batch_size", f"{plan.schedule}: {mb} micro-batches; it needs an even number >= 2*pp = "
+                f"{2 * plan.pp}{why}")
+
+
 def _schedule_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int, bad: ReasonSink) -> None:
     """The global batch over dp*micro_batch_size, virtual stages, and each schedule's needs."""
     m, t = problem.model, problem.training
@@ -493,22 +503,16 @@ def _schedule_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: in
         # forward beside another's backward, in pairs of micro-batches.
         if plan.pp < 2 or plan.vpp != 2:
             bad("schedule", "schedule 'dualpipev' needs pp >= 2 and vpp = 2 (two virtual stages per rank, in a V)")
-        elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
-            mb = t.global_batch_size // (dp * plan.micro_batch_size)
-            if mb < 2 * plan.pp or mb % 2:
-                bad("micro_batch_size", f"dualpipev: {mb} micro-batches; it needs an even number >= 2*pp = "
-                    f"{2 * plan.pp}")
+        else:
+            _dual_microbatches(plan, t.global_batch_size, dp, bad, "")
     if plan.schedule == "dualpipe":
         # DeepSeek's bidirectional DualPipe (deepseek-ai/DualPipe dualpipe.py): rank r holds stage r of
         # one pipeline and stage P-1-r of the other, half the micro-batches entering from each end; the
         # ranks pair up (r, P-1-r), so P is even, and each direction needs P micro-batches to fill.
         if plan.pp < 2 or plan.pp % 2 or plan.vpp != 1:
             bad("schedule", "schedule 'dualpipe' needs an even pp >= 2 and vpp = 1 (one stage of each direction per rank)")
-        elif dp and t.global_batch_size % (dp * plan.micro_batch_size) == 0:
-            mb = t.global_batch_size // (dp * plan.micro_batch_size)
-            if mb < 2 * plan.pp or mb % 2:
-                bad("micro_batch_size", f"dualpipe: {mb} micro-batches; it needs an even number >= 2*pp = "
-                    f"{2 * plan.pp} (half enter from each end)")
+        else:
+            _dual_microbatches(plan, t.global_batch_size, dp, bad, " (half enter from each end)")
     if plan.schedule == "interleaved":
         if plan.vpp < 2 or plan.pp < 2:
             bad("schedule", "schedule 'interleaved' needs pp >= 2 and vpp >= 2")
