@@ -169,7 +169,6 @@ def _megatron(path: str, lines: list[str]) -> LogRun | None:
 
 
 def _torchtitan(path: str, lines: list[str]) -> LogRun | None:
-    samples: list[Sample] = []
     settings: dict[str, Any] = {}
     gpu = None
     prev = 0

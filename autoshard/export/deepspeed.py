@@ -43,7 +43,7 @@ def _batch_note(ctx: _Ctx) -> str:
     """How deepspeed.initialize must be called so DeepSpeed counts the planned data-parallel ranks.
     DeepSpeed 0.19 (runtime/config.py DeepSpeedConfig.__init__) takes the data-parallel world size from
     mpu.get_data_parallel_world_size(), or without an mpu from dist.get_world_size(): every rank."""
-    p, m, t = ctx.plan, ctx.model, ctx.training
+    p, t = ctx.plan, ctx.training
     model_parallel = p.tp * p.pp * p.cp
     batch = (f"train_batch_size {t.global_batch_size} = micro {p.micro_batch_size} x GAS {ctx.microbatches} "
              f"x dp {ctx.dp}")

@@ -179,7 +179,6 @@ def _jax(ctx: _Ctx) -> str:
     """A JSON of the device mesh and per-tensor PartitionSpecs (with the real shapes) for plain JAX."""
     p, m, t = ctx.plan, ctx.model, ctx.training
     names, axis_size, inner_first = _jax_mesh(ctx)
-    dpax = names["dp"]
     ep_on = axis_size.get("expert", 1) > 1
     live = [a for a, n in inner_first if n > 1]
     # logical axis -> its mesh axes, outermost first (a PartitionSpec entry shards over them in that order)
