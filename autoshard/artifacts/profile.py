@@ -76,24 +76,32 @@ class ArtifactCalibration:
     inputs: list[str]
 
     def summary(self) -> str:
-        lines = [f"calibrated on {len(self.runs)} run(s) from {len(self.inputs)} file(s); wrote {self.out_path}"]
-        for r in self.runs:
-            lines.append(f"  {r['id']}: {r['format']} log, {r['steady']} steady values, step {r['step_s']:.4g} s, "
-                         f"plan {r['plan']}")
-        for gpu, facs in sorted(self.measured.items()):
-            for name, d in sorted(facs.items()):
-                lines.append(f"  {gpu} {name} = {d['value']:.4g} measured: {d['how']}")
-        for gpu, names in sorted(self.fitted.items()):
-            lines.append(f"  {gpu}: fitted to step times: {', '.join(names) or 'nothing'}")
-        lines.append("error on your runs, |predicted - measured| / measured (median):")
-        lines.append(f"  in-sample:            {_med(self.in_sample_before_pct)} -> {_med(self.in_sample_after_pct)}")
-        if self.loo_after_pct:
-            lines.append(f"  leave-one-run-out:    {_med(self.loo_before_pct)} -> {_med(self.loo_after_pct)}")
-            for rid in sorted(self.loo_after_pct):
-                lines.append(f"    {rid}: {self.loo_before_pct[rid]:+.1f}% -> {self.loo_after_pct[rid]:+.1f}%")
-        else:
-            lines.append("  leave-one-run-out:    needs at least 2 runs")
-        return "\n".join(lines) + "\n"
+        """What `calibrate --logs` prints: the same lines as the overlay's header (`report_lines`)."""
+        return f"wrote {self.out_path}\n" + "\n".join(report_lines(self)) + "\n"
+
+
+def report_lines(r: ArtifactCalibration) -> list[str]:
+    """The calibration's one rendering, printed by `calibrate --logs` and written (as comments) at the
+    top of the overlay: inputs, each run's steady step, the measured and the fitted factors, the error
+    before -> after in sample and leave-one-run-out (the warnings go to stderr and into the header)."""
+    lines = [f"calibrated on {len(r.runs)} run(s) from {len(r.inputs)} file(s)", "inputs:"]
+    lines += [f"  {p}" for p in r.inputs]
+    lines.append("runs (steady step time = median over the logged values after warm-up):")
+    lines += [f"  {x['id']}: {x['format']} {x['gpu']} x{x['num_gpus']} {x['plan']}: {x['step_s']:.6g} s "
+              f"({x['steady']} of {x['logged']} values)" for x in r.runs]
+    for gpu, facs in sorted(r.measured.items()):
+        lines += [f"  {gpu} {name} = {d['value']:.4g} measured: {d['how']}" for name, d in sorted(facs.items())]
+    for gpu, names in sorted(r.fitted.items()):
+        lines.append(f"  {gpu}: fitted to step times: {', '.join(names) or 'nothing'}")
+    lines.append("error on your runs, |predicted - measured| / measured (median):")
+    lines.append(f"  in-sample:            {_med(r.in_sample_before_pct)} -> {_med(r.in_sample_after_pct)}")
+    if r.loo_after_pct:
+        lines.append(f"  leave-one-run-out:    {_med(r.loo_before_pct)} -> {_med(r.loo_after_pct)}")
+        lines += [f"    {rid}: {r.loo_before_pct[rid]:+.1f}% -> {r.loo_after_pct[rid]:+.1f}%"
+                  for rid in sorted(r.loo_after_pct)]
+    else:
+        lines.append("  leave-one-run-out:    needs at least 2 runs")
+    return lines
 
 
 def _med(errs: dict[str, float]) -> str:
@@ -394,25 +402,10 @@ def calibrate_artifacts(runs: list[MeasuredRun], traces: dict[str, list[TraceSum
 
 
 def _header(r: ArtifactCalibration) -> str:
+    """The overlay's comment header: how to use it, then `report_lines`."""
     lines = ["autoshard calibrate --logs: a catalog overlay calibrated from training artifacts.",
              "Use it with `cluster: {catalog: <this file>}` in a problem (solve, evaluate, batch, whatif).", "",
-             "Inputs:"]
-    lines += [f"  {p}" for p in r.inputs]
-    lines.append("Runs (steady step time = median over the logged values after warm-up):")
-    for x in r.runs:
-        lines.append(f"  {x['id']}: {x['format']} {x['gpu']} x{x['num_gpus']} {x['plan']}: {x['step_s']:.6g} s "
-                     f"({x['steady']} of {x['logged']} values)")
-    for g, facs in sorted(r.measured.items()):
-        for n, d in sorted(facs.items()):
-            lines.append(f"Measured {g} {n} = {d['value']:.4g}: {d['how']}")
-    lines.append("Error |predicted - measured| / measured, median over your runs:")
-    lines.append(f"  in-sample {_med(r.in_sample_before_pct)} -> {_med(r.in_sample_after_pct)}")
-    if r.loo_after_pct:
-        lines.append(f"  leave-one-run-out {_med(r.loo_before_pct)} -> {_med(r.loo_after_pct)}")
-        for rid in sorted(r.loo_after_pct):
-            lines.append(f"    {rid}: {r.loo_before_pct[rid]:+.1f}% -> {r.loo_after_pct[rid]:+.1f}%")
-    lines += [f"warning: {w}" for w in r.warnings]
-    lines.append("")
+             *report_lines(r), *(f"warning: {w}" for w in r.warnings), ""]
     return "".join(f"# {ln}".rstrip() + "\n" for ln in lines)
 
 
