@@ -328,7 +328,7 @@ def cmd_solve(a: argparse.Namespace) -> int:
                         progress=progress)
         point = None  # the point-estimate solution, under --robust (what solver.status / objective are about)
         if getattr(a, "robust", False):
-            from .intervals import robust_choice  # noqa: PLC0415
+            from .solver.robust import robust_choice  # noqa: PLC0415
 
             point, sol = sol, robust_choice(sol)
     except InfeasibleError as exc:

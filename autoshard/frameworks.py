@@ -117,7 +117,7 @@ class FrameworkProfile:
     cp_comm_types: tuple[str, ...] | None = None
     cp_excludes_sp: bool = False  # its context parallelism cannot run beside TP's sequence parallelism
     window_cp_comm_types: tuple[str, ...] | None = None
-    # recompute lists its launcher runs (solver/layouts.py): per_layer | uniform | block | every_nth
+    # recompute lists its launcher runs (layouts.py): per_layer | uniform | block | every_nth
     recompute_layout: str = "per_layer"
     # Megatron recompute-module sets the solver plans by default (beside none / selective / full)
     planned_recompute_modules: tuple[str, ...] = ()

@@ -30,7 +30,7 @@ from .cost import Config, context, dp_overlaps_refused, ep_overlap_state
 from .cost.params import active_params, total_params
 from .errors import AutoshardError
 from .frameworks import get_framework
-from .intervals import interval_source, overlaps, upper
+from .cost.intervals import interval_source, overlaps, upper
 from .spec import mode_order
 from .tables import Column, table_text
 
@@ -545,7 +545,7 @@ def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
                 for i, a in enumerate(solution.alternatives)]
         out += _table(["#", "step time", "slower", "vs the plan", "family", "plan", "differs"], rows, "rrrllll")
         out += ["", "Indistinguishable: the two 80% prediction intervals overlap (the model cannot tell "
-                "which is faster; autoshard/intervals.py)."]
+                "which is faster; autoshard/cost/intervals.py)."]
     else:
         out.append("None: every other configuration was proven slower by its bound, or none fits.")
     out += ["", "## Solver", ""]

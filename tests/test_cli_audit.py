@@ -113,21 +113,21 @@ def test_an_internal_error_is_one_line_with_its_own_exit_code(capsys, monkeypatc
 def test_robust_pick_is_reported_in_text_and_json(tmp_path, capsys, monkeypatch):
     """The solver status and objective are the point-estimate optimum's: when --robust picks another
     plan the text says so next to `solver: OPTIMAL`, and the JSON records `solver.selection`."""
-    import autoshard.intervals as intervals
+    import autoshard.solver.robust as robust
 
     prob = write(tmp_path / "pcie.yaml", PCIE)
     rc, out, _ = main(capsys, "solve", prob, "--json", "--quiet")
     point = json.loads(out)
     assert rc == 0 and point["solver"]["selection"] == "point" and "point_estimate" not in point["solver"]
 
-    real = intervals.robust_choice
+    real = robust.robust_choice
     picked: list = []
 
     def spy(sol):
         picked.append((sol, real(sol)))
         return picked[-1][1]
 
-    monkeypatch.setattr(intervals, "robust_choice", spy)
+    monkeypatch.setattr(robust, "robust_choice", spy)
     rc, out, _ = main(capsys, "solve", prob, "--json", "--quiet", "--robust")
     rob = json.loads(out)
     sol, chosen = picked[-1]
@@ -146,7 +146,7 @@ def test_robust_pick_is_reported_in_text_and_json(tmp_path, capsys, monkeypatch)
         assert "--robust: the point-estimate optimum also has the lowest upper end" in text
 
     # Forced: --robust picking the first alternative is always said, in the text and the Markdown.
-    monkeypatch.setattr(intervals, "robust_choice", lambda s: s.model_copy(update={
+    monkeypatch.setattr(robust, "robust_choice", lambda s: s.model_copy(update={
         "plan": s.alternatives[0].plan, "estimate": s.alternatives[0].estimate}))
     rc, text, _ = main(capsys, "solve", prob, "--quiet", "--robust", "-o", str(tmp_path / "r.md"))
     assert rc == 0 and "solver: OPTIMAL (point estimate " in text and "--robust picked the plan" in text

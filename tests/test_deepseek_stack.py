@@ -22,7 +22,7 @@ from autoshard.frameworks import get_framework
 from autoshard.hf import model_from_hf_config
 from autoshard.loader import load_plan
 from autoshard.solver.dualpipe_plans import balanced_split
-from autoshard.solver.layouts import search_modes
+from autoshard.layouts import search_modes
 from autoshard.solver.search import search_headroom
 from autoshard.topology import all_to_all_s, contiguous_profile
 

@@ -688,7 +688,7 @@ DSV3_STAGE0 = ["full"] * 11 + ["none"] * 50
 
 def test_deepseek_v3_per_layer_recompute_is_flagged_and_refused(tmp_path) -> None:
     from autoshard.cli import main  # noqa: PLC0415
-    from autoshard.solver.layouts import megatron_reason  # noqa: PLC0415
+    from autoshard.layouts import megatron_reason  # noqa: PLC0415
 
     plan = Plan(tp=2, pp=8, ep=8, stage_layers=DSV3_SPLIT, recompute=DSV3_STAGE0)
     lists = problem("deepseek-v3", search={"recompute_layout": "per_layer"})
@@ -720,7 +720,7 @@ def test_solver_plans_only_what_megatron_runs_and_exports_it_exactly() -> None:
     # export wrote --cpu-offloading-num-layers 1; now it plans full recompute on the first 5 layers
     # of each stage (--recompute-method block, 20.8 s), and evaluate, the solver and the export agree.
     from autoshard import load_problem, solve  # noqa: PLC0415
-    from autoshard.solver.layouts import megatron_recompute  # noqa: PLC0415
+    from autoshard.layouts import megatron_recompute  # noqa: PLC0415
 
     doc = {"model": "llama3-8b", "training": {"seq_len": 8192, "global_batch_size": 64},
            "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},

@@ -412,7 +412,7 @@ def test_offloading_prices_the_host_link():
     from autoshard.catalog import get_gpu
 
     def problem(gpu):
-        # (per_layer: Megatron offloads activations only at PP 1 and fewer than all layers, solver/layouts.py;
+        # (per_layer: Megatron offloads activations only at PP 1 and fewer than all layers, layouts.py;
         # this prices offloading itself, on a stack that takes any list)
         return load_problem({"model": "llama3-70b", "training": {"seq_len": 8192, "global_batch_size": 64},
                              "cluster": {"gpu": gpu, "num_gpus": 16}, "search": {"recompute_layout": "per_layer"}})

@@ -11,7 +11,7 @@ from autoshard import Plan, load_problem
 from autoshard.cost import Config, assemble, context, evaluate, layer_table
 from autoshard.errors import InfeasibleError
 from autoshard.solver import solve
-from autoshard.solver.layouts import block_layers, expressible, recompute_layout
+from autoshard.layouts import block_layers, expressible, recompute_layout
 from autoshard.solver.search import search_headroom
 from autoshard.spec import MESH_AXES
 
@@ -67,7 +67,7 @@ def brute_force(problem):
             for split in compositions(L, pp * vpp):
                 for rc in itertools.product(modes, repeat=L):
                     if not expressible(layout, split, list(rc), pp):
-                        continue  # a list the framework's launcher cannot run (solver/layouts.py)
+                        continue  # a list the framework's launcher cannot run (layouts.py)
                     e = assemble(ctx, table, split, list(rc), cfg.plan(list(rc), split), [])
                     if e.fits and (best is None or e.step_time_s < best[0] - 1e-12):
                         best = (e.step_time_s, cfg.plan(list(rc), split))
@@ -193,7 +193,7 @@ def test_memory_pressure_forces_per_layer_recompute_and_uneven_stages():
 def test_block_layout_is_megatrons_recompute_num_layers():
     # --recompute-method block --recompute-num-layers K: the first K layers of every virtual stage,
     # all of a shorter one (Megatron transformer_block.py _checkpointed_forward); none elsewhere.
-    from autoshard.solver.layouts import project
+    from autoshard.layouts import project
 
     f, n = "full", "none"
     assert block_layers([3, 3, 2], [f, f, n, f, f, n, f, f]) == 2
@@ -619,7 +619,7 @@ def test_solver_matches_brute_force_in_fp8(problem):
 def test_every_nth_layout_is_torchtitans_selective_ac_option():
     # torchtitan `selective_ac_option = N`: a counter over the blocks a rank wraps (its virtual stages in
     # order), block j fully checkpointed iff (j + 1) % N == 0 (distributed/activation_checkpoint.py).
-    from autoshard.solver.layouts import every_nth_layers, every_nth_list
+    from autoshard.layouts import every_nth_layers, every_nth_list
 
     f, n = "full", "none"
     assert every_nth_list([3, 3], 1, 2) == [n, f, n, f, n, f]
@@ -665,6 +665,6 @@ def test_torchtitan_plans_every_nth_block_and_matches_enumeration():
 
 
 def every_nth_layers_of(sol):
-    from autoshard.solver.layouts import every_nth_layers
+    from autoshard.layouts import every_nth_layers
 
     return every_nth_layers(sol.plan.stage_layers, sol.plan.recompute_per_layer(sum(sol.plan.stage_layers)), sol.plan.pp)

@@ -401,7 +401,7 @@ def test_megatron_plans_its_recompute_modules():
     # Megatron-Bridge's DeepSeek-V3 recipes recompute mla_up_proj on every layer (data/mbridge_recipes.yaml):
     # a default Megatron plan may too. On the seed DeepSeek-V3 problem it beats the block full recompute the
     # three classic modes leave (23.3 vs 26.5 s); dense models get no module sets they cannot use.
-    from autoshard.solver.layouts import planned_modes
+    from autoshard.layouts import planned_modes
 
     ds = load_problem(ROOT_PROBLEMS / "deepseek-v3-2048xh800.yaml")
     assert {"mla_up_proj", "layernorm+moe_act"} <= set(planned_modes(context(ds)))

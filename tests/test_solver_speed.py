@@ -11,7 +11,7 @@ import pytest
 from autoshard import Plan, load_problem
 from autoshard.cost import Config, context, evaluate, layer_table, with_modes
 from autoshard.solver import _placements, candidates, solve
-from autoshard.solver.layouts import search_modes
+from autoshard.layouts import search_modes
 
 # (the modules: `autoshard.solver.bounds` the attribute is the function `bounds`)
 B = importlib.import_module("autoshard.solver.bounds")

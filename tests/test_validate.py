@@ -603,7 +603,7 @@ def test_ablations_dev_report(capsys):
 
 
 def test_regime_classification_by_hand():
-    from autoshard.intervals import regime
+    from autoshard.cost.intervals import regime
 
     assert regime({"compute": 8.0, "tp_comm": 1.0, "pipeline_bubble": 1.0}, 10.0, moe=True) == "moe"
     assert regime({"compute": 8.0, "pipeline_bubble": 1.0, "pp_comm": 0.5}, 10.0, moe=False) == "pipeline-bound"
@@ -614,7 +614,7 @@ def test_regime_classification_by_hand():
 
 
 def test_intervals_contain_the_stated_fraction_of_dev_residuals():
-    from autoshard.intervals import MIN_RUNS, QUANTILES, fit_intervals, residuals
+    from autoshard.cost.intervals import MIN_RUNS, QUANTILES, fit_intervals, residuals
 
     reports = [validate(DEV_RUNS), validate(MODERN_DEV)]
     doc = fit_intervals(reports)
@@ -635,7 +635,7 @@ def test_intervals_contain_the_stated_fraction_of_dev_residuals():
 
 
 def test_bundled_intervals_file_and_estimates_carry_intervals():
-    from autoshard.intervals import interval, regime, table
+    from autoshard.cost.intervals import interval, regime, table
 
     doc = table()
     assert doc is not None and doc["quantiles"] == [0.1, 0.9] and doc["date"]
@@ -659,7 +659,7 @@ def test_bundled_intervals_file_and_estimates_carry_intervals():
 def test_reports_say_which_runs_an_interval_comes_from():
     # The terminal and Markdown reports name the regime whose residuals set the interval, and how many
     # validation runs it holds (all runs where a regime has fewer than MIN_RUNS).
-    from autoshard.intervals import interval_source, regime, table
+    from autoshard.cost.intervals import interval_source, regime, table
     from autoshard.render import _estimate_markdown, estimate_text
 
     regs = table()["regimes"]
@@ -676,7 +676,8 @@ def test_reports_say_which_runs_an_interval_comes_from():
 
 
 def test_indistinguishable_alternatives_and_robust_choice():
-    from autoshard.intervals import overlaps, robust_choice
+    from autoshard.cost.intervals import overlaps
+    from autoshard.solver.robust import robust_choice
     from autoshard.render import alternative_line
     from autoshard.solver.records import Alternative, Solution, SolverStats
 

@@ -106,7 +106,7 @@ def fit_intervals(reports: list[Any]) -> dict[str, Any]:
         "quantiles": list(QUANTILES),
         "definition": ("ratio = measured / predicted step time over the runs evaluated from the sources; "
                        "interval = predicted x [low, high]; regime from the estimate's time breakdown "
-                       "(autoshard/intervals.py)"),
+                       "(autoshard/cost/intervals.py)"),
         "regimes": {},
     }
     for name in REGIMES:
@@ -120,7 +120,7 @@ def fit_intervals(reports: list[Any]) -> dict[str, Any]:
 def write_intervals(doc: Mapping[str, Any], path: str | Path = DATA_PATH) -> None:
     head = ("# Prediction intervals of step times: quantiles of measured / predicted by regime.\n"
             "# Written by `python benchmarks/bench_fidelity.py --write-intervals`; do not edit by hand,\n"
-            "# re-run it after every cost-model change (see autoshard/intervals.py).\n")
+            "# re-run it after every cost-model change (see autoshard/cost/intervals.py).\n")
 
     atomic_write(path, head + yaml.safe_dump(dict(doc), sort_keys=False))
 

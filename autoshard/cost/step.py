@@ -455,7 +455,7 @@ class Estimate(BaseModel):
     stages: list[StageEstimate]
     bottleneck: str
     # predicted step time x the 10th/90th percentile of measured/predicted of the validation runs of its
-    # regime (autoshard/intervals.py, autoshard/data/intervals.yaml); None: no step time
+    # regime (autoshard/cost/intervals.py, autoshard/data/intervals.yaml); None: no step time
     step_time_interval_s: tuple[float, float] | None = None
     # The training FLOP budget (None for an invalid plan); its totals need `training.tokens`.
     flop_budget: FlopBudget | None = None

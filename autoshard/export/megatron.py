@@ -13,7 +13,7 @@ from .common import _recompute_counts
 from .context import _Ctx
 from .model_facts import _recipe_settings, gpu_arch, hierarchical_cp_sizes, model_family
 from ..catalog import get_recipe, low_precision_fraction
-from ..solver.layouts import megatron_reason, megatron_recompute
+from ..layouts import megatron_reason, megatron_recompute
 from ..spec import RECOMPUTE_MODULES
 
 
@@ -484,7 +484,7 @@ def _megatron_bf16_parts(ctx: _Ctx, add: Add) -> None:
 
 def _megatron_recompute(ctx: _Ctx, add: Add) -> None:
     """The recompute / offload flags that run exactly the planned per-layer list
-    (`solver.layouts.megatron_recompute`, the predicate evaluate and the solver use), or InputError
+    (`layouts.megatron_recompute`, the predicate evaluate and the solver use), or InputError
     (exit 2) naming why Megatron cannot run it: a plan is never exported as something else."""
     split, pp = list(ctx.stages), ctx.plan.pp
     rc = megatron_recompute(split, ctx.recompute, pp)

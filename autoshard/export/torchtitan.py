@@ -14,7 +14,7 @@ from .common import _recompute_counts
 from .context import _Ctx
 from .megatron import megatron_order
 from .model_facts import _recipe_settings, titan_flavor, titan_llama3_args
-from ..solver.layouts import every_nth_layers
+from ..layouts import every_nth_layers
 
 
 def _toml_text(sections: list[tuple[str, dict[str, Any]]]) -> str:

@@ -19,7 +19,7 @@ from ..cost import (
 from ..errors import InputError
 from ..spec import MESH_AXES, RECOMPUTES, UNPLANNABLE_SCHEDULES, Plan, Problem, divisors
 from ..topology import place_axes
-from .layouts import search_modes
+from ..layouts import search_modes
 from itertools import permutations
 
 DEFAULT_MBS = (1, 2, 4, 8, 16)

@@ -15,7 +15,7 @@ from ..cost import context, with_modes
 from ..frameworks import profiles
 from .bounds import _bounds
 from .candidates import candidates
-from .layouts import search_modes
+from ..layouts import search_modes
 
 
 def run_length(xs: list[int]) -> str:

@@ -43,7 +43,7 @@ from .candidates import _placements, candidates, offload_passes
 from .dualpipe_plans import dualpipe_pass
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
 from .families import Family, Named, family_key, family_name, named
-from .layouts import search_modes
+from ..layouts import search_modes
 from .records import Alternative, Solution, SolverStats
 from .stage_model import TIME_UNIT_S, StageModel, _rounding_tolerance, _t
 from .warm_start import WARM_START_CONFIGS, _warm_start

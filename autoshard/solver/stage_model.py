@@ -22,9 +22,9 @@ from ..cost import (
 )
 from ..spec import RECOMPUTES
 from .bounds import _memory_tmax, _rank_times, _stage_extras, balanced_max
-from .layouts import recompute_layout
+from ..layouts import recompute_layout
 from ..cost import even_split
-from .layouts import every_nth_list
+from ..layouts import every_nth_list
 
 if TYPE_CHECKING:  # (cp_model is imported lazily at run time)
     from ortools.sat.python.cp_model import LinearExpr

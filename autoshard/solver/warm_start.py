@@ -11,7 +11,7 @@ from ..cost import Config, Context, Estimate, Table, inflight_microbatches, laye
 from ..spec import Problem
 from .bounds import _optimistic_table, _table_bound, _useful_modes
 from .candidates import _placements
-from .layouts import project, recompute_layout
+from ..layouts import project, recompute_layout
 from ..cost import assemble, even_split
 
 WARM_START_CONFIGS = 800  # configurations the greedy pass tries, in numpy-bound order (a count: deterministic)

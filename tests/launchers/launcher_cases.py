@@ -144,7 +144,7 @@ def all_cases() -> dict[str, tuple[Problem, Plan]]:
 
 
 CASE_IDS = sorted([*(f"bundled:{p.stem}" for p in (REPO / "solutions").glob("*.json")), *FURTHER])
-# Plans whose recompute list Megatron cannot run (solver/layouts.py megatron_reason): the Megatron
+# Plans whose recompute list Megatron cannot run (layouts.py megatron_reason): the Megatron
 # export refuses them (InputError, exit 2 on the CLI) rather than write another plan's flags.
 MEGATRON_REFUSED = {"recompute-irregular", "deepseek-v3-per-layer-recompute"}
 MEGATRON_CASES = [c for c in CASE_IDS if c not in MEGATRON_REFUSED]

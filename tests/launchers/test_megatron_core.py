@@ -42,7 +42,7 @@ from autoshard.topology import _expert_groups  # noqa: E402
 from autoshard import evaluate  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.export import export_plan  # noqa: E402
-from autoshard.solver.layouts import megatron_recompute  # noqa: E402
+from autoshard.layouts import megatron_recompute  # noqa: E402
 from autoshard.spec import canonical_recompute  # noqa: E402
 
 from launcher_cases import (  # noqa: E402
@@ -475,7 +475,7 @@ def _compositions(n: int, k: int):
 def test_megatron_predicate_is_exactly_what_megatron_runs() -> None:
     # Brute force on a 6-layer model: every split over 1, 2, 3 or 4 virtual stages (pp 1, 2, 3; vpp 1,
     # 2) and every per-layer list over none / full / selective / offload (4^6 = 4,096). The planner's
-    # predicate (solver/layouts.py megatron_recompute: what the solver plans, evaluate accepts and the
+    # predicate (layouts.py megatron_recompute: what the solver plans, evaluate accepts and the
     # export writes) accepts a list iff some Megatron setting runs exactly it, and the settings it
     # returns, run through megatron-core's own _checkpointed_forward, give back the list.
     L, accepted = 6, 0
