@@ -495,7 +495,7 @@ def cmd_collective(a: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
     from .catalog import get_gpu, get_topology  # noqa: PLC0415
-    from .loader import validate  # noqa: PLC0415
+    from .schema_errors import validate  # noqa: PLC0415
     from .spec import ClusterSpec  # noqa: PLC0415
     from .topology import cluster_graph, collective_s, contiguous_profile, resolve_levels  # noqa: PLC0415
 

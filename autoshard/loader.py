@@ -26,12 +26,9 @@ from typing import Any
 
 from .catalog import _aliases, _gpus, _norm, default_precision, get_gpu, load_overlay, resolve_model
 from .errors import InputError
-from .fileio import (  # noqa: F401  (re-exported: the loader's names before fileio existed)
-    MAX_DEPTH, MAX_FILE_BYTES, MAX_YAML_BYTES, DuplicateKeyError, StrictSafeLoader, atomic_write,
-    check_input_file, check_output_file, dumps_json, guard_output, parse_json, parse_yaml, read_document,
-    read_limited, read_text)
+from .fileio import MAX_FILE_BYTES, parse_json, read_document, read_text
 from .frameworks import profiles
-from .schema_errors import format_validation_error, short_repr, validate  # noqa: F401  (re-exported)
+from .schema_errors import short_repr, validate
 from .spec import UNPLANNABLE_SCHEDULES, Plan, Problem
 from .topology import check_cluster
 

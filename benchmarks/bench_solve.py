@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from autoshard import load_problem
-from autoshard.loader import read_document
+from autoshard.fileio import read_document
 from autoshard.solver import solve
 from autoshard.spec import DEFAULT_TIME_LIMIT_S
 

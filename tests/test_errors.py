@@ -508,7 +508,7 @@ def stat_is_fifo(path: Path) -> bool:
 
 
 def test_atomic_write_character_device_written_through_regular_file_keeps_mode(tmp_path):
-    from autoshard.loader import atomic_write  # noqa: PLC0415
+    from autoshard.fileio import atomic_write  # noqa: PLC0415
 
     dev = Path(os.devnull)
     before = os.stat(dev)
@@ -576,7 +576,7 @@ def test_size_is_checked_before_reading(tmp_path, capsys):
 def test_largest_allowed_yaml_parses_quickly(tmp_path, capsys):
     """Just under the 1 MiB limit, the densest YAML (tiny flow mappings) parses in a few seconds
     (a 14.9 MB file took 61 s before the limit and libyaml)."""
-    from autoshard.loader import MAX_YAML_BYTES, read_document  # noqa: PLC0415
+    from autoshard.fileio import MAX_YAML_BYTES, read_document  # noqa: PLC0415
 
     row = "  - {a: 1, b: [1, 2]}\n"
     doc = tmp_path / "dense.yaml"
@@ -979,7 +979,7 @@ def test_calibrate_to_a_pipe_and_a_255_byte_file_name(tmp_path):
     """The fitted overlay can go to stdout (`-o /dev/stdout | ...`): the 'after' errors are measured
     on a scratch copy, not by reading -o back; and a 255-byte output name fits (the temporary
     file's name is shortened)."""
-    from autoshard.loader import atomic_write  # noqa: PLC0415
+    from autoshard.fileio import atomic_write  # noqa: PLC0415
     from autoshard.validate import default_runs_path  # noqa: PLC0415
 
     long = tmp_path / ("x" * 250 + ".yaml")

@@ -442,7 +442,7 @@ SCALAR = st.one_of(st.integers(-5, 5), st.sampled_from(["x", "h100", "llama3-8b"
 def test_a_repeated_key_is_always_an_error_at_its_line(keys, dup, value, flow, depth):
     """Whatever the document, a mapping that repeats a key is an InputError naming that key and the
     line of its second occurrence (PyYAML alone keeps the last value silently)."""
-    from autoshard.loader import parse_yaml  # noqa: PLC0415
+    from autoshard.fileio import parse_yaml  # noqa: PLC0415
 
     keys = list(dict.fromkeys(keys))
     again = keys[dup % len(keys)]
@@ -502,7 +502,7 @@ def test_measured_runs_file_is_rows_or_one_line(cells, sep):
 @fuzz(40)
 @given(data=st.binary(max_size=2000), links=st.integers(0, 3))
 def test_atomic_write_through_links_keeps_the_links(data, links):
-    from autoshard.loader import atomic_write  # noqa: PLC0415
+    from autoshard.fileio import atomic_write  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as d:
         real = Path(d) / "real.bin"

@@ -28,7 +28,7 @@ import pytest
 from autoshard import evaluate, load_plan, load_problem
 from autoshard.batch import SUMMARY_NAME, input_key
 from autoshard.errors import InputError
-from autoshard.loader import read_document
+from autoshard.fileio import read_document
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "problems"

@@ -11,7 +11,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import InputError
-from ..loader import read_limited
+from ..fileio import read_limited
 
 # Limits per kind of file (bytes). A training log of a long run is tens of MiB; a Chrome trace of a
 # few profiled steps on one rank is tens to hundreds of MiB; nccl-tests output is a few KiB.

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import yaml
 
 from ..errors import InputError
-from ..loader import atomic_write, check_output_file
+from ..fileio import atomic_write, check_output_file
 from .files import expand
 from .logs import LogRun, read_log, read_toml
 from .nccl import NcclTest, read_nccl_tests

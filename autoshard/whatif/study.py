@@ -10,7 +10,8 @@ from typing import Any
 from ..catalog import get_gpu, get_topology, gpu_ids, load_overlay, resolve_model
 from ..errors import InputError
 from ..fileio import read_document
-from ..loader import file_folder, named_file_error, resolve_path, validate
+from ..loader import file_folder, named_file_error, resolve_path
+from ..schema_errors import validate
 from .pricing import default_notes
 from .schema import (
     MAX_OPTIONS,
