@@ -235,7 +235,8 @@ def planned_modes(ctx: Context) -> list[str]:
     full, and the framework's recompute-module sets (Megatron) whose modules the model has: moe_act and
     moe need experts, mla_up_proj MLA, mlp a dense layer, shared_experts shared experts."""
     m = ctx.model
-    has = {"core_attn": True, "layernorm": True, "mlp": m.num_dense_layers > 0, "moe": m.is_moe,
+    has = {"core_attn": True, "layernorm": True, "mlp": m.num_dense_layers > 0, "mlp_up": m.num_dense_layers > 0,
+           "moe": m.is_moe,
            "moe_act": m.is_moe, "mla_up_proj": m.is_mla, "shared_experts": m.is_moe and m.num_shared_experts > 0}
     sets = [s for s in ctx.framework.planned_recompute_modules if all(has.get(x, False) for x in s.split("+"))]
     return list(RECOMPUTES) + sets

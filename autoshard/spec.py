@@ -25,7 +25,11 @@ Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext
 Dispatcher = Literal["alltoall", "deepep", "hybridep", "allgather"]
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
-RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
+# `mlp_up` is no Megatron module: the dense MLP's input projection(s) (fc1; gate and up) and activation
+# re-run, fc2 not, which is what a JAX remat policy that saves neither re-runs, since no backward needs
+# fc2's output and XLA removes its recomputation (MaxText 'mlpwi' / 'mlpwi_0' / 'mlpwi_1' at 'remat';
+# Praxis SAVE_QKV_OUT_PROJ); Megatron's `mlp` re-runs the whole MLP forward (CheckpointWithoutOutput).
+RECOMPUTE_MODULES = ("core_attn", "mlp", "mlp_up", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
 
 
 def canonical_recompute(value: str) -> str:

@@ -597,7 +597,8 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     recompute module on one layer of `kind` (a module that does not apply to the kind costs nothing):
     core_attn re-runs core attention; layernorm both norms (drops their outputs); mlp the dense MLP
     block and moe the whole MoE block (its all-to-all too), each keeping only its input; moe_act the
-    experts' activation function (drops its output); shared_experts the shared-expert MLP;
+    experts' activation function (drops its output); shared_experts the shared-expert MLP; mlp_up the
+    dense MLP's fc1 and activation without fc2 (JAX remat: spec.RECOMPUTE_MODULES), keeping the MLP's input;
     mla_up_proj MLA's query/key/value up-projections (drops q, k, v, keeps the latents): Megatron's
     `qkv_up_proj_and_rope_apply` re-runs the query projection (`linear_q_up_proj` on the q latent, or
     `linear_q_proj` on the hidden state where the model has no q_lora_rank, as Moonlight), the key/value
@@ -618,6 +619,12 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     if module == "mlp" and kind == "dense":
         return (mfwd["compute"] + mfwd["tp_comm"], mats * T * m.intermediate_size / t,
                 2 * T * h * m.intermediate_size / t * (3 if m.gated else 2))
+    if module == "mlp_up" and kind == "dense":
+        # fc1 (gate and up) and the activation re-run; fc2 not (no backward needs its output): its
+        # GEMM, and the activation reading the fc1 output(s) and writing fc2's input, all bf16
+        ffn, up_mats = m.intermediate_size / t, (3 if m.gated else 2) - 1
+        up = _gemm_s(ctx, T, h, up_mats * ffn, ctx.module_flops_per_s("dense_mlp"))
+        return up + _mem_s(ctx, (up_mats + 1) * BF16 * T * ffn), mats * T * ffn, 2 * T * h * ffn * up_mats
     if module == "moe" and kind == "moe":
         saved = _expert_saved_bytes_per_ffn(ctx, m, q) * routed * m.expert_ffn / etp + q * routed * h \
             + mats * T * m.shared_ffn / t

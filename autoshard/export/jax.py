@@ -179,6 +179,9 @@ def _jax(ctx: _Ctx) -> str:
     """A JSON of the device mesh and per-tensor PartitionSpecs (with the real shapes) for plain JAX."""
     p, m, t = ctx.plan, ctx.model, ctx.training
     names, axis_size, inner_first = _jax_mesh(ctx)
+    if p.zero_stage == 3 and p.dp_replicate > 1:
+        ctx.warn(f"dp_replicate {p.dp_replicate}: the specs shard the ZeRO-3 states over the whole fsdp axis "
+                 f"({ctx.dp} ranks), not over groups of {ctx.dp // p.dp_replicate}")
     ep_on = axis_size.get("expert", 1) > 1
     live = [a for a, n in inner_first if n > 1]
     # logical axis -> its mesh axes, outermost first (a PartitionSpec entry shards over them in that order)

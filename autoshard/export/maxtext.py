@@ -106,6 +106,16 @@ def _maxtext_model(ctx: _Ctx, fam: dict[str, Any], cfg: dict[str, Any]) -> str:
 def _maxtext_mesh(ctx: _Ctx, split: dict[str, tuple[int, int]], cfg: dict[str, Any]) -> None:
     """ici_* / dcn_* parallelism per mesh axis and the slice count."""
     p = ctx.plan
+    r = p.dp_replicate if p.zero_stage == 3 else 1
+    if r > 1:  # HSDP: the replicas on the outer `data` axis, the shards on `fsdp` (frameworks.yaml maxtext)
+        ici, dcn = split.get("fsdp", (1, 1))
+        if dcn % r == 0:
+            split = {**split, "fsdp": (ici, dcn // r), "data": (1, r)}
+        elif (ici * dcn) % r == 0 and r % dcn == 0:
+            split = {**split, "fsdp": (ici * dcn // r, 1), "data": (r // dcn, dcn)}
+        else:
+            ctx.warn(f"dp_replicate {r} does not divide the fsdp axis's {ici} x {dcn} (ici x dcn): the weights "
+                     "are sharded over all of it")
     ici_total = 1
     for name in ("data", "fsdp", "stage", "context", "expert", "tensor"):
         ici, dcn = split.get(name, (1, 1))
@@ -160,10 +170,44 @@ def _maxtext_batch(ctx: _Ctx, block: str, cfg: dict[str, Any]) -> None:
     cfg["gradient_accumulation_steps"] = gas
 
 
+# MaxText's named tensors of a dense layer (checkpoint_name in layers/models.py, attentions.py, linears.py;
+# base.yml at 8e55ab1 of 2024-12-09 and src/maxtext/configs/base.yml at e591f30 of 2026-08-22) that the recompute modules it can express re-run ('remat') rather than keep
+# ('device') under remat_policy: custom; every tensor it does not name (the norms' outputs, the activation's)
+# is re-run too. decoder_layer_input is the checkpoint each layer's recomputation starts from.
+MAXTEXT_REMAT_NAMES = {"context": ("core_attn",), "mlpwi": ("mlp", "mlp_up"), "mlpwi_0": ("mlp", "mlp_up"),
+                       "mlpwi_1": ("mlp", "mlp_up"), "mlpwo": ("mlp",), "query_proj": (), "key_proj": (),
+                       "value_proj": (), "kv_proj": (), "qkv_proj": (), "out_proj": ()}
+
+
+def _maxtext_custom_remat(ctx: _Ctx, cfg: dict[str, Any]) -> bool:
+    """remat_policy: custom for a plan that runs one set of recompute modules on every layer, each of
+    which MaxText names (core_attn, mlp, mlp_up, layernorm) on a dense model without MLA: its tensors at
+    'remat', the rest at 'device'. False where the plan's recompute is no such set."""
+    if ctx.model.is_moe or ctx.model.is_mla:
+        return False
+    modes = set(ctx.recompute)
+    mode = next(iter(modes)) if len(modes) == 1 else ""
+    mods = set(("core_attn",) if mode == "selective" else mode.split("+")) if mode not in ("", "none", "full") else set()
+    if not mods or mode == "selective" or not mods <= {"core_attn", "mlp", "mlp_up", "layernorm"}:
+        return False
+    cfg["remat_policy"] = "custom"
+    cfg["decoder_layer_input"] = "device"
+    for name, by in MAXTEXT_REMAT_NAMES.items():
+        cfg[name] = "remat" if mods & set(by) else "device"
+    if "layernorm" not in mods:
+        ctx.warn(f"recompute {mode}: MaxText names no norm output, so its custom policy re-runs the norms too")
+    return True
+
+
 def _maxtext_remat(ctx: _Ctx, cfg: dict[str, Any]) -> None:
     """remat_policy (one for all layers) and what ZeRO cannot express."""
     p = ctx.plan
     remat_of = {"none": "minimal_with_context", "selective": "minimal", "full": "full"}
+    if _maxtext_custom_remat(ctx, cfg):
+        if p.zero_stage in (1, 2):
+            ctx.warn(f"ZeRO-{p.zero_stage}: MaxText has no switch for it: parameters and optimizer state stay "
+                     "replicated over 'data' (use the jax export's optimizer_state specs in your own loop)")
+        return
     mode = _most_conservative(sorted(set(ctx.recompute)))
     if ctx.mixed:
         mix = ", ".join(f"{k}:{v}" for k, v in _recompute_counts(ctx).items())

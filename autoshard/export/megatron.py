@@ -503,6 +503,10 @@ def _megatron_recompute(ctx: _Ctx, add: Add) -> None:
         return
     add("--recompute-granularity", rc.granularity)
     if rc.granularity == "selective":
+        if "mlp_up" in rc.modules:
+            raise InputError("plan cannot be exported to Megatron-LM: recompute module mlp_up (the MLP's fc1 "
+                             "without fc2, as JAX remat runs it) is no --recompute-modules choice; use mlp",
+                             field="plan.recompute")
         if rc.modules != ("core_attn",):  # Megatron's default module list is [core_attn]
             add("--recompute-modules", sorted(rc.modules, key=RECOMPUTE_MODULES.index))  # nargs='*', one line
         return

@@ -50,10 +50,13 @@ zero_stage                 fsdp true -> 3 (and tp = pp = 1, dp = gpu_count); els
 data-parallel facts        overlap_grad_reduce, overlap_param_gather (default true), reshard_after_forward
                            (always / never / N / default; default: the framework's policy),
                            dp_replicate (default 1): `modern.dp_knobs_of`
-recompute                  'full ...' -> full; 'selective ...' -> selective; null -> the least
+recompute                  'full ...' -> full; 'selective: m1, m2' -> those recompute modules
+                           (spec.RECOMPUTE_MODULES); 'selective ...' -> selective; null -> the least
                            recompute that fits (solver, every published degree fixed)
 measured step              step_time_s; else eq. (3) where `tflops_formula` says so; else
                            global_batch_tokens / tokens_per_sec
+framework                  `framework` (default megatron): the profile that prices the run; with pp = 1
+                           the schedule is 1f1b, or the framework's own where it has none (MaxText: gpipe)
 source group               `source_group`, else `source_family`, else `source` up to the first comma
 =========================  ===========================================================================
 
@@ -84,7 +87,7 @@ from ..errors import InfeasibleError
 from ..frameworks import get_framework
 from ..loader import load_problem, read_runs
 from ..solver import solve
-from ..spec import Plan
+from ..spec import Plan, canonical_recompute
 from ..tables import Column, table_text
 from .cases import (  # noqa: F401  (re-exported: the run records and row readers, cases.py)
     Case,
@@ -112,6 +115,12 @@ def _recompute(value: Any) -> str | None:
         return "none"
     if text.startswith("full"):
         return "full"
+    head, _, modules = text.partition(":")
+    if head.strip() == "selective" and modules.strip():  # "selective: core_attn, mlp_up, layernorm"
+        try:
+            return canonical_recompute(modules)
+        except ValueError:
+            return None
     if text.startswith("selective"):
         return "selective"
     return None
@@ -203,7 +212,10 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
     if vpp is None and row.get("layers_per_virtual_stage"):
         vpp = max(1, layers // pp // int(row["layers_per_virtual_stage"]))
     vpp = vpp or 1
-    schedule = "interleaved" if vpp > 1 else "1f1b"
+    framework = str(row.get("framework") or "megatron")
+    # one stage runs no pipeline schedule: 1f1b, or the framework's own name where it has no 1f1b (MaxText: gpipe)
+    schedules = get_framework(framework).schedules
+    schedule = "interleaved" if vpp > 1 else ("1f1b" if pp > 1 or "1f1b" in schedules else schedules[0])
     sp = row_flag(row, "sp", tp > 1)  # absent: on with TP (the Megatron / NeMo recipes)
     rc = _recompute(row.get("activation_recompute"))
     if rc is None:
@@ -223,6 +235,7 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
                      "optimizer": "adam", "flash_attention": row_flag(row, "flash_attention", True)},
         "cluster": {"gpu": gpu, "num_gpus": n, "topology": str(row.get("topology") or topology_of(gpu)),
                     "power_cap_w": row.get("power_cap_w")},
+        "framework": framework,
     }
     try:
         problem = load_problem(problem_doc)
