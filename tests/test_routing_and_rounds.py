@@ -15,6 +15,7 @@ from autoshard import Plan, evaluate, load_problem
 from autoshard.cost import Config, context, pipeline_time
 from autoshard.cost.context import config_reasons
 from autoshard.cost.moe import contiguous_reach
+from autoshard.export import export_plan
 from autoshard.topology import all_to_all_s, contiguous_profile
 from autoshard.validate import run_to_case
 
@@ -112,3 +113,15 @@ def test_runs_rows_state_both_facts():
     case = run_to_case({**row, "moe_routing": "contiguous", "pipeline_rounds": row["grad_accum"]})
     assert case.problem.training.moe_routing == "contiguous"
     assert case.plan.pipeline_rounds == 2  # the table's GA column: two schedule.step calls of 8 micro-batches
+
+
+def test_neither_fact_is_written_by_an_exporter_and_each_says_so():
+    p = load_problem(LLAMA70B)
+    plan = Plan(tp=8, sequence_parallel=True, pp=4, dp=20, zero_stage=1, micro_batch_size=1, schedule="1f1b")
+    for fmt in ("megatron", "torchtitan"):
+        assert not any("pipeline_rounds" in w for w in export_plan(p, plan, fmt).warnings)
+        rounds = export_plan(p, plan.model_copy(update={"pipeline_rounds": 4}), fmt)
+        assert any("pipeline_rounds 4 is not exported" in w for w in rounds.warnings), rounds.warnings
+    moe = Plan(tp=1, pp=16, ep=64, dp=128, zero_stage=1, micro_batch_size=1, schedule="1f1b")
+    assert not any("moe_routing" in w for w in export_plan(_dsv3("spread"), moe, "megatron").warnings)
+    assert any("moe_routing contiguous" in w for w in export_plan(_dsv3("contiguous"), moe, "megatron").warnings)
