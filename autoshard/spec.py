@@ -460,6 +460,20 @@ class TrainingSpec(Strict):
     moe_redundant_experts: Annotated[int, Field(ge=0, le=65536)] = Field(default=0, description=(
         "Redundant copies of hot experts (DeepSeek's EPLB): one per EP rank removes the imbalance, at the "
         "cost of the copies' weights."))
+    # The experts a router picks for each token, as the run routes them. `spread`: a token's k experts lie
+    # anywhere among the E (a learned router, or Megatron's --moe-router-force-load-balancing, which
+    # routes on random logits: router.py apply_random_logits), so its copies reach several EP ranks and
+    # nodes. `contiguous`: token i gets the k consecutive experts (i k + j) mod E, the same on every rank:
+    # NeMo AutoModel's fake_balanced_gate (FakeBalancedGate.forward, nemo_automodel/components/moe/
+    # layers.py: indices = arange(T k).view(-1, k) % E), which every MoE row of its performance summary
+    # runs ("Fake balanced gate is enabled to simulate ideal expert routing"). Both are balanced; they
+    # differ in how many EP ranks and nodes a token's copies reach, which DeepEP / HybridEP send a
+    # token to once each (cost.moe.contiguous_shares).
+    moe_routing: Literal["spread", "contiguous"] = Field(default="spread", description=(
+        "Where a token's k routed experts lie: `spread` (anywhere: a learned router, or Megatron's "
+        "--moe-router-force-load-balancing random logits) or `contiguous` (token i gets experts "
+        "(i k + j) mod E: NeMo AutoModel's fake_balanced_gate), which reach one or two EP ranks of one node "
+        "per token and so cut what a deduplicating dispatcher (DeepEP, HybridEP) sends."))
     # Token dropping (GShard / Switch capacity): each expert takes at most capacity_factor x its mean
     # share of a micro-batch's routed tokens and is padded up to that capacity (Megatron
     # --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity, Megatron-Bridge
@@ -838,6 +852,18 @@ class Plan(Strict):
         "Replicas of the ZeRO-sharded state (hierarchical sharding): states sharded over dp x cp / "
         "dp_replicate ranks, gradients reduce-scattered there and all-reduced across replicas (torchtitan "
         "HSDP data_parallel_replicate_degree, Megatron --num-distributed-optimizer-instances, DeepSpeed MiCS)."))
+    # Gradient accumulation around the pipeline schedule: the step's micro-batches run as this many
+    # schedules one after another, each filling and draining the pipeline. Megatron-LM runs every
+    # micro-batch of a step in one schedule (forward_backward_func over num_microbatches: 1). NeMo
+    # AutoModel calls schedule.step once per accumulation step on a local batch of local_batch_size /
+    # pp_microbatch_size micro-batches (nemo_automodel/recipes/llm/train_ft.py _run_train_optim_step:
+    # `for i, batch in enumerate(batches): self._forward_backward_step(...)` -> schedule.step, with
+    # pp_batch_size = step_scheduler.local_batch_size), so its GA column is the rounds. Evaluated, not
+    # searched.
+    pipeline_rounds: Count = Field(default=1, description=(
+        "Pipeline schedules the step's micro-batches run in, one after another, each filling and draining "
+        "the pipeline (gradient accumulation around the schedule: NeMo AutoModel's grad_acc_steps with "
+        "pp > 1); 1: one schedule for all micro-batches (Megatron). Evaluated, not searched."))
     # Optimizer states (fp32 master weights and moments) in host memory, stepped by the CPU
     # (Megatron --optimizer-cpu-offload, DeepSpeed ZeRO-Offload); evaluated, not searched.
     optimizer_offload: bool = Field(default=False, description=(
@@ -906,6 +932,8 @@ class Plan(Strict):
             parts.insert(parts.index(f"zero{self.zero_stage}") + 1, f"reshard-{self.reshard_after_forward}")
         if self.cuda_graphs:
             parts.append("cuda-graphs")
+        if self.pipeline_rounds > 1 and self.pp > 1:
+            parts.insert(parts.index(self.schedule) + 1, f"rounds{self.pipeline_rounds}")
         rc = self.recompute
         if isinstance(rc, str):
             parts.append(f"recompute={rc}")

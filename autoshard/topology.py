@@ -456,7 +456,7 @@ def all_reduce_s(levels: tuple[Level, ...], prof: Profile, total_bytes: float) -
 
 
 def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float, dedup_copies: int = 0,
-                 max_domains: int | None = None) -> float:
+                 max_domains: int | None = None, shares: tuple[float, ...] | None = None) -> float:
     """AllToAll where every GPU sends `bytes_per_gpu` spread evenly over the group.
 
     `dedup_copies` = k: the bytes are k copies of each token bound for k uniformly spread
@@ -469,14 +469,20 @@ def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float,
     lie in at most M of the n domains, M of them picked at random, so it reaches M (1 - (1 - 1/M)^k)
     distinct domains, of which a share (n - 1)/n are remote: (n - 1)/n M (1 - (1 - 1/M)^k) copies
     (the line above when M >= n). DeepSeek-V3 on EP64 over 8 nodes, k = 8, M = 4: 3.15 remote nodes
-    per token instead of 4.59."""
+    per token instead of 4.59.
+
+    `shares`: where the destinations follow a known pattern instead (a fixed routing:
+    `cost.moe.contiguous_shares`), the share of `bytes_per_gpu` each level carries, one per level
+    (innermost first); it replaces the shares above."""
     g = prof.size
     if g <= 1 or bytes_per_gpu <= 0:
         return 0.0
     t, inner = 0.0, 1
     for i, (lv, m) in enumerate(zip(levels, prof.members)):
         if m > inner:
-            if i == 0:
+            if shares is not None:
+                share = shares[i]
+            elif i == 0:
                 share = (m - 1) / g
             elif dedup_copies > 1:
                 n = g / inner

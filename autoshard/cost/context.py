@@ -188,6 +188,7 @@ class Config:
     dispatcher: str | None = None  # moe_dispatcher; None = the framework's default
     reshard: str | int | None = None  # reshard_after_forward; None = the framework's policy (`reshard_policy`)
     dp_replicate: int = 1  # replicas of the ZeRO-sharded state (hierarchical sharding)
+    rounds: int = 1  # pipeline_rounds: schedules the step's micro-batches run in, one after another
 
     @property
     def expert_tp(self) -> int:
@@ -227,7 +228,7 @@ class Config:
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
                       plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
                       plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs, plan.moe_dispatcher,
-                      plan.reshard_after_forward, plan.dp_replicate)
+                      plan.reshard_after_forward, plan.dp_replicate, plan.pipeline_rounds)
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
@@ -237,7 +238,8 @@ class Config:
                     ep_overlap=self.ep_overlap, overlap_grad_reduce=self.grad_overlap,
                     overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload,
                     cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs, moe_dispatcher=self.dispatcher,
-                    reshard_after_forward=self.reshard, dp_replicate=self.dp_replicate)
+                    reshard_after_forward=self.reshard, dp_replicate=self.dp_replicate,
+                    pipeline_rounds=self.rounds)
 
 
 def reshard_policy(fw: FrameworkProfile, cfg: Config) -> str | int:
@@ -442,6 +444,11 @@ def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int
         bad("optimizer_offload", f"{problem.framework} offloads the optimizer to the CPU only with ZeRO stage "
             f"{' or '.join(map(str, fw.optimizer_offload_zero_stages))}, not {plan.zero_stage}"
             if fw.optimizer_offload_zero_stages else f"{problem.framework} has no CPU optimizer offload")
+    if plan.pipeline_rounds > 1 and dp:
+        microbatches = t.global_batch_size // (dp * plan.micro_batch_size)
+        if microbatches % plan.pipeline_rounds:
+            bad("pipeline_rounds", f"pipeline_rounds={plan.pipeline_rounds} does not divide the {microbatches} "
+                "micro-batches of a step")
     if dp:
         for r in dp_knob_reasons(fw, problem.framework, plan, dp,
                                  max(1, plan.tp * plan.cp * dp // (plan.expert_tp * plan.ep))):

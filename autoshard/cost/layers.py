@@ -48,6 +48,7 @@ from .kernels import (
 )
 from .moe import (
     _no_ep_overlap,
+    contiguous_shares,
     dispatcher_of,
     ep_overlap_host_s,
     ep_overlap_on,
@@ -184,12 +185,14 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
             dedup = k if dispatcher_of(ctx, cfg) in ("deepep", "hybridep") else 0
             # node-limited routing bounds the remote nodes a token reaches (hierarchical dispatchers)
             limit = m.moe_max_nodes_per_token if dedup else None
-            combine = all_to_all_s(ctx.levels, pl.ep, BF16 * elems, dedup, limit)
+            # a fixed routing pattern (training.moe_routing contiguous) states the ranks and nodes reached
+            shares = contiguous_shares(ctx, cfg, pl.ep.members, bool(dedup))
+            combine = all_to_all_s(ctx.levels, pl.ep, BF16 * elems, dedup, limit, shares)
             q = ctx.module_saved_input_bytes("routed_experts")  # bf16 where training.bf16_modules keeps them
             if ctx.framework.low_precision_dispatch and q < BF16:
                 # DeepSeek-V3 report sec. 3.3.3: the dispatch (and the gradient entering the experts'
                 # down-projection in the backward) in FP8 with its scales, both combines in BF16
-                a2a = all_to_all_s(ctx.levels, pl.ep, q * elems, dedup, limit) + combine
+                a2a = all_to_all_s(ctx.levels, pl.ep, q * elems, dedup, limit, shares) + combine
             else:
                 a2a = 2 * combine  # dispatch + combine
     elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Iterable
 
 from .context import Config, Context, ep_overlap_refusals, num_microbatches
@@ -73,6 +75,44 @@ def routed_tokens(ctx: Context, cfg: Config, sh: Shapes) -> float:
     tokens); the busiest EP rank gets `moe_imbalance` times the mean."""
     k, etp, t = sh.m.num_experts_per_tok, cfg.expert_tp, cfg.tp
     return sh.tokens * k * (etp / t if cfg.sp or etp < t else 1.0) * moe_imbalance(ctx, cfg)
+
+
+@functools.lru_cache(maxsize=256)
+def contiguous_reach(experts: int, k: int, ep: int, units: tuple[int, ...]) -> tuple[float, tuple[float, ...]]:
+    """(EP ranks, units of each size in `units`) that one token's k experts reach on average under
+    `contiguous` routing: token i gets experts (i k + j) mod E, j < k, and EP rank r holds the
+    E / ep consecutive experts from r E / ep (AutoModel's ExpertParallel shards the expert dimension:
+    local_expert_indices_offset = ep_rank x num_local_experts). The start offsets i k mod E repeat
+    every E / gcd(E, k) tokens, each as often. A unit of u ranks holds u consecutive EP ranks (the
+    members of one NVLink domain). DeepSeek-V3 on EP64 (E 256, k 8, 4 experts a rank): 2 ranks, 1
+    8-rank node; Qwen3-30B-A3B on EP8 (E 128, k 8, 16 a rank): 1 rank."""
+    period = experts // math.gcd(experts, k)
+    ranks_sum, unit_sums = 0, [0] * len(units)
+    for i in range(period):
+        ranks = {((i * k + j) % experts) * ep // experts for j in range(k)}
+        ranks_sum += len(ranks)
+        for n, u in enumerate(units):
+            unit_sums[n] += len({r // u for r in ranks})
+    return ranks_sum / period, tuple(x / period for x in unit_sums)
+
+
+def contiguous_shares(ctx: Context, cfg: Config, members: tuple[int, ...], dedup: bool) -> tuple[float, ...] | None:
+    """The share of a token's k dispatched copies each level carries (`topology.all_to_all_s`
+    `shares`) under `training.moe_routing` `contiguous`; None under `spread`. The destinations are
+    balanced, so a sender's own rank or unit is one of them as often as any other: of the ranks a
+    token reaches, (m0 - 1) / g lie in the sender's first-level domain besides itself, and of the
+    units of u ranks, 1 - u / g are remote. A deduplicating dispatcher (DeepEP, HybridEP: one copy per
+    destination rank over NVLink and one per destination node over the scale-out network) sends that
+    many; the all-to-all dispatcher sends every copy (k), so its shares are the spread ones."""
+    if ctx.training.moe_routing != "contiguous" or not dedup:
+        return None
+    m, g = ctx.model, cfg.ep
+    k = m.num_experts_per_tok
+    units = tuple(members[:-1])
+    ranks, unit_counts = contiguous_reach(m.num_experts, k, g, units)
+    shares = [ranks * (members[0] - 1) / g / k]
+    shares += [n * (1 - u / g) / k for n, u in zip(unit_counts, units)]
+    return tuple(shares)
 
 
 def ep_overlap_allowed(ep: int, pp: int, vpp: int, microbatches: int) -> bool:

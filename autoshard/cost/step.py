@@ -97,6 +97,14 @@ def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first
     return tot
 
 
+def round_count(cfg: Config, microbatches: int) -> int:
+    """Pipeline schedules a step runs (Plan.pipeline_rounds; `config_reasons` checks that they divide the
+    micro-batches): 1 without pipeline parallelism or under DualPipe, whose replay runs one schedule."""
+    if cfg.pp == 1 or cfg.schedule in ("dualpipe", "dualpipev"):
+        return 1
+    return max(1, min(cfg.rounds, microbatches))
+
+
 def inflight_microbatches(cfg: Config, rank: int, microbatches: int) -> float:
     """Micro-batches whose activations a pipeline rank holds at its peak (in units of the
     rank's full set of layers)."""
@@ -522,7 +530,9 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     b = [sum(x.bwd.values()) for x in tots]
     ordered = [] if bidir else [per_rank[chunk_rank(c, cfg.pp, v)][c // cfg.pp] for c in range(cfg.pp * cfg.vpp)]
     replay = dualpipe_replay(ctx, table, stage_layers, recompute) if bidir else None
-    t_pipe = replay.makespan_s if replay else pipeline_time(cfg, M, t, w, chunk_times(table, ordered), b)
+    # pipeline_rounds: the micro-batches run as that many schedules, each filling and draining the pipeline
+    rounds = round_count(cfg, M)
+    t_pipe = replay.makespan_s if replay else rounds * pipeline_time(cfg, M // rounds, t, w, chunk_times(table, ordered), b)
     tm = tail_model(ctx, table)
     tails = [dp_tail(tm, x) for x in tots]
     tail_tot = [sum(x.values()) for x in tails]
@@ -534,14 +544,14 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     cap = ctx.capacity_bytes
     for r, x in enumerate(tots):
         mem = static_bytes(ctx, cfg, x.params, x.expert_params)
-        infl = inflight_microbatches(cfg, r, M)
+        infl = inflight_microbatches(cfg, r, M // rounds)
         mem["activations"] = x.act_bytes * infl
         if cfg.schedule == "interleaved":  # never below the even share the solver's bounds price
             acts = [sum(table.layers[piece].act_bytes for piece in chunk) for chunk in per_rank[r]]
             acts[0] += table.embed.act_bytes if r == 0 else 0.0
             acts[-1] += table.head.act_bytes if r == head_rank else 0.0
             mem["activations"] = max(mem["activations"],
-                                     interleaved_activation_bytes(interleaved_windows(cfg.pp, cfg.vpp, r, M), acts))
+                                     interleaved_activation_bytes(interleaved_windows(cfg.pp, cfg.vpp, r, M // rounds), acts))
         mem["working"] = working_bytes(table, r == head_rank or (bidir and r == 0), r in ends)
         if cfg.zero == 3 and cfg.data_parallel:
             mem["zero3_gathered"] = zero3_gathered_for(ctx, cfg, table.layers.values())

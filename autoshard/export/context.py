@@ -200,6 +200,12 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
+    if plan.pipeline_rounds > 1 and plan.pp > 1:
+        ctx.warn(f"pipeline_rounds {plan.pipeline_rounds} is not exported: the {TARGETS_SHORT[fmt]} config runs "
+                 "the step's micro-batches in one pipeline schedule (fewer fills and drains: faster than priced)")
+    if problem.model.is_moe and problem.training.moe_routing == "contiguous":
+        ctx.warn(f"moe_routing contiguous (a fixed benchmark routing, NeMo AutoModel's fake_balanced_gate) is not "
+                 f"exported: {TARGETS_SHORT[fmt]} routes with its learned router (more all-to-all bytes than priced)")
     # (The overlap beside full recompute or the moe module, which Megatron refuses, is not priced:
     # an open overlap is off there (cost.priced_config), an explicit one an invalid plan.)
     return ctx

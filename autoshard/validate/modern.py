@@ -50,6 +50,8 @@ recompute                  'none ...' -> none; 'full ...' -> full; 'selective' /
                            the first N layers; activation_checkpointing: true -> full; cpu_offloading
                            -> none (noted: not modelled); null -> the row's framework_recipe's
                            (below), else the least recompute that fits (solver, as dev_runs)
+routing, rounds            `moe_routing` (spread / contiguous) -> training.moe_routing;
+                           `pipeline_rounds` -> plan.pipeline_rounds (default 1)
 overlaps, graphs,          `tp_comm_overlap`, `ep_overlap`, `cuda_graphs`, `moe_dispatcher`,
   dispatcher, token drop   `moe_capacity_factor` where the row states them, else its
                            framework_recipe's (Megatron rows)
@@ -641,6 +643,9 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                          "launch_blocking": row_flag(row, "launch_blocking", False),
                          "softmax_fusion": row.get("softmax_fusion") or "megatron",
                          "moe_capacity_factor": rec["capacity"],
+                         # the router's expert choice as run (validation/README.md): AutoModel's
+                         # fake_balanced_gate routes each token to k consecutive experts
+                         "moe_routing": row.get("moe_routing") or "spread",
                          # stated per row (validation/README.md): e.g. every Megatron-Bridge performance
                          # recipe runs grad_reduce_in_fp32 false and keeps FP8 primary weights in its FP8
                          # mixed-precision configs (mixed_precision.py fp8_param_gather / fp4_param_gather)
@@ -672,7 +677,7 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                     vpp=par["vpp"], schedule=par["schedule"], stage_layers=rec["stage_layers"],
                     sequence_parallel=par["sp"], zero_stage=par["zero"], micro_batch_size=par["mbs"],
                     recompute=rec["rc"], tp_comm_overlap=rec["tp_ov"], ep_overlap=rec["ep_ov"], cuda_graphs=graphs,
-                    moe_dispatcher=dispatcher, **dp_knobs)
+                    moe_dispatcher=dispatcher, pipeline_rounds=as_int(row.get("pipeline_rounds"), 1), **dp_knobs)
     except (InputError, ValidationError, ValueError) as exc:
         raise _SkipRow(f"does not convert: {str(exc).splitlines()[0]}") from None
     return problem, plan
