@@ -108,6 +108,10 @@ class GPU(Strict):
     # Exponentials per second of the special-function units (MUFU.EX2), in T/s: one per attention score,
     # what bounds attention's softmax at small head dims (cost.attention_head_dim_factor). None: unknown.
     exp_tera_per_s: float | None = Field(default=None, gt=0)
+    # MUFU.EX2 exponentials per clock per SM (16 on Hopper and Blackwell, 32 on Blackwell Ultra), where the
+    # GPU's generation references its fitted factors to another per-SM rate (matmul.yaml
+    # `attention_exp_reference_per_sm_clock`; cost.attention_head_dim_factor). None: not stated.
+    exp_per_sm_clock: int | None = Field(default=None, ge=1)
     sources: dict[str, str]
 
     @staticmethod
@@ -212,6 +216,15 @@ def matmul_generation(arch: str) -> str | None:
         if arch in archs:
             return str(gen)
     return None
+
+
+def attention_exp_reference_per_sm_clock(arch: str) -> int | None:
+    """The per-SM exponential rate (MUFU.EX2 per clock per SM) the end-to-end factors of an architecture's
+    generation are referenced to (matmul.yaml `attention_exp_reference_per_sm_clock`), or None: the GPU's
+    own (its attention is priced relative to its own exponential rate at head dim 128)."""
+    table = _matmul_model().get("attention_exp_reference_per_sm_clock") or {}
+    gen = matmul_generation(arch)
+    return int(table[gen]) if gen in table else None
 
 
 def end_to_end_factor(family: str, generation: str | None) -> float:

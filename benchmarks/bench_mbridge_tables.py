@@ -17,6 +17,12 @@ the dev file lacks (DeepSeek-V4, Nemotron 3 Super/Ultra), or that the cost model
 
 It prints the median, p90 and worst |error| over the held-out lines, by model, and (with --all)
 every line. About 3 s.
+
+    python benchmarks/bench_mbridge_tables.py TABLES.md [...] --pairs
+
+compares GPU systems instead, free of any fitted factor a pair shares: every two lines of one release,
+model label, precision, GPU count, batch and degrees (TP, PP, CP, VP, EP, micro-batch) on two systems
+(every line, the dev file's included), their measured speed ratio (tokens/s/GPU) beside the model's.
 """
 
 from __future__ import annotations
@@ -180,12 +186,41 @@ def line_to_row(d: dict[str, str], shape: dict, system: dict) -> dict | None:
     return row
 
 
+def pair_key(row: Mapping[str, Any]) -> tuple:
+    """What two table lines must share to be one configuration on two GPU systems: the release, the
+    model's label as printed, precision, GPU count, batch and every degree."""
+    other = row.get("other_metrics") or {}
+    return (str(other.get("release")), str(other.get("source_model_label")), str(row.get("precision")),
+            row.get("gpu_count"), row.get("global_batch_seqs"), row.get("micro_batch"), row.get("seq_len"),
+            row.get("tp"), row.get("pp"), row.get("cp"), row.get("vpp_chunks") or 1, row.get("ep"),
+            bool(row.get("fsdp")))
+
+
+def system_pairs(lines: list[tuple[Mapping[str, Any], float, float]]) -> dict[tuple[str, str], list[dict]]:
+    """Same-configuration pairs of table lines on two GPU systems. `lines`: (row, measured step s, predicted
+    step s). Returns {(system a, system b): [{key, measured, predicted}]} with a before b in name order and
+    the ratios step(a) / step(b), the speed of b over a, measured and predicted."""
+    by: dict[tuple, dict[str, tuple[float, float]]] = defaultdict(dict)
+    for row, measured, predicted in lines:
+        by[pair_key(row)][str(row["gpu"])] = (measured, predicted)
+    out: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for key, systems in sorted(by.items(), key=lambda kv: str(kv[0])):
+        names = sorted(systems)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                (ma, pa), (mb, pb) = systems[a], systems[b]
+                out[(a, b)].append({"key": key, "measured": ma / mb, "predicted": pa / pb})
+    return dict(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", help="Megatron-Bridge docs/performance-summary*.md")
     ap.add_argument("--dev", default=str(DEV), help="modern_runs_dev.json (shapes, systems; its lines are left out)")
     ap.add_argument("--all", action="store_true", help="print every held-out line")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pairs", action="store_true",
+                    help="same-configuration lines on two GPU systems: measured vs predicted speed ratio")
     a = ap.parse_args()
     runs = load_runs(a.dev)
     dev = [r for r in runs if r["id"].startswith("mbridge_")]
@@ -209,7 +244,8 @@ def main() -> int:
         if row is None:
             skipped["degrees or throughput missing"] += 1
             continue
-        if (d["release"], label, row["gpu"], row["gpu_count"], row["tp"], row["pp"], row["ep"], row["micro_batch"]) in in_dev:
+        if not a.pairs and (d["release"], label, row["gpu"], row["gpu_count"], row["tp"], row["pp"], row["ep"],
+                            row["micro_batch"]) in in_dev:
             continue
         case = run_to_case(row)
         if not isinstance(case, Case):
@@ -220,7 +256,20 @@ def main() -> int:
             skipped["does not evaluate"] += 1
             continue
         results.append({"id": row["id"], "model": label, "error_pct": round(res.error_pct, 1), "plan": res.plan,
-                        "recipe": bool(recipe_of(row))})
+                        "recipe": bool(recipe_of(row)), "row": row, "measured_s": res.measured_step_s,
+                        "predicted_s": res.predicted_step_s})
+    if a.pairs:
+        pairs = system_pairs([(r["row"], r["measured_s"], r["predicted_s"]) for r in results])
+        for (sa, sb), ps in sorted(pairs.items()):
+            ms, pr = [p["measured"] for p in ps], [p["predicted"] for p in ps]
+            print(f"{sb} / {sa}: {len(ps)} pairs  measured speed ratio median {statistics.median(ms):.3f} "
+                  f"({min(ms):.3f}-{max(ms):.3f})  predicted median {statistics.median(pr):.3f}")
+            if a.all:
+                for p in ps:
+                    print(f"    measured {p['measured']:.3f}  predicted {p['predicted']:.3f}  {p['key']}")
+        return 0
+    for r in results:
+        del r["row"], r["measured_s"], r["predicted_s"]
     if a.json:
         print(json.dumps({"lines": results, "skipped": dict(skipped)}, indent=1))
         return 0

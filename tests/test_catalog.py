@@ -412,10 +412,16 @@ def test_gemm_achievable_is_the_published_mamf(key):
 
 
 def test_gb300_gemm_rate_is_derived_from_b300_and_the_gb200_to_b200_ratio():
-    # No GB300 MAMF is published: B300's measured rate x GB200 / B200's measured ratio, over GB300's peak.
+    # No GB300 MAMF is published: B300's measured rate (1,100 W) stepped to GB300's 1,400 W at the per-watt
+    # step the same die measures from B200 (1,000 W) to GB200 (1,200 W), in log power, over GB300's peak.
     g = get_gpu("gb300")
-    assert g.gemm_achievable["bf16"] == pytest.approx(1769.0 * 1822.0 / 1745.0 / 2500, abs=5e-4)
-    assert g.gemm_achievable["fp8"] == pytest.approx(3353.3 * 3615.6 / 3432.5 / 5000, abs=5e-4)
+    step = math.log(1400 / 1100) / math.log(1200 / 1000)
+    assert step == pytest.approx(1.3227, abs=1e-4)
+    assert g.tdp_w == 1400 and get_gpu("b300").tdp_w == 1100 and get_gpu("gb200").tdp_w == 1200
+    assert g.gemm_achievable["bf16"] == pytest.approx(1769.0 * (1822.0 / 1745.0) ** step / 2500, abs=5e-4)
+    assert g.gemm_achievable["fp8"] == pytest.approx(3353.3 * (3615.6 / 3432.5) ** step / 5000, abs=5e-4)
+    # hand-worked: 1,769.0 x 1.0588 / 2,500 = 0.749; 3,353.3 x 1.0712 / 5,000 = 0.718
+    assert (g.gemm_achievable["bf16"], g.gemm_achievable["fp8"]) == (0.749, 0.718)
 
 
 @pytest.mark.parametrize("gid", gpu_ids())

@@ -975,12 +975,51 @@ def test_attention_rate_by_head_dim_follows_the_exponential_units():
     assert attention_head_dim_factor(128, gb200) == 1.0
     # Blackwell quadrupled the tensor rate per exponential: small heads lose more (cudnn-frontend's GB200
     # benchmark: 574 vs 1,408 TFLOP/s forward at 64 vs 128), MLA's 192-wide keys gain; Blackwell Ultra's
-    # doubled exponential rate brings 64 back near Hopper's ratio.
+    # doubled exponential rate brings 64 back near Hopper's ratio to 128.
     assert attention_head_dim_factor(64, gb200) < attention_head_dim_factor(64, h100) - 0.08
     assert attention_head_dim_factor(192, gb200) > attention_head_dim_factor(192, h100)
-    assert attention_head_dim_factor(64, gb300) == pytest.approx(attention_head_dim_factor(64, h100), abs=0.02)
+    assert attention_head_dim_factor(64, gb300) / attention_head_dim_factor(128, gb300) == pytest.approx(
+        attention_head_dim_factor(64, h100), abs=0.02)
     # a GPU without the figure keeps FlashAttention-3's d / (d + 32)
     assert attention_head_dim_factor(64, get_gpu("mi300x")) == pytest.approx((64 / 96) / (128 / 160))
+
+
+def test_blackwell_ultra_doubled_exponential_rate_is_priced_against_blackwell():
+    # Blackwell Ultra is Blackwell's SM with 32 MUFU.EX2 per clock instead of 16 (NVIDIA, 'Inside NVIDIA
+    # Blackwell Ultra' spec table: attention acceleration 10.7 vs 5 TeraExponentials/s per GPU; 'Making
+    # Softmax More Efficient with Blackwell Ultra', 2026: SFU throughput doubled). Its generation's fitted
+    # factors are referenced to Blackwell's 16 per clock (matmul.yaml attention_exp_reference_per_sm_clock),
+    # so at head dim 128 its attention runs (1 + 2R) / (1 + R) of the rate the factor alone gives, R = its
+    # bf16 tensor rate per exponential / 512: GB300 2,500 TFLOP/s / (512 x 10.06 T/s) = 0.4854 -> 1.327.
+    from autoshard.catalog import attention_exp_reference_per_sm_clock, get_gpu
+    from autoshard.cost import attention_head_dim_factor
+
+    gb200, gb300, b300 = get_gpu("gb200"), get_gpu("gb300"), get_gpu("b300")
+    assert gb300.exp_tera_per_s / gb200.exp_tera_per_s == pytest.approx(10.7 / 5.0, rel=0.02)
+    assert gb300.exp_per_sm_clock == b300.exp_per_sm_clock == 2 * attention_exp_reference_per_sm_clock("blackwell-ultra")
+    assert attention_exp_reference_per_sm_clock("blackwell") is None
+    assert attention_exp_reference_per_sm_clock("hopper") is None
+    r = 2500e12 / (512 * 10.06e12)
+    assert attention_head_dim_factor(128, gb300) == pytest.approx((1 + 2 * r) / (1 + r), rel=1e-9)
+    assert attention_head_dim_factor(128, gb300) == pytest.approx(1.327, abs=1e-3)
+    # The same GPU with Blackwell's exponential rate is priced exactly at its factor (1.0 at head dim 128):
+    # what moves is the doubled rate alone.
+    halved = gb300.model_copy(update={"exp_tera_per_s": gb300.exp_tera_per_s / 2, "exp_per_sm_clock": 16})
+    assert attention_head_dim_factor(128, halved) == pytest.approx(1.0, rel=1e-12)
+    assert attention_head_dim_factor(64, halved) < attention_head_dim_factor(64, gb300) / 1.3
+    # Against GB200 at one tensor rate: NVIDIA reports ~35% more FP8 attention forward throughput on GB300
+    # than on GB200 for DeepSeek-V3 ('Making Softmax More Efficient with Blackwell Ultra'); the model gives
+    # 1.33x at head dim 128 and 1.23x at MLA's 192 (1.0x and 0.93x before the doubled rate was priced).
+    assert attention_head_dim_factor(128, gb300) / attention_head_dim_factor(128, gb200) == pytest.approx(1.35, rel=0.05)
+    assert 1.15 < attention_head_dim_factor(192, gb300) / attention_head_dim_factor(192, gb200) < 1.35
+    # The backward recomputes one exponential per score beside 2.5x the forward's tensor FLOPs, so a score
+    # costs 2.5 x 4d / T + 1 / X there: the doubled rate speeds it (2.5 + 2R) / (2.5 + R) = 1.163x, and
+    # the backward, priced at the forward's time x 2.5 / rate, takes 1.327 / 1.163 = 1.141 of that time.
+    from autoshard.cost.kernels import _exp_reference_backward
+
+    assert (1 + 2 * r) / (1 + r) / _exp_reference_backward(gb300) == pytest.approx((2.5 + 2 * r) / (2.5 + r), rel=1e-9)
+    assert _exp_reference_backward(gb300) == pytest.approx(1.141, abs=1e-3)
+    assert _exp_reference_backward(gb200) == _exp_reference_backward(get_gpu("h100-sxm")) == 1.0
 
 
 def test_attention_pays_its_call_and_causal_tail_per_context_parallel_step():

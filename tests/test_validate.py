@@ -21,6 +21,7 @@ from autoshard.loader import load_problem
 from autoshard.validate import (
     Case,
     Skip,
+    evaluate_case,
     format_report,
     korthikanti_check,
     load_runs,
@@ -1041,6 +1042,46 @@ def test_published_table_lines_parse_and_convert():
     assert row["other_metrics"] == {"release": "26.04", "source_model_label": "Qwen3_235B_a22B"}
     llama = bench.line_to_row(lines[1], shape, shape)
     assert llama["precision"] == "FP8-CS" and llama["tokens_per_sec_per_gpu"] == 31508 and llama["ep"] == 1
+
+
+def test_same_configuration_lines_pair_across_gpu_systems():
+    # bench_mbridge_tables --pairs: two lines of one release, model, precision, GPU count, batch and degrees
+    # on two systems give the measured speed ratio free of any factor they share. Megatron-Bridge's 26.04
+    # table (docs/performance-summary-archive.md): Llama 3 70B FP8 with FSDP on 64 GPUs, GB300 5,243 vs GB200
+    # 4,143 tokens/s/GPU -> 1.2655; its MXFP8 lines run TP1 on GB300 and TP2 on GB200 and are no pair.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_mbridge_tables", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mbridge_tables.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = """## 26.04 NeMo Container
+
+### Pre-Training Performance
+
+#### Model: LLAMA3_70B
+
+| System | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP | TP | PP | CP | VP | EP | Tokens / sec / GPU | Model TFLOP / sec / GPU |
+|--------|--------|-----------|-----|-----|-----------------|------|----|----|----|----|----|-----------------------|-------------------------|
+| DGX-GB300 | 64 | MXFP8 | 256 | 1 | 8192 | 0 | 1 | 4 | 1 | 5 | n/a | 4742 | 2131 |
+| DGX-GB200 | 64 | MXFP8 | 256 | 1 | 8192 | 0 | 2 | 4 | 1 | 5 | n/a | 3828 | 1721 |
+| DGX-GB300 | 64 | FP8 | 256 | 2 | 8192 | 64 | 1 | 1 | 1 | n/a | n/a | 5243 | 2355 |
+| DGX-GB200 | 64 | FP8 | 256 | 2 | 8192 | 64 | 1 | 1 | 1 | n/a | n/a | 4143 | 1861 |
+"""
+    rows = {r["id"]: r for r in load_runs(MODERN_DEV)}
+    shape = rows["mbridge_260401_llama370b_gb300_fp8_64gpu"]
+    systems = {"DGX-GB300": shape, "DGX-GB200": rows["mbridge_2511_llama370b_gb200_fp8cs_64gpu"]}
+    lines = []
+    for d in bench.parse_tables(text):
+        row = bench.line_to_row(d, shape, systems[d["System"]])
+        res = evaluate_case(run_to_case(row))
+        lines.append((row, res.measured_step_s, res.predicted_step_s))
+    pairs = bench.system_pairs(lines)
+    assert list(pairs) == [("DGX-GB200", "DGX-GB300")] and len(pairs[("DGX-GB200", "DGX-GB300")]) == 1
+    p = pairs[("DGX-GB200", "DGX-GB300")][0]
+    assert p["measured"] == pytest.approx(5243 / 4143, rel=1e-9) == pytest.approx(1.2655, abs=1e-4)
+    fp8 = [x for x in lines if x[0]["precision"] == "FP8"]
+    assert p["predicted"] == pytest.approx(fp8[1][2] / fp8[0][2], rel=1e-9)
 
 
 # ---- GPU spellings, measured memory (issue 29) ----------------------------------------------------

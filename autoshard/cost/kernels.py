@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..catalog import GPU
+from ..catalog import GPU, attention_exp_reference_per_sm_clock
 from ..spec import HYBRID_KINDS
 from .constants import (
     ATTN_BWD_FACTOR,
@@ -208,7 +208,24 @@ def attention_backward_s(ctx: Context, core_s: float) -> float:
     (`FrameworkProfile.attention_backward_rate`: cuDNN 0.84, FlashAttention-2 0.90, measured). Without
     FlashAttention the scores are materialized and the backward's batched GEMMs run at the forward's."""
     rate = ctx.framework.attention_backward_rate if ctx.training.flash_attention else 1.0
-    return ATTN_BWD_FACTOR * core_s / rate
+    return ATTN_BWD_FACTOR * core_s / rate * _exp_reference_backward(ctx.gpu)
+
+
+def _exp_reference_backward(gpu: GPU | None) -> float:
+    """The backward's share of the speed a GPU's exponential rate above its generation's reference gives
+    the forward (`attention_head_dim_factor`): the backward recomputes one exponential per score as the
+    forward does but runs ATTN_BWD_FACTOR times its tensor FLOPs, so a score costs 2.5 x 4d / T + 1 / X
+    there and the same exponential speed-up moves it less: (1 + R_ref) / (1 + R) over (2.5 + R_ref) /
+    (2.5 + R), independent of the head dim. 1 where the generation has no reference (R_ref = R). GB300
+    (R = 0.485, R_ref = 0.971): forward 1.33x, backward 1.16x Blackwell's attention rate at head dim 128."""
+    if gpu is None or gpu.exp_tera_per_s is None or not gpu.exp_per_sm_clock:
+        return 1.0
+    ref = attention_exp_reference_per_sm_clock(gpu.arch)
+    if not ref:
+        return 1.0
+    r = gpu.peak_flops("bf16") / (512.0 * gpu.exp_tera_per_s * 1e12)
+    r_ref = r * gpu.exp_per_sm_clock / ref
+    return ((1.0 + r_ref) / (1.0 + r)) / ((ATTN_BWD_FACTOR + r_ref) / (ATTN_BWD_FACTOR + r))
 
 
 def attention_head_dim_factor(head_dim: float, gpu: GPU | None = None) -> float:
@@ -221,11 +238,21 @@ def attention_head_dim_factor(head_dim: float, gpu: GPU | None = None) -> float:
     FlashAttention-3's ~500 / 650 / 750 TFLOP/s at 64 / 128 / 256 (Shah et al. 2024, Fig. 5); GB200
     (R = 1.05, four times Hopper's tensor rate per exponential): 0.66 at 64 (cudnn-frontend's GB200
     benchmark: 574 / 1,408 TFLOP/s forward at 64 / 128); Blackwell Ultra's doubled exponential rate
-    (R = 0.48) brings it back to 0.76. Without the figure: FlashAttention-3's d / (d + 32)."""
+    (R = 0.48) brings it back to 0.76. Without the figure: FlashAttention-3's d / (d + 32).
+
+    The normalization is at the exponent ratio the GPU's generation's fitted factors are referenced to:
+    its own R, or, where matmul.yaml `attention_exp_reference_per_sm_clock` names a per-SM rate for the
+    generation and the GPU states its own (`GPU.exp_per_sm_clock`), R scaled to that rate. Blackwell
+    Ultra (32 MUFU.EX2 per clock per SM against Blackwell's 16: NVIDIA, 'Inside Blackwell Ultra' and
+    'Making Softmax More Efficient with Blackwell Ultra', 10.7 vs 5 TeraExponentials/s) is referenced to
+    Blackwell's 16, so its doubled exponential rate is priced here, not inside its end-to-end factor:
+    (1 + 2R) / (1 + R) = 1.33x at head dim 128 on GB300 (R = 0.49)."""
     if gpu is None or gpu.exp_tera_per_s is None:
         return (head_dim / (head_dim + ATTN_HEAD_DIM_HALF)) / (128.0 / (128.0 + ATTN_HEAD_DIM_HALF))
     r = gpu.peak_flops("bf16") / (512.0 * gpu.exp_tera_per_s * 1e12)
-    return (1.0 + r) / (1.0 + r * 128.0 / head_dim)
+    ref = attention_exp_reference_per_sm_clock(gpu.arch)
+    r_ref = r * gpu.exp_per_sm_clock / ref if ref and gpu.exp_per_sm_clock else r
+    return (1.0 + r_ref) / (1.0 + r * 128.0 / head_dim)
 
 
 def _frozen_adjust(ctx: Context, gemm_fwd_s: float) -> tuple[float, float]:
