@@ -127,6 +127,10 @@ class FrameworkProfile:
     # per-op SAC: the attention core and every odd matmul of a block kept, every second matmul and
     # every other op re-run in the backward)
     selective_recompute: str = "core_attention"
+    # its TP sequence parallelism gathers and scatters [micro-batch, sequence, hidden] activations along
+    # the sequence dimension, through collectives that copy the tensor around NCCL's leading-dimension
+    # layout (cost.communication.sequence_dim_copies_s)
+    sequence_dim_collectives: bool = False
     # Megatron recompute-module sets the solver plans by default (beside none / selective / full)
     planned_recompute_modules: tuple[str, ...] = ()
     # schedules it prices (evaluate, a search that names them) but the solver does not plan by default:
@@ -283,6 +287,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             selective_recompute=_selective(name, row.get("selective_recompute", "core_attention")),
+            sequence_dim_collectives=bool(row.get("sequence_dim_collectives", False)),
             planned_recompute_modules=tuple(row.get("planned_recompute_modules") or ()),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),

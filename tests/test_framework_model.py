@@ -11,7 +11,7 @@ from autoshard.cost import (ATTN_BWD_FACTOR, BF16, Config, Shapes, attention_bac
                             cp_comm_s, layer_table, tp_comm_s)
 from autoshard.cost.kernels import _gemm_s, _mem_s
 from autoshard.frameworks import get_framework
-from autoshard.topology import _expert_groups, all_gather_s, contiguous_profile
+from autoshard.topology import _expert_groups, all_gather_s, contiguous_profile, reduce_scatter_s
 
 
 def _moe(name="qwen3-235b-a22b", gpus=256, gpu="h100", seq=4096, gbs=2048, **extra):
@@ -1052,3 +1052,35 @@ def test_torchtitan_selective_is_per_op_sac_rerunning_every_second_matmul():
     e8 = _mem_s(ctx8, BF16 * (sh8.res_tokens * 4096 * 5 + 8 * T * (4 + 1) * 128 * 2)) \
         + _mem_s(ctx8, BF16 * (8 * T * 14336 // 8 * 3 + sh8.res_tokens * 4096 * 5))
     assert s8.bwd["recompute"] == pytest.approx(g8 + e8 + n8.fwd["tp_comm"] / 2)
+
+
+def test_torchtitan_sequence_parallel_collectives_copy_around_nccl():
+    # torchtitan shards [batch, seq, hidden] on dim 1 for sequence parallelism; PyTorch's functional
+    # collectives gather and scatter on dim 0, so they copy the tensor with torch.cat of its chunks after
+    # the all-gather (not for one sequence a micro-batch in newer releases: a view) and before the
+    # reduce-scatter: a read and a write of the whole tensor each. Megatron's SP gathers on dim 0 of its
+    # [seq, batch, hidden] layout: no copy. AsyncTP is left as priced before.
+    from autoshard.cost.communication import sequence_dim_copies_s
+
+    def parts(framework, mbs, overlap=False):
+        p = load_problem({"model": "llama3-8b", "framework": framework,
+                          "training": {"seq_len": 8192, "global_batch_size": 96},
+                          "cluster": {"gpu": "h100", "num_gpus": 64}})
+        ctx = context(p)
+        cfg = Config(8, 1, 1, 1, 8, 1, True, 3, mbs, "1f1b", "tp-cp-ep-dp-pp", tp_overlap=overlap)
+        pl = layer_table(ctx, cfg).placement
+        return ctx, cfg, pl
+
+    act = BF16 * 12 * 8192 * 4096  # one micro-batch of 12 sequences, gathered
+    ctx, cfg, pl = parts("torchtitan", 12)
+    copies = 2 * act / ctx.hbm_bytes_per_s + 2 * act / ctx.hbm_bytes_per_s
+    assert sequence_dim_copies_s(ctx, cfg, act, act) == pytest.approx(copies)
+    ag, rs = all_gather_s(ctx.levels, pl.tp, act), reduce_scatter_s(ctx.levels, pl.tp, act)
+    assert tp_comm_s(ctx, cfg, pl, act, 1.0) == pytest.approx(ag + rs + copies)
+    one = BF16 * 8192 * 4096
+    ctx1, cfg1, _ = parts("torchtitan", 1)  # one sequence: the gather is a view, the scatter still copies
+    assert sequence_dim_copies_s(ctx1, cfg1, one, one) == pytest.approx(2 * one / ctx1.hbm_bytes_per_s)
+    mctx, mcfg, mpl = parts("megatron", 12)
+    assert sequence_dim_copies_s(mctx, mcfg, act, act) == 0.0
+    octx, ocfg, opl = parts("torchtitan", 12, overlap=True)
+    assert tp_comm_s(octx, ocfg, opl, act, 1e3) < ag + rs  # AsyncTP: overlapped, no copies added
