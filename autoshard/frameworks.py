@@ -131,6 +131,9 @@ class FrameworkProfile:
     # the sequence dimension, through collectives that copy the tensor around NCCL's leading-dimension
     # layout (cost.communication.sequence_dim_copies_s)
     sequence_dim_collectives: bool = False
+    # runs the projections that share an input as one GEMM (Megatron's linear_qkv and gated linear_fc1);
+    # False: separate linear layers (cost.layers._unfused_s)
+    fused_projections: bool = True
     # Megatron recompute-module sets the solver plans by default (beside none / selective / full)
     planned_recompute_modules: tuple[str, ...] = ()
     # schedules it prices (evaluate, a search that names them) but the solver does not plan by default:
@@ -288,6 +291,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             selective_recompute=_selective(name, row.get("selective_recompute", "core_attention")),
             sequence_dim_collectives=bool(row.get("sequence_dim_collectives", False)),
+            fused_projections=bool(row.get("fused_projections", True)),
             planned_recompute_modules=tuple(row.get("planned_recompute_modules") or ()),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),

@@ -1084,3 +1084,30 @@ def test_torchtitan_sequence_parallel_collectives_copy_around_nccl():
     assert sequence_dim_copies_s(mctx, mcfg, act, act) == 0.0
     octx, ocfg, opl = parts("torchtitan", 12, overlap=True)
     assert tp_comm_s(octx, ocfg, opl, act, 1e3) < ag + rs  # AsyncTP: overlapped, no copies added
+
+
+def test_torchtitan_projections_are_separate_gemms():
+    # torchtitan's Attention has separate wq, wk, wv and its FeedForward separate w1, w3
+    # (torchtitan/models/llama3/model.py): each GEMM reads the input again and pads its own tiles, where
+    # Megatron runs one linear_qkv and one gated linear_fc1. At TP 8 Llama 3 8B's key and value
+    # projections are 128 columns wide, half of the H100's 256-wide tile. The input's FP8 cast is one.
+    from autoshard.cost.layers import _unfused_s
+
+    def ctx_of(framework, precision="bf16"):
+        return context(load_problem({"model": "llama3-8b", "framework": framework,
+                                     "training": {"seq_len": 8192, "global_batch_size": 96, "precision": precision},
+                                     "cluster": {"gpu": "h100", "num_gpus": 64}}))
+
+    titan, mega = ctx_of("torchtitan"), ctx_of("megatron")
+    T, h = 12 * 8192, 4096
+    r = titan.mm_flops_per_s
+    widths = (512, 128, 128)  # wq, wk, wv at TP 8
+    extra = sum(_gemm_s(titan, T, h, w, r) for w in widths) - _gemm_s(titan, T, h, 768, r)
+    assert _unfused_s(titan, T, h, widths, None) == pytest.approx(extra) and extra > 0
+    # wk and wv (128 wide) each re-read the 805 MB input: together at least that read once more than fused
+    assert extra > BF16 * T * h / titan.hbm_bytes_per_s
+    assert _unfused_s(mega, T, h, widths, None) == 0.0
+    fp8 = ctx_of("torchtitan", "fp8-current")  # priced without quantization: the cast of X is shared
+    r8 = fp8.mm_flops_per_s
+    assert _unfused_s(fp8, T, h, widths, None) == pytest.approx(
+        sum(_gemm_s(fp8, T, h, w, r8) for w in widths) - _gemm_s(fp8, T, h, 768, r8))

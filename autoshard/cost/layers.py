@@ -65,6 +65,19 @@ MAMBA_SCAN_FLOPS_PER_STATE = 7  # forward FLOPs per token, d_inner element and s
 MAMBA_SCAN_BWD_FACTOR = 2.0  # SSD backward: the chunk states recomputed and two chunked contractions (estimate)
 
 
+def _unfused_s(ctx: Context, m: float, k: float, widths: tuple[float, ...], rate: float | None) -> float:
+    """What a framework whose projections sharing one input are separate linear layers
+    (`FrameworkProfile.fused_projections` False: torchtitan's wq, wk, wv and w1, w3) pays over one GEMM
+    of their summed width: each GEMM reads the input again and pads its own output tiles (a TP-sharded
+    key or value projection of 128 columns fills half a 256-wide tile). The input's low-precision cast
+    is not paid again: the same tensor's casts are one computation (compiled graphs deduplicate them),
+    so the difference is priced at the recipe's GEMM rate without quantization."""
+    if ctx.framework.fused_projections or len(widths) < 2:
+        return 0.0
+    r = rate or ctx.mm_flops_per_s
+    return sum(_gemm_s(ctx, m, k, w, r) for w in widths) - _gemm_s(ctx, m, k, sum(widths), r)
+
+
 def _attention_elem_s(ctx: Context, sh: Shapes) -> float:
     """Forward time of the attention block's elementwise work: its norm, the residual add and RoPE."""
     return _mem_s(ctx, BF16 * (sh.res_tokens * sh.h * (2 + 3) + sh.tokens * (sh.a_local + sh.kv_local) * sh.d * 2))
@@ -97,6 +110,8 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     else:
         gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
     proj = sum(_gemm_s(ctx, *g, ctx.module_flops_per_s("attention")) for g in gemms)
+    if not m.is_mla:
+        proj += _unfused_s(ctx, T, h, (a * sh.d, kv * sh.d, kv * sh.d), ctx.module_flops_per_s("attention"))
     flops = sum(2 * x * y * z for x, y, z in gemms)
     hierarchical = cfg.cp > 1 and cfg.cp_comm == "a2a+p2p"
     inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, None)  # outer: its ring's steps
@@ -152,6 +167,8 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         per = tokens / weight_sets
         rate = ctx.module_flops_per_s(module)  # None: the recipe's; bf16 where training.bf16_modules says
         up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, rate, groups=weight_sets)
+        if weight_sets == 1:
+            up += _unfused_s(ctx, per, h, (ffn_local,) * (mats - 1), rate)
         down = _gemm_s(ctx, per, ffn_local, h, rate, groups=weight_sets)
         return up + down, 2 * tokens * h * ffn_local * mats
 
