@@ -21,6 +21,9 @@ from .spec import Dispatcher
 # 2024: their benchmark sections).
 CUDNN_ATTENTION_BACKWARD_RATE = 0.84
 
+# What a framework's "selective" recompute re-runs (FrameworkProfile.selective_recompute)
+SELECTIVE_RECOMPUTES = ("core_attention", "every_second_matmul")
+
 
 @dataclass(frozen=True)
 class FrameworkProfile:
@@ -119,6 +122,18 @@ class FrameworkProfile:
     window_cp_comm_types: tuple[str, ...] | None = None
     # recompute lists its launcher runs (layouts.py): per_layer | uniform | block | every_nth
     recompute_layout: str = "per_layer"
+    # what its "selective" recompute re-runs (cost.layers._recompute_mode): core_attention (Megatron's
+    # --recompute-granularity selective: the attention core) or every_second_matmul (torchtitan's
+    # per-op SAC: the attention core and every odd matmul of a block kept, every second matmul and
+    # every other op re-run in the backward)
+    selective_recompute: str = "core_attention"
+    # its TP sequence parallelism gathers and scatters [micro-batch, sequence, hidden] activations along
+    # the sequence dimension, through collectives that copy the tensor around NCCL's leading-dimension
+    # layout (cost.communication.sequence_dim_copies_s)
+    sequence_dim_collectives: bool = False
+    # runs the projections that share an input as one GEMM (Megatron's linear_qkv and gated linear_fc1);
+    # False: separate linear layers (cost.layers._unfused_s)
+    fused_projections: bool = True
     # Megatron recompute-module sets the solver plans by default (beside none / selective / full)
     planned_recompute_modules: tuple[str, ...] = ()
     # schedules it prices (evaluate, a search that names them) but the solver does not plan by default:
@@ -200,6 +215,13 @@ def _layout(name: str, value: str) -> str:
     return value
 
 
+def _selective(name: str, value: str) -> str:
+    if value not in SELECTIVE_RECOMPUTES:
+        raise ValueError(f"frameworks.yaml: {name}.selective_recompute: {value!r} "
+                         f"(valid: {', '.join(SELECTIVE_RECOMPUTES)})")
+    return value
+
+
 def _pair(values: Any) -> tuple[float, float]:
     """The two numbers of a profile row (`expert_bias_bytes`: forward, backward)."""
     first, second = values
@@ -267,6 +289,9 @@ def profiles() -> dict[str, FrameworkProfile]:
             cp_excludes_sp=bool(row.get("cp_excludes_sp", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
+            selective_recompute=_selective(name, row.get("selective_recompute", "core_attention")),
+            sequence_dim_collectives=bool(row.get("sequence_dim_collectives", False)),
+            fused_projections=bool(row.get("fused_projections", True)),
             planned_recompute_modules=tuple(row.get("planned_recompute_modules") or ()),
             unplanned_schedules=tuple(row.get("unplanned_schedules") or ()),
             placements=tuple(row.get("placements") or ()),

@@ -40,9 +40,11 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torchtitan.components.loss import cross_entropy_loss
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list as DEEPSEEK_SAC_SAVE_LIST
 from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
 from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model
 from torchtitan.models.llama3.model.args import TransformerModelArgs
+from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list as LLAMA_SAC_SAVE_LIST
 from torchtitan.models.llama3.infra.parallelize import apply_compile
 from torchtitan.models.llama3.model.model import Transformer
 from torchtitan.models.moe import MoEArgs
@@ -126,12 +128,17 @@ def build_model(family: str, kwargs: dict, seq_len: int) -> torch.nn.Module:
         return DeepSeekV3Model(args)
 
 
-def parallelize(model: torch.nn.Module, mesh, ac_mode: str, fsdp: bool = True, compile_: bool = False) -> None:
+def parallelize(model: torch.nn.Module, mesh, ac_mode: str, fsdp: bool = True, compile_: bool = False,
+                family: str = "llama") -> None:
     """torchtitan's order: activation checkpointing per block, compile per block, then fully_shard per
-    block and root."""
+    block and root. Per-op selective checkpointing gets the model's own save list, as torchtitan's
+    parallelize_llama / parallelize_deepseekv3 pass it (torchtitan 0.2.2 apply_ac defaults it to an empty
+    set: every op re-run, what full checkpointing does; the measurements of 2026-11-27 ran so, see
+    docs/measurements.md)."""
     if ac_mode != "none":
+        save_list = DEEPSEEK_SAC_SAVE_LIST if family == "deepseek" else LLAMA_SAC_SAVE_LIST
         apply_ac(model, ActivationCheckpoint(mode=ac_mode, selective_ac_option="op"),
-                 model_compile_enabled=compile_)
+                 model_compile_enabled=compile_, op_sac_save_list=save_list)
     if compile_:
         apply_compile(model, Compile(enable=True, backend="inductor"))
     if not fsdp:
@@ -149,7 +156,7 @@ def measure(name: str, family: str, kwargs: dict, seq_len: int, mbs: int, ac_mod
     loss_fn = torch.compile(cross_entropy_loss) if compile_ else cross_entropy_loss
     model = build_model(family, kwargs, seq_len)
     row["params"] = sum(p.numel() for p in model.parameters())
-    parallelize(model, mesh, ac_mode, fsdp, compile_)
+    parallelize(model, mesh, ac_mode, fsdp, compile_, family)
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=device)

@@ -9,8 +9,9 @@ import pytest
 from autoshard import Plan, evaluate, load_problem
 from autoshard.cost import (ATTN_BWD_FACTOR, BF16, Config, Shapes, attention_backward_s, context, core_attention_s,
                             cp_comm_s, layer_table, tp_comm_s)
+from autoshard.cost.kernels import _gemm_s, _mem_s
 from autoshard.frameworks import get_framework
-from autoshard.topology import _expert_groups, all_gather_s, contiguous_profile
+from autoshard.topology import _expert_groups, all_gather_s, contiguous_profile, reduce_scatter_s
 
 
 def _moe(name="qwen3-235b-a22b", gpus=256, gpu="h100", seq=4096, gbs=2048, **extra):
@@ -1043,3 +1044,109 @@ def test_attention_pays_its_call_and_causal_tail_per_context_parallel_step():
         rates[tp, cp] = flops / t
     assert rates[8, 1] < rates[1, 1] < rate
     assert rates[8, 1] / rate == pytest.approx(0.86, abs=0.05)  # measured 0.86 (8 heads, 8k tokens)
+
+
+def test_torchtitan_selective_is_per_op_sac_rerunning_every_second_matmul():
+    # torchtitan's per-op SAC (selective_ac_option "op", what the export writes for selective) saves
+    # every aten.mm output but every second one of a block, the SDPA output and the TP reduce-scatters,
+    # and re-runs everything else (torchtitan 9dec370 parallelize_llama.py _save_list / _custom_policy;
+    # HEAD distributed/activation_checkpoint.py SelectiveAC). A Llama block calls wq, wk, wv, wo, w1, w3,
+    # w2: wk (4096 x 1024), wo (4096 x 4096) and w3 (4096 x 14336) are re-run, attention is not.
+    # Megatron's selective re-runs the attention core only.
+    def table(framework, tp=1, mbs=1):
+        p = load_problem({"model": "llama3-8b", "framework": framework,
+                          "training": {"seq_len": 8192, "global_batch_size": 64},
+                          "cluster": {"gpu": "h100", "num_gpus": 8}})
+        ctx = context(p)
+        cfg = Config(tp, 1, 1, 1, 8 // tp, 1, tp > 1, 3 if framework == "torchtitan" else 1, mbs, "1f1b",
+                     "tp-cp-ep-dp-pp")
+        return ctx, cfg, layer_table(ctx, cfg)
+
+    T = 8192
+    ctx, cfg, t = table("torchtitan")
+    none, sel = t.layers[("dense", "none")], t.layers[("dense", "selective")]
+    # FLOPs re-run: 2 T h (kv d + a d + ffn), hand-worked; no attention FLOPs among them
+    assert sel.hfu_flops - none.hfu_flops == pytest.approx(2 * T * 4096 * (1024 + 4096 + 14336))
+    # Kept per token: the block input, the wq, wv, w1 and w2 outputs and the attention output (bf16),
+    # and the attention's fp32 log-sum-exp per head: 2 (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 x 32
+    assert sel.act_bytes == pytest.approx(T * (2 * 31744 + 4 * 32))
+    assert sel.act_bytes < 0.5 * none.act_bytes
+    # The recompute is the three GEMMs' forward plus the block's elementwise forward (norms, residual
+    # adds, RoPE, SiLU x w3)
+    gemms = _gemm_s(ctx, T, 4096, 1024, ctx.module_flops_per_s("attention"))
+    gemms += _gemm_s(ctx, T, 4096, 4096, ctx.module_flops_per_s("attention"))
+    gemms += _gemm_s(ctx, T, 4096, 14336, ctx.module_flops_per_s("dense_mlp"))
+    elem = _mem_s(ctx, BF16 * (T * 4096 * 5 + T * (32 + 8) * 128 * 2)) + _mem_s(ctx, BF16 * (T * 14336 * 3 + T * 4096 * 5))
+    assert sel.bwd["recompute"] == pytest.approx(gemms + elem)
+    mctx, mcfg, mt = table("megatron")
+    assert mt.layers[("dense", "selective")].bwd["recompute"] == pytest.approx(core_attention_s(mctx, Shapes(mctx, mcfg))[0])
+    # With TP's sequence parallelism the forward's all-gathers (half its TP time) are re-run, the
+    # reduce-scatters saved
+    ctx8, cfg8, t8 = table("torchtitan", tp=8, mbs=8)
+    n8, s8 = t8.layers[("dense", "none")], t8.layers[("dense", "selective")]
+    sh8 = Shapes(ctx8, cfg8)
+    g8 = _gemm_s(ctx8, 8 * T, 4096, 1024 // 8, ctx8.module_flops_per_s("attention"))  # wk
+    g8 += _gemm_s(ctx8, 8 * T, 4096 // 8, 4096, ctx8.module_flops_per_s("attention"))  # wo
+    g8 += _gemm_s(ctx8, 8 * T, 4096, 14336 // 8, ctx8.module_flops_per_s("dense_mlp"))  # w3
+    e8 = _mem_s(ctx8, BF16 * (sh8.res_tokens * 4096 * 5 + 8 * T * (4 + 1) * 128 * 2)) \
+        + _mem_s(ctx8, BF16 * (8 * T * 14336 // 8 * 3 + sh8.res_tokens * 4096 * 5))
+    assert s8.bwd["recompute"] == pytest.approx(g8 + e8 + n8.fwd["tp_comm"] / 2)
+
+
+def test_torchtitan_sequence_parallel_collectives_copy_around_nccl():
+    # torchtitan shards [batch, seq, hidden] on dim 1 for sequence parallelism; PyTorch's functional
+    # collectives gather and scatter on dim 0, so they copy the tensor with torch.cat of its chunks after
+    # the all-gather (not for one sequence a micro-batch in newer releases: a view) and before the
+    # reduce-scatter: a read and a write of the whole tensor each. Megatron's SP gathers on dim 0 of its
+    # [seq, batch, hidden] layout: no copy. AsyncTP is left as priced before.
+    from autoshard.cost.communication import sequence_dim_copies_s
+
+    def parts(framework, mbs, overlap=False):
+        p = load_problem({"model": "llama3-8b", "framework": framework,
+                          "training": {"seq_len": 8192, "global_batch_size": 96},
+                          "cluster": {"gpu": "h100", "num_gpus": 64}})
+        ctx = context(p)
+        cfg = Config(8, 1, 1, 1, 8, 1, True, 3, mbs, "1f1b", "tp-cp-ep-dp-pp", tp_overlap=overlap)
+        pl = layer_table(ctx, cfg).placement
+        return ctx, cfg, pl
+
+    act = BF16 * 12 * 8192 * 4096  # one micro-batch of 12 sequences, gathered
+    ctx, cfg, pl = parts("torchtitan", 12)
+    copies = 2 * act / ctx.hbm_bytes_per_s + 2 * act / ctx.hbm_bytes_per_s
+    assert sequence_dim_copies_s(ctx, cfg, act, act) == pytest.approx(copies)
+    ag, rs = all_gather_s(ctx.levels, pl.tp, act), reduce_scatter_s(ctx.levels, pl.tp, act)
+    assert tp_comm_s(ctx, cfg, pl, act, 1.0) == pytest.approx(ag + rs + copies)
+    one = BF16 * 8192 * 4096
+    ctx1, cfg1, _ = parts("torchtitan", 1)  # one sequence: the gather is a view, the scatter still copies
+    assert sequence_dim_copies_s(ctx1, cfg1, one, one) == pytest.approx(2 * one / ctx1.hbm_bytes_per_s)
+    mctx, mcfg, mpl = parts("megatron", 12)
+    assert sequence_dim_copies_s(mctx, mcfg, act, act) == 0.0
+    octx, ocfg, opl = parts("torchtitan", 12, overlap=True)
+    assert tp_comm_s(octx, ocfg, opl, act, 1e3) < ag + rs  # AsyncTP: overlapped, no copies added
+
+
+def test_torchtitan_projections_are_separate_gemms():
+    # torchtitan's Attention has separate wq, wk, wv and its FeedForward separate w1, w3
+    # (torchtitan/models/llama3/model.py): each GEMM reads the input again and pads its own tiles, where
+    # Megatron runs one linear_qkv and one gated linear_fc1. At TP 8 Llama 3 8B's key and value
+    # projections are 128 columns wide, half of the H100's 256-wide tile. The input's FP8 cast is one.
+    from autoshard.cost.layers import _unfused_s
+
+    def ctx_of(framework, precision="bf16"):
+        return context(load_problem({"model": "llama3-8b", "framework": framework,
+                                     "training": {"seq_len": 8192, "global_batch_size": 96, "precision": precision},
+                                     "cluster": {"gpu": "h100", "num_gpus": 64}}))
+
+    titan, mega = ctx_of("torchtitan"), ctx_of("megatron")
+    T, h = 12 * 8192, 4096
+    r = titan.mm_flops_per_s
+    widths = (512, 128, 128)  # wq, wk, wv at TP 8
+    extra = sum(_gemm_s(titan, T, h, w, r) for w in widths) - _gemm_s(titan, T, h, 768, r)
+    assert _unfused_s(titan, T, h, widths, None) == pytest.approx(extra) and extra > 0
+    # wk and wv (128 wide) each re-read the 805 MB input: together at least that read once more than fused
+    assert extra > BF16 * T * h / titan.hbm_bytes_per_s
+    assert _unfused_s(mega, T, h, widths, None) == 0.0
+    fp8 = ctx_of("torchtitan", "fp8-current")  # priced without quantization: the cast of X is shared
+    r8 = fp8.mm_flops_per_s
+    assert _unfused_s(fp8, T, h, widths, None) == pytest.approx(
+        sum(_gemm_s(fp8, T, h, w, r8) for w in widths) - _gemm_s(fp8, T, h, 768, r8))

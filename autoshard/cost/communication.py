@@ -50,12 +50,30 @@ def tp_comm_s(ctx: Context, cfg: Config, pl: Placement, act_bytes: float, gemm_s
         return 0.0
     if not cfg.sp:
         return all_reduce_s(ctx.levels, pl.tp, act_bytes)
-    ag = all_gather_s(ctx.levels, pl.tp, act_bytes if gather_bytes is None else gather_bytes)
+    gathered = act_bytes if gather_bytes is None else gather_bytes
+    ag = all_gather_s(ctx.levels, pl.tp, gathered)
     rs = reduce_scatter_s(ctx.levels, pl.tp, act_bytes)
     if not tp_overlap_on(ctx, cfg, pl):
-        return ag + rs
+        return ag + rs + sequence_dim_copies_s(ctx, cfg, gathered, act_bytes)
     exposed = ag / cfg.tp + rs / TP_OVERLAP_RS_SPLITS
     return exposed + overlapped(ag + rs - exposed, gemm_s)
+
+
+def sequence_dim_copies_s(ctx: Context, cfg: Config, gathered_bytes: float, scattered_bytes: float) -> float:
+    """The copies a framework whose sequence-parallel collectives run on the sequence dimension of
+    [micro-batch, sequence, hidden] activations pays around them (`FrameworkProfile.sequence_dim_collectives`):
+    NCCL gathers and scatters along the leading dimension, so PyTorch's functional collectives
+    (torch/distributed/_functional_collectives.py) rearrange the gathered tensor with
+    torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim) after the all-gather, and the tensor
+    to reduce-scatter with torch.cat(torch.chunk(x, group_size, dim=scatter_dim)) before it: each a
+    read and a write of the whole tensor at the HBM rate. Newer releases gather a micro-batch of one
+    sequence with a view instead (the dimensions before the sequence have size 1), so the all-gather's
+    copy is priced from two sequences a micro-batch. torchtitan measured these two copies at 0.18 ms of
+    a 3 ms FFN at 8k tokens on H100 (pytorch/torchtitan PR #437, its proposal to fold batch and
+    sequence, not merged)."""
+    if not ctx.framework.sequence_dim_collectives:
+        return 0.0
+    return (2 * gathered_bytes * (cfg.mbs > 1) + 2 * scattered_bytes) / ctx.hbm_bytes_per_s
 
 
 def cp_comm_s(ctx: Context, cp: int, prof, sh: Shapes, core_s: float) -> tuple[float, float]:

@@ -66,6 +66,30 @@ MAMBA_SCAN_FLOPS_PER_STATE = 7  # forward FLOPs per token, d_inner element and s
 MAMBA_SCAN_BWD_FACTOR = 2.0  # SSD backward: the chunk states recomputed and two chunked contractions (estimate)
 
 
+def _unfused_s(ctx: Context, m: float, k: float, widths: tuple[float, ...], rate: float | None) -> float:
+    """What a framework whose projections sharing one input are separate linear layers
+    (`FrameworkProfile.fused_projections` False: torchtitan's wq, wk, wv and w1, w3) pays over one GEMM
+    of their summed width: each GEMM reads the input again and pads its own output tiles (a TP-sharded
+    key or value projection of 128 columns fills half a 256-wide tile). The input's low-precision cast
+    is not paid again: the same tensor's casts are one computation (compiled graphs deduplicate them),
+    so the difference is priced at the recipe's GEMM rate without quantization."""
+    if ctx.framework.fused_projections or len(widths) < 2:
+        return 0.0
+    r = rate or ctx.mm_flops_per_s
+    return sum(_gemm_s(ctx, m, k, w, r) for w in widths) - _gemm_s(ctx, m, k, sum(widths), r)
+
+
+def _attention_elem_s(ctx: Context, sh: Shapes) -> float:
+    """Forward time of the attention block's elementwise work: its norm, the residual add and RoPE."""
+    return _mem_s(ctx, BF16 * (sh.res_tokens * sh.h * (2 + 3) + sh.tokens * (sh.a_local + sh.kv_local) * sh.d * 2))
+
+
+def _mlp_elem_s(ctx: Context, sh: Shapes, ffn_elem: float) -> float:
+    """Forward time of the MLP block's elementwise work: its activation over `ffn_elem` elements, its
+    norm and the residual add."""
+    return _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * sh.h * (2 + 3)))
+
+
 def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tuple[dict, dict, float, float, float]:
     """Forward/backward of the attention block (projections, core, TP and CP comm).
 
@@ -87,13 +111,15 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     else:
         gemms = [(T, h, (a + 2 * kv) * sh.d), (T, a * sh.d, h)]
     proj = sum(_gemm_s(ctx, *g, ctx.module_flops_per_s("attention")) for g in gemms)
+    if not m.is_mla:
+        proj += _unfused_s(ctx, T, h, (a * sh.d, kv * sh.d, kv * sh.d), ctx.module_flops_per_s("attention"))
     flops = sum(2 * x * y * z for x, y, z in gemms)
     hierarchical = cfg.cp > 1 and cfg.cp_comm == "a2a+p2p"
     inner, outer = cp_hierarchy(ctx, cfg, pl) if hierarchical else (1, None)  # outer: its ring's steps
     core, scores, core_flops = core_attention_s(ctx, sh, outer)
     soft_f, soft_b = unfused_softmax_s(ctx, sh)  # a softmax Megatron's fused kernel refuses
     flops += core_flops
-    elem = _mem_s(ctx, BF16 * (sh.res_tokens * h * (2 + 3) + T * (a + kv) * sh.d * 2))  # norm, residual, rope
+    elem = _attention_elem_s(ctx, sh)
     fwd["compute"] = proj + core + scores + soft_f + elem
     proj_b, wgrad = _frozen_adjust(ctx, proj)
     bwd["compute"] = proj_b + attention_backward_s(ctx, core) + ELEMENTWISE_BWD_FACTOR * (elem + scores) + soft_b
@@ -142,6 +168,8 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         per = tokens / weight_sets
         rate = ctx.module_flops_per_s(module)  # None: the recipe's; bf16 where training.bf16_modules says
         up = _gemm_s(ctx, per, h, (mats - 1) * ffn_local, rate, groups=weight_sets)
+        if weight_sets == 1:
+            up += _unfused_s(ctx, per, h, (ffn_local,) * (mats - 1), rate)
         down = _gemm_s(ctx, per, ffn_local, h, rate, groups=weight_sets)
         return up + down, 2 * tokens * h * ffn_local * mats
 
@@ -195,7 +223,7 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
                 a2a = all_to_all_s(ctx.levels, pl.ep, q * elems, dedup, limit, shares) + combine
             else:
                 a2a = 2 * combine  # dispatch + combine
-    elem = _mem_s(ctx, BF16 * (ffn_elem + sh.res_tokens * h * (2 + 3)))
+    elem = _mlp_elem_s(ctx, sh, ffn_elem)
     fwd["compute"] += t_mlp + elem
     t_b, t_w = _frozen_adjust(ctx, t_mlp)
     bwd["compute"] += t_b + ELEMENTWISE_BWD_FACTOR * elem
@@ -326,9 +354,11 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str, eager: b
         if block in ("mamba", "attention"):
             mlp = 0.0
     none = stream + attn + mlp + scores
-    # Selective recompute drops the attention scores (FlashAttention never stores them).
-    selective = none if ctx.training.flash_attention else none - scores
-    return {"none": none, "selective": selective, "full": BF16 * T * h / div}
+    # Selective recompute drops the attention scores (FlashAttention never stores them); a per-op policy
+    # keeps what it saves (`op_sac_applies`).
+    core_attention = none if ctx.training.flash_attention else none - scores
+    selective = min(none, _op_sac_saved_bytes(ctx, cfg, sh)) if op_sac_applies(ctx, block) else core_attention
+    return {"none": none, "selective": selective, "full": BF16 * T * h / div, "core_attn": core_attention}
 
 
 ATTENTION_TAG = ("attention block",)  # first element of `_attention_of`'s keys (kind keys start with a str)
@@ -411,7 +441,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
             host += BLOCKING_LAYER_HOST_S
         if host:
             c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
-        _eager_host(ctx, cfg, c, recompute, launches)
+        _eager_host(ctx, cfg, c, recompute, launches, kind)
         if zero3:
             _zero3_exposed(cfg, c, ag, ag_bwd, rs)
         out[recompute] = c
@@ -477,6 +507,10 @@ def _recompute_mode(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: 
     if recompute == "full":
         c.bwd["recompute"] = sum(c.fwd[k] for k in ("compute", "tp_comm", "cp_comm", "ep_comm"))
         c.hfu_flops += flops
+    elif recompute == "selective" and op_sac_applies(ctx, kind):
+        t_s, fl = _op_sac_recompute(ctx, cfg, sh, afwd, mfwd)
+        c.bwd["recompute"] = t_s
+        c.hfu_flops += fl
     elif recompute == "selective":
         c.bwd["recompute"] = core
         c.hfu_flops += core_attention_flops(sh) if core else 0.0
@@ -498,6 +532,64 @@ def _recompute_mode(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: 
             c.act_bytes -= saved
             c.hfu_flops += fl
         c.act_bytes = max(c.act_bytes, acts["full"])
+
+
+def op_sac_applies(ctx: Context, kind: str) -> bool:
+    """Whether this layer's "selective" recompute is the framework's per-op policy that re-runs every
+    second matmul (`FrameworkProfile.selective_recompute`, torchtitan's per-op SAC): priced so on the
+    dense transformer block (attention + MLP, MLA or not), whose matmuls run in a known order. Other
+    kinds (MoE, hybrid blocks) keep the attention-core pricing: which of their expert GEMMs the
+    policy saves depends on the torch release's op list (not priced)."""
+    return ctx.framework.selective_recompute == "every_second_matmul" and kind == "dense"
+
+
+def _op_sac_gemms(ctx: Context, cfg: Config, sh: Shapes) -> list[tuple[float, float, float, float | None]]:
+    """A dense block's matmuls in the order its forward calls them, each (m, k, n, rate): torchtitan's
+    Attention calls wq, wk, wv (or MLA's wq / wq_a, wq_b, then wkv_a, wkv_b), then wo; its FeedForward
+    w1, w3, w2 (w1, w2 ungated) (torchtitan/models/llama3/model.py, deepseek_v3/model/model.py)."""
+    m, T, h = sh.m, sh.tokens, sh.h
+    a, kv = sh.a_local, sh.kv_local
+    ra, rm = ctx.module_flops_per_s("attention"), ctx.module_flops_per_s("dense_mlp")
+    if m.is_mla:
+        kv_rank, nope, rope = mla_dim(m.kv_lora_rank), mla_dim(m.qk_nope_head_dim), mla_dim(m.qk_rope_head_dim)
+        q = [(T, h, m.q_lora_rank), (T, m.q_lora_rank, a * sh.d_qk)] if m.q_lora_rank else [(T, h, a * sh.d_qk)]
+        attn = q + [(T, h, kv_rank + rope), (T, kv_rank, a * (nope + sh.d_v)), (T, a * sh.d_v, h)]
+    else:
+        attn = [(T, h, a * sh.d), (T, h, kv * sh.d), (T, h, kv * sh.d), (T, a * sh.d, h)]
+    ffn = m.intermediate_size / cfg.tp
+    mlp = [(T, h, ffn), (T, h, ffn), (T, ffn, h)] if m.gated else [(T, h, ffn), (T, ffn, h)]
+    return [(*g, ra) for g in attn] + [(*g, rm) for g in mlp]
+
+
+def _op_sac_recompute(ctx: Context, cfg: Config, sh: Shapes, afwd: dict[str, float],
+                      mfwd: dict[str, float]) -> tuple[float, float]:
+    """(backward recompute seconds, FLOPs re-run) of a dense block under per-op selective checkpointing
+    (`op_sac_applies`): every second matmul of the block in call order (`_op_sac_gemms`: wk, wo, w3 of a
+    Llama block), all of its elementwise work (norms, RoPE, activation, residual adds) and its TP
+    collectives other than the reduce-scatters (the policy saves reduce_scatter_tensor): with sequence
+    parallelism the forward's all-gathers (half of its TP time), without it the all-reduces (all of
+    it). The attention core is saved, not re-run."""
+    gemms = _op_sac_gemms(ctx, cfg, sh)[1::2]
+    t_s = sum(_gemm_s(ctx, x, y, z, r) for x, y, z, r in gemms)
+    ffn_elem = sh.tokens * sh.m.intermediate_size / cfg.tp * (3 if sh.m.gated else 2)
+    t_s += _attention_elem_s(ctx, sh) + _mlp_elem_s(ctx, sh, ffn_elem)
+    tp = afwd["tp_comm"] + mfwd["tp_comm"]
+    t_s += tp / 2 if cfg.sp else tp
+    return t_s, sum(2 * x * y * z for x, y, z, _ in gemms)
+
+
+def _op_sac_saved_bytes(ctx: Context, cfg: Config, sh: Shapes) -> float:
+    """Activation bytes a dense block keeps per micro-batch under per-op selective checkpointing
+    (`op_sac_applies`): the block's input (what the checkpoint wrapper keeps), the outputs of the
+    matmuls it saves (the odd ones of `_op_sac_gemms`, bf16), the attention output and its fp32
+    log-sum-exp, and with sequence parallelism the two reduce-scatters' outputs."""
+    T, h = sh.tokens, sh.h
+    div = cfg.tp if cfg.sp else 1
+    saved = sum(BF16 * x * z for x, _, z, _ in _op_sac_gemms(ctx, cfg, sh)[0::2])
+    saved += BF16 * T * h / div + BF16 * T * sh.a_local * sh.d_v + 4.0 * T * sh.a_local
+    if cfg.sp and cfg.tp > 1:
+        saved += 2 * BF16 * T * h / cfg.tp
+    return saved
 
 
 def _zero3_exposed(cfg: Config, c: Cost, ag: float, ag_bwd: float, rs: float) -> None:
@@ -522,7 +614,8 @@ def cublas_workspace_bytes(ctx: Context, tp_overlap: bool = False) -> float:
     return float(sum(CUBLAS_WORKSPACE_BYTES[lib][sm90] * CUBLAS_WORKSPACES_PER_PROCESS[lib] for lib in libs))
 
 
-def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tuple[int, int, int]) -> None:
+def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tuple[int, int, int],
+                kind: str = "dense") -> None:
     """Add to `c` the host launch time its GPU work does not hide: eager frameworks launch every
     kernel from Python (`layer_kernels` launches at EAGER_LAUNCH_HOST_S each), ahead of the GPU and
     asynchronously, so each pass takes the longer of its GPU time and its host time (not their sum).
@@ -535,8 +628,8 @@ def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tu
     if cfg.cuda_graphs or ctx.training.launch_blocking or not ctx.framework.eager_launches:
         return
     fwd_k, bwd_k, core_k = launches
-    if recompute == "full":
-        bwd_k += fwd_k
+    if recompute == "full" or (recompute == "selective" and op_sac_applies(ctx, kind)):
+        bwd_k += fwd_k  # (per-op SAC re-runs every op but the few it saves: about the forward's launches)
     elif recompute == "selective":
         bwd_k += core_k
     elif recompute not in ("none", "offload"):
@@ -616,7 +709,7 @@ def _module_recompute(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind
     etp = cfg.expert_tp
     routed = routed_tokens(ctx, cfg, sh)
     if module == "core_attn":
-        return core_s, acts["none"] - acts["selective"], core_attention_flops(sh) if core_s else 0.0
+        return core_s, acts["none"] - acts["core_attn"], core_attention_flops(sh) if core_s else 0.0
     if module == "layernorm":
         return _mem_s(ctx, 2 * 2 * BF16 * T * h / div), (q_attn + q) * T * h / div, 0.0
     if module == "mlp" and kind == "dense":
