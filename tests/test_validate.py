@@ -426,6 +426,26 @@ def test_modern_simumax_rows_run_dp_communication_exposed():
     assert hidden.time_breakdown_s["dp_comm"] < 0.25 * hand_s  # overlapped under the backward / next forward
 
 
+def test_deepseek_v3_b200_rows_state_the_recipes_mtp_layer_and_layout():
+    # Megatron-Bridge's DeepSeek-V3 recipe runs one MTP layer (recipes/deepseek/deepseek_v3.py at 47ff48829:51
+    # `mtp_num_layers: Optional[int] = 1`, which run_script.py leaves; v0.4.0 0fbfe7d3e:84 `mtp_num_layers = 1`)
+    # and for pp 16 without VP the layout [embedding + 4 decoder] + [4 decoder] x 14 + [decoder + mtp + loss]
+    # (map_pp_vp_to_layout[(16, 1)]): 61 layers as 15 x 4 + 1, the MTP layer and the loss on the last stage
+    dev = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
+    for rid in ("mbridge_2509_deepseekv3tokendrop_b200_fp8_256gpu", "mbridge_2509_deepseekv3tokendrop_b200_fp8paren_256gpu",
+                "mbridge_2604_deepseekv3_b200_mxfp8_256gpu"):
+        row = dev[rid]
+        assert row["mtp_layers"] == row["framework_recipe"]["mtp_layers"] == 1
+        case = run_to_case(row)
+        assert case.plan.stage_layers == [4] * 15 + [1], rid
+        assert case.problem.model.num_nextn_predict_layers == 1
+        est = cost.evaluate(case.problem, case.plan)
+        # the last stage holds one layer + the MTP depth (a transformer layer, its 2h -> h projection and an
+        # output-layer pass) + the loss: lighter than a 4-layer stage, so the step is not set by it alone
+        without = run_to_case({**row, "mtp_layers": 0})
+        assert est.step_time_s > cost.evaluate(without.problem, without.plan).step_time_s, rid
+
+
 def test_modern_torchtitan_rows():
     rs = modern_rows()
     c = run_to_case(rs["torchtitan_2412_table1_llama318b_8gpu_01"])
