@@ -432,7 +432,8 @@ def test_deepseek_v3_b200_rows_state_the_recipes_mtp_layer_and_layout():
     # and for pp 16 without VP the layout [embedding + 4 decoder] + [4 decoder] x 14 + [decoder + mtp + loss]
     # (map_pp_vp_to_layout[(16, 1)]): 61 layers as 15 x 4 + 1, the MTP layer and the loss on the last stage
     dev = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
-    for rid in ("mbridge_2509_deepseekv3tokendrop_b200_fp8_256gpu", "mbridge_2509_deepseekv3tokendrop_b200_fp8paren_256gpu",
+    for rid in ("mbridge_2509_deepseekv3tokendrop_b200_fp8_256gpu",
+                "mbridge_2509_deepseekv3tokendrop_b200_fp8paren_256gpu",
                 "mbridge_2604_deepseekv3_b200_mxfp8_256gpu"):
         row = dev[rid]
         assert row["mtp_layers"] == row["framework_recipe"]["mtp_layers"] == 1
