@@ -120,6 +120,7 @@ def _time_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
             return f"EP{p.ep}" + (f" {d}" if d else "") + (" overlapped" if p.ep_overlap else "")
         return (f"{ep(pa)} ({la}) vs {ep(pb)} ({lb}): the expert all-to-all dispatch and combine of every MoE "
                 f"layer ({max(va, vb):.2f} s in {more}); DeepEP / HybridEP send a token once per remote node "
+                "and once per peer GPU hosting its experts inside a domain "
                 "(node-limited routing caps those nodes), Megatron's EP overlap and DualPipe's paired chunks hide "
                 "it under another micro-batch's compute (DualPipe's warm-up and cool-down chunks, run alone, pay it)")
     if key == "pp_comm":

@@ -888,7 +888,8 @@ class Plan(Strict):
     # remote node (or NVLink domain) and fan it out over NVLink there; None = the framework's default.
     moe_dispatcher: Dispatcher | None = Field(default=None, description=(
         "Expert token dispatch: alltoall, Megatron's flex dispatcher with the deepep / hybridep kernels (a"
-        " token sent once per remote node), or allgather (--moe-token-dispatcher-type allgather: each rank "
+        " token sent once per remote node, and inside one NVLink domain once per GPU hosting any of its"
+        " experts), or allgather (--moe-token-dispatcher-type allgather: each rank "
         "gathers every token of its EP group, and reduce-scatters the outputs); None: the framework's default."))
 
     @field_validator("placement")

@@ -463,7 +463,13 @@ def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float,
     destinations, and a hierarchical dispatcher (DeepEP, HybridEP) sends a token once to each
     remote domain beyond the first level that hosts any of its destinations, fanning it out over the
     first level (NVLink) there: of a domain's n peers at that level, a token reaches
-    (n - 1)(1 - (1 - 1/n)^k) on average instead of k (n - 1)/n copies.
+    (n - 1)(1 - (1 - 1/n)^k) on average instead of k (n - 1)/n copies. A group inside one first-level
+    domain (g GPUs) gets the same count over its GPUs: the dispatch sends a token once to each peer
+    holding any of its experts, (g - 1)(1 - (1 - 1/g)^k) peers, and the combine returns one reduced
+    copy from each (DeepEP tests/legacy/test_intranode.py: rank_idx = topk_idx // experts per rank,
+    unique per token; HybridEP's receive buffer holds tokens per rank x ranks,
+    docs/Hybrid-EP_Implementation.md). Megatron's alltoall dispatcher sends every copy. Across
+    several domains the first level keeps the flat share (its forwarding is not modelled apart).
 
     `max_domains` = M (node-limited routing, DeepSeek-V3 report sec. 2.1.2): a token's k destinations
     lie in at most M of the n domains, M of them picked at random, so it reaches M (1 - (1 - 1/M)^k)
@@ -482,6 +488,10 @@ def all_to_all_s(levels: tuple[Level, ...], prof: Profile, bytes_per_gpu: float,
         if m > inner:
             if shares is not None:
                 share = shares[i]
+            elif i == 0 and dedup_copies > 1 and m == g:
+                # the group inside one domain: a hierarchical dispatcher sends a token once to each
+                # peer hosting any of its k destinations, (g - 1)(1 - (1 - 1/g)^k) peers on average
+                share = (g - 1) * (1 - (1 - 1 / g) ** dedup_copies) / dedup_copies
             elif i == 0:
                 share = (m - 1) / g
             elif dedup_copies > 1:

@@ -401,6 +401,53 @@ def test_modern_simumax_deepseek_v2_row_has_mla_and_etp():
     assert case.problem.cluster.gpu == "b200" and case.source_group == "SimuMax B200"
 
 
+def test_modern_simumax_rows_run_dp_communication_exposed():
+    # SimuMax's Megatron launcher (MooreThreads/SimuMax@4dcaae513ba7 simu_tools/megatron_scripts/scripts/
+    # run_pretrain_llama3.sh, run_pretrain_deepseekv2.sh) passes neither --overlap-grad-reduce nor
+    # --overlap-param-gather, both store_true default False in Megatron-LM's arguments.py: every row states it
+    dev = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
+    rows = [r for r in dev.values() if r.get("source_family") == "SimuMax B200"]
+    assert len(rows) == 16
+    for r in rows:
+        case = run_to_case(r)
+        assert case.plan.overlap_grad_reduce is False and case.plan.overlap_param_gather is False, r["id"]
+    # Llama 3 70B cut to 12 layers, tp2 dp4 (--accumulate-allreduce-grads-in-fp32, distributed optimizer):
+    # per layer 2 x 8192^2 + 2 x 8192 x 1024 + 3 x 8192 x 28672 + 2 x 8192 = 855,654,400 parameters, x 12,
+    # plus untied embedding and output 2 x 128,256 x 8192 and the final norm: 12,369,207,296 / tp 2 per GPU.
+    # Exposed: the fp32 gradients' reduce-scatter and the bf16 weights' all-gather over dp 4, (dp-1)/dp of
+    # (4 + 2) B each, over NVLink5's 900 GB/s at the catalog's 0.8 scale-up efficiency: 38.65 ms
+    row = dev["simumax_b200_v12_llama370btp2pp1dp4l12mbc4cef"]
+    params = (12 * (2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192) + 2 * 128256 * 8192 + 8192) / 2
+    hand_s = 0.75 * (4 + 2) * params / (900e9 * 0.8)
+    assert hand_s == pytest.approx(0.03865, rel=1e-3)
+    exposed = cost.evaluate(run_to_case(row).problem, run_to_case(row).plan)
+    assert exposed.time_breakdown_s["dp_comm"] == pytest.approx(hand_s, rel=0.03)
+    stated_none = {k: v for k, v in row.items() if k not in ("overlap_grad_reduce", "overlap_param_gather")}
+    hidden = cost.evaluate(run_to_case(stated_none).problem, run_to_case(stated_none).plan)
+    assert hidden.time_breakdown_s["dp_comm"] < 0.25 * hand_s  # overlapped under the backward / next forward
+
+
+def test_deepseek_v3_b200_rows_state_the_recipes_mtp_layer_and_layout():
+    # Megatron-Bridge's DeepSeek-V3 recipe runs one MTP layer (recipes/deepseek/deepseek_v3.py at 47ff48829:51
+    # `mtp_num_layers: Optional[int] = 1`, which run_script.py leaves; v0.4.0 0fbfe7d3e:84 `mtp_num_layers = 1`)
+    # and for pp 16 without VP the layout [embedding + 4 decoder] + [4 decoder] x 14 + [decoder + mtp + loss]
+    # (map_pp_vp_to_layout[(16, 1)]): 61 layers as 15 x 4 + 1, the MTP layer and the loss on the last stage
+    dev = {r["id"]: r for r in json.loads(MODERN_DEV.read_text())}
+    for rid in ("mbridge_2509_deepseekv3tokendrop_b200_fp8_256gpu",
+                "mbridge_2509_deepseekv3tokendrop_b200_fp8paren_256gpu",
+                "mbridge_2604_deepseekv3_b200_mxfp8_256gpu"):
+        row = dev[rid]
+        assert row["mtp_layers"] == row["framework_recipe"]["mtp_layers"] == 1
+        case = run_to_case(row)
+        assert case.plan.stage_layers == [4] * 15 + [1], rid
+        assert case.problem.model.num_nextn_predict_layers == 1
+        est = cost.evaluate(case.problem, case.plan)
+        # the last stage holds one layer + the MTP depth (a transformer layer, its 2h -> h projection and an
+        # output-layer pass) + the loss: lighter than a 4-layer stage, so the step is not set by it alone
+        without = run_to_case({**row, "mtp_layers": 0})
+        assert est.step_time_s > cost.evaluate(without.problem, without.plan).step_time_s, rid
+
+
 def test_modern_torchtitan_rows():
     rs = modern_rows()
     c = run_to_case(rs["torchtitan_2412_table1_llama318b_8gpu_01"])

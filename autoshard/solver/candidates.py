@@ -58,8 +58,9 @@ def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
 
 
 def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> str | None:
-    """The expert dispatcher plans use: a hierarchical one (it sends a token once per remote node, so
-    it never moves more bytes than the flat all-to-all) where the framework runs it and the search
+    """The expert dispatcher plans use: a hierarchical one (it sends a token once per peer GPU hosting
+    any of its experts inside one NVLink domain and once per remote node beyond, so it never moves
+    more bytes than the flat all-to-all) where the framework runs it and the search
     allows it; HybridEP on multi-node NVLink domains (DeepEP's kernels cover one node's NVLink),
     DeepEP otherwise. None (the framework's default) for dense models."""
     if not problem.model.is_moe:

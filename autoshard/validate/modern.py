@@ -614,7 +614,7 @@ def _row_recipe(row: Mapping[str, Any], framework: str, model: Mapping[str, Any]
         notes.append("embedding and loss counted as pipeline layers (the recipe's account_for_*_in_pipeline_split)")
     elif stage_layers:
         notes.append(f"pipeline layout {mb_recipe['layout']} (the recipe's pipeline_model_parallel_layout; "
-                     "its MTP layers not priced)")
+                     "its MTP layers priced only from the row's own mtp_layers)")
     if ep_ov is None and "ep_overlap" in mb_recipe:
         ep_ov = bool(mb_recipe["ep_overlap"])
         notes.append(f"ep_overlap={ep_ov}: the Megatron-Bridge recipe of the release")
