@@ -95,9 +95,6 @@ class FrameworkProfile:
     replicate_zero_stages: tuple[int, ...] = ()
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
-    # its alltoall dispatcher sorts the received tokens by local expert in a second permutation (and back in
-    # the combine) where a rank holds more than one expert (cost.layers.local_expert_sort_s)
-    local_expert_sort: bool = False
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
     # keeps the routed experts' activation-function inputs (fc1 outputs) in the recipe's low precision too
     quantized_expert_act_inputs: bool = False
@@ -257,7 +254,6 @@ def profiles() -> dict[str, FrameworkProfile]:
             replicate_zero_stages=tuple(int(z) for z in row.get("replicate_zero_stages") or ()),
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),
-            local_expert_sort=bool(row.get("local_expert_sort", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
             quantized_expert_act_inputs=bool(row.get("quantized_expert_act_inputs", False)),
             low_precision_dispatch=bool(row.get("low_precision_dispatch", False)),

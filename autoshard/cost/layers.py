@@ -169,9 +169,6 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         ffn_elem = routed * m.expert_ffn / etp * (3 if m.gated else 2)
         # Permute / unpermute of the routed copies (read + write, dispatch and combine).
         t_mlp += _mem_s(ctx, 4 * BF16 * routed * h)
-        sort_s = local_expert_sort_s(ctx, cfg, routed * h)
-        fwd["compute"] += sort_s
-        bwd["compute"] += sort_s  # the backward permutes the gradients back the same way
         if m.expert_bias:  # fc2 bias x router probability, elementwise in fp32 over the fc2 output
             bias_f, bias_b = ctx.framework.expert_bias_bytes
             fwd["compute"], bwd["compute"] = _mem_s(ctx, bias_f * routed * h), _mem_s(ctx, bias_b * routed * h)
@@ -203,21 +200,6 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     fwd["tp_comm"] += tp_f
     bwd["tp_comm"] += tp_b
     return fwd, bwd, t_w, flops
-
-
-def local_expert_sort_s(ctx: Context, cfg: Config, routed_elems: float) -> float:
-    """Time of the second permutation of Megatron's alltoall dispatcher, one pass (forward or backward):
-    where a rank holds more than one expert, the tokens it receives are sorted by local expert after the
-    all-to-all and sorted back before the combine's (token_dispatcher.py MoEAlltoAllTokenDispatcher
-    dispatch_postprocess / combine_preprocess, sort_chunks_by_idxs), a read + write of the routed copies
-    each (`routed_elems` = routed copies x hidden size); the flex (DeepEP, HybridEP) and allgather
-    dispatchers permute once each way, as the permute of `_mlp_cost` prices for every dispatcher
-    (`FrameworkProfile.local_expert_sort`)."""
-    m = ctx.model
-    local = m.num_experts / cfg.ep * (1 + ctx.training.moe_redundant_experts / m.num_experts)
-    if not ctx.framework.local_expert_sort or local <= 1 or dispatcher_of(ctx, cfg) != "alltoall":
-        return 0.0
-    return _mem_s(ctx, 2 * 2 * BF16 * routed_elems)  # read + write, dispatch and combine
 
 
 def _mlp_saved_bytes_per_ffn(m, q: float, act_in: float = BF16, act_out: float = 0.0) -> float:
