@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from autoshard import evaluate, load_problem
+from autoshard.cost import Config, context, layer_table
+from autoshard.cost.context import config_reasons
+from autoshard.cost.step import deferred_exposed_s
 from autoshard.spec import Plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -75,3 +79,46 @@ def test_cuda_graphs_priced_where_the_host_is_exposed():
     graphs = evaluate(problem, Plan(tp=4, dp=4, micro_batch_size=2, cuda_graphs=True))
     assert eager.fits and graphs.fits
     assert 0.80 < graphs.step_time_s / eager.step_time_s < 0.95
+
+
+def _llama70b(**training):
+    return load_problem({"model": "llama3-70b", "framework": "megatron",
+                         "training": {"seq_len": 4096, "global_batch_size": 64, **training},
+                         "cluster": {"gpu": "h100-sxm", "num_gpus": 64}})
+
+
+def test_deferred_output_layer_wgrad_leaves_the_last_stage():
+    """Megatron --defer-embedding-wgrad-compute (pipeline_parallel/schedules.py
+    finish_embedding_wgrad_compute, before finalize_model_grads) runs the output layer's weight-gradient
+    GEMM of every deferred micro-batch on the last stage after its last backward. Llama 3 70B, TP 8, PP 4
+    (20 layers a stage, the head on the last, the slowest), 32 micro-batches, 1F1B: the steady state
+    (M - 1) max t + sum t loses that GEMM from the last stage's t, M x 2 T h V/tp FLOPs in all, and the
+    32 deferred GEMMs run while the three other stages finish their backward (their cool-down is far
+    longer), so the step is M GEMMs shorter. Each GEMM is the 2 x 4096 x 8192 x 16,032 = 1.08 TFLOP of
+    the output layer at the 16-bit rate: between its peak time and three times it."""
+    plan = Plan(tp=8, pp=4, micro_batch_size=1)
+    base = evaluate(_llama70b(), plan)
+    defer = evaluate(_llama70b(defer_embedding_wgrad=True), plan)
+    m = base.num_microbatches
+    assert m == 32
+    ctx = context(_llama70b(defer_embedding_wgrad=True))
+    dp, _ = config_reasons(ctx.problem, plan)
+    head = layer_table(ctx, Config.of(plan, dp)).head
+    gemm_s = head.deferred_s / m
+    flops = 2 * 4096 * 8192 * 128256 / 8
+    assert flops / 989e12 < gemm_s < 3 * flops / 989e12
+    assert defer.step_time_s == pytest.approx(base.step_time_s - m * gemm_s, rel=1e-9)
+    # --wgrad-deferral-limit 8: the first 8 micro-batches deferred, the other 24 computed at once
+    limited = evaluate(_llama70b(defer_embedding_wgrad=True, wgrad_deferral_limit=8), plan)
+    assert limited.step_time_s == pytest.approx(base.step_time_s - 8 * gemm_s, rel=1e-9)
+
+
+def test_deferred_work_beyond_the_cool_down_is_exposed():
+    """The deferred GEMMs hide under the other ranks' cool-down, one backward of a virtual stage each
+    (1F1B: a rank's backward; interleaved: a chunk's, b / vpp): 10 s of deferred work on rank 2 beside
+    ranks with 3 s and 5 s of backward over vpp 2 chunks leaves 10 - 8 / 2 = 6 s exposed; none when the
+    cool-down is longer."""
+    cfg = SimpleNamespace(vpp=2)
+    assert deferred_exposed_s(cfg, 10.0, [3.0, 5.0, 4.0], head_rank=2) == pytest.approx(6.0)
+    assert deferred_exposed_s(cfg, 3.0, [3.0, 5.0, 4.0], head_rank=2) == 0.0
+    assert deferred_exposed_s(SimpleNamespace(vpp=1), 10.0, [3.0, 5.0, 4.0], head_rank=2) == pytest.approx(2.0)
