@@ -803,6 +803,7 @@ def _with_mtp(ctx: Context, cfg: Config, head: Cost, block: Cost) -> Cost:
     c.fwd["compute"] += d * (proj + _mem_s(ctx, 3 * 2 * BF16 * T * h))
     c.bwd["compute"] += d * 2 * proj
     c.wgrad_s = head.wgrad_s + d * (head.wgrad_s + block.wgrad_s + proj)
+    c.deferred_s = (1 + d) * head.deferred_s  # each pass through the shared output layer defers its GEMM alike
     c.params = head.params + d * (block.params + 2 * h * h / cfg.tp + 3 * h)  # enorm, hnorm, final norm
     c.expert_params = head.expert_params + d * block.expert_params
     mtp_flops = 3 * 2 * T * 2 * h * h / cfg.tp
@@ -824,6 +825,10 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     ce = _mem_s(ctx, (BF16 + 4 + 4) * T * V)  # logits -> fp32 softmax -> grad
     c.fwd["compute"] = head + ce + _mem_s(ctx, 2 * BF16 * sh.res_tokens * h)
     head_b, c.wgrad_s = (2 * head, head) if ctx.training.finetune == "full" else (head, 0.0)  # LoRA: frozen head
+    deferred = deferred_head_wgrad(ctx, cfg) if c.wgrad_s else 0.0
+    head_b -= head * deferred
+    c.wgrad_s -= head * deferred
+    c.deferred_s = head * deferred * num_microbatches(ctx.problem, cfg)
     c.bwd["compute"] = head_b + ce + _grad_accum_s(ctx, c.params)
     if cfg.tp > 1:
         act = BF16 * T * h
@@ -839,6 +844,22 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     c.work_bytes = loss_work_bytes(ctx, cfg, T, V, logit_b) + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
     _fsdp_outer_host(ctx, cfg, c)
     return c
+
+
+def deferred_head_wgrad(ctx: Context, cfg: Config) -> float:
+    """Share of the micro-batches whose output-layer weight gradient Megatron defers to the step's end
+    (training.defer_embedding_wgrad, --defer-embedding-wgrad-compute): tensor_parallel/layers.py
+    LinearWithGradAccumulationAndAsyncCommunication.backward keeps the first --wgrad-deferral-limit
+    micro-batches' logit gradients and inputs (0: all of them) instead of running their weight-gradient
+    GEMM, and pipeline_parallel/schedules.py finish_embedding_wgrad_compute runs those GEMMs on the last
+    stage after its last backward, before finalize_model_grads (Megatron-LM d98e8a64dd). The head's
+    backward per micro-batch loses that share of its weight-gradient GEMM; `step.deferred_exposed_s`
+    prices the GEMMs at the end. 0 without the knob."""
+    t = ctx.training
+    if not t.defer_embedding_wgrad:
+        return 0.0
+    m = num_microbatches(ctx.problem, cfg)
+    return min(t.wgrad_deferral_limit or m, m) / m
 
 
 def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float,

@@ -372,6 +372,17 @@ def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float]
     return (microbatches - 1) * tmax + sum(t)
 
 
+def deferred_exposed_s(cfg: Config, deferred_s: float, b: list[float], head_rank: int) -> float:
+    """What the head rank's deferred work (`Cost.deferred_s`: Megatron's deferred output-layer weight
+    gradients, run after its last backward and before its gradient sync) adds to the pipeline: the
+    other ranks still run their cool-down then, one backward of a virtual stage each in turn (1F1B: a
+    rank's whole backward `b`; interleaved: b / vpp), so only what exceeds that cool-down shows."""
+    if deferred_s <= 0.0:
+        return 0.0
+    cooldown = sum(x for r, x in enumerate(b) if r != head_rank) / cfg.vpp
+    return max(0.0, deferred_s - cooldown)
+
+
 def chunk_times(table: "Table", chunks: list[list[tuple[str, str]]]) -> list[float]:
     """Forward + backward time of one micro-batch through each virtual stage, in order."""
     out = []
@@ -533,6 +544,7 @@ def assemble(ctx: Context, table: Table, stage_layers: list[int], recompute: lis
     # pipeline_rounds: the micro-batches run as that many schedules, each filling and draining the pipeline
     rounds = round_count(cfg, M)
     t_pipe = replay.makespan_s if replay else rounds * pipeline_time(cfg, M // rounds, t, w, chunk_times(table, ordered), b)
+    t_pipe += deferred_exposed_s(cfg, table.head.deferred_s, b, head_rank)
     tm = tail_model(ctx, table)
     tails = [dp_tail(tm, x) for x in tots]
     tail_tot = [sum(x.values()) for x in tails]

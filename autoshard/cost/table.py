@@ -26,6 +26,9 @@ class Cost:
     base_flops: float = 0.0  # FLOPs a step needs without recompute (forward + backward)
     # time the EP overlap saves this piece (all-to-all hidden less host time exposed: `ep_overlap_pays`)
     ep_overlap_gain_s: float = 0.0
+    # work run once per step after the rank's last backward, before its gradient sync, outside the
+    # per-micro-batch times above (Megatron's deferred output-layer weight gradients: `deferred_head_wgrad`)
+    deferred_s: float = 0.0
 
     @property
     def fwd_s(self) -> float:
