@@ -233,6 +233,10 @@ def main() -> int:
         shapes.setdefault(model_key(r["model"]), r)  # replaces its run's degrees, batch and recompute)
     in_dev = {(r["other_metrics"]["release"], base_label(r["other_metrics"]["source_model_label"]), r["gpu"],
                r["gpu_count"], r["tp"], r["pp"], r["ep"], r["micro_batch"]) for r in dev}
+    # a dev row whose layout was corrected to its release's recipe (other_metrics.table_layout_as_printed) is
+    # still its table line: the line's release, label, system, GPU count and measured throughput name it
+    in_dev |= {(r["other_metrics"]["release"], base_label(r["other_metrics"]["source_model_label"]), r["gpu"],
+                r["gpu_count"], float(r["tokens_per_sec_per_gpu"])) for r in dev}
     lines = [d for t in a.tables for d in parse_tables(Path(t).read_text(encoding="utf-8"))]
     results, skipped = [], defaultdict(int)
     for d in lines:
@@ -244,8 +248,9 @@ def main() -> int:
         if row is None:
             skipped["degrees or throughput missing"] += 1
             continue
-        if not a.pairs and (d["release"], label, row["gpu"], row["gpu_count"], row["tp"], row["pp"], row["ep"],
-                            row["micro_batch"]) in in_dev:
+        if not a.pairs and ((d["release"], label, row["gpu"], row["gpu_count"], row["tp"], row["pp"], row["ep"],
+                             row["micro_batch"]) in in_dev or (d["release"], label, row["gpu"], row["gpu_count"],
+                                                                float(row["tokens_per_sec_per_gpu"])) in in_dev):
             continue
         case = run_to_case(row)
         if not isinstance(case, Case):

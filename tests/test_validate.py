@@ -1131,6 +1131,35 @@ def test_same_configuration_lines_pair_across_gpu_systems():
     assert p["predicted"] == pytest.approx(fp8[1][2] / fp8[0][2], rel=1e-9)
 
 
+
+def test_table_lines_of_dev_rows_are_not_held_out(tmp_path, monkeypatch, capsys):
+    # bench_mbridge_tables prices the published lines the dev file lacks. Megatron-Bridge's archive
+    # (docs/performance-summary-archive.md @067f987df): the 26.04.01 GB300 Llama 3 70B FP8 line (5,248
+    # tokens/s/GPU, EP 'n/a') is the dev row mbridge_260401_llama370b_gb300_fp8_64gpu (ep null); the 26.02.01
+    # MXFP8 line (printed PP 4, VP n/a, MBS 2; 4,798) is mbridge_260201_llama370b_gb300_mxfp8_64gpu, whose
+    # row states the release's recipe (v0.3.1 GB300_FP8_MX_V2: PP 4, VP 5, MBS 1); the 26.04 FP8 line (5,243)
+    # has no dev row and is the one line held out.
+    bench = mbridge_bench()
+    table = tmp_path / "t.md"
+    head = ("| System | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP | TP | PP | CP | VP | EP | "
+            "Tokens / sec / GPU | Model TFLOP / sec / GPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    table.write_text(
+        "## 26.04.01 NeMo Container\n\n### Pre-Training Performance\n\n#### Model: LLAMA3_70B\n\n" + head
+        + "| DGX-GB300 | 64 | FP8 | 256 | 2 | 8192 | 64 | 1 | 1 | 1 | n/a | n/a | 5248 | 2348 |\n\n"
+        + "## 26.04 NeMo Container\n\n### Pre-Training Performance\n\n#### Model: LLAMA3_70B\n\n" + head
+        + "| DGX-GB300 | 64 | FP8 | 256 | 2 | 8192 | 64 | 1 | 1 | 1 | n/a | n/a | 5243 | 2355 |\n\n"
+        + "## 26.02.01 NeMo Container\n\n### Pre-Training Performance\n\n#### Model: LLAMA3_70B\n\n" + head
+        + "| DGX-GB300 | 64 | MXFP8 | 256 | 2 | 8192 | 0 | 1 | 4 | 1 | n/a | n/a | 4798 | 2157 |\n",
+        encoding="utf-8")
+    monkeypatch.setattr("sys.argv", ["bench_mbridge_tables.py", str(table), "--json"])
+    assert bench.main() == 0
+    held = json.loads(capsys.readouterr().out)["lines"]
+    assert [h["id"] for h in held] == ["table_26.04_LLAMA3_70B_DGX-GB300_FP8_64gpu_tp1pp1cp1vpNoneep1mbs2"]
+    rows = {r["id"]: r for r in load_runs(MODERN_DEV)}
+    mx = rows["mbridge_260201_llama370b_gb300_mxfp8_64gpu"]
+    assert (mx["pp"], mx["vpp_chunks"], mx["micro_batch"], mx["grad_accum"]) == (4, 5, 1, 256 // (1 * 16))
+    assert mx["other_metrics"]["table_layout_as_printed"].startswith("PP 4, VP n/a, MBS 2")
+
 # ---- GPU spellings, measured memory (issue 29) ----------------------------------------------------
 
 
