@@ -175,6 +175,25 @@ def _tensor_shapes(m) -> dict[str, tuple[list[int], str]]:
     return out
 
 
+def _optimizer_specs(shapes: dict[str, tuple[list[int], str]], want: Any, edp: list[str], dense_shard: list[str],
+                     axis_size: dict[str, int], ctx: _Ctx, pinned: frozenset[str]) -> dict[str, Any]:
+    """ZeRO-1/2: each tensor's optimizer state is its weight's spec (`want(name)`) additionally sharded
+    over the data axes on its largest dimension; expert weights over their expert-data-parallel ranks
+    (`edp`, Megatron's distributed optimizer), dense ones over `dense_shard`."""
+    optimizer = {}
+    for name, (shape, kind) in shapes.items():
+        opt_axes = [a for a in (edp if name.startswith("expert_") else dense_shard) if axis_size.get(a, 1) > 1]
+        base = want(name)
+        big = max(range(len(shape)), key=lambda i: shape[i])
+        entry = base[big]
+        have = [] if entry is None else ([entry] if isinstance(entry, str) else list(entry))
+        used = {a for e in base if e is not None for a in ([e] if isinstance(e, str) else e)}
+        base[big] = have + [a for a in opt_axes if a not in used]
+        spec = _shard_dims(f"optimizer.{name}", shape, base, axis_size, ctx, pinned)
+        optimizer[name] = {"shape": shape, "kind": kind, "spec": spec}
+    return optimizer
+
+
 def _jax(ctx: _Ctx) -> str:
     """A JSON of the device mesh and per-tensor PartitionSpecs (with the real shapes) for plain JAX."""
     p, m, t = ctx.plan, ctx.model, ctx.training
@@ -233,22 +252,8 @@ def _jax(ctx: _Ctx) -> str:
     for name, (shape, kind) in shapes.items():
         spec = _shard_dims(f"params.{name}", shape, want(name, fs, exp_fs), axis_size, ctx, pinned)
         params[name] = {"shape": shape, "kind": kind, "spec": spec}
-    optimizer = None
-    if p.zero_stage in (1, 2):
-        optimizer = {}
-        for name, (shape, kind) in shapes.items():
-            # ZeRO-1/2: optimizer state additionally sharded over the data axes (largest dimension first);
-            # expert weights over their expert-data-parallel ranks (Megatron's distributed optimizer)
-            expert_w = name.startswith("expert_")
-            opt_axes = [a for a in (edp if expert_w else dense_shard) if axis_size.get(a, 1) > 1]
-            base = want(name, None, None)
-            big = max(range(len(shape)), key=lambda i: shape[i])
-            entry = base[big]
-            have = [] if entry is None else ([entry] if isinstance(entry, str) else list(entry))
-            used = {a for e in base if e is not None for a in ([e] if isinstance(e, str) else e)}
-            base[big] = have + [a for a in opt_axes if a not in used]
-            spec = _shard_dims(f"optimizer.{name}", shape, base, axis_size, ctx, pinned)
-            optimizer[name] = {"shape": shape, "kind": kind, "spec": spec}
+    optimizer = (_optimizer_specs(shapes, lambda n: want(n, None, None), edp, dense_shard, axis_size, ctx, pinned)
+                 if p.zero_stage in (1, 2) else None)
 
     batch_axes = ax(data + (logical["ep"] if ep_on else []))
     micro_global = p.micro_batch_size * ctx.dp  # sequences per micro-batch over all replicas
