@@ -208,8 +208,14 @@ def _data_parallel_flags(ctx: _Ctx, add: Add) -> None:
 
 
 def _cuda_graph_flags(ctx: _Ctx, add: Add) -> None:
-    """Full-iteration CUDA graphs."""
+    """Full-iteration or per-layer CUDA graphs."""
     p, m, t = ctx.plan, ctx.model, ctx.training
+    if p.cuda_graph_scope:  # per-layer graphs (Transformer Engine make_graphed_callables)
+        add("--cuda-graph-impl", "transformer_engine")
+        if p.cuda_graph_scope != ["layer"]:  # no scope = the whole layer
+            # megatron-core <= 0.16 spells it --cuda-graph-scope (nargs='+'); Megatron-LM d98e8a64dd keeps
+            # that spelling as a hidden alias of --cuda-graph-modules (arguments.py)
+            add("--cuda-graph-scope", list(p.cuda_graph_scope))
     if p.cuda_graphs:  # the whole step captured once and replayed
         # megatron-core <= 0.16 spells it impl local + scope full_iteration; Megatron-LM d98e8a64dd
         # migrates that spelling to --cuda-graph-impl full_iteration (validate_args, cuda_graph_config.py)
