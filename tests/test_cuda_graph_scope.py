@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from autoshard import evaluate, load_problem
-from autoshard.cost import Config, context
+from autoshard.cost import Config, context, with_modes
 from autoshard.cost.constants import EAGER_LAUNCH_HOST_S
 from autoshard.cost.context import config_reasons
 from autoshard.cost.kernels import Shapes, captured_launches, layer_kernels
@@ -74,11 +74,12 @@ def _small_dense():
 
 
 def _layer(problem, plan, kind="dense"):
-    ctx = context(problem)
+    mode = plan.recompute if isinstance(plan.recompute, str) else "none"
+    ctx = with_modes(context(problem), mode)
     dp, _ = config_reasons(problem, plan)
     cfg = Config.of(plan, dp)
     pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
-    return ctx, cfg, layer_costs(ctx, cfg, pl, kind)["none"]
+    return ctx, cfg, layer_costs(ctx, cfg, pl, kind)[mode]
 
 
 def test_captured_launches_replace_the_host_time_by_one_replay_per_graph():
@@ -152,3 +153,15 @@ def test_runs_format_reads_the_recipes_graph_scope():
     assert full.plan.cuda_graphs and full.plan.cuda_graph_scope == []
     bad = dict(rows["mbridge_2509_llama38b_b200_fp8_8gpu"], cuda_graph_scope="attn+everything")
     assert "cuda_graph_scope 'everything'" in modern_row_to_case(bad).reason
+
+
+def test_a_recompute_module_inside_a_graph_has_no_wrapper_host_time():
+    """Megatron's recompute modules run a checkpoint wrapper from Python (frameworks.yaml
+    recompute_module_host_ms, 0.25 ms a module); inside a per-layer graph it runs at capture only. The
+    dense `mlp` module under an `mlp` graph loses exactly that time against the same module beside an
+    `attn` graph (which leaves the MLP eager)."""
+    problem = _small_dense()
+    ctx, _, beside = _layer(problem, Plan(micro_batch_size=1, recompute="mlp", cuda_graph_scope=["attn"]))
+    _, _, inside = _layer(problem, Plan(micro_batch_size=1, recompute="mlp", cuda_graph_scope=["mlp"]))
+    assert ctx.framework.recompute_module_host_s == pytest.approx(0.25e-3)
+    assert beside.bwd["recompute"] - inside.bwd["recompute"] == pytest.approx(0.25e-3)

@@ -358,3 +358,18 @@ def captured_launches(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple
         bwd += 2 * gemms + 2 + other + 1  # each GEMM twice, the norm twice, its weight's gradient add
         graphs += 1
     return min(fwd, total[0]), min(bwd, total[1]), graphs
+
+
+# The per-layer graph region each Megatron recompute module runs inside (transformer_layer.py,
+# d98e8a64dd: core attention and MLA's up-projections in _forward_attention; the dense MLP and its
+# up-projection in a dense _forward_mlp; the MoE block and its activation after the router; the shared
+# experts before MoELayer.router() returns, unless overlapped with the EP communication). `layernorm`
+# recomputes both norms, one in each half: inside a graph only when the whole layer is.
+RECOMPUTE_MODULE_SCOPE = {"core_attn": "attn", "mla_up_proj": "attn", "mlp": "mlp", "mlp_up": "mlp",
+                          "moe": "moe", "moe_act": "moe", "shared_experts": "moe_router"}
+
+
+def module_in_graph(scope: tuple[str, ...], module: str) -> bool:
+    """Whether recompute module `module` runs inside one of the per-layer graphs of `scope`: its
+    checkpoint wrapper's Python then runs at capture only, not at each replay."""
+    return "layer" in scope or RECOMPUTE_MODULE_SCOPE.get(module) in scope

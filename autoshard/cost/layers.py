@@ -44,6 +44,7 @@ from .kernels import (
     core_attention_flops,
     core_attention_s,
     layer_kernels,
+    module_in_graph,
     unfused_softmax_reason,
     unfused_softmax_s,
 )
@@ -530,7 +531,8 @@ def _recompute_mode(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: 
     elif recompute != "none":  # Megatron recompute modules
         for module in recompute.split("+"):
             t_s, saved, fl = _module_recompute(ctx, cfg, pl, sh, kind, module, afwd, mfwd, core, acts)
-            if (t_s or saved) and not cfg.cuda_graphs:  # the module's checkpoint wrapper's host time
+            graphed = cfg.cuda_graphs or module_in_graph(cfg.graph_scope, module)
+            if (t_s or saved) and not graphed:  # the module's checkpoint wrapper's host time
                 t_s += ctx.framework.recompute_module_host_s
             c.bwd["recompute"] += t_s
             c.act_bytes -= saved
