@@ -60,6 +60,10 @@ def test_scope_refused_where_megatron_refuses_it():
     # "full recompute is only supported with full iteration CUDA graph"
     full = plan.model_copy(update={"cuda_graph_scope": ["attn"], "recompute": "full"})
     assert "full recompute" in _reasons(_mixtral(), full)
+    # "moe recompute is not supported with moe_router CUDA graph" (a module must not cover a graph)
+    moe_rc = plan.model_copy(update={"cuda_graph_scope": ["moe_router"], "recompute": "moe"})
+    assert "moe recompute" in _reasons(_mixtral(), moe_rc)
+    assert _reasons(_mixtral(), moe_rc.model_copy(update={"recompute": "moe_act"})) == ""
     titan = Plan(tp=2, pp=2, zero_stage=3, cuda_graph_scope=["attn"])
     assert "cannot capture" in _reasons(_mixtral(framework="torchtitan"), titan)
 

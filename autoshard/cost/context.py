@@ -596,7 +596,8 @@ def graph_scope_reasons(problem: Problem, plan: Plan) -> list[str]:
     full-iteration graph ("cuda_graph_modules must be empty when cuda_graph_impl=full_iteration"), moe
     (and the whole layer of a MoE model) only for drop-and-pad MoE ("moe cuda graph is only supported
     with drop-padding MoE"), moe / moe_router only for MoE models, mlp only where a dense MLP layer
-    exists, full recompute only with full-iteration graphs."""
+    exists, full recompute only with full-iteration graphs, no `moe` recompute module around a moe_router
+    graph (a recompute module must lie inside or outside a graph, never cover one)."""
     scope = plan.cuda_graph_scope
     if not scope:
         return []
@@ -613,8 +614,12 @@ def graph_scope_reasons(problem: Problem, plan: Plan) -> list[str]:
                    "MoE has dynamic shapes; capture moe_router (+ moe_preprocess) instead")
     if "mlp" in scope and not m.num_dense_layers:
         out.append("mlp graphs capture dense MLP layers, and every layer of this model is MoE")
-    if "full" in plan.recompute_per_layer(m.num_hidden_layers):
+    modes = set(plan.recompute_per_layer(m.num_hidden_layers))
+    if "full" in modes:
         out.append("full recompute runs with full-iteration CUDA graphs only, not per-layer ones")
+    if "moe_router" in scope and any("moe" in mode.split("+") for mode in modes):
+        out.append("the moe recompute module cannot wrap a moe_router graph (Megatron: \"moe recompute is not "
+                   "supported with moe_router CUDA graph\")")
     return out
 
 
