@@ -155,6 +155,8 @@ def test_runs_format_reads_the_recipes_graph_scope():
     assert local.plan.cuda_graph_scope == ["layer"]
     full = modern_row_to_case(rows["mbridge_2608_gptoss120b_gb200_mxfp8_64gpu"])
     assert full.plan.cuda_graphs and full.plan.cuda_graph_scope == []
+    own = dict(rows["mbridge_2509_llama38b_b200_fp8_8gpu"], cuda_graph_scope=["mlp", "attn"])  # the row's own wins
+    assert modern_row_to_case(own).plan.cuda_graph_scope == ["attn", "mlp"]
     bad = dict(rows["mbridge_2509_llama38b_b200_fp8_8gpu"], cuda_graph_scope="attn+everything")
     assert "cuda_graph_scope 'everything'" in modern_row_to_case(bad).reason
 
