@@ -142,7 +142,8 @@ def _time_why(key: str, a: Estimate, b: Estimate, la: str, lb: str) -> str:
                 "optimizer step updates the parameters each GPU holds (sharded by ZeRO >= 1)")
     if key == "host":
         def host(p: Plan) -> str:
-            return f"EP{p.ep}" + (", full-iteration CUDA graphs" if p.cuda_graphs else "")
+            return f"EP{p.ep}" + (", full-iteration CUDA graphs" if p.cuda_graphs else "") + (
+                f", per-layer CUDA graphs of {'+'.join(p.cuda_graph_scope)}" if p.cuda_graph_scope else "")
         return (f"{host(pa)} ({la}) vs {host(pb)} ({lb}): host-side time of dropless MoE layers (the dispatcher's "
                 "sync, the grouped MLP's work per local expert, so fewer with more EP), recompute-module wrappers "
                 f"and blocking launches; CUDA graphs replay without it ({max(va, vb):.2f} s in {more})")

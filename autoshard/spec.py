@@ -23,6 +23,11 @@ Framework = Literal["megatron", "torchtitan", "automodel", "deepspeed", "maxtext
 # allgather: Megatron's MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather), every rank
 # gathers the hidden states of its TP x EP group instead of an all-to-all of the routed copies.
 Dispatcher = Literal["alltoall", "deepep", "hybridep", "allgather"]
+# Per-layer CUDA graph capture regions (Megatron --cuda-graph-impl transformer_engine | local with
+# --cuda-graph-scope / --cuda-graph-modules: megatron/core/transformer/enums.py CudaGraphModule at
+# d98e8a64dd); `layer` is the whole transformer layer (Megatron's empty module list, formerly "full").
+GraphScope = Literal["layer", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"]
+GRAPH_SCOPES: tuple[str, ...] = ("layer", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 # Megatron-Core's --recompute-modules (recompute_granularity selective): each re-runs part of a layer's
 # forward in its backward to drop the activations that part keeps. `selective` is core_attn alone.
 # `mlp_up` is no Megatron module: the dense MLP's input projection(s) (fc1; gate and up) and activation
@@ -883,6 +888,15 @@ class Plan(Strict):
     cuda_graphs: bool = Field(default=False, description=(
         "Full-iteration CUDA graphs (Megatron --cuda-graph-impl full_iteration): no host launch and sync "
         "costs; evaluated, not searched."))
+    # Per-layer (scoped) CUDA graphs (Megatron --cuda-graph-impl transformer_engine with
+    # --cuda-graph-scope, megatron/core/transformer/cuda_graphs.py / TE make_graphed_callables): each
+    # layer's captured regions replay as graphs (forward and backward), their launches leave the host;
+    # the rest (a dropless MoE's dispatch, experts and combine) stays eager. Evaluated, not searched.
+    cuda_graph_scope: list[GraphScope] = Field(default_factory=list, description=(
+        "Per-layer CUDA graphs (Megatron --cuda-graph-impl transformer_engine --cuda-graph-scope ...): the "
+        "regions of every layer captured: layer (the whole layer), attn, mlp (dense MLP), moe (a drop-and-pad "
+        "MoE block), moe_router, moe_preprocess (with moe_router), mamba; [] = none. Their host launch time "
+        "is replaced by one graph replay each; the rest stays eager. Evaluated, not searched."))
     # Expert token dispatch (Megatron --moe-token-dispatcher-type alltoall, or flex with
     # --moe-flex-dispatcher-backend deepep | hybridep): the hierarchical kernels send a token once per
     # remote node (or NVLink domain) and fan it out over NVLink there; None = the framework's default.
@@ -896,6 +910,20 @@ class Plan(Strict):
     @classmethod
     def _placement(cls, v: str) -> str:
         return "-".join(parse_placement(v))
+
+    @field_validator("cuda_graph_scope")
+    @classmethod
+    def _graph_scope(cls, v: list[str]) -> list[str]:
+        """In canonical order, once each; Megatron's rules (transformer_config.py __post_init__ at
+        d98e8a64dd): moe and moe_router exclusive, moe_preprocess only with moe_router; `layer` alone."""
+        scope = [s for s in GRAPH_SCOPES if s in v]
+        if "layer" in scope and len(scope) > 1:
+            raise ValueError("'layer' (the whole layer) cannot be combined with other scopes")
+        if "moe" in scope and "moe_router" in scope:
+            raise ValueError("cuda_graph_scope must not contain both moe and moe_router")
+        if "moe_preprocess" in scope and "moe_router" not in scope:
+            raise ValueError("moe_preprocess is captured only together with moe_router")
+        return scope
 
     @property
     def sp(self) -> bool:
@@ -933,6 +961,8 @@ class Plan(Strict):
             parts.insert(parts.index(f"zero{self.zero_stage}") + 1, f"reshard-{self.reshard_after_forward}")
         if self.cuda_graphs:
             parts.append("cuda-graphs")
+        if self.cuda_graph_scope:
+            parts.append("graphs=" + "+".join(self.cuda_graph_scope))
         if self.pipeline_rounds > 1 and self.pp > 1:
             parts.insert(parts.index(self.schedule) + 1, f"rounds{self.pipeline_rounds}")
         rc = self.recompute

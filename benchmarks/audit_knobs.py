@@ -69,6 +69,7 @@ def _common_megatron(layers: int, pp: int) -> list[tuple[str, dict, dict]]:
         ("overlap_param_gather on -> off", {"overlap_param_gather": False}, {}),
         ("optimizer_offload off -> on", {"optimizer_offload": True}, {}),
         ("cuda_graphs off -> on", {"cuda_graphs": True}, {}),
+        ("cuda_graph_scope none -> attn", {"cuda_graph_scope": ["attn"]}, {}),
         ("placement tp-cp-ep-dp-pp -> tp-cp-ep-pp-dp", {"placement": "tp-cp-ep-pp-dp"}, {}),
         ("placement tp innermost -> dp innermost", {"placement": "dp-tp-cp-ep-pp"}, {}),
         ("main_grads fp32 -> bf16", {}, {"main_grads": "bf16"}),
@@ -121,6 +122,7 @@ def _fp8_rows() -> list[tuple[str, dict, dict]]:
         ("tp_comm_overlap on -> off", {"tp_comm_overlap": False}, {}),
         ("main_grads fp32 -> bf16", {}, {"main_grads": "bf16"}),
         ("cuda_graphs off -> on", {"cuda_graphs": True}, {}),
+        ("cuda_graph_scope none -> attn", {"cuda_graph_scope": ["attn"]}, {}),
         ("power_cap_w 1000 -> 800", {}, {}),  # cluster fact, applied below
     ]
 
@@ -146,6 +148,7 @@ def _titan_rows(layers: int) -> list[tuple[str, dict, dict]]:
         ("precision bf16 -> fp8-current", {}, {"precision": "fp8-current"}),
         ("packed documents of 1024 tokens", {}, {"mean_document_tokens": 1024}),
         ("cuda_graphs off -> on", {"cuda_graphs": True}, {}),
+        ("cuda_graph_scope none -> attn", {"cuda_graph_scope": ["attn"]}, {}),
         ("fp8-current, fp8_params (float8 all-gather) off -> on", {}, {"precision": "fp8-current", "fp8_params": True}),
         ("finetune full -> lora", {}, {"finetune": "lora"}),
         ("optimizer_offload off -> on", {"optimizer_offload": True}, {}),
@@ -207,6 +210,7 @@ def cases() -> list[Case]:
              {"tp": 2, "pp": 1, "dp": 4, "zero_stage": 1, "micro_batch_size": 1, "recompute": "none"},
              [("micro_batch_size 1 -> 2", {"micro_batch_size": 2}, {}),
               ("cuda_graphs off -> on", {"cuda_graphs": True}, {}),
+              ("cuda_graph_scope none -> attn", {"cuda_graph_scope": ["attn"]}, {}),
               ("tp_comm_overlap on -> off", {"tp_comm_overlap": False}, {}),
               ("cross_entropy_fusion off -> on", {}, {"cross_entropy_fusion": True}),
               ("defer_embedding_wgrad off -> on", {}, {"defer_embedding_wgrad": True}),
@@ -231,6 +235,7 @@ def cases() -> list[Case]:
              [("micro_batch_size 1 -> 2", {"micro_batch_size": 2}, {}),
               ("recompute none -> selective", {"recompute": "selective"}, {}),
               ("cuda_graphs off -> on", {"cuda_graphs": True}, {}),
+              ("cuda_graph_scope none -> attn", {"cuda_graph_scope": ["attn"]}, {}),
               ("main_grads fp32 -> bf16", {}, {"main_grads": "bf16"}),
               ("precision bf16 -> fp8-blockwise", {}, {"precision": "fp8-blockwise"}),
               ("packed documents of 1024 tokens", {}, {"mean_document_tokens": 1024}),
@@ -254,6 +259,13 @@ VERDICTS: list[tuple[str, str, str]] = [
         "priced (MoE rows here -12% / -48%; GPT-3 20B on 16 GH200, TP 4, MBS 2, FP8: -13% predicted at 256 "
         "sequences, NeMo docs cudagraphs.md measured 750 -> 836 TFLOP/s, -10%). Memory: one private pool, "
         "none priced; NeMo's per-layer graphs (a different switch, not in the schema) add ~20% activations")),
+    ("cuda_graph_scope none -> attn", "", (
+        "free here, priced where it matters: a per-layer graph of the attention (Megatron --cuda-graph-impl "
+        "transformer_engine --cuda-graph-scope attn) replaces its launches' host time by one replay "
+        "(cost.kernels.captured_launches), which these layers hide; on host-bound layers it is priced "
+        "(whole-layer graphs on GPT-3 20B, 16 GH200, TP 4, MBS 2, FP8: -13% predicted at 256 sequences, NeMo "
+        "docs cudagraphs.md measured 750 -> 836 TFLOP/s, -10%). Memory: the graphs' private pools "
+        "(NeMo: +15 GB, activations ~+20%) are not priced")),
     ("placement tp-cp-ep-dp-pp -> tp-cp-ep-pp-dp", "", (
         "free here: with TP filling the 8-GPU node both the DP and the PP groups cross the same scale-out "
         "level, so the order moves no traffic to another link; the order is priced where groups change "
@@ -374,11 +386,6 @@ ABSENT = [
         "under AsyncTP; the compile-off row torchtitan_2412_table3_llama318b_128gpu_07 is 25.6% too fast "
         "in-sample. Pricing it needs eager torchtitan's elementwise traffic (RMSNorm, RoPE, SwiGLU as "
         "separate ops) and a `validate` field for it")),
-    ("per-layer / scoped CUDA graphs (Megatron --cuda-graph-impl local | transformer_engine, cuda_graph_scope)", (
-        "NeMo docs features/optimizations/cudagraphs.md: GPT-3 20B on 16 GH200 (TP 4, MBS 2, FP8) 750 -> 836 "
-        "TFLOP/s (+11.4%), +15 GB (activations ~+20%: the graphs keep their temporaries). Plan.cuda_graphs "
-        "is the full-iteration graph only; 15 Megatron-Bridge dev rows run scoped graphs and are priced "
-        "eager (autoshard/data/mbridge_recipes.yaml cuda_graphs / cuda_graph_scope)")),
     ("torchtitan float8 all-gather", (
         "pytorch/torchtitan commit 7a04053 (Llama 3 8B, 8 H100, compiled): bf16 5,760, rowwise float8 6,424, "
         "tensorwise float8 with float8 all-gather 7,186 tokens/s; no published pair isolates the all-gather. "

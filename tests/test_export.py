@@ -72,7 +72,7 @@ MEGATRON_ALLOWED = frozenset({
     "--wgrad-deferral-limit",
 })
 NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
-NARGS_FLAGS = ("--hierarchical-context-parallel-sizes",)  # nargs='+' in Megatron-LM arguments.py
+NARGS_FLAGS = ("--hierarchical-context-parallel-sizes", "--cuda-graph-scope")  # nargs='+' in Megatron-LM arguments.py
 
 
 def problem(model, search: dict | None = None, **training) -> Problem:
@@ -629,6 +629,21 @@ def test_export_to_another_framework_than_priced_warns() -> None:
     assert any("priced for megatron" in w and "framework: torchtitan" in w for w in out.warnings)
     titan = Problem(**{**LLAMA.model_dump(), "framework": "torchtitan"})
     assert not any("priced for" in w for w in export_plan(titan, Plan(tp=8, pp=4, zero_stage=3), "torchtitan").warnings)
+
+
+def test_per_layer_cuda_graphs_exported_as_megatron_spells_them():
+    """Megatron-LM arguments.py (d98e8a64dd): --cuda-graph-impl {none,local,transformer_engine,
+    full_iteration}; --cuda-graph-scope nargs='+' (megatron-core 0.16's spelling, kept as a hidden alias of
+    --cuda-graph-modules), no scope = the whole layer. Not a full-iteration graph: no NaN-check switch."""
+    mixtral = problem("mixtral-8x7b")
+    plan = Plan(tp=2, pp=4, ep=8, zero_stage=1, cuda_graph_scope=["moe_preprocess", "attn", "moe_router"])
+    flags = megatron_flags(export_plan(mixtral, plan, "megatron").text)
+    assert flags["--cuda-graph-impl"] == "transformer_engine"
+    assert flags["--cuda-graph-scope"] == "attn moe_router moe_preprocess"  # Megatron's order, canonical
+    assert "--no-check-for-nan-in-loss-and-grad" not in flags
+    whole = megatron_flags(export_plan(LLAMA, Plan(tp=8, pp=4, zero_stage=1, cuda_graph_scope=["layer"]),
+                                       "megatron").text)
+    assert whole["--cuda-graph-impl"] == "transformer_engine" and "--cuda-graph-scope" not in whole
 
 
 def test_cuda_graphs_exported_for_megatron_only():

@@ -189,6 +189,7 @@ class Config:
     reshard: str | int | None = None  # reshard_after_forward; None = the framework's policy (`reshard_policy`)
     dp_replicate: int = 1  # replicas of the ZeRO-sharded state (hierarchical sharding)
     rounds: int = 1  # pipeline_rounds: schedules the step's micro-batches run in, one after another
+    graph_scope: tuple[str, ...] = ()  # cuda_graph_scope: per-layer CUDA graph regions
 
     @property
     def expert_tp(self) -> int:
@@ -228,7 +229,8 @@ class Config:
                       None if plan.etp is None or plan.etp == plan.tp else plan.etp,
                       plan.tp_comm_overlap, plan.ep_overlap, plan.overlap_grad_reduce, plan.overlap_param_gather,
                       plan.optimizer_offload, plan.cp_comm_type, plan.cuda_graphs, plan.moe_dispatcher,
-                      plan.reshard_after_forward, plan.dp_replicate, plan.pipeline_rounds)
+                      plan.reshard_after_forward, plan.dp_replicate, plan.pipeline_rounds,
+                      tuple(plan.cuda_graph_scope))
 
     def plan(self, recompute: Any = "none", stage_layers: list[int] | None = None) -> Plan:
         return Plan(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, vpp=self.vpp,
@@ -239,7 +241,7 @@ class Config:
                     overlap_param_gather=self.param_overlap, optimizer_offload=self.opt_offload,
                     cp_comm_type=self.cp_comm, cuda_graphs=self.cuda_graphs, moe_dispatcher=self.dispatcher,
                     reshard_after_forward=self.reshard, dp_replicate=self.dp_replicate,
-                    pipeline_rounds=self.rounds)
+                    pipeline_rounds=self.rounds, cuda_graph_scope=list(self.graph_scope))
 
 
 def reshard_policy(fw: FrameworkProfile, cfg: Config) -> str | int:
@@ -455,6 +457,8 @@ def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int
             bad(r.field or "", str(r))
     if plan.cuda_graphs and not fw.cuda_graphs:
         bad("cuda_graphs", f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
+    for why in graph_scope_reasons(problem, plan):
+        bad("cuda_graph_scope", why)
     if why := fw.main_grads_reason(t.main_grads):
         bad("training.main_grads", why)
     if t.fp8_params:
@@ -584,6 +588,39 @@ def pipeline_zero_refused(fw: FrameworkProfile, pp: int, zero: int) -> bool:
     """Whether the framework's launcher refuses ZeRO stage `zero` beside `pp` pipeline stages
     (`FrameworkProfile.pipeline_zero_stages`; `launch_reasons`, and the solver's candidates)."""
     return pp > 1 and bool(fw.pipeline_zero_stages) and zero not in fw.pipeline_zero_stages
+
+
+def graph_scope_reasons(problem: Problem, plan: Plan) -> list[str]:
+    """Why a plan's per-layer CUDA graphs (`cuda_graph_scope`) cannot run, by Megatron's checks
+    (transformer_config.py __post_init__ at d98e8a64dd): the framework must capture graphs, not beside a
+    full-iteration graph ("cuda_graph_modules must be empty when cuda_graph_impl=full_iteration"), moe
+    (and the whole layer of a MoE model) only for drop-and-pad MoE ("moe cuda graph is only supported
+    with drop-padding MoE"), moe / moe_router only for MoE models, mlp only where a dense MLP layer
+    exists, full recompute only with full-iteration graphs, no `moe` recompute module around a moe_router
+    graph (a recompute module must lie inside or outside a graph, never cover one)."""
+    scope = plan.cuda_graph_scope
+    if not scope:
+        return []
+    fw, m, t = get_framework(problem.framework), problem.model, problem.training
+    out = []
+    if not fw.cuda_graphs:
+        out.append(f"{problem.framework} cannot capture layers in CUDA graphs (cuda_graph_scope)")
+    if plan.cuda_graphs:
+        out.append("per-layer graphs (cuda_graph_scope) cannot be combined with the full-iteration graph (cuda_graphs)")
+    if any(s in scope for s in ("moe", "moe_router")) and not m.is_moe:
+        out.append("moe / moe_router graphs need a MoE model")
+    if m.is_moe and any(s in scope for s in ("moe", "layer")) and t.moe_capacity_factor is None:
+        out.append("a MoE block is captured only with drop-and-pad (training.moe_capacity_factor): dropless "
+                   "MoE has dynamic shapes; capture moe_router (+ moe_preprocess) instead")
+    if "mlp" in scope and not m.num_dense_layers:
+        out.append("mlp graphs capture dense MLP layers, and every layer of this model is MoE")
+    modes = set(plan.recompute_per_layer(m.num_hidden_layers))
+    if "full" in modes:
+        out.append("full recompute runs with full-iteration CUDA graphs only, not per-layer ones")
+    if "moe_router" in scope and any("moe" in mode.split("+") for mode in modes):
+        out.append("the moe recompute module cannot wrap a moe_router graph (Megatron: \"moe recompute is not "
+                   "supported with moe_router CUDA graph\")")
+    return out
 
 
 def launch_reasons(problem: Problem, plan: Plan) -> list[Reason]:

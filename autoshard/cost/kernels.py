@@ -321,3 +321,55 @@ def layer_kernels(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple[int
     small_params = norms + ((2 * sublayers) if m.dropout else 0)
     bwd = 2 * gemms + 2 * norms + mixer_b + mlp_other + residuals + comm + small_params
     return fwd, bwd, core_f
+
+
+def captured_launches(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple[int, int, int]:
+    """(forward, backward launches, graphs) of one layer and micro-batch that per-layer CUDA graphs
+    (`Plan.cuda_graph_scope`) capture, counted as `layer_kernels` counts the layer's parts. Megatron
+    (transformer_layer.py, CudaGraphModule at d98e8a64dd): `attn` captures _forward_attention (the input
+    norm, the attention and its residual: a hybrid `attention` block), `mlp` a dense _forward_mlp (an
+    `mlp` block), `moe` a drop-and-pad MoE's (a `moe_mlp` block), `mamba` a Mamba layer, `layer` the
+    whole layer; `moe_router` the MLP up to MoELayer.router(): the pre-MLP norm, the router GEMM, its
+    top-k and the shared expert (two GEMMs and its activation); `moe_preprocess` the dispatcher's
+    token counting, which `layer_kernels` leaves among its uncounted launches, in the router's graph.
+    The dispatch, the experts and the combine of a dropless MoE stay eager. Each graph is replayed
+    once per pass (forward and backward graphs: TE make_graphed_callables), and its replay is priced
+    as one counted launch."""
+    scope = cfg.graph_scope
+    if not scope:
+        return 0, 0, 0
+    total = layer_kernels(ctx, cfg, sh, kind)
+    if "layer" in scope:
+        return total[0], total[1], 1
+    attention = kind in ("dense", "moe", "attention")
+    parts = [p for p, on in (("attention", "attn" in scope and attention),
+                             ("mlp", "mlp" in scope and kind in ("dense", "mlp")),
+                             ("moe_mlp", "moe" in scope and kind in ("moe", "moe_mlp")),
+                             ("mamba", "mamba" in scope and kind == "mamba")) if on]
+    fwd = bwd = 0
+    for part in parts:
+        f, b, _ = layer_kernels(ctx, cfg, sh, part)
+        fwd, bwd = fwd + f, bwd + b
+    graphs = len(parts)
+    if "moe_router" in scope and kind in ("moe", "moe_mlp"):
+        shared = 1 if sh.m.shared_ffn else 0
+        gemms, other = 1 + 2 * shared, 1 + shared  # router (+ shared fc1, fc2); top-k (+ activation)
+        fwd += 1 + gemms + other  # the pre-MLP norm
+        bwd += 2 * gemms + 2 + other + 1  # each GEMM twice, the norm twice, its weight's gradient add
+        graphs += 1
+    return min(fwd, total[0]), min(bwd, total[1]), graphs
+
+
+# The per-layer graph region each Megatron recompute module runs inside (transformer_layer.py,
+# d98e8a64dd: core attention and MLA's up-projections in _forward_attention; the dense MLP and its
+# up-projection in a dense _forward_mlp; the MoE block and its activation after the router; the shared
+# experts before MoELayer.router() returns, unless overlapped with the EP communication). `layernorm`
+# recomputes both norms, one in each half: inside a graph only when the whole layer is.
+RECOMPUTE_MODULE_SCOPE = {"core_attn": "attn", "mla_up_proj": "attn", "mlp": "mlp", "mlp_up": "mlp",
+                          "moe": "moe", "moe_act": "moe", "shared_experts": "moe_router"}
+
+
+def module_in_graph(scope: tuple[str, ...], module: str) -> bool:
+    """Whether recompute module `module` runs inside one of the per-layer graphs of `scope`: its
+    checkpoint wrapper's Python then runs at capture only, not at each replay."""
+    return "layer" in scope or RECOMPUTE_MODULE_SCOPE.get(module) in scope

@@ -36,6 +36,7 @@ from .constants import (
 from .context import Config, Context, num_microbatches, reshard_policy, zero3_step_sync
 from .kernels import (
     Shapes,
+    captured_launches,
     _frozen_adjust,
     _gemm_s,
     _mem_s,
@@ -43,6 +44,7 @@ from .kernels import (
     core_attention_flops,
     core_attention_s,
     layer_kernels,
+    module_in_graph,
     unfused_softmax_reason,
     unfused_softmax_s,
 )
@@ -414,6 +416,9 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
     if zero3:
         ag, ag_bwd, rs = _zero3_layer_traffic_s(ctx, cfg, pl, dense_local, expert_local)
     launches = layer_kernels(ctx, cfg, sh, kind)
+    if cfg.graph_scope:  # per-layer graphs: the captured launches replay as one graph each
+        cap_f, cap_b, graphs = captured_launches(ctx, cfg, sh, kind)
+        launches = (launches[0] - cap_f + graphs, launches[1] - cap_b + graphs, launches[2])
     out = {}
     for recompute in ctx.modes:
         c = Cost()
@@ -433,7 +438,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
         c.hfu_flops = c.base_flops = 3 * flops
         _recompute_mode(ctx, cfg, pl, sh, kind, recompute, c, flops, core, acts, afwd, mfwd)
         host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
-        if host and ep_overlap:
+        if host and ep_overlap and not cfg.cuda_graphs:
             extra = ep_overlap_host_s(ctx, cfg, c, host)
             host += extra
             c.ep_overlap_gain_s = exposed_ep_s - mfwd["ep_comm"] - mbwd["ep_comm"] - extra
@@ -526,7 +531,8 @@ def _recompute_mode(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: 
     elif recompute != "none":  # Megatron recompute modules
         for module in recompute.split("+"):
             t_s, saved, fl = _module_recompute(ctx, cfg, pl, sh, kind, module, afwd, mfwd, core, acts)
-            if (t_s or saved) and not cfg.cuda_graphs:  # the module's checkpoint wrapper's host time
+            graphed = cfg.cuda_graphs or module_in_graph(cfg.graph_scope, module)
+            if (t_s or saved) and not graphed:  # the module's checkpoint wrapper's host time
                 t_s += ctx.framework.recompute_module_host_s
             c.bwd["recompute"] += t_s
             c.act_bytes -= saved
@@ -908,7 +914,7 @@ def _kind_key(ctx: Context, cfg: Config, pl: Placement, kind: str) -> tuple:
     # cfg.zero == 3 apart from zero3: eager FSDP2's per-block host time (`_eager_host`) applies to a fully
     # sharded plan without data parallelism too (one rank, measured so)
     common = (kind, cfg.tp, cfg.cp, cfg.sp, cfg.mbs, pl.tp, pl.cp, cfg.tp_overlap, cfg.cuda_graphs, cfg.cp_comm, zero3, z3,
-              cfg.zero == 3)
+              cfg.zero == 3, cfg.graph_scope)
     if not experts:
         return common
     overlap = ep_overlap_on(ctx, cfg)
@@ -962,7 +968,7 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     zero3 = cfg.zero == 3 and cfg.data_parallel
     key = (cfg.tp, cfg.cp, cfg.ep, cfg.sp, cfg.mbs, cfg.pp == 1, pl.tp, pl.cp, pl.ep, cfg.etp, pl.etp, cfg.zero == 3,
            cfg.tp_overlap, cfg.ep_overlap, ep_overlap_on(ctx, cfg), cfg.cuda_graphs, dispatcher_of(ctx, cfg),
-           cfg.cp_comm,
+           cfg.cp_comm, cfg.graph_scope,
            (cfg.dp, pl.dp_cp, pl.edp, cfg.dp_replicate, reshard_policy(ctx.framework, cfg),
             zero3_step_sync(ctx.framework, cfg), cfg.grad_overlap, cfg.param_overlap) if zero3 else None)
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)

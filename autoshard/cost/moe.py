@@ -40,7 +40,16 @@ def moe_host_s(ctx: Context, cfg: Config) -> float:
     copies). Larger EP therefore cuts host time as well as memory. Dropping and padding to a capacity
     (`training.moe_capacity_factor`) fixes every count in advance: no sync (token_dispatcher.py
     `drop_and_pad`: cuda_sync_point "no_sync"), the per-expert work stays. Full-iteration CUDA graphs
-    (`cuda_graphs`) replay the step without the host: none."""
+    (`cuda_graphs`) replay the step without the host: none. Per-layer graphs (`cuda_graph_scope`) keep
+    the per-expert term: graphs of the router and preprocessing alone (moe_router, moe_preprocess)
+    leave the experts eager and the host still waits for the token counts the graph produced
+    (transformer_layer.py _forward_mlp_partial_cudagraphs at d98e8a64dd: the sync stays too); a graph of
+    the whole drop-and-pad MoE block (moe, layer) replays the per-expert split, quantization and GEMM
+    kernels as they are, and the rows do not separate that term's host share from its per-kernel GPU
+    share: priced without it, the two Megatron-Bridge 25.09 Qwen3-30B token-drop rows that ran
+    whole-layer graphs go from -9% / +26% to -29% / -39% (LOSO 7.1% -> 7.2% median, 21.7% -> 22.9% p90),
+    so the term stays, a conservative price (the per-layer graph then removes the counted launches
+    only, `captured_launches`)."""
     fw = ctx.framework
     if cfg.cuda_graphs or not (fw.moe_layer_host_s or fw.moe_expert_host_s):
         return 0.0

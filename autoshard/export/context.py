@@ -200,6 +200,9 @@ def _resolve(problem: Problem, plan: Plan, fmt: str, gpus_per_node: int | None) 
     if plan.cuda_graphs and fmt != "megatron":
         ctx.warn(f"full-iteration CUDA graphs (cuda_graphs) are not exported: {TARGETS_SHORT[fmt]} has no such "
                  "option, so the host overheads the plan leaves out are paid (slower than planned)")
+    if plan.cuda_graph_scope and fmt != "megatron":
+        ctx.warn(f"per-layer CUDA graphs (cuda_graph_scope) are not exported: {TARGETS_SHORT[fmt]} has no such "
+                 "option, so the launches the plan leaves out are paid (slower than planned)")
     if plan.pipeline_rounds > 1 and plan.pp > 1:
         ctx.warn(f"pipeline_rounds {plan.pipeline_rounds} is not exported: the {TARGETS_SHORT[fmt]} config runs "
                  "the step's micro-batches in one pipeline schedule (fewer fills and drains: faster than priced)")

@@ -208,8 +208,19 @@ def _data_parallel_flags(ctx: _Ctx, add: Add) -> None:
 
 
 def _cuda_graph_flags(ctx: _Ctx, add: Add) -> None:
-    """Full-iteration CUDA graphs."""
+    """Full-iteration or per-layer CUDA graphs."""
     p, m, t = ctx.plan, ctx.model, ctx.training
+    if p.cuda_graph_scope:  # per-layer graphs (Transformer Engine make_graphed_callables)
+        add("--cuda-graph-impl", "transformer_engine")
+        if p.cuda_graph_scope != ["layer"]:  # no scope = the whole layer
+            # megatron-core <= 0.16 spells it --cuda-graph-scope (nargs='+'); Megatron-LM d98e8a64dd keeps
+            # that spelling as a hidden alias of --cuda-graph-modules (arguments.py)
+            add("--cuda-graph-scope", list(p.cuda_graph_scope))
+        # validate_args (d98e8a64dd) turns on --te-rng-tracker itself and asserts against
+        # expandable_segments without NCCL_GRAPH_REGISTER=0
+        ctx.warn("per-layer CUDA graphs: with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True also set "
+                 "NCCL_GRAPH_REGISTER=0 (Megatron's validate_args asserts it); the graphs' static buffers are "
+                 "not in the planned memory")
     if p.cuda_graphs:  # the whole step captured once and replayed
         # megatron-core <= 0.16 spells it impl local + scope full_iteration; Megatron-LM d98e8a64dd
         # migrates that spelling to --cuda-graph-impl full_iteration (validate_args, cuda_graph_config.py)

@@ -250,7 +250,8 @@ def run_to_case(row: Mapping[str, Any]) -> Case | Skip:
 
 # Plan settings of a run that are not degrees of the search (solve leaves them to the framework).
 RUN_KNOBS = ("tp_comm_overlap", "ep_overlap", "overlap_grad_reduce", "overlap_param_gather", "optimizer_offload",
-             "cp_comm_type", "cuda_graphs", "reshard_after_forward", "dp_replicate", "pipeline_rounds")
+             "cp_comm_type", "cuda_graphs", "cuda_graph_scope", "reshard_after_forward", "dp_replicate",
+             "pipeline_rounds")
 
 
 def completed_plan(case: Case) -> Any:

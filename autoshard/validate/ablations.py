@@ -114,7 +114,7 @@ def _check_count(v: Any, where: str, src: str, required: bool = False) -> None:
 # Facts a group states once for every configuration; a configuration's own value of the same field wins.
 GROUP_DEFAULTS = ("precision", "precision_recipe", "recompute", "sp", "flash_attention", "launch_blocking",
                   "softmax_fusion", "topology", "tp_comm_overlap", "ep_overlap", "main_grads", "fp8_params",
-                  "cuda_graphs", "moe_dispatcher", "moe_capacity_factor", "local_batch", "framework",
+                  "cuda_graphs", "cuda_graph_scope", "moe_dispatcher", "moe_capacity_factor", "local_batch", "framework",
                   "bf16_modules", "bf16_layers_at_start", "bf16_layers_at_end", "mean_document_tokens",
                   "attention_mask_in_batch", "cross_entropy_fusion", "defer_embedding_wgrad", "wgrad_deferral_limit")
 # Model fields a group's `model` object carries into the row (validation/README.md, "Model fields").

@@ -82,7 +82,7 @@ from pydantic import ValidationError
 from .cases import Case, Skip, measured_peak_memory_gib, measured_step
 from ..catalog import get_gpu, get_topology, resolve_gpu_id, unknown_gpu_message
 from ..loader import load_problem
-from ..spec import Plan, Precision, canonical_recompute
+from ..spec import GRAPH_SCOPES, Plan, Precision, canonical_recompute
 
 # One line to switch: True = give `training.precision` the recipe wherever autoshard.spec accepts it.
 USE_RECIPES = True
@@ -314,6 +314,23 @@ def cuda_graphs_of(row: Mapping[str, Any]) -> bool:
     return bool(row_flag(row, "cuda_graphs", False))
 
 
+def graph_scope_of(row: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[str]:
+    """The per-layer CUDA graph regions a Megatron row ran (`Plan.cuda_graph_scope`): the row's own
+    `cuda_graph_scope` (a list, or names joined by +), else its recipe's: `cuda_graphs` local or
+    transformer_engine with the recipe's `cuda_graph_scope` (names joined by +), or without one the
+    whole layer (`layer`: Megatron's empty module list, the old "full" scope); [] otherwise."""
+    own = row.get("cuda_graph_scope")
+    if own is None:
+        if recipe.get("cuda_graphs") not in ("local", "transformer_engine"):
+            return []
+        own = recipe.get("cuda_graph_scope") or "layer"
+    names = own.split("+") if isinstance(own, str) else list(own)
+    unknown = [n for n in names if n not in GRAPH_SCOPES]
+    if unknown:
+        raise ValueError(f"cuda_graph_scope {unknown[0]!r}: one of {', '.join(GRAPH_SCOPES)}")
+    return names
+
+
 RECIPE_KNOBS = ("ep_overlap", "dispatcher", "capacity_factor", "cuda_graphs", "recompute", "tp_comm_overlap", "etp",
                 "offload_layers", "layout", "mtp_layers")
 LAYOUT_KNOBS = ("recompute", "offload_layers", "layout")  # not taken from low-confidence entries
@@ -328,7 +345,7 @@ def applied_recipe(entry: Mapping[str, Any]) -> dict[str, Any]:
     return dict(entry)
 
 
-RECIPE_FIELDS = (*RECIPE_KNOBS, "confidence", "source")
+RECIPE_FIELDS = (*RECIPE_KNOBS, "cuda_graph_scope", "confidence", "source")
 
 
 def recipe_facts(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -667,6 +684,9 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
         graphs = framework == "megatron" and (cuda_graphs_of(row) or mb_recipe.get("cuda_graphs") == "full_iteration")
         if graphs:
             notes.append("full-iteration CUDA graphs (stated in the row or its recipe): cuda_graphs=True")
+        scope = graph_scope_of(row, mb_recipe) if framework == "megatron" and not graphs else []
+        if scope:
+            notes.append(f"per-layer CUDA graphs of {'+'.join(scope)} (stated in the row or its recipe)")
         dispatcher = ((dispatcher_of_row(row) or mb_recipe.get("dispatcher"))
                       if framework == "megatron" and par["ep"] > 1 else None)
         if dispatcher:
@@ -677,6 +697,7 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                     vpp=par["vpp"], schedule=par["schedule"], stage_layers=rec["stage_layers"],
                     sequence_parallel=par["sp"], zero_stage=par["zero"], micro_batch_size=par["mbs"],
                     recompute=rec["rc"], tp_comm_overlap=rec["tp_ov"], ep_overlap=rec["ep_ov"], cuda_graphs=graphs,
+                    cuda_graph_scope=scope,
                     moe_dispatcher=dispatcher, pipeline_rounds=as_int(row.get("pipeline_rounds"), 1), **dp_knobs)
     except (InputError, ValidationError, ValueError) as exc:
         raise _SkipRow(f"does not convert: {str(exc).splitlines()[0]}") from None
