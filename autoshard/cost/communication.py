@@ -7,7 +7,7 @@ import math
 from ..topology import Placement, all_gather_s, all_reduce_s, reduce_scatter_s
 from .constants import BF16, TP_OVERLAP_RS_SPLITS, overlapped
 from .context import Config, Context
-from .kernels import Shapes, attention_backward_s
+from .kernels import Shapes, attention_backward_s, cp_ring_kv_heads
 
 
 def _qkvo_bytes(sh: Shapes) -> float:
@@ -81,11 +81,11 @@ def cp_comm_s(ctx: Context, cp: int, prof, sh: Shapes, core_s: float) -> tuple[f
     overlapped with the core attention of `core_s` (Megatron's p2p ring, TE
     `attn_forward_func_with_cp`): cp - 1 steps, each passing one GPU's K/V chunk to the next
     while attention runs on the chunk in hand, so each GPU sends cp - 1 chunks, the volume of an
-    all-gather of the whole K/V. The backward passes K/V and their gradients (twice the volume)."""
-    m = sh.m
-    if m.is_mla:  # Megatron's MLA CP exchanges the up-projected K and V heads
-        kv_bytes = BF16 * sh.tokens * sh.a_local * (sh.d_qk + sh.d_v)
-    else:
-        kv_bytes = BF16 * sh.tokens * sh.kv_local * (sh.d_qk + sh.d_v)
-    ring = all_gather_s(ctx.levels, prof, cp * kv_bytes)
-    return overlapped(ring, core_s), overlapped(2 * ring, attention_backward_s(ctx, core_s))
+    all-gather of the whole K/V. The backward passes K/V and their gradients (twice the volume with
+    16-bit gradients; `FrameworkProfile.cp_grad_exchange_bytes` where they accumulate in fp32)."""
+    # MLA: Megatron's MLA CP exchanges the up-projected K and V heads; a framework that repeats K/V to
+    # the query heads before attention passes them so (cp_ring_kv_heads)
+    kv_elements = sh.tokens * cp_ring_kv_heads(ctx, sh) * (sh.d_qk + sh.d_v)
+    ring = all_gather_s(ctx.levels, prof, cp * BF16 * kv_elements)
+    grads = ring * ctx.framework.cp_grad_exchange_bytes / BF16  # dK, dV at the framework's accumulation bytes
+    return overlapped(ring, core_s), overlapped(ring + grads, attention_backward_s(ctx, core_s))
