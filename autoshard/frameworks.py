@@ -130,9 +130,6 @@ class FrameworkProfile:
     # "kv"), per ring step after the first ("step") and once per call ("call"), in the forward ("fwd")
     # and the backward ("bwd"); keys CP_RING_BYTE_KEYS, absent = 0
     cp_ring_hbm_bytes: tuple[tuple[str, float], ...] = ()
-    # its attention repeats the K/V heads to the query heads before the attention call (GQA expanded
-    # with repeat_kv), so its CP ring passes and merges K/V at the query-head count
-    cp_kv_heads_repeated: bool = False
     # bytes per element of the K/V gradients its backward ring passes on (fp32 accumulation: 4)
     cp_grad_exchange_bytes: float = 2.0
     # recompute lists its launcher runs (layouts.py): per_layer | uniform | block | every_nth
@@ -312,7 +309,6 @@ def profiles() -> dict[str, FrameworkProfile]:
             cp_excludes_sp=bool(row.get("cp_excludes_sp", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             cp_ring_hbm_bytes=_ring_bytes(name, row.get("cp_ring_hbm_bytes") or {}),
-            cp_kv_heads_repeated=bool(row.get("cp_kv_heads_repeated", False)),
             cp_grad_exchange_bytes=float(row.get("cp_grad_exchange_bytes", 2.0)),
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             selective_recompute=_selective(name, row.get("selective_recompute", "core_attention")),

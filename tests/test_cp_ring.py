@@ -1,7 +1,7 @@
 """Context parallelism's p2p ring as each framework runs it: the merge and gradient-accumulation HBM
-traffic between the per-step attention calls, the K/V heads the ring passes and the bytes of the K/V
-gradients it sends back (FrameworkProfile.cp_ring_hbm_bytes / cp_kv_heads_repeated /
-cp_grad_exchange_bytes)."""
+traffic between the per-step attention calls (FrameworkProfile.cp_ring_hbm_bytes), the bytes of the
+K/V gradients it sends back (cp_grad_exchange_bytes) and the K/V heads it passes where the run's
+attention repeated them to the query heads (TrainingSpec.kv_heads_repeated)."""
 
 import dataclasses
 
@@ -14,10 +14,10 @@ from autoshard.frameworks import _ring_bytes
 from autoshard.topology import all_gather_s, contiguous_profile
 
 
-def _llama8b(framework: str, seq: int = 262144, gpus: int = 8):
+def _llama8b(framework: str, repeated: bool = True, seq: int = 262144, gpus: int = 8):
     # torchtitan's Table 2 shape (benchmarks/llama3_h100_202412_torchtitan.md): Llama 3.1 8B, 8 GPUs, CP 8
     return load_problem({"model": "llama3-8b", "framework": framework,
-                         "training": {"seq_len": seq, "global_batch_size": 1},
+                         "training": {"seq_len": seq, "global_batch_size": 1, "kv_heads_repeated": repeated},
                          "cluster": {"gpu": "h100", "num_gpus": gpus}})
 
 
@@ -63,17 +63,25 @@ def test_merges_land_in_the_attention_layer():
         layer_table(without, ag).layers[("dense", "full")].fwd["compute"])
 
 
-def test_ring_passes_repeated_heads_and_fp32_gradients_where_the_framework_does():
-    # torchtitan repeats K/V to the 32 query heads before SDPA and PyTorch's ring backward sends dK/dV
-    # accumulated in fp32 (convert_to_f32): the backward moves K/V (2 B) and dK/dV (4 B), three times
-    # the forward's bytes. Megatron / TE pass the 8 K/V heads and bf16 gradients: twice.
-    for fw, heads, factor in (("torchtitan", 32, 3.0), ("megatron", 8, 2.0)):
-        ctx = context(_llama8b(fw))
+def test_ring_passes_repeated_heads_and_fp32_gradients_where_the_run_does():
+    # torchtitan up to v0.2.1 repeats K/V to the 32 query heads before SDPA (v0.2.2: enable_gqa, the 8
+    # K/V heads), and PyTorch's ring backward sends dK/dV accumulated in fp32 (convert_to_f32): the
+    # backward moves K/V (2 B) and dK/dV (4 B), three times the forward's bytes. Megatron / TE pass
+    # bf16 gradients: twice.
+    for fw, repeated, heads, factor in (("torchtitan", True, 32, 3.0), ("torchtitan", False, 8, 3.0),
+                                        ("megatron", False, 8, 2.0)):
+        ctx = context(_llama8b(fw, repeated))
         sh = Shapes(ctx, _cfg(8))
         prof = contiguous_profile(ctx.graph, 8)
         ring = all_gather_s(ctx.levels, prof, 8 * BF16 * sh.tokens * heads * (sh.d_qk + sh.d_v))
         fwd, bwd = cp_comm_s(ctx, 8, prof, sh, core_s=0.0)
         assert fwd == pytest.approx(ring) and bwd == pytest.approx(factor * ring)
+    # Repeated heads merge four times the K bytes too: the merges' K part grows 4x.
+    full, gqa = (context(_llama8b("torchtitan", r)) for r in (True, False))
+    f_full, _ = cp_ring_merge_s(full, Shapes(full, _cfg(8)), 8)
+    f_gqa, _ = cp_ring_merge_s(gqa, Shapes(gqa, _cfg(8)), 8)
+    e = 32768 * 32 * 128
+    assert f_full - f_gqa == pytest.approx(e * (1 - 8 / 32) * (7 * 8 + 8) / full.hbm_bytes_per_s)
 
 
 def test_profile_ring_bytes_reject_unknown_keys():
