@@ -507,14 +507,6 @@ class TrainingSpec(Strict):
     launch_blocking: bool = Field(default=False, description=(
         "CUDA_LAUNCH_BLOCKING=1 (a workaround for NCCL hangs, used for BLOOM's benchmarks): every layer's "
         "kernel launches are paid on the critical path once per micro-batch, about 6 ms per layer."))
-    # GQA K/V repeated to the query heads before the attention call (torchtitan's Llama up to v0.2.1:
-    # keys = repeat_kv(xk, self.n_rep) before F.scaled_dot_product_attention; SDPA's enable_gqa from
-    # pytorch/torchtitan ff0829c1, 2026-01-27, v0.2.2). Priced where it changes bytes: the context-
-    # parallel ring passes and merges K/V at the query-head count (cost.kernels.cp_ring_kv_heads).
-    kv_heads_repeated: bool = Field(default=False, description=(
-        "The attention repeats the K/V heads to the query heads before the attention call (torchtitan's "
-        "Llama up to v0.2.1: repeat_kv before SDPA; v0.2.2 passes enable_gqa): the context-parallel ring "
-        "then passes and merges K/V at the query-head count."))
     # Materialized attention (flash_attention false): Megatron's FusedScaleMaskSoftmax runs its fused
     # scale + mask + softmax kernel only for the shapes its is_kernel_available() accepts and falls
     # back to PyTorch's fp32 softmax otherwise (cost.unfused_softmax_reason). "megatron": the check of

@@ -1,7 +1,6 @@
 """Context parallelism's p2p ring as each framework runs it: the merge and gradient-accumulation HBM
-traffic between the per-step attention calls (FrameworkProfile.cp_ring_hbm_bytes), the bytes of the
-K/V gradients it sends back (cp_grad_exchange_bytes) and the K/V heads it passes where the run's
-attention repeated them to the query heads (TrainingSpec.kv_heads_repeated)."""
+traffic between the per-step attention calls and the bytes of the K/V gradients it sends back
+(FrameworkProfile.cp_ring_hbm_bytes / cp_grad_exchange_bytes)."""
 
 import dataclasses
 
@@ -14,10 +13,10 @@ from autoshard.frameworks import _ring_bytes
 from autoshard.topology import all_gather_s, contiguous_profile
 
 
-def _llama8b(framework: str, repeated: bool = True, seq: int = 262144, gpus: int = 8):
+def _llama8b(framework: str, seq: int = 262144, gpus: int = 8):
     # torchtitan's Table 2 shape (benchmarks/llama3_h100_202412_torchtitan.md): Llama 3.1 8B, 8 GPUs, CP 8
     return load_problem({"model": "llama3-8b", "framework": framework,
-                         "training": {"seq_len": seq, "global_batch_size": 1, "kv_heads_repeated": repeated},
+                         "training": {"seq_len": seq, "global_batch_size": 1},
                          "cluster": {"gpu": "h100", "num_gpus": gpus}})
 
 
@@ -28,7 +27,7 @@ def _cfg(cp: int, comm: str = "p2p") -> Config:
 def test_pytorch_ring_merges_by_its_eager_ops():
     # Hand count from torch/distributed/tensor/experimental/_attention.py for Llama 3 8B at 262,144
     # tokens over cp 8: 32,768 tokens per GPU x 32 query heads x 128 = 134,217,728 output elements,
-    # and as many of K (repeat_kv expands the 8 K/V heads to 32). Forward: 7 later steps at 32.5 B per
+    # a quarter as many of K (8 K/V heads). Forward: 7 later steps at 32.5 B per
     # output element (fp32 cast 6 + three fp32 elementwise ops 32 = 38 on steps i <= rank; half of that
     # plus a torch.cat of the whole output, 27, on the others) and 8 B per K element (K and V packed
     # by torch.cat), once 12 (first cast 6, final cast 6) and 8 (contiguous K, V).
@@ -38,8 +37,8 @@ def test_pytorch_ring_merges_by_its_eager_ops():
     e = 32768 * 32 * 128
     assert sh.tokens * sh.a_local * sh.d_v == e
     fwd, bwd = cp_ring_merge_s(ctx, sh, 8)
-    assert fwd == pytest.approx(e * ((7 * 32.5 + 12) + (7 * 8 + 8)) / ctx.hbm_bytes_per_s)
-    assert bwd == pytest.approx(e * ((7 * 11.5 + 20) + (7 * 47 + 64)) / ctx.hbm_bytes_per_s)
+    assert fwd == pytest.approx(e * ((7 * 32.5 + 12) + (7 * 8 + 8) / 4) / ctx.hbm_bytes_per_s)
+    assert bwd == pytest.approx(e * ((7 * 11.5 + 20) + (7 * 47 + 64) / 4) / ctx.hbm_bytes_per_s)
     # One step has nothing to merge; a profile that states no bytes prices none.
     assert cp_ring_merge_s(ctx, sh, 1) == (0.0, 0.0)
     mctx = context(_llama8b("megatron"))
@@ -63,25 +62,17 @@ def test_merges_land_in_the_attention_layer():
         layer_table(without, ag).layers[("dense", "full")].fwd["compute"])
 
 
-def test_ring_passes_repeated_heads_and_fp32_gradients_where_the_run_does():
-    # torchtitan up to v0.2.1 repeats K/V to the 32 query heads before SDPA (v0.2.2: enable_gqa, the 8
-    # K/V heads), and PyTorch's ring backward sends dK/dV accumulated in fp32 (convert_to_f32): the
+def test_ring_passes_fp32_gradients_where_the_framework_does():
+    # PyTorch's ring backward (torchtitan) sends dK/dV accumulated in fp32 (convert_to_f32): the
     # backward moves K/V (2 B) and dK/dV (4 B), three times the forward's bytes. Megatron / TE pass
     # bf16 gradients: twice.
-    for fw, repeated, heads, factor in (("torchtitan", True, 32, 3.0), ("torchtitan", False, 8, 3.0),
-                                        ("megatron", False, 8, 2.0)):
-        ctx = context(_llama8b(fw, repeated))
+    for fw, heads, factor in (("torchtitan", 8, 3.0), ("megatron", 8, 2.0)):
+        ctx = context(_llama8b(fw))
         sh = Shapes(ctx, _cfg(8))
         prof = contiguous_profile(ctx.graph, 8)
         ring = all_gather_s(ctx.levels, prof, 8 * BF16 * sh.tokens * heads * (sh.d_qk + sh.d_v))
         fwd, bwd = cp_comm_s(ctx, 8, prof, sh, core_s=0.0)
         assert fwd == pytest.approx(ring) and bwd == pytest.approx(factor * ring)
-    # Repeated heads merge four times the K bytes too: the merges' K part grows 4x.
-    full, gqa = (context(_llama8b("torchtitan", r)) for r in (True, False))
-    f_full, _ = cp_ring_merge_s(full, Shapes(full, _cfg(8)), 8)
-    f_gqa, _ = cp_ring_merge_s(gqa, Shapes(gqa, _cfg(8)), 8)
-    e = 32768 * 32 * 128
-    assert f_full - f_gqa == pytest.approx(e * (1 - 8 / 32) * (7 * 8 + 8) / full.hbm_bytes_per_s)
 
 
 def test_profile_ring_bytes_reject_unknown_keys():

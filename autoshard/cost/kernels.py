@@ -203,10 +203,9 @@ def attention_call_s(ctx: Context, sh: Shapes, rate: float, causal: bool = True,
 
 
 def cp_ring_kv_heads(ctx: Context, sh: Shapes) -> float:
-    """K/V heads per GPU the context-parallel ring passes and merges: the model's (per TP rank), the
-    up-projected heads of MLA (Megatron's MLA CP exchanges them), or the query heads where the
-    attention repeats K/V to them before the attention call (`TrainingSpec.kv_heads_repeated`)."""
-    return sh.a_local if sh.m.is_mla or ctx.training.kv_heads_repeated else sh.kv_local
+    """K/V heads per GPU the context-parallel ring passes and merges: the model's (per TP rank), or the
+    up-projected heads of MLA (Megatron's MLA CP exchanges them)."""
+    return sh.a_local if sh.m.is_mla else sh.kv_local
 
 
 def cp_ring_merge_s(ctx: Context, sh: Shapes, steps: int) -> tuple[float, float]:

@@ -116,8 +116,7 @@ GROUP_DEFAULTS = ("precision", "precision_recipe", "recompute", "sp", "flash_att
                   "softmax_fusion", "topology", "tp_comm_overlap", "ep_overlap", "main_grads", "fp8_params",
                   "cuda_graphs", "moe_dispatcher", "moe_capacity_factor", "local_batch", "framework",
                   "bf16_modules", "bf16_layers_at_start", "bf16_layers_at_end", "mean_document_tokens",
-                  "attention_mask_in_batch", "cross_entropy_fusion", "defer_embedding_wgrad", "wgrad_deferral_limit",
-                  "kv_heads_repeated")
+                  "attention_mask_in_batch", "cross_entropy_fusion", "defer_embedding_wgrad", "wgrad_deferral_limit")
 # Model fields a group's `model` object carries into the row (validation/README.md, "Model fields").
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "moe_experts", "moe_ffn",
                 "moe_shared_experts", "first_k_dense", "hidden_act", "dropout", "tie_word_embeddings",

@@ -65,7 +65,7 @@ framework_recipe           `recipe_facts`: what the launcher's recipe ran (the r
                            `recipe_entry` looks them up for the table lines outside validation/);
                            nothing is looked up here by a row's id or name
 memory, precision knobs    main_grads, fp8_params, flash_attention (default true), launch_blocking,
-                           softmax_fusion, kv_heads_repeated, measured_peak_memory_gib / _gb
+                           softmax_fusion, measured_peak_memory_gib / _gb
 =========================  ===========================================================================
 """
 
@@ -641,8 +641,6 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
             "training": {"seq_len": int(row["seq_len"]), "global_batch_size": par["gbs"], "precision": hw["precision"],
                          "optimizer": "adam", "flash_attention": row_flag(row, "flash_attention", True),
                          "launch_blocking": row_flag(row, "launch_blocking", False),
-                         # GQA K/V repeated before the attention call, as the run's code did (validation/README.md)
-                         "kv_heads_repeated": row_flag(row, "kv_heads_repeated", False),
                          "softmax_fusion": row.get("softmax_fusion") or "megatron",
                          "moe_capacity_factor": rec["capacity"],
                          # the router's expert choice as run (validation/README.md): AutoModel's
