@@ -132,6 +132,11 @@ class FrameworkProfile:
     cp_ring_hbm_bytes: tuple[tuple[str, float], ...] = ()
     # bytes per element of the K/V gradients its backward ring passes on (fp32 accumulation: 4)
     cp_grad_exchange_bytes: float = 2.0
+    # how its p2p ring moves K/V: "p2p", one chunk a step passed on under that step's attention (TE);
+    # "allgather", every rank's K/V gathered by one all-gather issued with the first step and awaited at
+    # the second (PyTorch's _AllGatherRotater), the K/V gradients passed by all-to-all each step and
+    # the last of them awaited after the last step (cost.communication.cp_comm_s)
+    cp_kv_rotate: str = "p2p"
     # recompute lists its launcher runs (layouts.py): per_layer | uniform | block | every_nth
     recompute_layout: str = "per_layer"
     # what its "selective" recompute re-runs (cost.layers._recompute_mode): core_attention (Megatron's
@@ -310,6 +315,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
             cp_ring_hbm_bytes=_ring_bytes(name, row.get("cp_ring_hbm_bytes") or {}),
             cp_grad_exchange_bytes=float(row.get("cp_grad_exchange_bytes", 2.0)),
+            cp_kv_rotate=_choices(name, "cp_kv_rotate", [row.get("cp_kv_rotate", "p2p")], ("p2p", "allgather"))[0],
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             selective_recompute=_selective(name, row.get("selective_recompute", "core_attention")),
             sequence_dim_collectives=bool(row.get("sequence_dim_collectives", False)),

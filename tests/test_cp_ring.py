@@ -8,6 +8,7 @@ import pytest
 
 from autoshard import Plan, load_problem
 from autoshard.cost import BF16, Config, Shapes, context, cp_comm_s, layer_table
+from autoshard.cost.constants import COMM_INTERFERENCE
 from autoshard.cost.kernels import cp_ring_merge_s
 from autoshard.frameworks import _ring_bytes
 from autoshard.topology import all_gather_s, contiguous_profile
@@ -63,16 +64,31 @@ def test_merges_land_in_the_attention_layer():
 
 
 def test_ring_passes_fp32_gradients_where_the_framework_does():
-    # PyTorch's ring backward (torchtitan) sends dK/dV accumulated in fp32 (convert_to_f32): the
-    # backward moves K/V (2 B) and dK/dV (4 B), three times the forward's bytes. Megatron / TE pass
-    # bf16 gradients: twice.
-    for fw, heads, factor in (("torchtitan", 8, 3.0), ("megatron", 8, 2.0)):
+    # PyTorch's ring backward (torchtitan) sends dK/dV accumulated in fp32 (convert_to_f32, twice the
+    # K/V's bytes) by all-to-all once a step, cp sends of a chunk where the all-gather of K/V moves
+    # cp - 1: with nothing to hide under, the backward is K/V + dK/dV + one more dK/dV chunk, 1 + 2 +
+    # 2/7 rings at cp 8. Megatron / TE pass K/V and bf16 gradients chunk by chunk: twice.
+    for fw, heads, factor in (("torchtitan", 8, 3 + 2 / 7), ("megatron", 8, 2.0)):
         ctx = context(_llama8b(fw))
         sh = Shapes(ctx, _cfg(8))
         prof = contiguous_profile(ctx.graph, 8)
         ring = all_gather_s(ctx.levels, prof, 8 * BF16 * sh.tokens * heads * (sh.d_qk + sh.d_v))
         fwd, bwd = cp_comm_s(ctx, 8, prof, sh, core_s=0.0)
         assert fwd == pytest.approx(ring) and bwd == pytest.approx(factor * ring)
+
+
+def test_allgather_rotation_hides_only_under_the_first_step():
+    # torchtitan's default context_parallel_rotate_method "allgather" (PyTorch _AllGatherRotater): the
+    # gather is issued with step 0 and awaited at step 1, so it hides under 1/cp of the layer's
+    # attention; Transformer Engine's ring passes a chunk under every step. With attention worth 4
+    # rings, cp 8: the gather has half a ring to hide under (half exposed), TE's ring all of it.
+    for fw, exposed in (("torchtitan", 0.5), ("megatron", 0.0)):
+        ctx = context(_llama8b(fw))
+        sh = Shapes(ctx, _cfg(8))
+        prof = contiguous_profile(ctx.graph, 8)
+        ring = all_gather_s(ctx.levels, prof, 8 * BF16 * sh.tokens * 8 * (sh.d_qk + sh.d_v))
+        fwd, _ = cp_comm_s(ctx, 8, prof, sh, core_s=4 * ring)
+        assert fwd == pytest.approx(exposed * ring + COMM_INTERFERENCE * (ring - exposed * ring))
 
 
 def test_profile_ring_bytes_reject_unknown_keys():
