@@ -21,6 +21,11 @@ from .spec import Dispatcher
 # 2024: their benchmark sections).
 CUDNN_ATTENTION_BACKWARD_RATE = 0.84
 
+# `FrameworkProfile.cp_ring_hbm_bytes` keys: direction, tensor (attention output q / one of K, V), per ring
+# step after the first or once per call
+CP_RING_BYTE_KEYS = ("fwd_q_step", "fwd_kv_step", "fwd_q_call", "fwd_kv_call",
+                     "bwd_q_step", "bwd_kv_step", "bwd_q_call", "bwd_kv_call")
+
 # What a framework's "selective" recompute re-runs (FrameworkProfile.selective_recompute)
 SELECTIVE_RECOMPUTES = ("core_attention", "every_second_matmul")
 
@@ -120,6 +125,18 @@ class FrameworkProfile:
     cp_comm_types: tuple[str, ...] | None = None
     cp_excludes_sp: bool = False  # its context parallelism cannot run beside TP's sequence parallelism
     window_cp_comm_types: tuple[str, ...] | None = None
+    # Its context-parallel p2p ring (cost.kernels.cp_ring_merge_s): HBM bytes its merge and gradient-
+    # accumulation ops move per element of the GPU's attention output ("q") and of its K (the same of V,
+    # "kv"), per ring step after the first ("step") and once per call ("call"), in the forward ("fwd")
+    # and the backward ("bwd"); keys CP_RING_BYTE_KEYS, absent = 0
+    cp_ring_hbm_bytes: tuple[tuple[str, float], ...] = ()
+    # bytes per element of the K/V gradients its backward ring passes on (fp32 accumulation: 4)
+    cp_grad_exchange_bytes: float = 2.0
+    # how its p2p ring moves K/V: "p2p", one chunk a step passed on under that step's attention (TE);
+    # "allgather", every rank's K/V gathered by one all-gather issued with the first step and awaited at
+    # the second (PyTorch's _AllGatherRotater), the K/V gradients passed by all-to-all each step and
+    # the last of them awaited after the last step (cost.communication.cp_comm_s)
+    cp_kv_rotate: str = "p2p"
     # recompute lists its launcher runs (layouts.py): per_layer | uniform | block | every_nth
     recompute_layout: str = "per_layer"
     # what its "selective" recompute re-runs (cost.layers._recompute_mode): core_attention (Megatron's
@@ -222,6 +239,14 @@ def _selective(name: str, value: str) -> str:
     return value
 
 
+def _ring_bytes(name: str, values: Any) -> tuple[tuple[str, float], ...]:
+    """A profile's `cp_ring_hbm_bytes`, its keys checked against CP_RING_BYTE_KEYS."""
+    bad = [k for k in values if k not in CP_RING_BYTE_KEYS]
+    if bad:
+        raise ValueError(f"frameworks.yaml: {name}.cp_ring_hbm_bytes: {bad} (valid: {', '.join(CP_RING_BYTE_KEYS)})")
+    return tuple((str(k), float(v)) for k, v in values.items())
+
+
 def _pair(values: Any) -> tuple[float, float]:
     """The two numbers of a profile row (`expert_bias_bytes`: forward, backward)."""
     first, second = values
@@ -288,6 +313,9 @@ def profiles() -> dict[str, FrameworkProfile]:
             cp_comm_types=(tuple(row["cp_comm_types"]) if row.get("cp_comm_types") else None),
             cp_excludes_sp=bool(row.get("cp_excludes_sp", False)),
             window_cp_comm_types=(tuple(row["window_cp_comm_types"]) if row.get("window_cp_comm_types") else None),
+            cp_ring_hbm_bytes=_ring_bytes(name, row.get("cp_ring_hbm_bytes") or {}),
+            cp_grad_exchange_bytes=float(row.get("cp_grad_exchange_bytes", 2.0)),
+            cp_kv_rotate=_choices(name, "cp_kv_rotate", [row.get("cp_kv_rotate", "p2p")], ("p2p", "allgather"))[0],
             recompute_layout=_layout(name, row.get("recompute_layout", "per_layer")),
             selective_recompute=_selective(name, row.get("selective_recompute", "core_attention")),
             sequence_dim_collectives=bool(row.get("sequence_dim_collectives", False)),

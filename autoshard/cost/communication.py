@@ -7,7 +7,7 @@ import math
 from ..topology import Placement, all_gather_s, all_reduce_s, reduce_scatter_s
 from .constants import BF16, TP_OVERLAP_RS_SPLITS, overlapped
 from .context import Config, Context
-from .kernels import Shapes, attention_backward_s
+from .kernels import Shapes, attention_backward_s, cp_ring_kv_heads
 
 
 def _qkvo_bytes(sh: Shapes) -> float:
@@ -81,11 +81,22 @@ def cp_comm_s(ctx: Context, cp: int, prof, sh: Shapes, core_s: float) -> tuple[f
     overlapped with the core attention of `core_s` (Megatron's p2p ring, TE
     `attn_forward_func_with_cp`): cp - 1 steps, each passing one GPU's K/V chunk to the next
     while attention runs on the chunk in hand, so each GPU sends cp - 1 chunks, the volume of an
-    all-gather of the whole K/V. The backward passes K/V and their gradients (twice the volume)."""
-    m = sh.m
-    if m.is_mla:  # Megatron's MLA CP exchanges the up-projected K and V heads
-        kv_bytes = BF16 * sh.tokens * sh.a_local * (sh.d_qk + sh.d_v)
-    else:
-        kv_bytes = BF16 * sh.tokens * sh.kv_local * (sh.d_qk + sh.d_v)
-    ring = all_gather_s(ctx.levels, prof, cp * kv_bytes)
-    return overlapped(ring, core_s), overlapped(2 * ring, attention_backward_s(ctx, core_s))
+    all-gather of the whole K/V. The backward passes K/V and their gradients (twice the volume with
+    16-bit gradients; `FrameworkProfile.cp_grad_exchange_bytes` where they accumulate in fp32). A
+    framework that gathers K/V at the first step (`FrameworkProfile.cp_kv_rotate` allgather) hides the
+    gather under that step only."""
+    # MLA: Megatron's MLA CP exchanges the up-projected K and V heads; a framework that repeats K/V to
+    # the query heads before attention passes them so (cp_ring_kv_heads)
+    kv_elements = sh.tokens * cp_ring_kv_heads(ctx, sh) * (sh.d_qk + sh.d_v)
+    ring = all_gather_s(ctx.levels, prof, cp * BF16 * kv_elements)
+    grads = ring * ctx.framework.cp_grad_exchange_bytes / BF16  # dK, dV at the framework's accumulation bytes
+    bwd_s = attention_backward_s(ctx, core_s)
+    if ctx.framework.cp_kv_rotate == "allgather" and cp > 1:
+        # PyTorch's _AllGatherRotater: the whole K/V gathered under the first step's attention only (each
+        # step runs 1/cp of the layer's attention under the round-robin load balance), in the forward
+        # and again in the backward; the dK/dV go round by all-to-all once a step (cp sends of a chunk),
+        # each under the next step's backward, the last awaited after the loop (exposed)
+        chunk = grads / (cp - 1)
+        return (overlapped(ring, core_s / cp),
+                overlapped(ring, bwd_s / cp) + overlapped(grads, bwd_s * (cp - 1) / cp) + chunk)
+    return overlapped(ring, core_s), overlapped(ring + grads, bwd_s)

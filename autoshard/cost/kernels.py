@@ -202,6 +202,35 @@ def attention_call_s(ctx: Context, sh: Shapes, rate: float, causal: bool = True,
     return steps * ATTN_CALL_S + (ATTN_CAUSAL_TAIL * (longest / ATTN_TILE) * tile_s if causal else 0.0)
 
 
+def cp_ring_kv_heads(ctx: Context, sh: Shapes) -> float:
+    """K/V heads per GPU the context-parallel ring passes and merges: the model's (per TP rank), or the
+    up-projected heads of MLA (Megatron's MLA CP exchanges them)."""
+    return sh.a_local if sh.m.is_mla else sh.kv_local
+
+
+def cp_ring_merge_s(ctx: Context, sh: Shapes, steps: int) -> tuple[float, float]:
+    """(forward, backward) HBM time of the p2p ring's own elementwise work over `steps` ring steps, per
+    layer and micro-batch: merging each step's partial output by its log-sum-exp, accumulating the
+    per-step gradients of Q, K and V and packing K/V (and their gradients) for the next rank, at the
+    framework's bytes per element (`FrameworkProfile.cp_ring_hbm_bytes`, read in its source) of the
+    attention output (tokens x query heads x head dim) and of one of K / V. Each attention call of a
+    step runs on its own; these are kernels of their own between the calls, on the same stream."""
+    if steps <= 1:
+        return 0.0, 0.0
+    b = dict(ctx.framework.cp_ring_hbm_bytes)
+    if not b:
+        return 0.0, 0.0
+    q = sh.tokens * sh.a_local * sh.d_v
+    kv = sh.tokens * cp_ring_kv_heads(ctx, sh) * sh.d_qk
+    n = steps - 1
+
+    def side(d: str) -> float:
+        return (q * (n * b.get(f"{d}_q_step", 0.0) + b.get(f"{d}_q_call", 0.0))
+                + kv * (n * b.get(f"{d}_kv_step", 0.0) + b.get(f"{d}_kv_call", 0.0)))
+
+    return _mem_s(ctx, side("fwd")), _mem_s(ctx, side("bwd"))
+
+
 def attention_backward_s(ctx: Context, core_s: float) -> float:
     """Time of the core attention's backward, given its forward's `core_s`: FlashAttention's 2.5x the
     forward FLOPs, at the framework's backward rate relative to the forward

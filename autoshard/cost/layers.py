@@ -43,6 +43,7 @@ from .kernels import (
     attention_backward_s,
     core_attention_flops,
     core_attention_s,
+    cp_ring_merge_s,
     layer_kernels,
     module_in_graph,
     unfused_softmax_reason,
@@ -122,10 +123,14 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     soft_f, soft_b = unfused_softmax_s(ctx, sh)  # a softmax Megatron's fused kernel refuses
     flops += core_flops
     elem = _attention_elem_s(ctx, sh)
-    fwd["compute"] = proj + core + scores + soft_f + elem
+    # the p2p ring's merges and gradient accumulation between its per-step attention calls
+    ring_steps = int(outer or 1) if hierarchical else (cfg.cp if cfg.cp > 1 and cfg.cp_comm == "p2p" else 1)
+    merge_f, merge_b = cp_ring_merge_s(ctx, sh, ring_steps)
+    fwd["compute"] = proj + core + scores + soft_f + elem + merge_f
     proj_b, wgrad = _frozen_adjust(ctx, proj)
-    bwd["compute"] = proj_b + attention_backward_s(ctx, core) + ELEMENTWISE_BWD_FACTOR * (elem + scores) + soft_b
-    core += scores + soft_f  # what selective recompute re-runs
+    bwd["compute"] = (proj_b + attention_backward_s(ctx, core) + ELEMENTWISE_BWD_FACTOR * (elem + scores) + soft_b
+                      + merge_b)
+    core += scores + soft_f + merge_f  # what selective recompute re-runs
     # Tensor parallel: AG + RS (SP) or one AllReduce per block and pass. With SP, MLA's down-projections
     # run on the sequence shard (duplicated weights) and the column-parallel up-projections gather the
     # latents (q_lora or the hidden state, kv_lora) and the RoPE key instead of the hidden state
