@@ -12,7 +12,7 @@ from ..spec import Problem
 from .bounds import _optimistic_table, _table_bound, _useful_modes
 from .candidates import _placements
 from ..layouts import project, recompute_layout
-from ..cost import assemble, even_split
+from ..cost import assemble, ep_overlap_blocked, even_split
 
 WARM_START_CONFIGS = 800  # configurations the greedy pass tries, in numpy-bound order (a count: deterministic)
 
@@ -46,9 +46,16 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
         nonlocal best
         if split is None or recompute is None:
             return
-        # The greedy mix, or what the framework runs in its place (`layouts.project`).
+        # The greedy mix, or what the framework runs in its place (`layouts.project`: e.g. Megatron's
+        # full recompute of the first N layers). A projection onto a mode the framework refuses beside
+        # the EP overlap is left out where this configuration runs the overlap: `evaluate` would turn
+        # the overlap off and price the plan slower than this table does (the configuration's twin
+        # with the overlap off plans it, priced as evaluate prices it).
+        overlap = table.cfg.ep_overlap is None and bool(table.memo.get("ep_overlap"))
         for rc_list in project(layout, split, recompute, lambda i, m: table.layers[(kinds[i], m)].act_bytes,
                                table.cfg.pp):
+            if overlap and ep_overlap_blocked(ctx, set(rc_list)):
+                continue
             rc: Any = rc_list[0] if len(set(rc_list)) == 1 else rc_list
             est = assemble(ctx, table, split, rc_list, table.cfg.plan(rc, split), [])
             if est.fits and sink is not None:
