@@ -109,6 +109,8 @@ class FrameworkProfile:
     # under a low-precision recipe, dispatches expert inputs (and the gradients entering the experts)
     # at the recipe's size; the combines stay 16-bit
     low_precision_dispatch: bool = False
+    # runs Megatron's dispatcher stages as separate launches (cost.kernels.dispatch_stage_launches)
+    moe_dispatch_stages: bool = False
     # SMs its expert all-to-all kernels hold while a paired forward/backward chunk computes beside them
     # (DualPipe's overlap): the computation runs on the others (0: priced as COMM_INTERFERENCE instead)
     ep_comm_sms: int = 0
@@ -304,6 +306,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
             quantized_expert_act_inputs=bool(row.get("quantized_expert_act_inputs", False)),
             low_precision_dispatch=bool(row.get("low_precision_dispatch", False)),
+            moe_dispatch_stages=bool(row.get("moe_dispatch_stages", False)),
             ep_comm_sms=int(row.get("ep_comm_sms", 0)),
             fp8_params=bool(row.get("fp8_params", False)),
             output_layer_knobs=bool(row.get("output_layer_knobs", False)),

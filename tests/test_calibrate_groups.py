@@ -43,7 +43,9 @@ def _held_out_errors_pct(cases, pick, catalog):
 
 def test_moonlight_two_runs_common_ratio(tmp_path):
     """The group the model prices 2x too fast (one micro-batch per step: host-bound). Built in, the four
-    held-out plans are off by more than 45% (55% before the eager host launch time was priced); one GEMM factor hits its 0.2 floor and leaves them > 20%
+    held-out plans are off by more than 40% (55% before the eager host launch time was priced, 45% before the
+    dropless sync's stall of the forward launches and the all-to-all dispatcher's stages were); one GEMM
+    factor hits its 0.2 floor and leaves them > 20%
     off; the common ratio fitted on the first two brings them within 0.1-5.3% of their published steps
     (median of the four < 3%), and says that it had to take the efficiencies below their physical range."""
     cases = _cases(MOONLIGHT)
@@ -51,7 +53,7 @@ def test_moonlight_two_runs_common_ratio(tmp_path):
     assert cases[0].measured_step_s == pytest.approx(0.45718) and cases[5].measured_step_s == pytest.approx(0.50653)
     pick = (0, 1)
     before = _held_out_errors_pct(cases, pick, None)
-    assert min(before.values()) > 45.0
+    assert min(before.values()) > 40.0
 
     one = tmp_path / "one.yaml"
     res1 = calibrate("moonlight 0,1", one, cases=[cases[i] for i in pick])

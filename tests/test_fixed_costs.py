@@ -17,8 +17,9 @@ import pytest
 from autoshard import Plan, evaluate, load_problem
 from autoshard.cost.constants import BLOCKING_LAYER_HOST_S, BLOOM_LAYER_LAUNCHES, EAGER_LAUNCH_HOST_S
 from autoshard.cost.context import Config, config_reasons, context
-from autoshard.cost.kernels import Shapes, layer_kernels
+from autoshard.cost.kernels import Shapes, dispatch_stage_launches, layer_kernels
 from autoshard.cost.layers import layer_costs
+from autoshard.cost.moe import moe_host_s
 from autoshard.topology import place_axes
 
 SMALL_GPT = {"name": "gpt-small", "num_hidden_layers": 12, "hidden_size": 512, "intermediate_size": 2048,
@@ -132,3 +133,74 @@ def test_full_recompute_launches_the_forward_again():
     _, _, full = _layer(problem, plan.model_copy(update={"recompute": "full"}), "full")
     fwd_k, _, _ = layer_kernels(ctx, cfg, Shapes(ctx, cfg), "dense")
     assert full.bwd_s - none.bwd_s == pytest.approx(fwd_k * EAGER_LAUNCH_HOST_S)
+
+
+QWEN3_30B_A3B = {"name": "qwen3-30b-a3b", "num_hidden_layers": 48, "hidden_size": 2048, "intermediate_size": 6144,
+                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+                 "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "hidden_act": "silu"}
+
+
+@pytest.mark.parametrize("dispatcher,precision,ep,capacity,expected", [
+    # probs all-to-all 1 + 1; sort by local expert and back 2 + 2; token counts' all-gather and host
+    # copies 2 (forward only); FP8 padding of tokens and probs and unpadding of the output 3 + 3
+    ("alltoall", "mxfp8", 8, None, (8, 6)),
+    ("alltoall", "bf16", 8, None, (5, 3)),  # BF16 expert GEMMs need no padding
+    ("alltoall", "mxfp8", 128, None, (6, 4)),  # one local expert: nothing to sort
+    ("alltoall", "mxfp8", 8, 1.0, (3, 3)),  # drop_and_pad: no counts, fixed capacity segments
+    ("hybridep", "mxfp8", 8, None, (0, 0)),  # counts, permutation and padding inside its kernels
+    ("deepep", "mxfp8", 8, None, (0, 0)),
+])
+def test_megatron_alltoall_dispatcher_stages_counted_from_the_source(dispatcher, precision, ep, capacity, expected):
+    """Hand count of MoEAlltoAllTokenDispatcher and TEGroupedMLP (Megatron-LM d98e8a64dd
+    token_dispatcher.py, experts.py) beyond the dispatch, combine, permute and unpermute every
+    dispatcher runs: see cost.kernels.dispatch_stage_launches."""
+    training = {"precision": precision, **({"moe_capacity_factor": capacity} if capacity else {})}
+    problem = _problem(QWEN3_30B_A3B, world=128, seq=4096, gbs=128, gpu="b200", **training)
+    plan = Plan(tp=1, pp=1, dp=128, ep=ep, micro_batch_size=1, moe_dispatcher=dispatcher, ep_overlap=False)
+    dp, reasons = config_reasons(problem, plan)
+    assert not reasons
+    ctx, cfg = context(problem), Config.of(plan, dp)
+    assert dispatch_stage_launches(ctx, cfg) == expected
+    base_f, base_b, _ = layer_kernels(ctx, Config.of(plan.model_copy(update={"moe_dispatcher": "deepep"}), dp),
+                                      Shapes(ctx, cfg), "moe")
+    fwd, bwd, _ = layer_kernels(ctx, cfg, Shapes(ctx, cfg), "moe")
+    assert (fwd - base_f, bwd - base_b) == expected
+
+
+def test_alltoall_stages_are_megatron_facts_not_every_frameworks():
+    """torchtitan's expert all-to-all (default dispatcher `alltoall`) is not Megatron's: none added."""
+    problem = _problem(QWEN3_30B_A3B, world=8, seq=4096, gbs=8, gpu="b200", framework="torchtitan")
+    plan = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch_size=1, zero_stage=3)
+    dp, reasons = config_reasons(problem, plan)
+    assert not reasons
+    assert dispatch_stage_launches(context(problem), Config.of(plan, dp)) == (0, 0)
+
+
+def _moe_layer(capacity=None):
+    training = {"precision": "mxfp8", **({"moe_capacity_factor": capacity} if capacity else {})}
+    problem = _problem(QWEN3_30B_A3B, world=8, seq=4096, gbs=512, gpu="b200", **training)
+    plan = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch_size=1, moe_dispatcher="alltoall", ep_overlap=False)
+    dp, _ = config_reasons(problem, plan)
+    ctx, cfg = context(problem), Config.of(plan, dp)
+    pl = place_axes(ctx.graph, cfg.placement, cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp)
+    fwd_k, bwd_k, _ = layer_kernels(ctx, cfg, Shapes(ctx, cfg), "moe")
+    return ctx, cfg, layer_costs(ctx, cfg, pl, "moe")["none"], fwd_k, bwd_k
+
+
+def test_a_dropless_moe_forward_stalls_its_launches_behind_the_token_count_sync():
+    """Qwen3-30B-A3B on 8 B200 (EP8, micro-batch 1, MXFP8, all-to-all dispatcher: Megatron-Bridge's
+    25.11 / 26.02 B200 recipe) is host-bound. The dropless dispatcher's device-to-host sync empties the
+    GPU's queue every layer, so the forward pays its MoE host work and then the longer of its GPU work
+    and its launches (max(gpu, launches) + moe), where a capacity-padded layer, which has no sync, hides
+    that host work under its launches like the rest (max(gpu + moe, launches)); the backward is the same
+    in both (no sync)."""
+    for capacity, synced in ((None, True), (1.0, False)):
+        ctx, cfg, c, fwd_k, bwd_k = _moe_layer(capacity)
+        moe_f = moe_host_s(ctx, cfg) / 3
+        gpu_f = c.fwd_s - c.fwd["host"]
+        launches_f = fwd_k * EAGER_LAUNCH_HOST_S
+        assert launches_f > gpu_f  # host-bound
+        expected = moe_f + max(gpu_f, launches_f) if synced else max(gpu_f + moe_f, launches_f)
+        assert c.fwd_s == pytest.approx(expected, rel=1e-12)
+        assert c.bwd_s == pytest.approx(max(c.bwd_s - c.bwd["host"] + 2 * moe_f, bwd_k * EAGER_LAUNCH_HOST_S),
+                                        rel=1e-12)

@@ -57,7 +57,9 @@ def test_every_module_in_bf16_prices_an_fp8_run_as_bf16():
     fp8 = evaluate(problem(MOE, "mxfp8"), plan)
     assert allbf16.step_time_s == pytest.approx(bf16.step_time_s, rel=1e-12)
     assert allbf16.memory_breakdown_gib["weights"] == pytest.approx(bf16.memory_breakdown_gib["weights"], rel=1e-12)
-    assert fp8.step_time_s < bf16.step_time_s  # the recipe itself is faster, so the knob did something
+    # the recipe's GEMMs are faster, so the knob did something (this small host-bound layer's step is not:
+    # the all-to-all dispatcher pads each expert's rows for the FP8 GEMMs, cost.kernels.dispatch_stage_launches)
+    assert fp8.time_breakdown_s["compute"] < bf16.time_breakdown_s["compute"]
 
 
 def test_bf16_attention_with_mxfp8_experts_prices_attention_projections_at_the_bf16_rate():

@@ -295,6 +295,34 @@ def _frozen_adjust(ctx: Context, gemm_fwd_s: float) -> tuple[float, float]:
     return gemm_fwd_s + 2 * adapters, adapters
 
 
+def dispatch_stage_launches(ctx: Context, cfg: Config) -> tuple[int, int]:
+    """(forward, backward) launches the expert dispatcher adds to `layer_kernels`' MoE count (router,
+    top-k, permute, dispatch, expert GEMMs, activation, combine, unpermute), where the framework runs
+    Megatron's dispatcher stages as separate launches (`FrameworkProfile.moe_dispatch_stages`).
+    Megatron-LM's MoEAlltoAllTokenDispatcher (token_dispatcher.py, d98e8a64dd) also sends the routing
+    probabilities in an all-to-all of their own (token_dispatch; its gradient's in the backward); with
+    more than one local expert it sorts the received chunks by local expert and back
+    (sort_chunks_by_idxs in dispatch_postprocess and combine_preprocess, each with its backward); a
+    dropless layer gathers the token counts over the EP group and copies them to the host (preprocess:
+    gather_from_sequence_parallel_region, _maybe_dtoh_and_synchronize); and where the experts' GEMMs
+    run in a quantized recipe, the TE grouped MLP pads each expert's rows to the quantization block
+    and strips them after (experts.py TEGroupedMLP.forward: Fp8Padding of the tokens and of the
+    probabilities, Fp8Unpadding of the output, each with its backward): HybridEP and DeepEP pad inside
+    their own permutation (`skip_routed_expert_padding`) and the allgather dispatcher sends no
+    probabilities apart. A capacity-padded layer (drop_and_pad) has no counts to gather and fixed
+    segments to pad."""
+    if not ctx.framework.moe_dispatch_stages or (cfg.dispatcher or ctx.framework.moe_dispatchers[0]) != "alltoall":
+        return 0, 0
+    f = b = 1  # the probabilities' all-to-all
+    if ctx.model.num_experts > cfg.ep:  # sort by local expert and back
+        f, b = f + 2, b + 2
+    if ctx.training.moe_capacity_factor is None:
+        f += 2  # the token counts' all-gather and device-to-host copies
+        if ctx.module_saved_input_bytes("routed_experts") < BF16:  # quantized expert GEMMs: pad, pad, unpad
+            f, b = f + 3, b + 3
+    return f, b
+
+
 def layer_kernels(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple[int, int, int]:
     """(forward, backward, selective-recompute) kernel launches of one layer and micro-batch, counted
     from the layer's structure as Megatron-style eager code runs it (Megatron-core with Transformer
@@ -324,7 +352,7 @@ def layer_kernels(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple[int
     sublayers = 1 if hybrid else 2
     steps = sh.cp if (sh.cp > 1 and sh.cp_comm not in ("a2a", "allgather")) else 1
     flash = ctx.training.flash_attention
-    gemms = mlp_other = core_f = mixer_f = mixer_b = comm = 0
+    gemms = mlp_other = core_f = mixer_f = mixer_b = comm = stage_f = stage_b = 0
     if mixer == "attention":
         gemms = (5 if m.q_lora_rank else 4) if m.is_mla else 2
         core_f = steps if flash else (3 + (1 if m.dropout else 0))
@@ -342,13 +370,14 @@ def layer_kernels(ctx: Context, cfg: Config, sh: Shapes, kind: str) -> tuple[int
             gemms, mlp_other = gemms + 2, mlp_other + 1
         if cfg.ep > 1:
             comm += 2
+            stage_f, stage_b = dispatch_stage_launches(ctx, cfg)
     if cfg.tp > 1:
         comm += sublayers * (2 if cfg.sp else 1)
     norms = residuals = sublayers
-    fwd = norms + gemms + mixer_f + mlp_other + residuals + comm
+    fwd = norms + gemms + mixer_f + mlp_other + residuals + comm + stage_f
     # norm weights; GPT-style biases (dropout marks GPT-2/3 layers)
     small_params = norms + ((2 * sublayers) if m.dropout else 0)
-    bwd = 2 * gemms + 2 * norms + mixer_b + mlp_other + residuals + comm + small_params
+    bwd = 2 * gemms + 2 * norms + mixer_b + mlp_other + residuals + comm + small_params + stage_b
     return fwd, bwd, core_f
 
 

@@ -451,7 +451,10 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
             host += BLOCKING_LAYER_HOST_S
         if host:
             c.fwd["host"], c.bwd["host"] = host / 3, 2 * host / 3
-        _eager_host(ctx, cfg, c, recompute, launches, kind)
+        # a dropless layer's token-count sync stops the host until the GPU drains: its forward launches
+        # cannot run ahead under the MoE host work that follows (`_eager_host` `synced_fwd_s`)
+        synced = c.fwd["host"] if host and ctx.training.moe_capacity_factor is None else 0.0
+        _eager_host(ctx, cfg, c, recompute, launches, kind, synced)
         if zero3:
             _zero3_exposed(cfg, c, ag, ag_bwd, rs)
         out[recompute] = c
@@ -626,10 +629,16 @@ def cublas_workspace_bytes(ctx: Context, tp_overlap: bool = False) -> float:
 
 
 def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tuple[int, int, int],
-                kind: str = "dense") -> None:
+                kind: str = "dense", synced_fwd_s: float = 0.0) -> None:
     """Add to `c` the host launch time its GPU work does not hide: eager frameworks launch every
     kernel from Python (`layer_kernels` launches at EAGER_LAUNCH_HOST_S each), ahead of the GPU and
     asynchronously, so each pass takes the longer of its GPU time and its host time (not their sum).
+    `synced_fwd_s`: forward host time already in `c` that stalls the launches instead of hiding them,
+    the MoE host work after a dropless dispatcher's device-to-host sync (token_dispatcher.py
+    `_maybe_dtoh_and_synchronize`: `d2h_event.synchronize()` at `cuda_sync_point` every layer, the
+    GPU's queue empty after it), so the forward takes it plus the longer of the rest of its GPU time
+    and its launches; the backward has no sync (the splits stay on the host) and takes the longer of
+    its launches and all of its time.
     The backward also launches what it recomputes: the whole forward (full), the core attention
     (selective, `core_attn`) or about three launches per other recompute module. Full-iteration CUDA
     graphs replay the step without the host, a compiled step (XLA) launches from C++, and under
@@ -648,7 +657,7 @@ def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tu
     # FSDP2's per-block hooks (`FrameworkProfile.fsdp_block_host_s`) run on the same host thread, a
     # third before the forward (all-gather) and two thirds around the backward (re-gather, reduce-scatter)
     hooks = ctx.framework.fsdp_block_host_s if cfg.zero == 3 else 0.0
-    c.fwd["host"] += max(0.0, fwd_k * EAGER_LAUNCH_HOST_S + hooks / 3 - c.fwd_s)
+    c.fwd["host"] += max(0.0, fwd_k * EAGER_LAUNCH_HOST_S + hooks / 3 - (c.fwd_s - synced_fwd_s))
     c.bwd["host"] += max(0.0, bwd_k * EAGER_LAUNCH_HOST_S + 2 * hooks / 3 - c.bwd_s)
 
 
