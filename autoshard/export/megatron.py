@@ -180,7 +180,9 @@ def _batch_flags(ctx: _Ctx, add: Add) -> None:
     add("--micro-batch-size", p.micro_batch_size)
     add("--global-batch-size", t.global_batch_size)
     add("--seq-length", t.seq_len)
-    add("--max-position-embeddings", t.seq_len)
+    # the learned position table as priced (ModelSpec.learned_position_embeddings); Megatron requires
+    # --max-position-embeddings >= --seq-length whatever the position embedding
+    add("--max-position-embeddings", max(t.seq_len, ctx.model.learned_position_embeddings))
 
 
 def _data_parallel_flags(ctx: _Ctx, add: Add) -> None:
@@ -248,6 +250,8 @@ def _memory_knob_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
         add("--no-create-attention-mask-in-dataloader")
     if t.cross_entropy_fusion:  # the torch.compile'd vocab-parallel cross entropy (priced: +4 B per logit)
         add("--cross-entropy-loss-fusion")
+    if not t.gradient_accumulation_fusion:  # priced without Transformer Engine's dummy weight gradients
+        add("--no-gradient-accumulation-fusion")
     if t.defer_embedding_wgrad:  # the output layer's wgrad at the step's end (its gradients kept until then)
         add("--defer-embedding-wgrad-compute")
         if t.wgrad_deferral_limit:
@@ -298,6 +302,8 @@ def _model_shape_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
         add("--normalization", "RMSNorm")
         add("--position-embedding-type", "rope")
         add("--disable-bias-linear")
+    elif not m.learned_position_embeddings:  # priced without a learned table (Megatron's default)
+        add("--position-embedding-type", "rope")
     elif m.hidden_act == "relu2":  # squared ReLU, non-gated (Nemotron-4, Nemotron-H)
         add("--squared-relu")
     elif m.hidden_act == "relu":
