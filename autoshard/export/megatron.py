@@ -297,17 +297,22 @@ def _model_shape_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
     add("--vocab-size", m.vocab_size)
     if not m.tie_word_embeddings:
         add("--untie-embeddings-and-output-weights")
+    # RoPE unless the model has the learned position table it was priced with (Megatron's default
+    # --position-embedding-type learned_absolute, ModelSpec.learned_position_embeddings)
+    rope = not m.learned_position_embeddings
     if m.gated:  # Llama-family: SwiGLU, RMSNorm, RoPE, no linear biases
         add("--swiglu")
         add("--normalization", "RMSNorm")
-        add("--position-embedding-type", "rope")
+        if rope:
+            add("--position-embedding-type", "rope")
         add("--disable-bias-linear")
-    elif not m.learned_position_embeddings:  # priced without a learned table (Megatron's default)
-        add("--position-embedding-type", "rope")
-    elif m.hidden_act == "relu2":  # squared ReLU, non-gated (Nemotron-4, Nemotron-H)
-        add("--squared-relu")
-    elif m.hidden_act == "relu":
-        ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
+    else:
+        if rope:
+            add("--position-embedding-type", "rope")
+        if m.hidden_act == "relu2":  # squared ReLU, non-gated (Nemotron-4, Nemotron-H)
+            add("--squared-relu")
+        elif m.hidden_act == "relu":
+            ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
     _megatron_hybrid(ctx, add)
     _megatron_attention_span(ctx, add)
     if fam.get("norm_epsilon") is not None:
