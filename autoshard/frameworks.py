@@ -83,6 +83,10 @@ class FrameworkProfile:
     cublas_workspaces: tuple[str, ...] = ("pytorch",)
     # workspaces added where TP communication overlaps the GEMMs (Megatron's TE userbuffers)
     tp_overlap_cublas_workspaces: tuple[str, ...] = ()
+    # with training.gradient_accumulation_fusion its linear layers write weight gradients into the fp32
+    # main_grad buffers and hand autograd a cached dummy gradient instead, one 16-bit tensor per distinct
+    # weight shape kept for the whole run (Transformer Engine's get_dummy_wgrad; cost.layers.dummy_wgrad_bytes)
+    dummy_wgrads: bool = False
     # Data-parallel tail overlaps its engine runs (Plan.overlap_grad_reduce / overlap_param_gather ask for
     # them; cost.dp_overlaps grants what the engine does): gradient reduction under the backward with
     # pp = 1 and with pipeline parallelism, and the ZeRO-1/2 parameter all-gather under the next forward
@@ -291,6 +295,7 @@ def profiles() -> dict[str, FrameworkProfile]:
             eager_launches=bool(row.get("eager_launches", True)),
             cublas_workspaces=tuple(row.get("cublas_workspaces", ["pytorch"])),
             tp_overlap_cublas_workspaces=tuple(row.get("tp_overlap_cublas_workspaces") or ()),
+            dummy_wgrads=bool(row.get("dummy_wgrads", False)),
             grad_reduce_overlap=bool(row.get("grad_reduce_overlap", True)),
             pipeline_grad_reduce_overlap=bool(row.get("pipeline_grad_reduce_overlap", True)),
             param_gather_overlap=bool(row.get("param_gather_overlap", True)),

@@ -80,6 +80,13 @@ GATED_GELU_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 # Families whose config class ties the LM head to the embeddings unless told otherwise.
 TIED_BY_DEFAULT = frozenset({"gpt2", "openai-gpt", "gpt_bigcode", "gpt_neo", "opt", "bloom", "falcon",
                              "gemma", "gemma2", "gemma3", "gemma3_text"})
+# Families whose model adds a learned absolute position table beside the token embedding, and the rows
+# it has beyond the config's count (transformers: GPT2Model, OpenAIGPTModel, GPTBigCodeModel and
+# GPTNeoModel `wpe`/`positions_embed` = nn.Embedding(max_position_embeddings, hidden); OPT's
+# OPTLearnedPositionalEmbedding(max_position_embeddings + 2), "OPT is set up so that if padding_idx is
+# specified then offset the embedding ids by 2"). The count is config n_positions or max_position_embeddings.
+LEARNED_POSITION_OFFSETS = {"gpt2": 0, "openai-gpt": 0, "gpt_bigcode": 0, "gpt_neo": 0, "opt": 2}
+POSITION_KEYS = ("n_positions", "max_position_embeddings")
 # Families whose missing / null FFN width means 4 x hidden.
 FFN_4X_BY_DEFAULT = frozenset({"gpt2", "openai-gpt", "gpt_bigcode", "gptj", "gpt_neo", "codegen"})
 DROPOUT_KEYS = ("resid_pdrop", "attn_pdrop", "embd_pdrop", "hidden_dropout", "attention_dropout",
@@ -195,6 +202,18 @@ def _check_decoder_only(cfg: Mapping[str, Any], src: str | None, prefix: str = "
 
 
 # ---- field groups -------------------------------------------------------------------------
+
+def _learned_positions(r: _Reader, model_type: str) -> int | None:
+    """Rows of the learned position table of a family that has one (LEARNED_POSITION_OFFSETS); None where
+    the config states no count."""
+    key = next((k for k in POSITION_KEYS if r.cfg.get(k) is not None), None)
+    if key is None:
+        return None
+    value = r.cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise r.error(f"must be a positive integer, got {value!r}", key)
+    return value + LEARNED_POSITION_OFFSETS[model_type]
+
 
 def _activation(r: _Reader, model_type: str) -> tuple[str, list[str]]:
     key, value = r.raw("hidden_act")
@@ -484,6 +503,8 @@ def _build(r: _Reader, outer: Mapping[str, Any], path: Path | None) -> ModelSpec
     tie_default = mtype in TIED_BY_DEFAULT
     spec["tie_word_embeddings"] = r.flag("tie_word_embeddings", _outer_flag(outer, r, tie_default))
     spec["num_nextn_predict_layers"] = r.integer("num_nextn_predict_layers") or 0
+    if mtype in LEARNED_POSITION_OFFSETS:
+        spec["learned_position_embeddings"] = _learned_positions(r, mtype)
     spec["model_type"] = mtype or None  # the family, for the exports' facts (never the model's name)
     theta = rope_parameters(outer).get("rope_theta")
     if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0:

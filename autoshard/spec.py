@@ -167,6 +167,15 @@ class ModelSpec(Strict):
         "Size of one attention head; None: hidden_size / num_attention_heads."))
     tie_word_embeddings: bool = Field(default=False, description=(
         "The output layer shares the input embedding's weights."))
+    # A learned absolute position-embedding table beside the token embedding (GPT-2/3 `wpe`, OPT, GPT-Neo;
+    # Megatron-LM's default --position-embedding-type learned_absolute, a torch.nn.Embedding of
+    # --max-position-embeddings rows, not split over TP: models/common/embeddings/
+    # language_model_embedding.py, d98e8a64dd): its weights, gradients and optimizer states on the first
+    # pipeline stage. 0: none (rotary, ALiBi, NoPE).
+    learned_position_embeddings: Annotated[int, Field(ge=0, le=MAX_SEQ)] = Field(default=0, description=(
+        "Rows of a learned absolute position-embedding table (GPT-2/3 and OPT style; Megatron "
+        "--position-embedding-type learned_absolute with --max-position-embeddings rows): rows x hidden_size "
+        "parameters on the first stage, replicated over TP. 0: none (rotary, ALiBi)."))
     hidden_act: HiddenAct = Field(default="silu", description=(
         "MLP activation; `silu` and `swiglu` are gated (three matrices), the others two."))
     # Mixture of experts (num_experts = 0: dense).
@@ -561,6 +570,14 @@ class TrainingSpec(Strict):
     wgrad_deferral_limit: Annotated[int, Field(ge=0, le=MAX_GLOBAL_BATCH)] = Field(default=0, description=(
         "Megatron --wgrad-deferral-limit: with defer_embedding_wgrad, the micro-batches whose output-layer "
         "gradients are kept (the later ones compute theirs at once); 0: all of them (Megatron's default)."))
+    # Megatron-LM's --gradient-accumulation-fusion (on by default in arguments.py; megatron-core's own
+    # ModelParallelConfig defaults it off): weight gradients accumulate straight into the fp32 main_grad,
+    # and Transformer Engine hands autograd a cached dummy gradient per distinct weight shape, kept for
+    # the whole run (frameworks.yaml dummy_wgrads; cost.layers.dummy_wgrad_bytes).
+    gradient_accumulation_fusion: bool = Field(default=True, description=(
+        "Megatron --gradient-accumulation-fusion (its launcher's default; --no-gradient-accumulation-fusion "
+        "turns it off, as exports write when false): with Transformer Engine one cached 16-bit dummy weight "
+        "gradient per distinct weight shape is held for the whole run. Megatron only."))
 
     # Per-module precision under a low-precision recipe (e.g. MXFP8 routed experts with BF16
     # attention): the module classes whose linear GEMMs stay in BF16 (rate, no quantization, no

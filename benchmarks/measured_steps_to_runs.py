@@ -99,6 +99,9 @@ def mcore_rows(doc: dict, raw: str, tag: str = "") -> list[dict]:
                    # ships no fused softmax kernel (scaled_upper_triang_masked_softmax_cuda comes with
                    # apex / a Megatron-LM build): FusedScaleMaskSoftmax runs torch's fp32 softmax
                    softmax_fusion="off",
+                   # nor gradient_accumulation_fusion: ModelParallelConfig's default False (no apex
+                   # fused_weight_gradient_mlp_cuda on the machine either)
+                   gradient_accumulation_fusion=False,
                    notes="megatron-core 0.16.1 GPTModel, local layer spec (unfused DotProductAttention, no "
                          "Transformer Engine), DDP fp32 grad buffers + distributed optimizer, bf16; "
                          "masked_softmax_fusion False (the TransformerConfig default): softmax in PyTorch, "

@@ -17,10 +17,11 @@ materialize the scores (flash_attention false); the rest run TE's fused attentio
 
 The rows below state each case's facts by hand; the tests after them convert every case of
 validation/megatron_functional_memory.json from its arguments (autoshard.validate.megatron_args): 58 of
-60 convert, median |error| 3.5% -> 1.0%, p90 8.9% -> 2.2%, worst -27.7% -> -3.2%, 27 -> 55 within 3%, with
+60 convert, median |error| 3.5% -> 0.9%, p90 8.9% -> 1.8%, worst -27.7% -> -2.5%, 27 -> 58 within 3%, with
 the terms priced here (fused cross entropy, deferred output-layer wgrad, the batch's attention masks, q/k
 norms, PyTorch's per-thread and TE's userbuffers cuBLAS workspaces, interleaved in-flight chunks in
-Megatron's order).
+Megatron's order, the learned position table, TE's dummy weight gradients under gradient-accumulation
+fusion).
 """
 
 import json
@@ -92,9 +93,12 @@ ROWS = [
 
 @pytest.mark.parametrize("case,model,seq,gbs,plan,measured,tol", ROWS, ids=[r[0][:48] for r in ROWS])
 def test_last_stage_peak_matches_megatron_max_memory_allocated(case, model, seq, gbs, plan, measured, tol):
-    training = {"seq_len": seq, "global_batch_size": gbs}
+    # every one of these cases runs --no-gradient-accumulation-fusion and Megatron's default learned
+    # absolute position embeddings of --max-position-embeddings rows (the sequence length)
+    training = {"seq_len": seq, "global_batch_size": gbs, "gradient_accumulation_fusion": False}
     if isinstance(model, tuple):
         model, training["flash_attention"] = model[1], False
+    model = {**model, "learned_position_embeddings": seq}
     problem = load_problem({"model": model, "training": training,
                             "cluster": {"gpu": "h100", "num_gpus": 8}, "framework": "megatron"})
     est = evaluate(problem, Plan(zero_stage=plan.pop("zero_stage", 1), **plan))
@@ -169,14 +173,71 @@ def test_deferred_embedding_wgrad_keeps_the_deferred_gradients():
     plain = BY_NAME["gpt3_mcore_te_tp2_pp2_resume_torch_dist"]
     defer = BY_NAME["gpt3_mcore_te_tp2_pp2_resume_torch_dist_defer_embedding_wgrad_compute"]
     _, _, e_plain = _functional(plain)
-    prob, _, e_defer = _functional(defer)
+    prob, _, e_defer = _functional(defer, gradient_accumulation_fusion=False)  # (the plain run's: no dummy wgrads)
     assert (prob.training.defer_embedding_wgrad, prob.training.wgrad_deferral_limit) == (True, 2)
     by_hand = 2 * 2 * 4096 * (25216 + 512)
     assert _last_peak_bytes(e_defer) - _last_peak_bytes(e_plain) == pytest.approx(by_hand)
     # limit 0 (Megatron's default): every micro-batch deferred, M - 1 = 3 of them beside the last loss
-    _, _, e_all = _functional(defer, wgrad_deferral_limit=0)
+    _, _, e_all = _functional(defer, wgrad_deferral_limit=0, gradient_accumulation_fusion=False)
     assert _last_peak_bytes(e_all) - _last_peak_bytes(e_plain) == pytest.approx(3 * 2 * 4096 * (25216 + 512))
+    _, _, e_defer = _functional(defer)  # as it ran: with the fusion, its dummy wgrads too
     assert _last_peak_bytes(e_defer) == pytest.approx(defer["measured_peak_bytes"], rel=0.04)
+
+
+def test_gradient_accumulation_fusion_keeps_te_dummy_wgrads():
+    """--gradient-accumulation-fusion (Megatron's default): Transformer Engine's get_dummy_wgrad caches one
+    bf16 tensor per distinct weight shape for the whole run. The last stage of TP 2 x PP 2 (hidden 512,
+    ffn 2048, 6 layers, tied output layer): the output layer [25,216 x 512] and the layer's qkv
+    [768 x 512], proj [512 x 256], fc1 [1,024 x 512] and fc2 [512 x 1,024], by hand 2 x (12,910,592 +
+    1,572,864) = 28,966,912 B (the layer norms' 1,024 B beside). Measured: the one functional case with
+    the fusion on holds 545,423,872 B between iterations (golden_values mem-allocated-bytes), its twin
+    without it 517,243,392 B: 28,180,480 B more."""
+    defer = BY_NAME["gpt3_mcore_te_tp2_pp2_resume_torch_dist_defer_embedding_wgrad_compute"]
+    prob, _, fused = _functional(defer)
+    assert prob.training.gradient_accumulation_fusion
+    _, _, plain = _functional(defer, gradient_accumulation_fusion=False)
+    by_hand = 2 * (25216 * 512 + 768 * 512 + 512 * 256 + 1024 * 512 + 512 * 1024)
+    extra = [(a.peak_memory_gib - b.peak_memory_gib) * GIB for a, b in zip(fused.stages, plain.stages)]
+    assert extra[1] == pytest.approx(by_hand, rel=1e-3)  # the last stage: the output layer's and a layer's
+    assert extra[0] == pytest.approx(by_hand - 2 * 25216 * 512, rel=1e-3)  # the first: its layers' only
+    assert extra[1] == pytest.approx(545_423_872 - 517_243_392, rel=0.03)
+    # the cases that state --no-gradient-accumulation-fusion read so, and the export writes it back
+    case = BY_NAME["gpt3_mcore_te_tp2_pp2_resume_torch_dist"]
+    problem, plan = problem_and_plan(case["args"], 8, "h100")
+    assert problem["training"]["gradient_accumulation_fusion"] is False
+    flags = export_plan(load_problem(problem), Plan(**plan), "megatron").text
+    assert "--no-gradient-accumulation-fusion" in flags
+    # not Megatron's: no dummies; LoRA: frozen weights have no weight gradient
+    titan = {"model": SMALL_GPT, "framework": "torchtitan", "cluster": {"gpu": "h100", "num_gpus": 8},
+             "training": {"seq_len": 1024, "global_batch_size": 32}}
+    lora = {**problem, "training": {**problem["training"], "finetune": "lora", "lora_rank": 8}}
+    for other, p in ((titan, Plan(tp=2, pp=1, dp=4, micro_batch_size=4, zero_stage=3)), (lora, Plan(**plan))):
+        on = evaluate(load_problem({**other, "training": {**other["training"], "gradient_accumulation_fusion": True}}), p)
+        off = evaluate(load_problem({**other, "training": {**other["training"], "gradient_accumulation_fusion": False}}), p)
+        assert on.stages and [s.peak_memory_gib for s in on.stages] == [s.peak_memory_gib for s in off.stages]
+
+
+def test_learned_position_embeddings_on_the_first_stage():
+    """Megatron's default --position-embedding-type learned_absolute: a torch.nn.Embedding of
+    --max-position-embeddings rows, whole on every TP rank, on the first stage only: 1,024 x 512 =
+    524,288 parameters at 2 + 4 + 12 B (bf16 weight, fp32 main grad, fp32 master and Adam moments without
+    the distributed optimizer) = 9,437,184 B on the embedding's stage. --position-embedding-type rope: none."""
+    case = BY_NAME["gpt3_mcore_te_tp2_pp2_resume_torch_dist"]
+    problem, plan = problem_and_plan(case["args"], 8, "h100")
+    assert problem["model"]["learned_position_embeddings"] == 1024
+    with_table = evaluate(load_problem(problem), Plan(**plan))
+    problem["model"]["learned_position_embeddings"] = 0
+    without = evaluate(load_problem(problem), Plan(**plan))
+    deltas = [(a.peak_memory_gib - b.peak_memory_gib) * GIB for a, b in zip(with_table.stages, without.stages)]
+    assert deltas == pytest.approx([524_288 * 18, 0.0])
+    rope = BY_NAME["gpt3_mcore_te_tp1_pp2_resume_torch_dist_rope_embeddings"]
+    assert "learned_position_embeddings" not in problem_and_plan(rope["args"], 8, "h100")[0]["model"]
+    # the export states the table it priced: learned with its rows, else rotary
+    problem["model"]["learned_position_embeddings"] = 1024
+    flags = export_plan(load_problem(problem), Plan(**plan), "megatron").text
+    assert "--max-position-embeddings 1024" in flags and "--position-embedding-type" not in flags
+    problem["model"]["learned_position_embeddings"] = 0
+    assert "--position-embedding-type rope" in export_plan(load_problem(problem), Plan(**plan), "megatron").text
 
 
 def test_cublas_workspaces_per_thread_and_userbuffers():
@@ -198,9 +259,9 @@ def test_cublas_workspaces_per_thread_and_userbuffers():
 
 
 def test_every_converted_functional_case_within_reach():
-    """All converted cases: median |error| <= 1.5%, at least 55 of them within 3%, none predicted not to fit
-    (every one ran), none more than 3% above or 3.5% below the measured peak. Before the terms priced here: median 3.5%,
-    p90 8.9%, 27 within 3%, worst -27.7%."""
+    """All converted cases: median |error| <= 1.0%, every one within 3%, none predicted not to fit (every one
+    ran). Before the terms priced here: median 3.5%, p90 8.9%, 27 within 3%, worst -27.7%; before the learned
+    position table and TE's dummy wgrads: median 1.0%, p90 2.2%, 55 within 3%, worst -3.2%."""
     errs, fits = [], []
     for case in FUNCTIONAL:
         problem, plan = problem_and_plan(case["args"], 8, "h100")
@@ -211,9 +272,8 @@ def test_every_converted_functional_case_within_reach():
         errs.append(_last_peak_bytes(est) / case["measured_peak_bytes"] - 1)
         fits.append(est.fits)
     assert len(errs) >= 58 and all(fits)
-    assert statistics.median(abs(e) for e in errs) <= 0.015
-    assert sum(abs(e) <= 0.03 for e in errs) >= 55
-    assert -0.035 <= min(errs) and max(errs) <= 0.03
+    assert statistics.median(abs(e) for e in errs) <= 0.01
+    assert -0.03 <= min(errs) and max(errs) <= 0.03
 
 
 def test_loss_knobs_are_megatron_only_and_exported():

@@ -70,6 +70,9 @@ MEGATRON_ALLOWED = frozenset({
     # cross_entropy_loss_fusion / defer_embedding_wgrad_compute / wgrad_deferral_limit (d98e8a64dd)
     "--no-create-attention-mask-in-dataloader", "--cross-entropy-loss-fusion", "--defer-embedding-wgrad-compute",
     "--wgrad-deferral-limit",
+    # arguments.py --no-gradient-accumulation-fusion (dest gradient_accumulation_fusion, d98e8a64dd): the
+    # plan priced without Transformer Engine's dummy weight gradients (training.gradient_accumulation_fusion)
+    "--no-gradient-accumulation-fusion",
 })
 NOT_A_MEGATRON_FLAG = ("--data-parallel-size", "--world-size")
 NARGS_FLAGS = ("--hierarchical-context-parallel-sizes", "--cuda-graph-scope")  # nargs='+' in Megatron-LM arguments.py

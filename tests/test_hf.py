@@ -232,6 +232,16 @@ def test_gpt2_style_fields():
     assert m.vocab_size == 50257 and m.tie_word_embeddings is True  # GPT-2 ties by default
     assert m.hidden_act == "gelu_new" and not m.gated
     assert m.dropout is True  # resid_pdrop / attn_pdrop 0.1
+    # GPT2Model.wpe = nn.Embedding(n_positions, n_embd): 1,024 x 768 = 786,432 learned position parameters
+    assert m.learned_position_embeddings == 1024
+    assert load("Meta-Llama-3-8B").learned_position_embeddings == 0  # rotary: max_position_embeddings is no table
+
+
+def test_opt_position_table_has_its_offset_of_two():
+    cfg = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 768, "ffn_dim": 3072,
+           "num_attention_heads": 12, "num_hidden_layers": 12, "vocab_size": 50272, "max_position_embeddings": 2048,
+           "activation_function": "relu", "word_embed_proj_dim": 768}
+    assert model_from_hf_config(cfg).learned_position_embeddings == 2050  # OPTLearnedPositionalEmbedding(2048 + 2)
 
 
 def test_gpt_neox_style():

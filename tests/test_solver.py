@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoshard import Plan, load_problem
-from autoshard.cost import Config, assemble, context, evaluate, layer_table
+from autoshard.cost import Config, assemble, context, evaluate, layer_table, with_modes
 from autoshard.errors import InfeasibleError
 from autoshard.solver import solve
-from autoshard.layouts import block_layers, expressible, recompute_layout
+from autoshard.layouts import block_layers, expressible, recompute_layout, search_modes
 from autoshard.solver.search import search_headroom
 from autoshard.spec import MESH_AXES
 
@@ -33,10 +33,12 @@ def brute_force(problem):
     s = problem.search
     n = problem.cluster.num_gpus
     L = problem.model.num_hidden_layers
-    ctx = context(problem)
+    # the modes the solver plans (`search_modes`: Megatron's recompute-module sets the model has too),
+    # priced by the layer tables (`with_modes`)
+    modes = search_modes(problem, context(problem))
+    ctx = with_modes(context(problem), modes)
     layout = recompute_layout(ctx)
     best = None
-    modes = s.allowed("recompute", ["none", "selective", "full"])
     for tp, pp, cp, ep, mbs, zero, sched, vpp, sp, etp in itertools.product(
             s.allowed("tp", [1]), s.allowed("pp", [1]), s.allowed("cp", [1]), s.allowed("ep", [1]),
             s.allowed("micro_batch_size", [1]), s.allowed("zero_stage", [1]), s.allowed("schedule", ["1f1b"]),

@@ -408,8 +408,10 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
     params, experts = layer_params(ctx.model, kind)
     dense_local = (params - experts) / cfg.tp
     expert_local = experts / (cfg.expert_tp * cfg.ep)
+    local_experts = ctx.model.num_experts / cfg.ep
     if experts and ctx.training.moe_redundant_experts:  # EPLB keeps the redundant copies' weights too
         expert_local *= 1 + ctx.training.moe_redundant_experts / ctx.model.num_experts
+        local_experts *= 1 + ctx.training.moe_redundant_experts / ctx.model.num_experts
     acts = _activation_bytes(ctx, cfg, sh, kind, eager_step(ctx, cfg, pl))
     flops = aflops + mflops
     exposed_ep_s = mfwd["ep_comm"] + mbwd["ep_comm"]  # without the overlap (`ep_overlap_pays`)
@@ -440,6 +442,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
         c.bwd["compute"] += _grad_accum_s(ctx, c.params)
         c.act_bytes = acts.get(recompute, acts["none"])
         c.work_bytes = acts["none"] + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
+        c.held_bytes = dummy_wgrad_bytes(ctx, dense_local, expert_local / local_experts if experts else 0.0)
         c.hfu_flops = c.base_flops = 3 * flops
         _recompute_mode(ctx, cfg, pl, sh, kind, recompute, c, flops, core, acts, afwd, mfwd)
         host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
@@ -628,6 +631,19 @@ def cublas_workspace_bytes(ctx: Context, tp_overlap: bool = False) -> float:
     return float(sum(CUBLAS_WORKSPACE_BYTES[lib][sm90] * CUBLAS_WORKSPACES_PER_PROCESS[lib] for lib in libs))
 
 
+def dummy_wgrad_bytes(ctx: Context, *weights: float) -> float:
+    """The dummy weight gradients a piece's linear layers keep for the whole run where the framework
+    fuses the weight-gradient accumulation (`FrameworkProfile.dummy_wgrads` with
+    training.gradient_accumulation_fusion: Transformer Engine's get_dummy_wgrad caches one tensor per
+    distinct (shape, dtype), in the weights' 16-bit dtype): `weights` are the piece's local weights of
+    distinct shapes (a layer's own, one local expert's: the experts share theirs). Frozen weights (LoRA,
+    QLoRA) have no weight gradient: none."""
+    t = ctx.training
+    if not (ctx.framework.dummy_wgrads and t.gradient_accumulation_fusion and t.finetune == "full"):
+        return 0.0
+    return BF16 * sum(weights)
+
+
 def _eager_host(ctx: Context, cfg: Config, c: Cost, recompute: str, launches: tuple[int, int, int],
                 kind: str = "dense", synced_fwd_s: float = 0.0) -> None:
     """Add to `c` the host launch time its GPU work does not hide: eager frameworks launch every
@@ -784,11 +800,13 @@ def _grad_accum_s(ctx: Context, params: float) -> float:
 
 
 def _embedding_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
-    """Input embedding (first virtual stage): lookup, and its all-reduce / scatter over TP."""
+    """Input embedding (first virtual stage): lookup, and its all-reduce / scatter over TP. Its
+    parameters: the vocabulary-parallel token embedding and a learned position table, whole on every TP
+    rank (`ModelSpec.learned_position_embeddings`)."""
     m = ctx.model
     sh = Shapes(ctx, cfg)
     c = Cost()
-    c.params = m.vocab_size * m.hidden_size / cfg.tp
+    c.params = m.vocab_size * m.hidden_size / cfg.tp + m.learned_position_embeddings * m.hidden_size
     c.fwd["compute"] = _mem_s(ctx, 2 * BF16 * sh.tokens * sh.h)
     c.bwd["compute"] = _mem_s(ctx, 3 * BF16 * sh.tokens * sh.h) + _grad_accum_s(ctx, c.params)
     if cfg.tp > 1:
@@ -831,6 +849,7 @@ def _with_mtp(ctx: Context, cfg: Config, head: Cost, block: Cost) -> Cost:
     c.hfu_flops = head.hfu_flops + d * (head.hfu_flops + block.hfu_flops + mtp_flops)
     c.act_bytes = head.act_bytes + d * (head.act_bytes + block.act_bytes + ctx.saved_input_bytes * T * 2 * h)
     c.work_bytes = max(head.work_bytes, block.work_bytes)
+    c.held_bytes = head.held_bytes + dummy_wgrad_bytes(ctx, 2 * h * h / cfg.tp)  # (the projection's shape)
     return c
 
 
@@ -862,6 +881,8 @@ def _head_cost(ctx: Context, cfg: Config, pl: Placement) -> Cost:
     # workspaces
     logit_b = ctx.framework.loss_logit_bytes if eager_step(ctx, cfg, pl) else LOGIT_WORK_BYTES  # compiled: not measured
     c.work_bytes = loss_work_bytes(ctx, cfg, T, V, logit_b) + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
+    # the output layer's [vocab / TP, hidden] weight, its own or the tied embedding's, has a dummy of its own
+    c.held_bytes = dummy_wgrad_bytes(ctx, V * h)
     _fsdp_outer_host(ctx, cfg, c)
     return c
 

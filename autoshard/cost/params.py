@@ -164,7 +164,7 @@ def param_bytes(ctx: "Context") -> tuple[float, float, float]:
 
 
 def total_params(m) -> float:
-    emb = m.vocab_size * m.hidden_size
+    emb = (m.vocab_size + m.learned_position_embeddings) * m.hidden_size
     head = 0 if m.tie_word_embeddings else emb
     layers = sum(layer_params(m, k)[0] for k in m.layer_kinds())
     return emb + head + layers + m.hidden_size

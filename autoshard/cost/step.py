@@ -328,10 +328,13 @@ def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
 def working_bytes(table: "Table", last: bool, first: bool = False) -> float:
     """Transient memory of a rank: the largest layer's full activations (its backward
     working set), or the last stage's logits if larger; on a rank that loads data (the first and
-    the last stage) the batch's attention masks beside it (the embedding's `work_bytes`)."""
+    the last stage) the batch's attention masks beside it (the embedding's `work_bytes`); and the
+    buffers held for the whole run per distinct piece (`Cost.held_bytes`: the largest layer's, the
+    head's on the last stage)."""
     layer = max(c.work_bytes for c in table.layers.values())
     work = max(layer, table.head.work_bytes) if last else layer
-    return work + (table.embed.work_bytes if first or last else 0.0)
+    held = max(c.held_bytes for c in table.layers.values()) + (table.head.held_bytes if last else 0.0)
+    return work + held + (table.embed.work_bytes if first or last else 0.0)
 
 
 def pipeline_time(cfg: Config, microbatches: int, t: list[float], w: list[float], chunk_t: list[float],

@@ -20,6 +20,9 @@ class Cost:
     wgrad_s: float = 0.0  # part of the backward that computes weight gradients (zero-bubble fills)
     act_bytes: float = 0.0  # activations kept per in-flight micro-batch
     work_bytes: float = 0.0  # transient working memory while this piece runs backward
+    # buffers the framework keeps for the whole run once per distinct piece (Transformer Engine's dummy
+    # weight gradients, `layers.dummy_wgrad_bytes`): a stage holds its layers' largest and its head's
+    held_bytes: float = 0.0
     params: float = 0.0  # parameters held on this GPU (before ZeRO sharding)
     expert_params: float = 0.0  # of which expert weights (sharded over expert-DP instead of DP)
     hfu_flops: float = 0.0  # FLOPs executed (incl. recompute), per micro-batch on this GPU

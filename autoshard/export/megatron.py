@@ -180,7 +180,9 @@ def _batch_flags(ctx: _Ctx, add: Add) -> None:
     add("--micro-batch-size", p.micro_batch_size)
     add("--global-batch-size", t.global_batch_size)
     add("--seq-length", t.seq_len)
-    add("--max-position-embeddings", t.seq_len)
+    # the learned position table as priced (ModelSpec.learned_position_embeddings); Megatron requires
+    # --max-position-embeddings >= --seq-length whatever the position embedding
+    add("--max-position-embeddings", max(t.seq_len, ctx.model.learned_position_embeddings))
 
 
 def _data_parallel_flags(ctx: _Ctx, add: Add) -> None:
@@ -259,6 +261,8 @@ def _memory_knob_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
         add("--no-create-attention-mask-in-dataloader")
     if t.cross_entropy_fusion:  # the torch.compile'd vocab-parallel cross entropy (priced: +4 B per logit)
         add("--cross-entropy-loss-fusion")
+    if not t.gradient_accumulation_fusion:  # priced without Transformer Engine's dummy weight gradients
+        add("--no-gradient-accumulation-fusion")
     if t.defer_embedding_wgrad:  # the output layer's wgrad at the step's end (its gradients kept until then)
         add("--defer-embedding-wgrad-compute")
         if t.wgrad_deferral_limit:
@@ -304,15 +308,22 @@ def _model_shape_flags(ctx: _Ctx, add: Add, fam: dict[str, Any]) -> None:
     add("--vocab-size", m.vocab_size)
     if not m.tie_word_embeddings:
         add("--untie-embeddings-and-output-weights")
+    # RoPE unless the model has the learned position table it was priced with (Megatron's default
+    # --position-embedding-type learned_absolute, ModelSpec.learned_position_embeddings)
+    rope = not m.learned_position_embeddings
     if m.gated:  # Llama-family: SwiGLU, RMSNorm, RoPE, no linear biases
         add("--swiglu")
         add("--normalization", "RMSNorm")
-        add("--position-embedding-type", "rope")
+        if rope:
+            add("--position-embedding-type", "rope")
         add("--disable-bias-linear")
-    elif m.hidden_act == "relu2":  # squared ReLU, non-gated (Nemotron-4, Nemotron-H)
-        add("--squared-relu")
-    elif m.hidden_act == "relu":
-        ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
+    else:
+        if rope:
+            add("--position-embedding-type", "rope")
+        if m.hidden_act == "relu2":  # squared ReLU, non-gated (Nemotron-4, Nemotron-H)
+            add("--squared-relu")
+        elif m.hidden_act == "relu":
+            ctx.warn(f"hidden_act {m.hidden_act} has no flag in the exported set: Megatron defaults to GeLU")
     _megatron_hybrid(ctx, add)
     _megatron_attention_span(ctx, add)
     if fam.get("norm_epsilon") is not None:

@@ -116,14 +116,15 @@ GROUP_DEFAULTS = ("precision", "precision_recipe", "recompute", "sp", "flash_att
                   "softmax_fusion", "topology", "tp_comm_overlap", "ep_overlap", "main_grads", "fp8_params",
                   "cuda_graphs", "cuda_graph_scope", "moe_dispatcher", "moe_capacity_factor", "local_batch", "framework",
                   "bf16_modules", "bf16_layers_at_start", "bf16_layers_at_end", "mean_document_tokens",
-                  "attention_mask_in_batch", "cross_entropy_fusion", "defer_embedding_wgrad", "wgrad_deferral_limit")
+                  "attention_mask_in_batch", "cross_entropy_fusion", "defer_embedding_wgrad", "wgrad_deferral_limit",
+                  "gradient_accumulation_fusion")
 # Model fields a group's `model` object carries into the row (validation/README.md, "Model fields").
 MODEL_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "moe_experts", "moe_ffn",
                 "moe_shared_experts", "first_k_dense", "hidden_act", "dropout", "tie_word_embeddings",
                 "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                 "sliding_window", "sliding_window_layers", "expert_bias", "qk_layernorm", "mamba_layers", "mtp_layers",
                 "moe_shared_ffn", "hybrid_override_pattern", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
-                "mamba_n_groups", "attention_chunk_size", "chunked_attention_layers")
+                "mamba_n_groups", "attention_chunk_size", "chunked_attention_layers", "learned_position_embeddings")
 
 
 def config_row(group: dict[str, Any], cfg: dict[str, Any], index: int) -> tuple[dict[str, Any], list[str]]:

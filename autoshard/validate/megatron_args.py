@@ -21,6 +21,8 @@ argument                                           autoshard
                                                     [128] x TP (training/tokenizer _vocab_size_with_padding)
 --untie-embeddings-and-output-weights               tie_word_embeddings false [tied]
 --qk-layernorm                                      qk_layernorm
+--position-embedding-type [learned_absolute]        learned_position_embeddings = --max-position-embeddings
+                                                    (learned_absolute), else 0
 --hidden-dropout / --attention-dropout [0.1]        dropout: either above 0
 --multi-latent-attention, --q-lora-rank, ...        the MLA dimensions
 --fp16 / --bf16; --fp8-format with --fp8-recipe    precision (fp8 tensorwise -> fp8-current, delayed ->
@@ -41,6 +43,7 @@ argument                                           autoshard
 --no-create-attention-mask-in-dataloader           training.attention_mask_in_batch false [true]
 --cross-entropy-loss-fusion                         training.cross_entropy_fusion [off]
 --defer-embedding-wgrad-compute                     training.defer_embedding_wgrad [off]
+--no-gradient-accumulation-fusion                   training.gradient_accumulation_fusion false [true]
 =================================================  ==========================================================
 """
 
@@ -90,6 +93,8 @@ def model_of(args: Mapping[str, Any]) -> dict[str, Any]:
                      v_head_dim=int(args.get("--v-head-dim", 128)))
     if _on(args, "--qk-layernorm"):
         model["qk_layernorm"] = True
+    if args.get("--position-embedding-type", "learned_absolute") == "learned_absolute":
+        model["learned_position_embeddings"] = int(args.get("--max-position-embeddings") or args["--seq-length"])
     if "--kv-channels" in args:
         model["head_dim"] = int(args["--kv-channels"])
     return model
@@ -146,6 +151,8 @@ def problem_and_plan(args: Mapping[str, Any], num_gpus: int, gpu: str) -> tuple[
         training["attention_mask_in_batch"] = True
     if _on(args, "--cross-entropy-loss-fusion"):
         training["cross_entropy_fusion"] = True
+    if _on(args, "--no-gradient-accumulation-fusion"):
+        training["gradient_accumulation_fusion"] = False
     if _on(args, "--defer-embedding-wgrad-compute"):
         training["defer_embedding_wgrad"] = True
         training["wgrad_deferral_limit"] = int(args.get("--wgrad-deferral-limit", 0))

@@ -538,6 +538,8 @@ def _row_model(row: Mapping[str, Any], rid: str, notes: list[str]) -> dict[str, 
         model["expert_bias"] = True
     if row_flag(row, "qk_layernorm", False):
         model["qk_layernorm"] = True
+    if as_int(row.get("learned_position_embeddings"), 0):  # a learned absolute position table (GPT-2/3 style)
+        model["learned_position_embeddings"] = int(row["learned_position_embeddings"])
     if row.get("attention_chunk_size"):  # Llama 4 chunked attention on a share of the layers
         model.update(attention_chunk_size=int(row["attention_chunk_size"]),
                      chunked_attention_layers=float(row.get("chunked_attention_layers") or 1.0))
@@ -673,6 +675,7 @@ def _row_problem_plan(row: Mapping[str, Any], rid: str, framework: str, hw: Mapp
                          "cross_entropy_fusion": row_flag(row, "cross_entropy_fusion", False),
                          "defer_embedding_wgrad": row_flag(row, "defer_embedding_wgrad", False),
                          "wgrad_deferral_limit": as_int(row.get("wgrad_deferral_limit"), 0) or 0,
+                         "gradient_accumulation_fusion": row_flag(row, "gradient_accumulation_fusion", True),
                          # per-module precision as run (validation/README.md): module classes and
                          # leading / trailing blocks kept in BF16 under a low-precision recipe
                          "bf16_modules": list(row.get("bf16_modules") or []),

@@ -71,6 +71,7 @@ TRAINING_FLAGS = {
     "--dataloader-inter-document-masking",  # arguments.py: the dataloader returns cu_seqlens per document (THD)
     "--hybrid-layer-pattern",  # arguments.py: a hybrid model's blocks (M, *, -, E), `|` at stage boundaries
     "--no-create-attention-mask-in-dataloader",  # arguments.py: no [b, 1, s, s] mask in the batch (as priced)
+    "--no-gradient-accumulation-fusion",  # arguments.py: gradient_accumulation_fusion False (ModelParallelConfig's default)
 }
 PRECISIONS = yaml.safe_load((Path(__file__).resolve().parents[2] / "autoshard" / "data" / "precisions.yaml")
                             .read_text()) or {}
