@@ -13,6 +13,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.solver import solve
 from autoshard.layouts import block_layers, expressible, recompute_layout, search_modes
 from autoshard.solver.search import search_headroom
+from autoshard.solver.candidates import planned_dispatcher
 from autoshard.spec import MESH_AXES
 
 
@@ -38,6 +39,9 @@ def brute_force(problem):
     modes = search_modes(problem, context(problem))
     ctx = with_modes(context(problem), modes)
     layout = recompute_layout(ctx)
+    # the expert dispatcher the solver plans with (`planned_dispatcher`: the hierarchical one where the
+    # framework runs it, since it never moves more bytes than the flat all-to-all)
+    dispatcher = planned_dispatcher(problem, ctx, s.allowed("moe_dispatcher", list(ctx.framework.moe_dispatchers)))
     best = None
     for tp, pp, cp, ep, mbs, zero, sched, vpp, sp, etp in itertools.product(
             s.allowed("tp", [1]), s.allowed("pp", [1]), s.allowed("cp", [1]), s.allowed("ep", [1]),
@@ -47,7 +51,7 @@ def brute_force(problem):
         if etp == 1 and tp == 1:
             continue  # the same plan as etp None
         plan = Plan(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sequence_parallel=sp, zero_stage=zero,
-                    micro_batch_size=mbs, schedule=sched, etp=etp)
+                    micro_batch_size=mbs, schedule=sched, etp=etp, moe_dispatcher=dispatcher if ep > 1 else None)
         est = evaluate(problem, plan)
         if est.reasons and not any("needs" in r and "GiB" in r for r in est.reasons):
             continue  # invalid degrees
