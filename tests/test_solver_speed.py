@@ -265,6 +265,41 @@ def test_split_fits_equals_the_rank_by_rank_program():
     assert checked[True] > 300 and checked[False] > 1000, checked
 
 
+def test_fits_at_levels_equals_the_rank_by_rank_program():
+    """`_fits_at_levels` (every level at once: a max-plus program over ranks on the first-kind total)
+    gives the rank-by-rank program's answer at every level of random rank-time tables (one and two
+    kinds, one rank, ranks that hold nothing, minimums above a rank's room), and declines (None) only
+    where minimums could exceed the second kind's layers."""
+    rng = np.random.default_rng(12)
+    checked = {True: 0, False: 0, "declined": 0}
+    for _ in range(400):
+        P = int(rng.integers(1, 9))
+        n1 = int(rng.integers(0, 4))
+        n2 = int(rng.integers(0, 30))
+        vpp = int(rng.integers(1, 4))
+        t = rng.integers(1, 30, size=(P, n1 + 1, n2 + 1)).astype(float)
+        t[rng.random(t.shape) < 0.05] = np.inf
+        t = np.maximum.accumulate(t, axis=2)
+        min_per = vpp if P > 1 else n1 + n2
+        if P > 1:
+            d_lo = [min(1, n1) if p == 0 else 0 for p in range(P)]
+            d_hi = [min(n1, sum(n1 - c for c in range(p, min(n1, P * vpp), P))) for p in range(P)]
+        else:
+            d_lo, d_hi = [0], [n1]
+        levels = np.unique(np.r_[t[np.isfinite(t)], 0.0])
+        got = B._fits_at_levels(t, levels, min_per, d_lo, d_hi)
+        if got is None:
+            assert n1 > 0 and P > 1 and P * min_per > n2
+            checked["declined"] += 1
+            continue
+        assert got.dtype == bool and got.shape == levels.shape
+        for T, g in zip(levels, got):
+            want = reference_split_fits(t, T, min_per, d_lo, d_hi)
+            assert bool(g) == want, (t, T, min_per, d_lo, d_hi)
+            checked[want] += 1
+    assert checked[True] > 300 and checked[False] > 1000 and 0 < checked["declined"] < 150, checked
+
+
 def test_memory_tmax_equals_the_least_level_that_fits():
     """`_memory_tmax` (searched with a sentinel instead of a first test of the top level) equals the
     least level of the rank times at which the rank-by-rank program fits, found by a linear scan,

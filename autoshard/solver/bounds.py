@@ -657,6 +657,7 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         return _split_fits(t, T, min_per, d_lo, d_hi)
 
     levels = np.unique(t[np.isfinite(t)])
+    # (Every level at once where the ranges of sums allow it, `_fits_at_levels`; else a search.)
     # The least level at which the split fits (fits is monotone in T), searched over levels[lo:] plus a
     # sentinel len(levels) that stands for "none fits" (inf): the same level as checking the top level
     # first and searching below it, one `fits` call fewer.
@@ -667,6 +668,14 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         most = _counts_under(t.min(axis=1), levels) - 1  # (P, levels)
         alone = (np.minimum(most, n2).sum(axis=0) >= n2) & (most >= min_per - n1).all(axis=0)
         lo, hi, step = int(np.argmax(alone)), len(levels), 1  # every level below lo fails (none: 0)
+        # (fits is monotone: the least level that fits is the first True; the answer is usually near
+        # lo, so a window of levels first, then the rest)
+        for a, b in ((lo, lo + 32), (lo + 32, len(levels))):
+            at = _fits_at_levels(t, levels[a:b], min_per, d_lo, d_hi) if a < b else np.zeros(0, dtype=bool)
+            if at is None or at.any() or b >= len(levels):
+                if at is not None:
+                    lo = hi = a + (int(np.argmax(at)) if at.any() else len(at))
+                break
         while lo + step - 1 < hi:  # galloping, then bisection
             if fits(levels[lo + step - 1]):
                 hi = lo + step - 1
@@ -683,6 +692,50 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
             best = float(levels[lo])
     table.memo[key] = best
     return best
+
+
+def _fits_at_levels(t: np.ndarray, levels: np.ndarray, min_per: int, d_lo: list[int],
+                    d_hi: list[int]) -> np.ndarray | None:
+    """`_split_fits` at every T in `levels` (ascending) at once, as a boolean array; None where the
+    form below does not apply (then the caller tests levels one by one).
+
+    Why it is the same boolean: every rank p holding k first-kind layers adds a second-kind count in
+    [lo_p, hi_p] (lo_p = max(0, min_per - k), fixed; hi_p = min(most[p, k], n2), growing with T;
+    the choice valid only where hi_p >= lo_p), and adding ranges one after another reaches exactly
+    [sum lo_p, sum hi_p]. So the split fits iff some valid choice of first-kind counts (summing to
+    n1) has sum lo_p <= n2 <= sum hi_p. Where P x max(0, min_per) <= n2, sum lo_p <= n2 holds for
+    every choice, and the test is max over valid choices of sum hi_p >= n2: a max-plus program over
+    ranks on the first-kind total (at most n1 + 1 states), each state an array over the levels
+    (-1: no valid choice reaches it; valid sums are >= 0). One rank (P = 1) holds all n1 first-kind
+    layers: n2 in [lo_0, hi_0]. One kind: `_split_fits`'s own expression, per level. `most` per
+    level by `_counts_under` (the count of t[p, d, n] <= T, as `_split_fits` counts it)."""
+    P, D, N = t.shape
+    n1, n2 = D - 1, N - 1
+    nl = len(levels)
+    most = _counts_under(t.reshape(P * D, N), levels).reshape(P, D, nl) - 1
+    if D == 1:
+        return (most[:, 0] >= min_per).all(axis=0) & (most[:, 0].sum(axis=0) >= n2)
+    if P == 1:
+        if not d_lo[0] <= n1 <= d_hi[0]:
+            return np.zeros(nl, dtype=bool)
+        lo = max(0, min_per - n1)
+        return (lo <= n2) & (np.minimum(most[0, n1], n2) >= max(lo, n2))
+    if P * max(0, min_per) > n2:
+        return None
+    hi = np.minimum(most, n2)
+    reach: dict[int, np.ndarray] = {0: np.zeros(nl, dtype=np.int64)}
+    for p in range(P):
+        nxt: dict[int, np.ndarray] = {}
+        for d, h in reach.items():
+            for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
+                v = np.where((hi[p, k] >= max(0, min_per - k)) & (h >= 0), h + hi[p, k], -1)
+                cur = nxt.get(d + k)
+                nxt[d + k] = v if cur is None else np.maximum(cur, v)
+        reach = nxt
+        if not reach:
+            return np.zeros(nl, dtype=bool)
+    got = reach.get(n1)
+    return np.zeros(nl, dtype=bool) if got is None else got >= n2
 
 
 def _split_fits(t: np.ndarray, T: float, min_per: int, d_lo: list[int], d_hi: list[int]) -> bool:
