@@ -265,6 +265,41 @@ def test_split_fits_equals_the_rank_by_rank_program():
     assert checked[True] > 300 and checked[False] > 1000, checked
 
 
+def test_fits_at_levels_equals_the_rank_by_rank_program():
+    """`_fits_at_levels` (every level at once: a max-plus program over ranks on the first-kind total)
+    gives the rank-by-rank program's answer at every level of random rank-time tables (one and two
+    kinds, one rank, ranks that hold nothing, minimums above a rank's room), and declines (None) only
+    where minimums could exceed the second kind's layers."""
+    rng = np.random.default_rng(12)
+    checked = {True: 0, False: 0, "declined": 0}
+    for _ in range(400):
+        P = int(rng.integers(1, 9))
+        n1 = int(rng.integers(0, 4))
+        n2 = int(rng.integers(0, 30))
+        vpp = int(rng.integers(1, 4))
+        t = rng.integers(1, 30, size=(P, n1 + 1, n2 + 1)).astype(float)
+        t[rng.random(t.shape) < 0.05] = np.inf
+        t = np.maximum.accumulate(t, axis=2)
+        min_per = vpp if P > 1 else n1 + n2
+        if P > 1:
+            d_lo = [min(1, n1) if p == 0 else 0 for p in range(P)]
+            d_hi = [min(n1, sum(n1 - c for c in range(p, min(n1, P * vpp), P))) for p in range(P)]
+        else:
+            d_lo, d_hi = [0], [n1]
+        levels = np.unique(np.r_[t[np.isfinite(t)], 0.0])
+        got = B._fits_at_levels(t, levels, min_per, d_lo, d_hi)
+        if got is None:
+            assert n1 > 0 and P > 1 and P * min_per > n2
+            checked["declined"] += 1
+            continue
+        assert got.dtype == bool and got.shape == levels.shape
+        for T, g in zip(levels, got):
+            want = reference_split_fits(t, T, min_per, d_lo, d_hi)
+            assert bool(g) == want, (t, T, min_per, d_lo, d_hi)
+            checked[want] += 1
+    assert checked[True] > 300 and checked[False] > 1000 and 0 < checked["declined"] < 150, checked
+
+
 def test_memory_tmax_equals_the_least_level_that_fits():
     """`_memory_tmax` (searched with a sentinel instead of a first test of the top level) equals the
     least level of the rank times at which the rank-by-rank program fits, found by a linear scan,
@@ -296,6 +331,50 @@ def test_memory_tmax_equals_the_least_level_that_fits():
             seen["inf" if np.isinf(want) else "finite"] += 1
             seen["pp>2"] += P > 2
     assert seen["finite"] >= 10 and seen["pp>2"] >= 5, seen
+
+
+def test_memory_tmax_on_the_first_counts_equals_the_whole_array(monkeypatch):
+    """`_memory_tmax` answers from a rank's first counts (`_rank_times` count_max) where every rank's
+    time one count further is already at or above that answer: on every configuration and placement
+    of a 24-layer two-kind MoE problem the answer equals the least fitting level of the whole array
+    (the rank-by-rank program, linear scan), the cut arrays are the whole array's prefixes, and both
+    the cut answer and the fallback to the whole array occur."""
+    model = {**SMALL_MOE, "num_hidden_layers": 24}
+    p = load_problem({"model": model, "training": {"seq_len": 8192, "global_batch_size": 64},
+                      "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+                      "search": {"pp": [2, 4], "zero_stage": [1], "micro_batch_size": [1, 2]}})
+    ctx = context(p)
+    modes = search_modes(p, ctx)
+    ctx = with_modes(ctx, modes)
+    kinds = ctx.model.layer_kinds()
+    calls = {"cut": 0, "whole": 0}
+    original = B._rank_times
+
+    def counted(ctx_, table_, modes_, count_max=None):
+        out = original(ctx_, table_, modes_, count_max)
+        if count_max is not None:
+            calls["cut"] += 1
+            whole = original(ctx_, table_, modes_)
+            assert out.shape[2] == count_max + 1 and np.array_equal(out, whole[:, :, :count_max + 1])
+        else:
+            calls["whole"] += 1
+        return out
+
+    monkeypatch.setattr(B, "_rank_times", counted)
+    finite = 0
+    for cfg in candidates(p, ctx)[::3]:
+        for pl_cfg in _placements(p, ctx, cfg)[:2]:
+            table = layer_table(ctx, pl_cfg)
+            t = original(ctx, table, modes)
+            P, D, N = t.shape
+            n1 = D - 1
+            d_lo = [min(1, n1) if q == 0 else 0 for q in range(P)]
+            d_hi = [min(n1, sum(n1 - c for c in range(q, min(n1, P * table.cfg.vpp), P))) for q in range(P)]
+            want = next((float(T) for T in np.unique(t[np.isfinite(t)])
+                         if reference_split_fits(t, T, table.cfg.vpp, d_lo, d_hi)), np.inf)
+            assert B._memory_tmax(ctx, table, modes) == want
+            finite += bool(np.isfinite(want))
+    assert finite >= 10 and calls["cut"] >= 10 and calls["whole"] >= 1, (finite, calls, len(kinds))
 
 
 def test_attention_block_shared_across_kinds_and_expert_layouts(monkeypatch):

@@ -59,6 +59,24 @@ from ..topology import (
 from .candidates import Candidates
 
 
+def _solve_memo(ctx: Context) -> dict:
+    """A dict that lives as long as `ctx` (one solve's context, `with_modes`): figures that are pure
+    functions of the context and the key they are stored under (`_kinds`, `_free_tail_model`)."""
+    got = ctx.__dict__.get("_solver_memo")
+    if got is None:  # (a frozen dataclass: its __dict__ written directly, as functools.cached_property does)
+        got = ctx.__dict__["_solver_memo"] = {}
+    return got
+
+
+def _kinds(ctx: Context) -> tuple[str, ...]:
+    """`ctx.model.layer_kinds()` as a tuple, once per context (the model does not change in a solve)."""
+    memo = _solve_memo(ctx)
+    got = memo.get("layer_kinds")
+    if got is None:
+        got = memo["layer_kinds"] = tuple(ctx.model.layer_kinds())
+    return got
+
+
 def _groups(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(index of the first candidate of each distinct row of `cols`, each candidate's row)."""
     key = np.zeros(len(cols[0]), dtype=np.int64)
@@ -360,7 +378,7 @@ def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
     key = ("summary", tuple(modes))
     if key in table.memo:
         return table.memo[key]
-    kinds = ctx.model.layer_kinds()
+    kinds = _kinds(ctx)
     lay = table.layers
     count = {k: kinds.count(k) for k in sorted(set(kinds))}
     fastest = {k: min(lay[(k, r)].total_s for r in modes) for k in count}
@@ -508,13 +526,17 @@ def _mix_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> list[t
     return _front_set(table, kind, modes).upto(n_max)
 
 
-def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
+def _rank_times(ctx: Context, table: Table, modes: list[str], count_max: int | None = None) -> np.ndarray:
     """t[p, d, n]: the least time per micro-batch of pipeline rank p holding d layers of the
     first kind and n of the second (one kind: d = 0) with its recompute mix chosen to fit HBM
     exactly, whole layers (inf where no mix fits). Rank p needs fixed_p + its layers' static
     bytes + infl_p x their activations; the fronts of the two kinds are combined point by point.
-    Made nondecreasing in n (a rank with more layers is never faster)."""
-    kinds = ctx.model.layer_kinds()
+    Made nondecreasing in n (a rank with more layers is never faster).
+
+    `count_max`: only the counts n <= count_max (shape (P, D, count_max + 1)): every entry the same
+    as the full array's (each count is priced on its own, and a running maximum's prefix is the
+    prefix's running maximum)."""
+    kinds = _kinds(ctx)
     cfg, lay = table.cfg, table.layers
     P = cfg.pp
     ks = sorted(set(kinds), key=kinds.index)  # dense before moe
@@ -540,18 +562,19 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     f1 = _mix_fronts(table, first, _useful_modes(table, first, modes), n1) if first else [(np.zeros(1), np.zeros(1))]
     s1 = static(lay[(first, modes[0])]) if first else 0.0
     s2 = static(lay[(second, modes[0])])
-    n = np.arange(n2 + 1)
+    n_cols = n2 + 1 if count_max is None else min(n2, count_max) + 1
+    n = np.arange(n_cols)
     # Every point of every first-kind front at once: q = (d first-kind layers, their bytes bb, time tt).
     d_q = np.concatenate([np.full(len(b1), d) for d, (b1, _) in enumerate(f1)])
     bb_q = np.concatenate([b1 for b1, _ in f1])
     tt_q = np.concatenate([t1 for _, t1 in f1])
-    n_top = n2
+    n_top = n_cols - 1
     if len(_useful_modes(table, second, modes)) > 2:
         # Counts past the last whose leanest mix fits some rank's room beside no first-kind layer (q = 0,
         # the zero point: the most room of any point, since every other point's bytes and static bytes
         # are >= 0) cost inf in `_least_time` for every point; left is built only up to it.
         left0 = room[:, None] - (d_q[0] * s1 + n[None, :] * s2) / infl[:, None] - bb_q[0]
-        lean = _front_set(table, second, _useful_modes(table, second, modes)).least_bytes(n2)
+        lean = _front_set(table, second, _useful_modes(table, second, modes)).least_bytes(n_cols - 1)
         can = ~(left0 < lean).all(axis=0)
         n_top = int(np.flatnonzero(can)[-1]) if can.any() else 0
     n = n[:n_top + 1]
@@ -559,7 +582,7 @@ def _rank_times(ctx: Context, table: Table, modes: list[str]) -> np.ndarray:
     left = (room[None, :, None] - (d_q[:, None, None] * s1 + n[None, None, :] * s2) / infl[None, :, None]
             - bb_q[:, None, None])
     t_q = _least_time(table, second, modes, left) + tt_q[:, None, None]
-    out = np.full((P, n1 + 1, n2 + 1), np.inf)
+    out = np.full((P, n1 + 1, n_cols), np.inf)
     for d in range(len(f1)):
         out[:, d, :n_top + 1] = t_q[d_q == d].min(axis=0)
     out += np.array(t_ex)[:, None, None]
@@ -638,12 +661,45 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     (first-kind, second-kind) totals, the second as a bit mask. Dense layers come first and every
     virtual stage holds a layer or more, so dense layer i sits in virtual stage i or before: rank p
     holds dense layers only in its virtual stages c < n_dense (at most n_dense - c in each), and
-    rank 0 holds the first."""
+    rank 0 holds the first.
+
+    Cost: ranks' times are priced for their first ceil(n / P) + 1 counts, then twice as many, and
+    only where the answer on those is not provably the whole array's, for every count
+    (`_least_fitting_level` says why the answer is the same); levels are tested all at once
+    (`_fits_at_levels`) where the ranges of sums allow."""
     key = ("memory_tmax", tuple(modes), table.cfg, table.pp_p2p_s, table.microbatches)  # (memo is shared)
     if key in table.memo:
         return table.memo[key]
-    kinds = ctx.model.layer_kinds()
-    t = _rank_times(ctx, table, modes)
+    kinds = _kinds(ctx)
+    P = table.cfg.pp
+    ks = sorted(set(kinds), key=kinds.index)
+    n2 = kinds.count(ks[1] if len(ks) == 2 else ks[0])  # (`_rank_times`'s second kind)
+    # A rank's counts up to `lim` first (the fronts of many layers cost the most to build); the answer
+    # on them holds for the whole array where every rank's time at lim + 1 layers is already >= it.
+    lim = -(-n2 // P) + 1 if P > 1 else n2  # (one rank holds every layer)
+    while lim + 1 <= n2:
+        part = _rank_times(ctx, table, modes, count_max=lim + 1)
+        t = np.full((P, part.shape[1], n2 + 1), np.inf)
+        t[:, :, :lim + 1] = part[:, :, :lim + 1]
+        best = _least_fitting_level(t, kinds, table)
+        if best < math.inf and bool((part[:, :, lim + 1] >= best).all()):
+            table.memo[key] = best
+            return best
+        lim *= 2
+    best = _least_fitting_level(_rank_times(ctx, table, modes), kinds, table)
+    table.memo[key] = best
+    return best
+
+
+def _least_fitting_level(t: np.ndarray, kinds: Sequence[str], table: Table) -> float:
+    """`_memory_tmax`'s search: the least value of t (finite) at which the split fits; inf if none.
+
+    Why counts past lim may be left out (t[p, d, n] = inf for n > lim): most[p, d](T), the most
+    second-kind layers a rank can hold at T, can only shrink, and fits is nondecreasing in every
+    most[p, d], so a level that fits on the cut array fits on the whole one. Below the cut array's
+    answer A, no left-out entry counts where every t[p, d, lim + 1] >= A (t is nondecreasing in n):
+    most[p, d] is the same on both arrays at every T < A, so no lower level fits on the whole array
+    either. Its levels are the whole array's below A, so A is the whole array's answer."""
     P, D, N = t.shape
     n1, n2 = D - 1, N - 1
     min_per = table.cfg.vpp if P > 1 else len(kinds)
@@ -657,6 +713,7 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         return _split_fits(t, T, min_per, d_lo, d_hi)
 
     levels = np.unique(t[np.isfinite(t)])
+    # (Every level at once where the ranges of sums allow it, `_fits_at_levels`; else a search.)
     # The least level at which the split fits (fits is monotone in T), searched over levels[lo:] plus a
     # sentinel len(levels) that stands for "none fits" (inf): the same level as checking the top level
     # first and searching below it, one `fits` call fewer.
@@ -667,6 +724,14 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         most = _counts_under(t.min(axis=1), levels) - 1  # (P, levels)
         alone = (np.minimum(most, n2).sum(axis=0) >= n2) & (most >= min_per - n1).all(axis=0)
         lo, hi, step = int(np.argmax(alone)), len(levels), 1  # every level below lo fails (none: 0)
+        # (fits is monotone: the least level that fits is the first True; the answer is usually near
+        # lo, so a window of levels first, then the rest)
+        for a, b in ((lo, lo + 32), (lo + 32, len(levels))):
+            at = _fits_at_levels(t, levels[a:b], min_per, d_lo, d_hi) if a < b else np.zeros(0, dtype=bool)
+            if at is None or at.any() or b >= len(levels):
+                if at is not None:
+                    lo = hi = a + (int(np.argmax(at)) if at.any() else len(at))
+                break
         while lo + step - 1 < hi:  # galloping, then bisection
             if fits(levels[lo + step - 1]):
                 hi = lo + step - 1
@@ -681,8 +746,51 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
                 lo = mid + 1
         if lo < len(levels):
             best = float(levels[lo])
-    table.memo[key] = best
     return best
+
+
+def _fits_at_levels(t: np.ndarray, levels: np.ndarray, min_per: int, d_lo: list[int],
+                    d_hi: list[int]) -> np.ndarray | None:
+    """`_split_fits` at every T in `levels` (ascending) at once, as a boolean array; None where the
+    form below does not apply (then the caller tests levels one by one).
+
+    Why it is the same boolean: every rank p holding k first-kind layers adds a second-kind count in
+    [lo_p, hi_p] (lo_p = max(0, min_per - k), fixed; hi_p = min(most[p, k], n2), growing with T;
+    the choice valid only where hi_p >= lo_p), and adding ranges one after another reaches exactly
+    [sum lo_p, sum hi_p]. So the split fits iff some valid choice of first-kind counts (summing to
+    n1) has sum lo_p <= n2 <= sum hi_p. Where P x max(0, min_per) <= n2, sum lo_p <= n2 holds for
+    every choice, and the test is max over valid choices of sum hi_p >= n2: a max-plus program over
+    ranks on the first-kind total (at most n1 + 1 states), each state an array over the levels
+    (-1: no valid choice reaches it; valid sums are >= 0). One rank (P = 1) holds all n1 first-kind
+    layers: n2 in [lo_0, hi_0]. One kind: `_split_fits`'s own expression, per level. `most` per
+    level by `_counts_under` (the count of t[p, d, n] <= T, as `_split_fits` counts it)."""
+    P, D, N = t.shape
+    n1, n2 = D - 1, N - 1
+    nl = len(levels)
+    most = _counts_under(t.reshape(P * D, N), levels).reshape(P, D, nl) - 1
+    if D == 1:
+        return (most[:, 0] >= min_per).all(axis=0) & (most[:, 0].sum(axis=0) >= n2)
+    if P == 1:
+        if not d_lo[0] <= n1 <= d_hi[0]:
+            return np.zeros(nl, dtype=bool)
+        lo = max(0, min_per - n1)
+        return (lo <= n2) & (np.minimum(most[0, n1], n2) >= max(lo, n2))
+    if P * max(0, min_per) > n2:
+        return None
+    hi = np.minimum(most, n2)
+    reach: dict[int, np.ndarray] = {0: np.zeros(nl, dtype=np.int64)}
+    for p in range(P):
+        nxt: dict[int, np.ndarray] = {}
+        for d, h in reach.items():
+            for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
+                v = np.where((hi[p, k] >= max(0, min_per - k)) & (h >= 0), h + hi[p, k], -1)
+                cur = nxt.get(d + k)
+                nxt[d + k] = v if cur is None else np.maximum(cur, v)
+        reach = nxt
+        if not reach:
+            return np.zeros(nl, dtype=bool)
+    got = reach.get(n1)
+    return np.zeros(nl, dtype=bool) if got is None else got >= n2
 
 
 def _split_fits(t: np.ndarray, T: float, min_per: int, d_lo: list[int], d_hi: list[int]) -> bool:
@@ -885,9 +993,13 @@ def _free_tail_model(ctx: Context, table: Table) -> TailModel:
     if not cfg.folded:  # some order puts ep, dp and cp innermost: both groups consecutive at once
         return tail_model(ctx, table)
     # Everything `tail_model` reads of the configuration (the memo is shared by one solve's tables).
+    # (`tail_model` reads the configuration, the placement's data-parallel groups and the micro-batch
+    # count, never the layer costs: the memo is the solve's, not the table's)
     key = ("free_tail", cfg.tp, cfg.cp, cfg.ep, cfg.dp, cfg.pp, cfg.etp, cfg.zero,
-           table.microbatches if cfg.zero == 2 else 0, dp_overlaps(ctx, cfg), cfg.opt_offload)
-    got = table.memo.get(key)
+           table.microbatches if cfg.zero == 2 else 0, dp_overlaps(ctx, cfg), cfg.opt_offload, cfg.reshard,
+           cfg.dp_replicate)
+    memo = _solve_memo(ctx)
+    got = memo.get(key)
     if got is not None:
         return got
     tms = [tail_model(ctx, dataclasses.replace(table, placement=dataclasses.replace(table.placement, dp_cp=d, edp=e)))
@@ -895,7 +1007,7 @@ def _free_tail_model(ctx: Context, table: Table) -> TailModel:
     got = tms[0] if len(tms) == 1 else dataclasses.replace(
         tms[0], reduce=tuple(min(x) for x in zip(*(t.reduce for t in tms))),
         gather=tuple(min(x) for x in zip(*(t.gather for t in tms))))
-    table.memo[key] = got
+    memo[key] = got
     return got
 
 
