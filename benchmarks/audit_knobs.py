@@ -82,6 +82,7 @@ def _common_megatron(layers: int, pp: int) -> list[tuple[str, dict, dict]]:
         ("attention_mask_in_batch off -> on", {}, {"attention_mask_in_batch": True}),
         ("cross_entropy_fusion off -> on", {}, {"cross_entropy_fusion": True}),
         ("defer_embedding_wgrad off -> on", {}, {"defer_embedding_wgrad": True}),
+        ("gradient_accumulation_fusion on -> off", {}, {"gradient_accumulation_fusion": False}),
         ("finetune full -> lora", {}, {"finetune": "lora"}),
         ("precision bf16 -> fp8 (delayed)", {}, {"precision": "fp8"}),
         ("precision bf16 -> fp8-current", {}, {"precision": "fp8-current"}),
