@@ -3,6 +3,7 @@ most promising configurations (`_warm_start`, `_Greedy`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,16 +49,17 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
             return
         # The greedy mix, or what the framework runs in its place (`layouts.project`: e.g. Megatron's
         # full recompute of the first N layers). A projection onto a mode the framework refuses beside
-        # the EP overlap is left out where this configuration runs the overlap: `evaluate` would turn
-        # the overlap off and price the plan slower than this table does (the configuration's twin
-        # with the overlap off plans it, priced as evaluate prices it).
+        # the EP overlap, where this configuration runs the overlap, is priced on the configuration's
+        # twin with the overlap off, as `evaluate` prices it (this table would price it too fast: an
+        # incumbent below any real plan would prune the true optimum).
         overlap = table.cfg.ep_overlap is None and bool(table.memo.get("ep_overlap"))
         for rc_list in project(layout, split, recompute, lambda i, m: table.layers[(kinds[i], m)].act_bytes,
                                table.cfg.pp):
+            priced = table
             if overlap and ep_overlap_blocked(ctx, set(rc_list)):
-                continue
+                priced = layer_table(ctx, dataclasses.replace(table.cfg, ep_overlap=False), table_cache)
             rc: Any = rc_list[0] if len(set(rc_list)) == 1 else rc_list
-            est = assemble(ctx, table, split, rc_list, table.cfg.plan(rc, split), [])
+            est = assemble(ctx, priced, split, rc_list, priced.cfg.plan(rc, split), [])
             if est.fits and sink is not None:
                 sink(est)
             if est.fits and (best is None or est.step_time_s < best.step_time_s):
