@@ -108,6 +108,10 @@ class FrameworkProfile:
     moe_dispatchers: tuple[str, ...] = ("alltoall",)  # expert dispatchers it runs; the first is its default
     moe_token_drop: bool = False  # can drop and pad expert inputs to a capacity (training.moe_capacity_factor)
     quantized_saved_inputs: bool = False  # keeps linear-layer inputs for the backward in the recipe's low precision
+    # (recipe id or "all", "forward" | "both"): under these low-precision recipes, quantizes a sequence-
+    # parallel linear layer's input on its sequence shard and all-gathers it at the recipe's size, and with
+    # "both" the output gradient of the backward's all-gather too (cost.layers.tp_gather_bytes)
+    quantized_tp_gather: tuple[tuple[str, str], ...] = ()
     # keeps the routed experts' activation-function inputs (fc1 outputs) in the recipe's low precision too
     quantized_expert_act_inputs: bool = False
     # under a low-precision recipe, dispatches expert inputs (and the gradients entering the experts)
@@ -309,6 +313,8 @@ def profiles() -> dict[str, FrameworkProfile]:
             moe_dispatchers=_dispatchers(name, row.get("moe_dispatchers", ["alltoall"])),
             moe_token_drop=bool(row.get("moe_token_drop", False)),
             quantized_saved_inputs=bool(row.get("quantized_saved_inputs", False)),
+            quantized_tp_gather=tuple((str(k), _choices(name, "quantized_tp_gather", [str(v)], ("forward", "both"))[0])
+                                      for k, v in (row.get("quantized_tp_gather") or {}).items()),
             quantized_expert_act_inputs=bool(row.get("quantized_expert_act_inputs", False)),
             low_precision_dispatch=bool(row.get("low_precision_dispatch", False)),
             moe_dispatch_stages=bool(row.get("moe_dispatch_stages", False)),

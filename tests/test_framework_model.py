@@ -1165,3 +1165,29 @@ def test_torchtitan_projections_are_separate_gemms():
     r8 = fp8.mm_flops_per_s
     assert _unfused_s(fp8, T, h, widths, None) == pytest.approx(
         sum(_gemm_s(fp8, T, h, w, r8) for w in widths) - _gemm_s(fp8, T, h, 768, r8))
+
+
+def test_torchtitan_gathers_tensorwise_fp8_inputs_for_tensor_parallelism():
+    # torchtitan's float8 TP (models/llama3/infra/parallelize.py, enable_float8_tensorwise_tp): with the
+    # tensorwise recipe, torchao's PrepareFloat8ModuleInput / Float8ColwiseParallel cast a block's input
+    # to float8 before the sequence-parallel all-gather: 1 B per element instead of 2. The backward's
+    # gradient all-gather and both reduce-scatters stay bf16; the row-wise recipe gathers in bf16.
+    from autoshard.cost.layers import tp_gather_bytes
+
+    def ctx_of(precision):
+        return context(load_problem({"model": "llama3-70b", "framework": "torchtitan",
+                                     "training": {"seq_len": 8192, "global_batch_size": 64, "precision": precision},
+                                     "cluster": {"gpu": "h100", "num_gpus": 64}}))
+
+    cur, row, bf16 = ctx_of("fp8-current"), ctx_of("fp8-rowwise"), ctx_of("bf16")
+    e = 8192.0 * 8192
+    assert tp_gather_bytes(cur, e, "dense_mlp") == (1.0 * e, 2.0 * e)
+    assert tp_gather_bytes(row, e, "dense_mlp") == tp_gather_bytes(bf16, e, "dense_mlp") == (2.0 * e, 2.0 * e)
+    cfg = Config(8, 1, 1, 8, 1, 1, True, 1, 1, "1f1b", "tp-cp-ep-dp-pp", tp_overlap=False)
+    lc, lb = layer_table(cur, cfg).layers[("dense", "none")], layer_table(bf16, cfg).layers[("dense", "none")]
+    pl = layer_table(cur, cfg).placement
+    # Unoverlapped, the attention and MLP blocks' two forward all-gathers each move half the bytes.
+    saved = 2 * (all_gather_s(cur.levels, pl.tp, 2.0 * e) - all_gather_s(cur.levels, pl.tp, 1.0 * e))
+    assert saved > 0
+    assert lb.fwd["tp_comm"] - lc.fwd["tp_comm"] == pytest.approx(saved)
+    assert lc.bwd["tp_comm"] == pytest.approx(lb.bwd["tp_comm"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..catalog import get_recipe, saved_input_bytes_per_element
 from ..spec import Recompute
 from ..topology import (
     Placement,
@@ -135,9 +136,10 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     # run on the sequence shard (duplicated weights) and the column-parallel up-projections gather the
     # latents (q_lora or the hidden state, kv_lora) and the RoPE key instead of the hidden state
     # (Megatron multi_latent_attention.py, _qkv_down_projection).
-    gather = BF16 * T * ((m.q_lora_rank or h) + mla_dim(m.kv_lora_rank) + mla_dim(m.qk_rope_head_dim)) if m.is_mla else None
-    fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj, gather)
-    bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj, gather)
+    mla = BF16 * T * ((m.q_lora_rank or h) + mla_dim(m.kv_lora_rank) + mla_dim(m.qk_rope_head_dim)) if m.is_mla else None
+    g_f, g_b = (mla, mla) if mla else tp_gather_bytes(ctx, T * h, "attention")
+    fwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, proj, g_f)
+    bwd["tp_comm"] += tp_comm_s(ctx, cfg, pl, BF16 * T * h, 2 * proj, g_b)
     # Context parallel: ring exchange of K and V, overlapped with the core attention.
     if cfg.cp > 1 and cfg.cp_comm == "a2a":
         # Ulysses: all-to-all q, k, v before attention (sequence-sharded -> head-sharded) and the
@@ -162,6 +164,26 @@ def _attention_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes) -> tup
     return fwd, bwd, core, wgrad, flops
 
 
+def tp_gather_bytes(ctx: Context, elements: float, module: str) -> tuple[float, float]:
+    """(forward, backward) bytes of a sequence-parallel all-gather of `elements` of a module class's
+    linear-layer input (forward) or output gradient (backward): the recipe's quantized size
+    (precisions.yaml saved_input_bytes_per_element: 1 B for per-tensor FP8, 1 + 1/32 for MXFP8) in the passes where
+    the framework gathers them quantized (`FrameworkProfile.quantized_tp_gather`) and the module runs
+    below 16 bits, else bf16."""
+    bf16 = float(BF16) * elements
+    if not ctx.low_precision:
+        return bf16, bf16
+    modes = dict(ctx.framework.quantized_tp_gather)
+    mode = modes.get(get_recipe(ctx.training.precision).id) or modes.get("all")
+    if not mode:
+        return bf16, bf16
+    if ctx.module_flops_per_s(module) is not None:  # the module kept in bf16 (training.bf16_modules)
+        return bf16, bf16
+    f = ctx.bf16_layer_share  # whole layers in bf16 gather bf16 (a mean over the layers)
+    q = (f * BF16 + (1.0 - f) * min(float(BF16), saved_input_bytes_per_element(ctx.training.precision, ctx.gpu))) * elements
+    return q, (q if mode == "both" else bf16)
+
+
 def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -> tuple[dict, dict, float, float]:
     """Forward/backward of the MLP or MoE block; returns (fwd, bwd, wgrad_s, flops_fwd)."""
     m, T, h = sh.m, sh.tokens, sh.h
@@ -183,7 +205,8 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
     if kind == "dense":
         t_mlp, flops = mlp(T, m.intermediate_size / cfg.tp)
         ffn_elem = T * m.intermediate_size / cfg.tp * (3 if m.gated else 2)
-        tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, t_mlp), tp_comm_s(ctx, cfg, pl, act, 2 * t_mlp)
+        g_f, g_b = tp_gather_bytes(ctx, T * h, "dense_mlp")
+        tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, t_mlp, g_f), tp_comm_s(ctx, cfg, pl, act, 2 * t_mlp, g_b)
         a2a = 0.0
     else:
         k, E, etp = m.num_experts_per_tok, m.num_experts, cfg.expert_tp
@@ -194,7 +217,8 @@ def _mlp_cost(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str) -
         if m.shared_ffn:
             ts, fs = mlp(T, m.shared_ffn / cfg.tp, module="shared_experts")
             t_mlp, flops = t_mlp + ts, flops + fs
-            tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, ts), tp_comm_s(ctx, cfg, pl, act, 2 * ts)
+            g_f, g_b = tp_gather_bytes(ctx, T * h, "shared_experts")
+            tp_f, tp_b = tp_comm_s(ctx, cfg, pl, act, ts, g_f), tp_comm_s(ctx, cfg, pl, act, 2 * ts, g_b)
         if etp > 1:  # the ETP group gathers its routed tokens and reduce-scatters the expert outputs
             etp_prof = pl.etp or pl.tp
             et = 2 * all_gather_s(ctx.levels, etp_prof, BF16 * routed * h)
