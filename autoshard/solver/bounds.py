@@ -583,8 +583,10 @@ def _rank_times(ctx: Context, table: Table, modes: list[str], count_max: int | N
             - bb_q[:, None, None])
     t_q = _least_time(table, second, modes, left) + tt_q[:, None, None]
     out = np.full((P, n1 + 1, n_cols), np.inf)
-    for d in range(len(f1)):
-        out[:, d, :n_top + 1] = t_q[d_q == d].min(axis=0)
+    at = 0  # (d_q is d's points in one run per d, in order: a slice each)
+    for d, (b1, _) in enumerate(f1):
+        out[:, d, :n_top + 1] = t_q[at:at + len(b1)].min(axis=0)
+        at += len(b1)
     out += np.array(t_ex)[:, None, None]
     return np.maximum.accumulate(out, axis=2)
 
@@ -778,19 +780,32 @@ def _fits_at_levels(t: np.ndarray, levels: np.ndarray, min_per: int, d_lo: list[
     if P * max(0, min_per) > n2:
         return None
     hi = np.minimum(most, n2)
+    valid = hi >= np.maximum(0, min_per - np.arange(D))[None, :, None]  # [p, k, level]: rank p may hold k
+    # The ranks from `cut` on hold no first-kind layer (d_lo = d_hi = 0): each maps every state d to
+    # itself, adding hi[p, 0] where valid (sums of valid counts stay >= 0), so together they add the sum
+    # of their hi[p, 0] where every one is valid; only the state n1 is read after them.
+    cut = P
+    while cut > 0 and d_lo[cut - 1] == 0 and d_hi[cut - 1] == 0:
+        cut -= 1
     reach: dict[int, np.ndarray] = {0: np.zeros(nl, dtype=np.int64)}
-    for p in range(P):
+    for p in range(cut):
+        hp, vp = hi[p], valid[p]
         nxt: dict[int, np.ndarray] = {}
         for d, h in reach.items():
+            live = h >= 0
             for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
-                v = np.where((hi[p, k] >= max(0, min_per - k)) & (h >= 0), h + hi[p, k], -1)
+                v = np.where(vp[k] & live, h + hp[k], -1)
                 cur = nxt.get(d + k)
                 nxt[d + k] = v if cur is None else np.maximum(cur, v)
         reach = nxt
         if not reach:
             return np.zeros(nl, dtype=bool)
     got = reach.get(n1)
-    return np.zeros(nl, dtype=bool) if got is None else got >= n2
+    if got is None:
+        return np.zeros(nl, dtype=bool)
+    if cut < P:
+        got = np.where(valid[cut:, 0].all(axis=0) & (got >= 0), got + hi[cut:, 0].sum(axis=0), -1)
+    return got >= n2
 
 
 def _split_fits(t: np.ndarray, T: float, min_per: int, d_lo: list[int], d_hi: list[int]) -> bool:
