@@ -56,7 +56,7 @@ from ..topology import (
     place_axes,
     reduce_scatter_s,
 )
-from .candidates import Candidates, _with_zero0
+from .candidates import Candidates, _with_fields
 
 
 def _solve_memo(ctx: Context) -> dict:
@@ -128,7 +128,7 @@ def _bounds(ctx: Context, cands: Sequence[Config],
     # Per distinct layer shape: the optimistic table. Its layer costs depend on the schedule only
     # through whether expert all-to-all overlaps (`ep_overlap_on`: pp, vpp, schedule, M >= 2).
     first, inv = _groups([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2])
-    tables = [_optimistic_table(ctx, _with_zero0(cands[j]), opt_cache) for j in first]
+    tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
     lay = [tb.layers for tb in tables]
     tau = np.array([[min(x.total_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list] for ly in lay])[inv]
     u_tau = np.array([[min(x.total_s - x.wgrad_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list]

@@ -264,12 +264,12 @@ def _with_placement(cfg: Config, placement: str) -> Config:
     return c
 
 
-def _with_zero0(cfg: Config) -> Config:
-    """`dataclasses.replace(cfg, zero=0)` without its __init__ (as `_with_placement`)."""
+def _with_fields(cfg: Config, **changes: Any) -> Config:
+    """`dataclasses.replace(cfg, **changes)` without its __init__ (as `_with_placement`)."""
     c = object.__new__(Config)
     d = c.__dict__
     d.update(cfg.__dict__)
-    d["zero"] = 0
+    d.update(changes)
     return c
 
 
