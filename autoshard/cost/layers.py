@@ -1033,11 +1033,13 @@ def layer_table(ctx: Context, cfg: Config, cache: dict | None = None) -> Table:
     layers, embed, head, memo = shared_costs(ctx, cfg, pl, cache, key)
     microbatches = num_microbatches(ctx.problem, cfg)
     head = loss_phase_head(ctx, cfg, layers, embed, head, microbatches)
-    sh = Shapes(ctx, cfg)
     # Megatron scatters the stage output over the TP ranks and re-gathers it over NVLink on the
     # next stage (scatter-gather optimization, Narayanan et al. 2021 §4.1), with or without SP.
-    p2p_bytes = BF16 * sh.tokens * sh.h / cfg.tp
-    p2p = p2p_s(ctx.levels, pl.pp_level, p2p_bytes) if cfg.pp > 1 else 0.0
+    # (Shapes' tokens and hidden size, without building a Shapes: this runs per placement)
+    p2p = 0.0
+    if cfg.pp > 1:
+        tokens = cfg.mbs * ctx.training.seq_len / cfg.cp  # (`Shapes.tokens`)
+        p2p = p2p_s(ctx.levels, pl.pp_level, BF16 * tokens * ctx.model.hidden_size / cfg.tp)
     return Table(cfg, pl, layers, embed, head, p2p, microbatches, memo)
 
 

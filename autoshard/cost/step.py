@@ -325,15 +325,22 @@ def dp_tail(tm: TailModel, tot: "RankTotals") -> dict[str, float]:
     return {"dp_comm": exposed, "optimizer": optimizer}
 
 
+WORKING_BYTES_KEY = ("working bytes of the layers",)  # `Table.memo` entry: (largest work_bytes, largest held_bytes)
+
+
 def working_bytes(table: "Table", last: bool, first: bool = False) -> float:
     """Transient memory of a rank: the largest layer's full activations (its backward
     working set), or the last stage's logits if larger; on a rank that loads data (the first and
     the last stage) the batch's attention masks beside it (the embedding's `work_bytes`); and the
     buffers held for the whole run per distinct piece (`Cost.held_bytes`: the largest layer's, the
     head's on the last stage)."""
-    layer = max(c.work_bytes for c in table.layers.values())
+    got = table.memo.get(WORKING_BYTES_KEY)  # (of the layers alone: memoized with them, `Table.memo`)
+    if got is None:
+        got = table.memo[WORKING_BYTES_KEY] = (max(c.work_bytes for c in table.layers.values()),
+                                               max(c.held_bytes for c in table.layers.values()))
+    layer, held_layer = got
     work = max(layer, table.head.work_bytes) if last else layer
-    held = max(c.held_bytes for c in table.layers.values()) + (table.head.held_bytes if last else 0.0)
+    held = held_layer + (table.head.held_bytes if last else 0.0)
     return work + held + (table.embed.work_bytes if first or last else 0.0)
 
 

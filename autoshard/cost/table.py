@@ -43,7 +43,7 @@ class Cost:
 
     @property
     def total_s(self) -> float:
-        return self.fwd_s + self.bwd_s
+        return sum(self.fwd.values()) + sum(self.bwd.values())  # (fwd_s + bwd_s, inlined: a hot path)
 
 
 @dataclass

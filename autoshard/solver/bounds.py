@@ -56,7 +56,7 @@ from ..topology import (
     place_axes,
     reduce_scatter_s,
 )
-from .candidates import Candidates
+from .candidates import Candidates, _with_fields
 
 
 def _solve_memo(ctx: Context) -> dict:
@@ -128,7 +128,7 @@ def _bounds(ctx: Context, cands: Sequence[Config],
     # Per distinct layer shape: the optimistic table. Its layer costs depend on the schedule only
     # through whether expert all-to-all overlaps (`ep_overlap_on`: pp, vpp, schedule, M >= 2).
     first, inv = _groups([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2])
-    tables = [_optimistic_table(ctx, dataclasses.replace(cands[j], zero=0), opt_cache) for j in first]
+    tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
     lay = [tb.layers for tb in tables]
     tau = np.array([[min(x.total_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list] for ly in lay])[inv]
     u_tau = np.array([[min(x.total_s - x.wgrad_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list]
@@ -583,8 +583,10 @@ def _rank_times(ctx: Context, table: Table, modes: list[str], count_max: int | N
             - bb_q[:, None, None])
     t_q = _least_time(table, second, modes, left) + tt_q[:, None, None]
     out = np.full((P, n1 + 1, n_cols), np.inf)
-    for d in range(len(f1)):
-        out[:, d, :n_top + 1] = t_q[d_q == d].min(axis=0)
+    at = 0  # (d_q is d's points in one run per d, in order: a slice each)
+    for d, (b1, _) in enumerate(f1):
+        out[:, d, :n_top + 1] = t_q[at:at + len(b1)].min(axis=0)
+        at += len(b1)
     out += np.array(t_ex)[:, None, None]
     return np.maximum.accumulate(out, axis=2)
 
@@ -778,19 +780,32 @@ def _fits_at_levels(t: np.ndarray, levels: np.ndarray, min_per: int, d_lo: list[
     if P * max(0, min_per) > n2:
         return None
     hi = np.minimum(most, n2)
+    valid = hi >= np.maximum(0, min_per - np.arange(D))[None, :, None]  # [p, k, level]: rank p may hold k
+    # The ranks from `cut` on hold no first-kind layer (d_lo = d_hi = 0): each maps every state d to
+    # itself, adding hi[p, 0] where valid (sums of valid counts stay >= 0), so together they add the sum
+    # of their hi[p, 0] where every one is valid; only the state n1 is read after them.
+    cut = P
+    while cut > 0 and d_lo[cut - 1] == 0 and d_hi[cut - 1] == 0:
+        cut -= 1
     reach: dict[int, np.ndarray] = {0: np.zeros(nl, dtype=np.int64)}
-    for p in range(P):
+    for p in range(cut):
+        hp, vp = hi[p], valid[p]
         nxt: dict[int, np.ndarray] = {}
         for d, h in reach.items():
+            live = h >= 0
             for k in range(d_lo[p], min(d_hi[p], n1 - d) + 1):
-                v = np.where((hi[p, k] >= max(0, min_per - k)) & (h >= 0), h + hi[p, k], -1)
+                v = np.where(vp[k] & live, h + hp[k], -1)
                 cur = nxt.get(d + k)
                 nxt[d + k] = v if cur is None else np.maximum(cur, v)
         reach = nxt
         if not reach:
             return np.zeros(nl, dtype=bool)
     got = reach.get(n1)
-    return np.zeros(nl, dtype=bool) if got is None else got >= n2
+    if got is None:
+        return np.zeros(nl, dtype=bool)
+    if cut < P:
+        got = np.where(valid[cut:, 0].all(axis=0) & (got >= 0), got + hi[cut:, 0].sum(axis=0), -1)
+    return got >= n2
 
 
 def _split_fits(t: np.ndarray, T: float, min_per: int, d_lo: list[int], d_hi: list[int]) -> bool:
@@ -921,39 +936,56 @@ def _pipeline_shape(ctx: Context, table: Table, modes: list[str], forced: float)
     got = table.memo.get(key)
     if got is not None:
         return got
+    if cfg.pp == 1:
+        got = (max(_summary(ctx, table, modes).fast, forced), 0.0, 0.0)
+    else:
+        tmax, second, serial, chunk = _pipeline_base(ctx, table, modes)
+        tmax = max(tmax, forced)
+        if cfg.schedule == "interleaved":
+            # A rank's time is the sum of its vpp chunks' times: the slowest rank has a chunk of >= tmax / vpp.
+            second = max(chunk, tmax / cfg.vpp)
+        got = (tmax, second, serial)
+    table.memo[key] = got
+    return got
+
+
+def _pipeline_base(ctx: Context, table: Table, modes: list[str]) -> tuple[float, float, float, float]:
+    """What `_pipeline_shape` computes before `forced` enters (pp > 1): (tmax without forced, second
+    (zero-bubble's, or 1F1B's fast), serial, the interleaved chunk's balanced bound), memoized on the
+    same key less `forced` (the memory bound differs from configuration to configuration)."""
+    cfg = table.cfg
+    key = ("pipeline base", tuple(modes), cfg.pp, cfg.vpp, cfg.schedule, table.pp_p2p_s)
+    got = table.memo.get(key)
+    if got is not None:
+        return got
     s = _summary(ctx, table, modes)
     L = sum(s.count.values())
     fast = s.fast
-    p = cfg.pp
-    second = serial = 0.0
-    if p == 1:
-        tmax = max(fast, forced)
+    second = serial = chunk = 0.0
+    tau = min(s.fastest.values())
+    V = cfg.pp * cfg.vpp
+    t_ex, u_ex = _stage_extras(table, V, per_rank=True)
+    if cfg.vpp == 1:
+        tmax = balanced_max(tau, t_ex, L)
+    else:  # a rank holds vpp chunks of >= 1 layer each
+        tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
+    # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
+    for k in (s.count if len(s.count) > 1 else ()):
+        tmax = max(tmax, balanced_max(s.fastest[k], t_ex, s.count[k], min_per=0))
+    tmax = max(tmax, fast / cfg.pp)  # (max(tmax, forced) after: the same value as one max of the three)
+    if cfg.schedule == "zero_bubble":
+        # One micro-batch's forward and input-gradient backward cross every stage in turn:
+        # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
+        u = s.unfilled
+        serial = sum(s.count[k] * u[k] for k in u) + sum(u_ex) - (V - 1) * table.pp_p2p_s
+        second = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
+                     *(balanced_max(u[k], u_ex, s.count[k], min_per=0) for k in u if len(u) > 1))
+    elif cfg.schedule == "interleaved":
+        c_ex, _ = _stage_extras(table, V, per_rank=False)
+        chunk = balanced_max(tau, c_ex, L)
     else:
-        tau = min(s.fastest.values())
-        V = cfg.pp * cfg.vpp
-        t_ex, u_ex = _stage_extras(table, V, per_rank=True)
-        if cfg.vpp == 1:
-            tmax = balanced_max(tau, t_ex, L)
-        else:  # a rank holds vpp chunks of >= 1 layer each
-            tmax = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
-        # Each kind's layers alone must fit somewhere (other layers taken as free), and on average.
-        for k in (s.count if len(s.count) > 1 else ()):
-            tmax = max(tmax, balanced_max(s.fastest[k], t_ex, s.count[k], min_per=0))
-        tmax = max(tmax, fast / cfg.pp, forced)
-        if cfg.schedule == "zero_bubble":
-            # One micro-batch's forward and input-gradient backward cross every stage in turn:
-            # the pipeline takes at least sum(t - w) however well weight gradients fill bubbles.
-            u = s.unfilled
-            serial = sum(s.count[k] * u[k] for k in u) + sum(u_ex) - (V - 1) * table.pp_p2p_s
-            second = max(balanced_max(min(u.values()), u_ex, L), serial / cfg.pp,
-                         *(balanced_max(u[k], u_ex, s.count[k], min_per=0) for k in u if len(u) > 1))
-        elif cfg.schedule == "interleaved":
-            c_ex, _ = _stage_extras(table, V, per_rank=False)
-            # A rank's time is the sum of its vpp chunks' times: the slowest rank has a chunk of >= tmax / vpp.
-            second = max(balanced_max(tau, c_ex, L), tmax / cfg.vpp)
-        else:
-            second = fast
-    got = table.memo[key] = (tmax, second, serial)
+        second = fast
+    got = table.memo[key] = (tmax, second, serial, chunk)
     return got
 
 

@@ -264,6 +264,15 @@ def _with_placement(cfg: Config, placement: str) -> Config:
     return c
 
 
+def _with_fields(cfg: Config, **changes: Any) -> Config:
+    """`dataclasses.replace(cfg, **changes)` without its __init__ (as `_with_placement`)."""
+    c = object.__new__(Config)
+    d = c.__dict__
+    d.update(cfg.__dict__)
+    d.update(changes)
+    return c
+
+
 def _placements(problem: Problem, ctx: Context, cfg: Config, cache: dict | None = None) -> list[Config]:
     """Placements of cfg's mesh axes, one per distinct set of group profiles, in a fixed
     order that starts from the canonical tp-cp-ep-dp-pp. `cache` (one per solve) keeps the

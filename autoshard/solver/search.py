@@ -18,7 +18,6 @@ of their bound with each family's own target, within a share of the proof's work
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -39,7 +38,7 @@ from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Plan, Problem
 from .bounds import _bounds, _optimistic_table, _table_bound
-from .candidates import _placements, candidates, offload_passes
+from .candidates import _placements, _with_fields, candidates, offload_passes
 from .dualpipe_plans import dualpipe_pass
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
 from .families import Family, Named, family_key, family_name, named
@@ -200,7 +199,7 @@ class _Search:
         run it on this placement either: the twin prices the same plans with every mode."""
         if table.cfg.ep_overlap is not False:
             return False
-        twin = layer_table(self.ctx, dataclasses.replace(table.cfg, ep_overlap=None), self.tables)
+        twin = layer_table(self.ctx, _with_fields(table.cfg, ep_overlap=None), self.tables)
         return not twin.memo.get("ep_overlap")
 
     # ---- targets -----------------------------------------------------------------------------
@@ -686,7 +685,12 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
     t_lb, m_lb, could_fit = _bounds(ctx, cands, opt_cache)
     fits = (m_lb <= ctx.capacity_bytes) & could_fit
     pruned_mem = int((~fits).sum())
-    order = sorted(np.flatnonzero(fits).tolist(), key=lambda i: (t_lb[i], i))
+    idx = np.flatnonzero(fits)  # ascending: a stable sort by bound orders ties by index, as (t_lb[i], i) does
+    lb = t_lb[idx]
+    if np.isnan(lb).any():  # (no order by value: the comparison sort's own)
+        order = sorted(idx.tolist(), key=lambda i: (t_lb[i], i))
+    else:
+        order = idx[np.argsort(lb, kind="stable")].tolist()
     search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
     # (the placement-free and the placed tables share each layer kind's costs: `cost.layers._kind_costs`)
     search.tables[KIND_COSTS] = opt_cache.setdefault(KIND_COSTS, {})

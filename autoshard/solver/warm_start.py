@@ -111,6 +111,16 @@ class _Greedy:
         cfg = self.cfg
         self.z3 = zero3_gathered_for(ctx, cfg, lay.values())
         self.memo: dict[tuple[int, int, int], tuple[list[str], float] | None] = {}
+        # per kind and rung: the layer's time, and the move to the next rung's (activation bytes
+        # freed per second of recompute, bytes freed), computed once for every `rank`
+        self.rung_s = {k: [lay[(k, r)].total_s for r in rungs] for k, rungs in self.ladder.items()}
+        self.moves: dict[str, list[tuple[float, float]]] = {}
+        for k, rungs in self.ladder.items():
+            self.moves[k] = []
+            for s in range(len(rungs) - 1):
+                a, b = lay[(k, rungs[s])], lay[(k, rungs[s + 1])]
+                self.moves[k].append(((a.act_bytes - b.act_bytes) / max(1e-15, b.total_s - a.total_s),
+                                      a.act_bytes - b.act_bytes))
 
     def rank(self, p: int, layers: list[int]) -> tuple[list[str], float] | None:
         """(recompute mode of each of `layers`, the rank's time per micro-batch) or None."""
@@ -126,29 +136,31 @@ class _Greedy:
         step = {k: [0] * len(lad[k]) for k in lad}  # per kind: layers at each rung
         for i in layers:
             step[kinds[i]][0] += 1
+        moves = self.moves
         while over > 0:
             move, ratio = None, -1.0
             for k, rungs in step.items():
+                mk = moves[k]
                 for s in range(len(rungs) - 1):
                     if rungs[s]:
-                        a, b = lay[(k, lad[k][s])], lay[(k, lad[k][s + 1])]
-                        r_ = (a.act_bytes - b.act_bytes) / max(1e-15, b.total_s - a.total_s)
+                        r_ = mk[s][0]
                         if r_ > ratio:
                             move, ratio = (k, s), r_
             if move is None:
                 return None
             k, s = move
-            over -= infl * (lay[(k, lad[k][s])].act_bytes - lay[(k, lad[k][s + 1])].act_bytes)
+            over -= infl * moves[k][s][1]
             step[k][s] -= 1
             step[k][s + 1] += 1
         modes, t = [], sum(c.total_s for c in ends)
         left = {k: list(rungs) for k, rungs in step.items()}
+        rung_s = self.rung_s
         for i in layers:  # leaner modes on the earliest layers of each kind
             k = kinds[i]
             s = max(j for j, n in enumerate(left[k]) if n)
             left[k][s] -= 1
             modes.append(lad[k][s])
-            t += lay[(k, lad[k][s])].total_s
+            t += rung_s[k][s]
         return modes, t
 
     def recompute(self, split: list[int]) -> list[str] | None:
