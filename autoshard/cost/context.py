@@ -457,10 +457,10 @@ def _feature_reasons(problem: Problem, plan: Plan, fw: FrameworkProfile, dp: int
             bad(r.field or "", str(r))
     if plan.cuda_graphs and not fw.cuda_graphs:
         bad("cuda_graphs", f"{problem.framework} cannot capture the training step in CUDA graphs (cuda_graphs)")
-    for why in graph_scope_reasons(problem, plan):
-        bad("cuda_graph_scope", why)
-    if why := fw.main_grads_reason(t.main_grads):
-        bad("training.main_grads", why)
+    for scope_why in graph_scope_reasons(problem, plan):
+        bad("cuda_graph_scope", scope_why)
+    if grads_why := fw.main_grads_reason(t.main_grads):
+        bad("training.main_grads", grads_why)
     if t.fp8_params:
         if not fw.fp8_params:
             bad("training.fp8_params", f"{problem.framework} cannot keep its weights in FP8 (training.fp8_params)")
