@@ -174,30 +174,23 @@ def _cp_rows() -> list[tuple[str, dict, dict]]:
     ]
 
 
+def _doc(model: str, framework: str, seq: int, batch: int, precision: str, gpu: str, gpus: int) -> dict[str, Any]:
+    """A baseline problem document."""
+    return {"model": model, "framework": framework,
+            "training": {"seq_len": seq, "global_batch_size": batch, "precision": precision},
+            "cluster": {"gpu": gpu, "num_gpus": gpus}}
+
+
 def cases() -> list[Case]:
-    megatron70 = {"model": "llama3-70b", "framework": "megatron",
-                  "training": {"seq_len": 4096, "global_batch_size": 64, "precision": "bf16"},
-                  "cluster": {"gpu": "h100-sxm", "num_gpus": 64}}
-    cp256 = {"model": "llama3-70b", "framework": "megatron",
-             "training": {"seq_len": 32768, "global_batch_size": 64, "precision": "bf16"},
-             "cluster": {"gpu": "h100-sxm", "num_gpus": 256}}
-    titan8 = {"model": "llama3-8b", "framework": "torchtitan",
-              "training": {"seq_len": 8192, "global_batch_size": 16, "precision": "bf16"},
-              "cluster": {"gpu": "h100-sxm", "num_gpus": 8}}
-    mixtral = {"model": "mixtral-8x7b", "framework": "megatron",
-               "training": {"seq_len": 4096, "global_batch_size": 256, "precision": "bf16"},
-               "cluster": {"gpu": "h100-sxm", "num_gpus": 64}}
-    qwen = {"model": "qwen3-30b-a3b", "framework": "megatron",
-            "training": {"seq_len": 4096, "global_batch_size": 256, "precision": "bf16"},
-            "cluster": {"gpu": "h100-sxm", "num_gpus": 32}}
-    b200 = {"model": "llama3-70b", "framework": "megatron",
-            "training": {"seq_len": 8192, "global_batch_size": 128, "precision": "fp8"},
-            "cluster": {"gpu": "b200", "num_gpus": 64}}
+    megatron70 = _doc("llama3-70b", "megatron", 4096, 64, "bf16", "h100-sxm", 64)
+    cp256 = _doc("llama3-70b", "megatron", 32768, 64, "bf16", "h100-sxm", 256)
+    titan8 = _doc("llama3-8b", "torchtitan", 8192, 16, "bf16", "h100-sxm", 8)
+    mixtral = _doc("mixtral-8x7b", "megatron", 4096, 256, "bf16", "h100-sxm", 64)
+    qwen = _doc("qwen3-30b-a3b", "megatron", 4096, 256, "bf16", "h100-sxm", 32)
+    b200 = _doc("llama3-70b", "megatron", 8192, 128, "fp8", "b200", 64)
     moe_common = [r for r in _common_megatron(32, 2) if not r[0].startswith(("precision", "optimizer adam"))]
     moe_common.append(("pp 2 -> 4", {"pp": 4, "dp": 8}, {}))
-    small = {"model": "llama3-8b", "framework": "megatron",
-             "training": {"seq_len": 8192, "global_batch_size": 64, "precision": "bf16"},
-             "cluster": {"gpu": "h100-sxm", "num_gpus": 8}}
+    small = _doc("llama3-8b", "megatron", 8192, 64, "bf16", "h100-sxm", 8)
     titan_tp = {**titan8, "cluster": {"gpu": "h100-sxm", "num_gpus": 16}}
     return [
         Case("llama3-70b 64xH100 megatron bf16", megatron70,

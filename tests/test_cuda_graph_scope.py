@@ -19,6 +19,7 @@ from autoshard.cost.moe import moe_host_s
 from autoshard.topology import place_axes
 from autoshard.spec import Plan
 from autoshard.validate.modern import modern_row_to_case
+from published_cases import nemo_cuda_graph_ablation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,11 +133,7 @@ def test_per_layer_graphs_against_nemos_measured_ablation():
     Engine graphs): GPT-3 20B on 16 GH200, TP 4, MBS 2, FP8, 750 -> 836 TFLOP/s, a step 0.897x as long.
     Its global batch is not stated; at 256 sequences whole-layer graphs price a step 0.80-0.95x as long,
     no faster than the full-iteration graph and no slower than eager."""
-    model = {"name": "gpt3-20b", "num_hidden_layers": 44, "hidden_size": 6144, "intermediate_size": 24576,
-             "num_attention_heads": 48, "vocab_size": 50257, "hidden_act": "gelu", "model_type": "gpt2"}
-    problem = load_problem({"model": model, "framework": "megatron",
-                            "training": {"seq_len": 2048, "global_batch_size": 256, "precision": "fp8"},
-                            "cluster": {"gpu": "gh200", "num_gpus": 16}})
+    problem = nemo_cuda_graph_ablation()
     eager = evaluate(problem, Plan(tp=4, dp=4, micro_batch_size=2))
     layer = evaluate(problem, Plan(tp=4, dp=4, micro_batch_size=2, cuda_graph_scope=["layer"]))
     full = evaluate(problem, Plan(tp=4, dp=4, micro_batch_size=2, cuda_graphs=True))

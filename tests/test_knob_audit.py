@@ -15,6 +15,7 @@ from autoshard.cost import Config, context, layer_table
 from autoshard.cost.context import config_reasons
 from autoshard.cost.step import deferred_exposed_s
 from autoshard.spec import Plan
+from published_cases import nemo_cuda_graph_ablation
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -70,11 +71,7 @@ def test_cuda_graphs_priced_where_the_host_is_exposed():
     (docs/source/features/optimizations/cudagraphs.md): GPT-3 20B on 16 GH200, TP 4, MBS 2, FP8, 750 ->
     836 TFLOP/s with graphs, a step 0.897x as long. Its global batch is not stated; at 256 sequences the
     model prices the graphs as a step 0.8-0.95x as long, not as free."""
-    model = {"name": "gpt3-20b", "num_hidden_layers": 44, "hidden_size": 6144, "intermediate_size": 24576,
-             "num_attention_heads": 48, "vocab_size": 50257, "hidden_act": "gelu", "model_type": "gpt2"}
-    problem = load_problem({"model": model, "framework": "megatron",
-                            "training": {"seq_len": 2048, "global_batch_size": 256, "precision": "fp8"},
-                            "cluster": {"gpu": "gh200", "num_gpus": 16}})
+    problem = nemo_cuda_graph_ablation()
     eager = evaluate(problem, Plan(tp=4, dp=4, micro_batch_size=2))
     graphs = evaluate(problem, Plan(tp=4, dp=4, micro_batch_size=2, cuda_graphs=True))
     assert eager.fits and graphs.fits

@@ -6,7 +6,6 @@ import dataclasses
 import importlib
 
 import numpy as np
-import pytest
 
 from autoshard import Plan, load_problem
 from autoshard.cost import Config, context, evaluate, layer_table, with_modes
@@ -238,16 +237,13 @@ def reference_split_fits(t: np.ndarray, T: float, min_per: int, d_lo: list[int],
     return bool((reach.get(n1, 0) >> n2) & 1)
 
 
-def test_split_fits_equals_the_rank_by_rank_program():
-    """`_split_fits` (the ranks past the dense layers taken together as one range of sums) gives the
-    rank-by-rank program's answer at every level of random rank-time tables, including ranks that
-    hold nothing, minimums above a rank's room or above the layer count, and one-kind tables."""
-    rng = np.random.default_rng(11)
-    checked = {True: 0, False: 0}
-    for _ in range(400):
+def random_rank_tables(rng: np.random.Generator, n2_high: int, count: int = 400):
+    """`count` random rank-time tables (P ranks x first-kind x second-kind counts, non-decreasing in the
+    second kind, 5% infinite) with their split constraints: (t, min_per, d_lo, d_hi)."""
+    for _ in range(count):
         P = int(rng.integers(1, 9))
         n1 = int(rng.integers(0, 4))
-        n2 = int(rng.integers(0, 14))
+        n2 = int(rng.integers(0, n2_high))
         vpp = int(rng.integers(1, 4))
         t = rng.integers(1, 30, size=(P, n1 + 1, n2 + 1)).astype(float)
         t[rng.random(t.shape) < 0.05] = np.inf
@@ -258,6 +254,15 @@ def test_split_fits_equals_the_rank_by_rank_program():
             d_hi = [min(n1, sum(n1 - c for c in range(p, min(n1, P * vpp), P))) for p in range(P)]
         else:
             d_lo, d_hi = [0], [n1]
+        yield t, min_per, d_lo, d_hi
+
+
+def test_split_fits_equals_the_rank_by_rank_program():
+    """`_split_fits` (the ranks past the dense layers taken together as one range of sums) gives the
+    rank-by-rank program's answer at every level of random rank-time tables, including ranks that
+    hold nothing, minimums above a rank's room or above the layer count, and one-kind tables."""
+    checked = {True: 0, False: 0}
+    for t, min_per, d_lo, d_hi in random_rank_tables(np.random.default_rng(11), 14):
         for T in np.unique(np.r_[t[np.isfinite(t)], 0.0]):
             want = reference_split_fits(t, T, min_per, d_lo, d_hi)
             assert B._split_fits(t, T, min_per, d_lo, d_hi) == want, (t, T, min_per, d_lo, d_hi)
@@ -270,25 +275,12 @@ def test_fits_at_levels_equals_the_rank_by_rank_program():
     gives the rank-by-rank program's answer at every level of random rank-time tables (one and two
     kinds, one rank, ranks that hold nothing, minimums above a rank's room), and declines (None) only
     where minimums could exceed the second kind's layers."""
-    rng = np.random.default_rng(12)
     checked = {True: 0, False: 0, "declined": 0}
-    for _ in range(400):
-        P = int(rng.integers(1, 9))
-        n1 = int(rng.integers(0, 4))
-        n2 = int(rng.integers(0, 30))
-        vpp = int(rng.integers(1, 4))
-        t = rng.integers(1, 30, size=(P, n1 + 1, n2 + 1)).astype(float)
-        t[rng.random(t.shape) < 0.05] = np.inf
-        t = np.maximum.accumulate(t, axis=2)
-        min_per = vpp if P > 1 else n1 + n2
-        if P > 1:
-            d_lo = [min(1, n1) if p == 0 else 0 for p in range(P)]
-            d_hi = [min(n1, sum(n1 - c for c in range(p, min(n1, P * vpp), P))) for p in range(P)]
-        else:
-            d_lo, d_hi = [0], [n1]
+    for t, min_per, d_lo, d_hi in random_rank_tables(np.random.default_rng(12), 30):
         levels = np.unique(np.r_[t[np.isfinite(t)], 0.0])
         got = B._fits_at_levels(t, levels, min_per, d_lo, d_hi)
         if got is None:
+            P, n1, n2 = t.shape[0], t.shape[1] - 1, t.shape[2] - 1
             assert n1 > 0 and P > 1 and P * min_per > n2
             checked["declined"] += 1
             continue

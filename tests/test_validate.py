@@ -899,15 +899,21 @@ def test_completed_plans_keep_the_runs_overlaps_and_graphs():
 
 
 @functools.cache
-def mbridge_bench():
-    """benchmarks/bench_mbridge_tables.py as a module: the lookup of Megatron-Bridge's recipe table
-    (recipe_table, recipe_entry, recipe_of), which validation itself never does."""
+def bench_mbridge_tables():
+    """benchmarks/bench_mbridge_tables.py as a module (it is a script, not a package module)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "bench_mbridge_tables", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mbridge_tables.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def mbridge_bench():
+    """benchmarks/bench_mbridge_tables.py as a module: the lookup of Megatron-Bridge's recipe table
+    (recipe_table, recipe_entry, recipe_of), which validation itself never does."""
+    bench = bench_mbridge_tables()
     return bench
 
 
@@ -1047,12 +1053,7 @@ def test_published_table_lines_parse_and_convert():
     # ('#### Model:' sections with a System column, '#### System:' sections with a Model column) and
     # prices a line with the shape of the dev row of its model: the 26.04 B300 Qwen3-235B line
     # (4,865 tokens/s/GPU on 256 GPUs, batch 8192 x 4096) is 26.94 s a step.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_mbridge_tables", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mbridge_tables.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_mbridge_tables()
     text = """## 26.04 NeMo Container
 
 ### Pre-Training Performance
@@ -1096,12 +1097,7 @@ def test_same_configuration_lines_pair_across_gpu_systems():
     # on two systems give the measured speed ratio free of any factor they share. Megatron-Bridge's 26.04
     # table (docs/performance-summary-archive.md): Llama 3 70B FP8 with FSDP on 64 GPUs, GB300 5,243 vs GB200
     # 4,143 tokens/s/GPU -> 1.2655; its MXFP8 lines run TP1 on GB300 and TP2 on GB200 and are no pair.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_mbridge_tables", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mbridge_tables.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_mbridge_tables()
     text = """## 26.04 NeMo Container
 
 ### Pre-Training Performance
