@@ -106,6 +106,7 @@ from .moe import (  # noqa: F401
     ep_overlap_allowed,
     dispatcher_of,
     ep_overlap_blocked,
+    no_ep_overlap,
     ep_overlap_host_s,
     ep_overlap_on,
     ep_overlap_pays,

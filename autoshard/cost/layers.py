@@ -51,7 +51,7 @@ from .kernels import (
     unfused_softmax_s,
 )
 from .moe import (
-    _no_ep_overlap,
+    no_ep_overlap,
     contiguous_shares,
     dispatcher_of,
     ep_overlap_host_s,
@@ -1006,7 +1006,7 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
     layers = {(k, r): c for k in kinds for r, c in _kind_costs(ctx, cfg, pl, k, by_kind).items()}
     overlap = ep_overlap_on(ctx, cfg)
     if overlap and "moe" in kinds and not ep_overlap_pays(ctx, cfg, layers):
-        layers.update({("moe", r): c for r, c in _kind_costs(ctx, _no_ep_overlap(cfg), pl, "moe", by_kind).items()})
+        layers.update({("moe", r): c for r, c in _kind_costs(ctx, no_ep_overlap(cfg), pl, "moe", by_kind).items()})
         overlap = False
     # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
     head = _head_cost(ctx, cfg, pl)

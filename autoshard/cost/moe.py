@@ -141,7 +141,9 @@ def ep_overlap_on(ctx: Context, cfg: Config) -> bool:
     return ctx.framework.ep_overlap and ep_overlap_allowed(cfg.ep, cfg.pp, cfg.vpp, num_microbatches(ctx.problem, cfg))
 
 
-def _no_ep_overlap(cfg: Config) -> Config:
+def no_ep_overlap(cfg: Config) -> Config:
+    """cfg's twin with the EP overlap off (how `evaluate` prices a plan beside a recompute mode the
+    framework refuses the overlap with)."""
     return dataclasses.replace(cfg, ep_overlap=False)
 
 
@@ -154,7 +156,7 @@ def priced_config(ctx: Context, cfg: Config, modes: Iterable[str]) -> Config:
     """cfg as `evaluate` prices a plan whose layers use `modes`: an EP overlap left open (None) is
     off where the framework refuses it beside one of them (the launcher runs without it)."""
     if cfg.ep_overlap is None and ctx.model.is_moe and ep_overlap_blocked(ctx, modes):
-        return _no_ep_overlap(cfg)
+        return no_ep_overlap(cfg)
     return cfg
 
 

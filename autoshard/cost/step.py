@@ -28,7 +28,7 @@ from .context import (
 from .dualpipe import Replay, dualpipe_time
 from .kernels import Shapes, unfused_softmax_reason
 from .layers import Cost, Table, layer_table
-from .moe import ep_overlap_on, priced_config
+from .moe import ep_overlap_on, no_ep_overlap, priced_config
 from .params import (
     FLOP_CONVENTION,
     gathered_weight_bytes,
@@ -531,7 +531,7 @@ def dualpipe_replay(ctx: Context, table: Table, stage_layers: list[int], recompu
     for n in stage_layers:
         stages.append(list(zip(kinds[start:start + n], recompute[start:start + n])))
         start += n
-    alone = layer_table(ctx, dataclasses.replace(cfg, ep_overlap=False)) if ep_overlap_on(ctx, cfg) else table
+    alone = layer_table(ctx, no_ep_overlap(cfg)) if ep_overlap_on(ctx, cfg) else table
     return dualpipe_time(table, alone, stages)
 
 

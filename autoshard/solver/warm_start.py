@@ -3,7 +3,6 @@ most promising configurations (`_warm_start`, `_Greedy`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +12,7 @@ from ..spec import Problem
 from .bounds import _optimistic_table, _table_bound, _useful_modes
 from .candidates import _placements
 from ..layouts import project, recompute_layout
-from ..cost import assemble, ep_overlap_blocked, even_split
+from ..cost import assemble, ep_overlap_blocked, even_split, no_ep_overlap
 
 WARM_START_CONFIGS = 800  # configurations the greedy pass tries, in numpy-bound order (a count: deterministic)
 
@@ -57,7 +56,7 @@ def _warm_start(problem: Problem, ctx: Context, cfgs: list[Config], modes: list[
                                table.cfg.pp):
             priced = table
             if overlap and ep_overlap_blocked(ctx, set(rc_list)):
-                priced = layer_table(ctx, dataclasses.replace(table.cfg, ep_overlap=False), table_cache)
+                priced = layer_table(ctx, no_ep_overlap(table.cfg), table_cache)
             rc: Any = rc_list[0] if len(set(rc_list)) == 1 else rc_list
             est = assemble(ctx, priced, split, rc_list, priced.cfg.plan(rc, split), [])
             if est.fits and sink is not None:
