@@ -320,6 +320,8 @@ def _check_bounds_never_exceed_evaluate(p, rng):
     ctx = context(p)
     cands = candidates(p, ctx)
     t_lb, m_lb, could_fit = _bounds(ctx, cands)
+    t_any = _bounds(ctx, cands, memory=False)[0]  # (without the recompute HBM forces: every plan)
+    assert (t_lb >= t_any).all()
     modes = ["none", "selective", "full"]
     L = p.model.num_hidden_layers
     checked = 0
@@ -339,11 +341,12 @@ def _check_bounds_never_exceed_evaluate(p, rng):
                 plans.append(sm.read_plan(sm.read_counts()))
             for split, rc in plans:
                 e = assemble(ctx, table, split, rc, cfg.plan(rc, split), [])
-                for name, b in (("numpy", t_lb[i]), ("optimistic", opt), ("table", own)):
+                for name, b in (("numpy", t_any[i]), ("optimistic", opt), ("table", own)):
                     assert b <= e.step_time_s * (1 + 1e-9), (cfg, name)
                 if e.fits:  # the memory-aware bounds hold for plans that fit (inf: nothing does)
                     assert could_fit[i], (cfg, "numpy fit")
-                    for name, b in (("optimistic+memory", opt_mem), ("table+memory", own_mem)):
+                    for name, b in (("numpy+memory", t_lb[i]), ("optimistic+memory", opt_mem),
+                                    ("table+memory", own_mem)):
                         assert b <= e.step_time_s * (1 + 1e-9), (cfg, name)
                 assert m_lb[i] <= e.peak_memory_gib * 2**30 * (1 + 1e-9), (cfg, "memory bound")
                 checked += 1
@@ -445,10 +448,16 @@ def test_memory_bound_is_sound_and_binds_under_pressure(model, gpu, gbs):
     p = load_problem({"model": model, "training": {"seq_len": 4096, "global_batch_size": gbs},
                       "cluster": {"gpu": gpu, "num_gpus": 8},
                       "search": {"cp": [1], "zero_stage": [0, 1], "micro_batch_size": [1, 2]}})
+    from autoshard.solver.bounds import _bounds
+
     ctx = context(p)
     modes = ["none", "selective", "full"]
-    binding = 0
-    for cfg0 in candidates(p, ctx):
+    cands = candidates(p, ctx)
+    # The numpy bound over every candidate, with the recompute HBM forces (`_forced_tmax`) and without.
+    t_lb, _, could_fit = _bounds(ctx, cands)
+    t_any = _bounds(ctx, cands, memory=False)[0]
+    binding = numpy_binding = 0
+    for i, cfg0 in enumerate(cands):
         table = layer_table(ctx, _placements(p, ctx, cfg0)[0])
         plain, mem = _table_bound(ctx, table, modes), _table_bound(ctx, table, modes, memory=True)
         assert mem >= plain
@@ -456,13 +465,18 @@ def test_memory_bound_is_sound_and_binds_under_pressure(model, gpu, gbs):
         status = sm.solve(2)[0]
         if status == "INFEASIBLE":
             binding += mem == float("inf")
+            numpy_binding += not could_fit[i]
             continue
         assert status in ("OPTIMAL", "FEASIBLE") and mem < float("inf"), cfg0
+        assert could_fit[i], cfg0
         split, rc = sm.read_plan(sm.read_counts())
         best = assemble(ctx, table, split, rc, table.cfg.plan(rc, split), []).step_time_s
         assert mem <= best * (1 + 1e-9), cfg0
+        assert t_lb[i] <= best * (1 + 1e-9), (cfg0, "numpy")
         binding += mem > plain * 1.01
+        numpy_binding += t_lb[i] > t_any[i] * 1.01
     assert binding >= 3
+    assert numpy_binding >= 3  # (the relaxation binds too: fewer configurations reach `_memory_tmax`)
 
 
 def test_describe_difference_names_only_real_changes():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 import threading
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from ..cost import (
     Context,
     Table,
     TailModel,
+    ep_overlap_blocked,
     ep_overlap_on,
     inflight_microbatches,
     layer_params,
@@ -97,10 +99,24 @@ def bounds(ctx: Context, cands: list[Config], opt_cache: dict | None = None) -> 
     return t_lb, m_lb
 
 
-def _bounds(ctx: Context, cands: Sequence[Config],
-            opt_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None = None,
+            memory: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time lower bound in s, memory lower bound in bytes, whether any split could fit in HBM)
-    for every candidate, vectorized.
+    for every candidate (`_lazy_bounds`, refined for every candidate at once; `memory=False`: not
+    refined, a bound of every plan, fitting or not)."""
+    t_lb, m_lb, ok, refine = _lazy_bounds(ctx, cands, opt_cache)
+    if memory:
+        t_lb, fit = refine(np.arange(len(cands)))
+        ok = ok & fit
+    return t_lb, m_lb, ok
+
+
+def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, "Refine"]:
+    """(time lower bound in s, memory lower bound in bytes, whether any split could fit in HBM,
+    `refine`) for every candidate, vectorized; `refine(idx)` gives the time bound of the
+    candidates idx with the recompute HBM forces, and whether they can fit at all (the search
+    refines them in order, `RefinedOrder`: most never need it).
 
     Time: one micro-batch through each layer kind at its fastest recompute mode, priced by
     `cost.layer_costs` itself with every process group on consecutive GPUs (the cheapest
@@ -112,7 +128,9 @@ def _bounds(ctx: Context, cands: Sequence[Config],
     optimizer step plus the interference of its data-parallel traffic.
     Memory: the first rank holds at least its share of the sharded weights, gradients and
     optimizer states and, with every layer recomputed, each in-flight micro-batch's layer inputs.
-    Fit: `_could_fit`, every rank with every layer at its leanest mode.
+    Fit: `_MemoryBound.could_fit`, every rank with every layer at its leanest mode. Refined: where
+    the fastest modes do not fit, the recompute HBM forces on the slowest rank (`_forced_tmax`, a
+    relaxation of the search's `_memory_tmax`), so the refined bound holds for plans that fit.
     Per-candidate Python work is done once per distinct group of the fields it depends on.
     """
     m, tr = ctx.model, ctx.training
@@ -127,7 +145,9 @@ def _bounds(ctx: Context, cands: Sequence[Config],
     opt_cache = {} if opt_cache is None else opt_cache
     # Per distinct layer shape: the optimistic table. Its layer costs depend on the schedule only
     # through whether expert all-to-all overlaps (`ep_overlap_on`: pp, vpp, schedule, M >= 2).
-    first, inv = _groups([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2])
+    # A twin planned with the overlap off (`ep_overlap` False, `candidates`) has its own group: its
+    # all-to-all is exposed, and its twin's overlapped table would bound it far below its cost.
+    first, inv = _groups([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2, _overlap_off(cands)])
     tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
     lay = [tb.layers for tb in tables]
     tau = np.array([[min(x.total_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list] for ly in lay])[inv]
@@ -156,14 +176,20 @@ def _bounds(ctx: Context, cands: Sequence[Config],
     for i, n_k in enumerate(counts):
         tmax = np.maximum(tmax, np.ceil(n_k / pp) * tau[:, i])
         chunk = np.maximum(chunk, np.ceil(n_k / (pp * vpp)) * tau[:, i])
-    lb_1f1b = (M - 1) * tmax + t_micro
-    lb_inter = M * tmax + (pp - 1) * chunk
     # Zero-bubble: M max t + (P - 1) max u, u = t minus the weight-gradient GEMMs; max u >=
     # sum u / P, and one micro-batch's forward and input-gradient backward cross every stage
     # in turn, so the pipeline also takes at least sum u.
     serial = u_tau @ counts + ends - head_w
-    lb_zb = np.maximum(M * tmax + (pp - 1) * serial / pp, serial)
-    t_lb = np.maximum(t_lb, np.where(sched == 1, lb_inter, np.where(sched == 2, lb_zb, lb_1f1b)))
+
+    def pipeline(tm: np.ndarray, sel: Any = slice(None)) -> np.ndarray:
+        """The schedule's bound with the slowest rank at tm per micro-batch (1F1B and GPipe:
+        (M - 1) tm + every layer once; interleaved: M tm + (P - 1) chunk; zero-bubble as above)."""
+        M_, P_, s_ = M[sel], pp[sel], sched[sel]
+        return np.where(s_ == 1, M_ * tm + (P_ - 1) * chunk[sel],
+                        np.where(s_ == 2, np.maximum(M_ * tm + (P_ - 1) * serial[sel] / P_, serial[sel]),
+                                 (M_ - 1) * tm + t_micro[sel]))
+
+    t_lb = np.maximum(t_lb, pipeline(tmax))
     # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
     total = sum(layer_params(m, k)[0] for k in kinds)
     expert = sum(layer_params(m, k)[1] for k in kinds)
@@ -187,12 +213,116 @@ def _bounds(ctx: Context, cands: Sequence[Config],
     opt_traffic = OPT_TRAFFIC_BYTES * (1.0 if tr.optimizer in ("adam", "adamw") else 2 / 3)
     shard = np.where(zero >= 1, 1.0 / dpc, 1.0)
     frac = 1.0 if tr.finetune == "full" else lora_fraction(m, tr.lora_rank)  # LoRA steps only adapters
-    t_lb = t_lb + frac * opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
+    opt_step = frac * opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
+    t_lb = t_lb + opt_step
     infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
     infl = np.where(sched == 3, M, np.minimum(infl, M))
     acts = infl * (L / pp) * BF16 * tokens * h / np.where(sp > 0, tp, 1)
-    ok = _could_fit(ctx, cands, tables, inv, a, M)
-    return t_lb, static + acts, ok
+    mem = _MemoryBound(ctx, cands, tables, first, inv, a, M)
+
+    def refined(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        forced = mem.forced(idx, tmax[idx])
+        fit = np.isfinite(forced)
+        tm = np.maximum(tmax[idx], np.where(fit, forced, 0.0))
+        return np.where(fit, np.maximum(t_lb[idx], pipeline(tm, idx) + opt_step[idx]), np.inf), fit
+
+    def refine(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the time bound of candidates idx with the recompute HBM forces, whether they can fit);
+        a candidate with the overlap's modes only (`_MemoryBound.restricted`): at most its twin's."""
+        twin = np.where(mem.restricted[idx], mem.twin[idx], -1)
+        every = np.union1d(idx, twin[twin >= 0])
+        t_all, fit_all = refined(every)
+        at = np.searchsorted(every, idx)
+        t, fit = t_all[at], fit_all[at]
+        r = np.flatnonzero(twin >= 0)
+        if len(r):
+            tw = np.searchsorted(every, twin[r])
+            # (never below its own unrefined bound, which holds for every plan: `RefinedOrder` needs it)
+            t[r] = np.maximum(t_lb[idx[r]], np.minimum(t[r], t_all[tw]))
+            fit[r] |= fit_all[tw]
+        return t, fit
+
+    return t_lb, static + acts, mem.ok, refine
+
+
+Refine = Any  # (idx) -> (refined time bounds, whether each can fit): `_lazy_bounds`
+REFINE_BLOCK = 2048  # candidates refined at a time (`RefinedOrder`): a count, so the order is deterministic
+
+
+class RefinedOrder(Sequence[int]):
+    """Candidate indices in order of their refined time bound (ties by index), refined as far as
+    read: `t_lb` (the unrefined bound, updated in place as candidates are refined) orders the rest,
+    and a candidate comes out once no unrefined one can come before it (its unrefined bound, a
+    lower bound of its refined one, is above; equal: refined too, as ties go by index). So reading
+    the first k costs the refinement of the candidates whose unrefined bound is at most the k-th's
+    refined bound, in blocks of REFINE_BLOCK in unrefined order: the same order as sorting every
+    candidate by its refined bound."""
+
+    def __init__(self, idx: np.ndarray, t_lb: np.ndarray, refine: Refine):
+        self.t_lb, self.refine = t_lb, refine
+        lb = t_lb[idx]
+        self.pending = idx[np.argsort(lb, kind="stable")] if not np.isnan(lb).any() else \
+            np.array(sorted(idx.tolist(), key=lambda i: (t_lb[i], i)), dtype=np.int64)
+        self.at = 0  # pending[at:] are unrefined
+        self.heap: list[tuple[float, int]] = []
+        self.done: list[int] = []
+        self.n = len(idx)
+
+    def _grow(self, k: int) -> None:
+        pend, t_lb, heap = self.pending, self.t_lb, self.heap
+        while len(self.done) < min(k, self.n):
+            while self.at < len(pend) and (not heap or not t_lb[pend[self.at]] > heap[0][0]):
+                block = pend[self.at:self.at + REFINE_BLOCK]
+                self.at += len(block)
+                t, _ = self.refine(block)
+                t_lb[block] = t
+                for i, v in zip(block.tolist(), t.tolist()):
+                    heapq.heappush(heap, (v, i))
+            self.done.append(heapq.heappop(heap)[1])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self.n)
+            self._grow(stop)
+            return self.done[start:stop:step]
+        k = range(self.n)[i]
+        self._grow(k + 1)
+        return self.done[k]
+
+    def __iter__(self) -> Any:
+        k = 0
+        while k < self.n:
+            self._grow(k + 1)
+            yield self.done[k]
+            k += 1
+
+
+def _twins(cands: Sequence[Config]) -> np.ndarray:
+    """Per candidate: the index of its twin planned with the EP overlap off (`candidates` puts it
+    right after; the same fields but `ep_overlap` False), or -1."""
+    n = len(cands)
+    out = np.full(n, -1, dtype=np.int64)
+    if isinstance(cands, Candidates):
+        rows = cands.rows
+        for i in range(n - 1):
+            if rows[i][12] is None and rows[i + 1][12] is False and rows[i + 1][:12] == rows[i][:12]:
+                out[i] = i + 1
+        return out
+    for i in range(n - 1):
+        a, b = cands[i], cands[i + 1]
+        if a.ep_overlap is None and b.ep_overlap is False and _with_fields(b, ep_overlap=None) == a:
+            out[i] = i + 1
+    return out
+
+
+def _overlap_off(cands: Sequence[Config]) -> np.ndarray:
+    """Per candidate: whether it is planned with the EP overlap off (`Config.ep_overlap` False)."""
+    if isinstance(cands, Candidates):
+        return np.array([row[12] is False for row in cands.rows], dtype=bool)
+    return np.array([c.ep_overlap is False for c in cands], dtype=bool)
 
 
 def _fields(cands: Sequence[Config]) -> np.ndarray:
@@ -208,66 +338,197 @@ def _fields(cands: Sequence[Config]) -> np.ndarray:
                     dtype=np.float64).reshape(-1, 11)
 
 
-def _could_fit(ctx: Context, cands: Sequence[Config], tables: list[Table], inv: np.ndarray, a: np.ndarray,
-               M: np.ndarray) -> np.ndarray:
-    """Whether some split of each candidate could fit in HBM, every layer at its leanest mode
-    (False only where none can): rank p, with its fixed bytes (working set, ZeRO-3 gathers,
-    embedding or LM head), holds at most floor(room_p / (static + infl_p x activations)) layers
-    of a kind; every rank needs vpp layers, each kind must fit (the others taken as free), and
-    all layers at the smaller size. Static bytes per parameter (`cost.static_bytes`) and in-flight
-    micro-batches (`cost.inflight_microbatches`) are taken once per distinct group."""
-    kinds = ctx.model.layer_kinds()
-    ks = sorted(set(kinds))
-    tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
-    n_c = len(cands)
-    # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
-    # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
-    lay = [tb.layers for tb in tables]
-    kp = np.array([[(c.params, c.expert_params, min(x.act_bytes for (k2, _), x in ly.items() if k2 == k))
-                    for k in ks for c in [next(x for (k2, _), x in ly.items() if k2 == k)]]
-                   for ly in lay])[inv]  # (n_c, kinds, 3)
-    work = np.array([max(x.work_bytes for x in ly.values()) for ly in lay])[inv]
-    head_work = np.maximum(work, np.array([tb.head.work_bytes for tb in tables])[inv])
-    big = np.array([max(x.params for x in ly.values()) for ly in lay])[inv]
-    ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
-                      (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
-    # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
-    fs, gi = _groups([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
-    coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
-                      sum(static_bytes(ctx, cands[j], 1.0, 1.0).values())) for j in fs])[gi]
-    per_d, per_e = coef[:, 0], coef[:, 1] - coef[:, 0]
+def _hull_lines(points: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], float, float]:
+    """The lower convex hull of one layer's recompute modes as (activation bytes a, time s) points,
+    as lines: (lines (alpha, beta) with f(a) = max_j alpha_j + beta_j a for a >= a_min, a_min, the
+    time at a_min). f is convex and nonincreasing, at or under every mode's time at its bytes (so
+    n layers whose activations sum to at most B take at least n f(B / n): Jensen), and flat past
+    the fastest mode."""
+    pts = sorted(points)
+    front: list[tuple[float, float]] = []  # bytes ascending, time strictly descending
+    for a, t in pts:
+        if not front or t < front[-1][1]:
+            if front and a == front[-1][0]:
+                front[-1] = (a, t)
+            else:
+                front.append((a, t))
+    hull: list[tuple[float, float]] = []
+    for pt in front:  # (monotone chain: keep the turns that make the lower hull convex)
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (pt[1] - hull[-2][1])
+                                  - (hull[-1][1] - hull[-2][1]) * (pt[0] - hull[-2][0])) <= 0:
+            hull.pop()
+        hull.append(pt)
+    lines = [(hull[-1][1], 0.0)]  # flat past the fastest mode
+    for (a1, t1), (a2, t2) in zip(hull, hull[1:]):
+        beta = (t2 - t1) / (a2 - a1)
+        lines.append((t1 - beta * a1, beta))
+    return lines, hull[0][0], hull[0][1]
 
-    def static(sel: np.ndarray, params: np.ndarray, eparams: np.ndarray) -> np.ndarray:
-        return per_d[sel] * params + per_e[sel] * eparams
 
-    data_parallel = np.array([cands[j].data_parallel for j in fs])[gi]
-    z3 = np.where((zero == 3) & data_parallel, zero3_gathered_bytes(ctx, big), 0.0)
-    cap = ctx.capacity_bytes * (1 + 1e-9)
-    ok = np.ones(n_c, dtype=bool)
-    fi, ii = _groups([pp, vpp, sched, M])
-    by_group = np.argsort(ii, kind="stable")
-    starts = np.searchsorted(ii[by_group], np.arange(len(fi) + 1))
-    for g, j in enumerate(fi):
-        sel = by_group[starts[g]:starts[g + 1]]
-        cfg = cands[j]
-        P = cfg.pp
-        infl = np.array([inflight_microbatches(cfg, p, int(M[j])) for p in range(P)])[None, :]  # (1, P)
-        room = np.broadcast_to((cap - work[sel] - z3[sel])[:, None], (len(sel), P)).copy()
-        room[:, -1] -= head_work[sel] - work[sel]
+FORCED_BISECTIONS = 20  # steps of the bisection of `_forced_tmax` (the lower end is kept: a bound)
+
+
+def _forced_tmax(room: np.ndarray, infl: np.ndarray, st: np.ndarray, lines: np.ndarray, a_min: np.ndarray,
+                 s_min: np.ndarray, ext: np.ndarray, n_k: int, at_least: np.ndarray) -> np.ndarray:
+    """Per candidate (rows): max(at_least, a lower bound of the slowest rank's time per micro-batch
+    when `n_k` layers of one kind must be split over the ranks (columns) with HBM forcing
+    recompute); inf where they cannot fit. Rank p holding n layers keeps (room_p - n st) / infl_p
+    bytes for their activations, so takes at least ext_p + n f(that / n) (`_hull_lines`): ext_p +
+    max_j (n (alpha_j - beta_j st / infl_p) + beta_j room_p / infl_p), and holds at most
+    floor(room_p / (st + infl_p a_min)) layers. The least T at which the ranks' most layers under T
+    sum to n_k, by bisection from at_least (most is nondecreasing in T; the lower end is kept). A
+    relaxation of `_memory_tmax` (continuous modes, the other kinds free): never above it."""
+    alpha, beta = lines[:, None, :, 0], lines[:, None, :, 1]  # (n, 1, J)
+    inf_ = infl[:, :, None]
+    coef = alpha - beta * st[:, None, None] / inf_  # (n, P, J), > 0
+    off = ext[:, :, None] + beta * room[:, :, None] / inf_
+    cap = np.minimum(np.floor(np.maximum(room, 0) / (st[:, None] + infl * a_min[:, None]) + 1e-9), n_k)
+    feasible = cap.sum(axis=1) >= n_k
+
+    def short(T: np.ndarray, r: Any) -> np.ndarray:  # fewer than n_k layers fit under T
+        n = np.floor(((T[:, None, None] - off[r]) / coef[r]).min(axis=2) + 1e-9)
+        return np.clip(n, 0, cap[r]).sum(axis=1) < n_k
+
+    out = np.where(feasible, at_least, np.inf)
+    rows = np.flatnonzero(feasible)
+    rows = rows[short(at_least[rows], rows)]  # (the others: HBM forces nothing above at_least)
+    if len(rows):
+        lo = at_least[rows]
+        hi = np.maximum(lo, ext[rows].max(axis=1) + n_k * s_min[rows])  # (every rank at its cap: enough)
+        for _ in range(FORCED_BISECTIONS):
+            mid = 0.5 * (lo + hi)
+            below = short(mid, rows)
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        out[rows] = lo
+    return out
+
+
+class _MemoryBound:
+    """What HBM allows each candidate: `ok`, whether some split could fit, every layer at its
+    leanest mode (False only where none can), and `forced`, a lower bound of the slowest rank's
+    time per micro-batch where HBM forces recompute.
+
+    Rank p, with its fixed bytes (working set, ZeRO-3 gathers, embedding or LM head), holds at most
+    floor(room_p / (static + infl_p x activations)) layers of a kind; every rank needs vpp layers,
+    each kind must fit (the others taken as free), and all layers at the smaller size. Time:
+    `_forced_tmax` per kind (the others taken as free), the largest. Static bytes per parameter
+    (`cost.static_bytes`) and in-flight micro-batches (`cost.inflight_microbatches`) are taken
+    once per distinct group."""
+
+    def __init__(self, ctx: Context, cands: Sequence[Config], tables: list[Table], first: np.ndarray,
+                 inv: np.ndarray, a: np.ndarray, M: np.ndarray):
+        kinds = ctx.model.layer_kinds()
+        self.kinds, self.ks = kinds, sorted(set(kinds))
+        ks = self.ks
+        tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
+        # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
+        # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
+        lay = [tb.layers for tb in tables]
+        # The modes each table's plans may use: where it runs the EP overlap left open (`ep_overlap`
+        # None) and the candidates have a twin with the overlap off (`candidates`: the same for the
+        # whole group, whose key holds ep, pp = 1, vpp > 1 and M >= 2), not those the framework refuses
+        # beside the overlap (`_Search.modes_for`). A placement where the overlap does not pay prices
+        # them as the twin does, so such a candidate's bounds are also capped by its twin's (`refine`).
+        self.twin = _twins(cands)
+        overlap = [tb.cfg.ep_overlap is None and bool(tb.memo.get("ep_overlap")) and self.twin[j] >= 0
+                   for tb, j in zip(tables, first)]
+        self.restricted = np.array(overlap, dtype=bool)[inv]
+        usable = [{r for (_, r) in ly if not (on and ep_overlap_blocked(ctx, [r]))} or {r for (_, r) in ly}
+                  for ly, on in zip(lay, overlap)]
+        own = [{key: x for key, x in ly.items() if key[1] in u} for ly, u in zip(lay, usable)]
+        self.kp = np.array([[(c.params, c.expert_params, min(x.act_bytes for (k2, _), x in ly.items() if k2 == k))
+                             for k in ks for c in [next(x for (k2, _), x in ly.items() if k2 == k)]]
+                            for ly in own])[inv]  # (n_c, kinds, 3)
+        self.work = np.array([max(x.work_bytes for x in ly.values()) for ly in lay])[inv]
+        self.head_work = np.maximum(self.work, np.array([tb.head.work_bytes for tb in tables])[inv])
+        big = np.array([max(x.params for x in ly.values()) for ly in lay])[inv]
+        self.ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
+                               (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
+        self.end_s = np.array([(tb.embed.total_s, tb.head.total_s) for tb in tables])[inv]
+        # Per table and kind: the lower hull of its modes' (activation bytes, time), as J lines
+        # (padded with the flat one), its least bytes and the time there.
+        hulls = [[_hull_lines([(x.act_bytes, x.total_s) for (k2, _), x in ly.items() if k2 == k]) for k in ks]
+                 for ly in own]
+        J = max(len(h[0]) for hk in hulls for h in hk)
+        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in hk] for hk in hulls])[inv]
+        self.a_min = np.array([[h[1] for h in hk] for hk in hulls])[inv]
+        self.s_amin = np.array([[h[2] for h in hk] for hk in hulls])[inv]
+        # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
+        fs, gi = _groups([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
+        coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
+                          sum(static_bytes(ctx, cands[j], 1.0, 1.0).values())) for j in fs])[gi]
+        self.per_d, self.per_e = coef[:, 0], coef[:, 1] - coef[:, 0]
+        data_parallel = np.array([cands[j].data_parallel for j in fs])[gi]
+        self.z3 = np.where((zero == 3) & data_parallel, zero3_gathered_bytes(ctx, big), 0.0)
+        self.cap = ctx.capacity_bytes * (1 + 1e-9)
+        # Groups of (pp, vpp, schedule, micro-batches): one rank layout and in-flight count each.
+        fi, self.group = _groups([pp, vpp, sched, M])
+        self.infl = [np.array([inflight_microbatches(cands[j], p, int(M[j])) for p in range(cands[j].pp)])[None, :]
+                     for j in fi]
+        self.need = [cands[j].vpp if cands[j].pp > 1 else len(kinds) for j in fi]
+        self.ok = np.ones(len(cands), dtype=bool)
+        for g, sel in self._by_group(np.arange(len(cands))):
+            self.ok[sel] = self._fits(g, sel)
+        r = np.flatnonzero(self.restricted)
+        self.ok[r] |= self.ok[self.twin[r]]  # (where the overlap does not pay, it fits as its twin does)
+
+    def _by_group(self, idx: np.ndarray) -> Any:
+        """(group, the indices of idx in it), group by group in order."""
+        gid = self.group[idx]
+        by = np.argsort(gid, kind="stable")
+        cuts = np.flatnonzero(np.diff(gid[by])) + 1
+        for part in np.split(by, cuts) if len(by) else []:
+            yield int(gid[part[0]]), idx[part]
+
+    def static(self, sel: np.ndarray, params: np.ndarray, eparams: np.ndarray) -> np.ndarray:
+        return self.per_d[sel] * params + self.per_e[sel] * eparams
+
+    def _room(self, g: int, sel: np.ndarray) -> np.ndarray:
+        """(n, P): the bytes each rank has for its layers."""
+        infl = self.infl[g]
+        P = infl.shape[1]
+        room = np.broadcast_to((self.cap - self.work[sel] - self.z3[sel])[:, None], (len(sel), P)).copy()
+        room[:, -1] -= self.head_work[sel] - self.work[sel]
         for e, p in ((0, 0), (1, P - 1)):
-            room[:, p] -= static(sel, ends[sel, e, 0], ends[sel, e, 1]) + infl[0, p] * ends[sel, e, 2]
-        sizes = np.stack([static(sel, kp[sel, i, 0], kp[sel, i, 1])[:, None] + infl * kp[sel, i, 2][:, None]
+            room[:, p] -= self.static(sel, self.ends[sel, e, 0], self.ends[sel, e, 1]) + infl[0, p] * self.ends[sel, e, 2]
+        return room
+
+    def _fits(self, g: int, sel: np.ndarray) -> np.ndarray:
+        kinds, ks, kp, infl = self.kinds, self.ks, self.kp, self.infl[g]
+        P = infl.shape[1]
+        room = self._room(g, sel)
+        sizes = np.stack([self.static(sel, kp[sel, i, 0], kp[sel, i, 1])[:, None] + infl * kp[sel, i, 2][:, None]
                           for i in range(len(ks))])  # (kinds, n, P)
         most = np.floor(np.maximum(room, 0)[None] / sizes + 1e-9)  # layers of each kind a rank can hold
         lean = np.floor(np.maximum(room, 0) / sizes.min(axis=0) + 1e-9)
-        need = cfg.vpp if P > 1 else len(kinds)
+        need = self.need[g]
         good = (room >= 0).all(axis=1) & (lean >= need).all(axis=1) & (lean.sum(axis=1) >= len(kinds))
         for i, k in enumerate(ks):
             good &= most[i].sum(axis=1) >= kinds.count(k)
         if P == 1:  # one rank holds every layer
             good &= sum(kinds.count(k) * sizes[i, :, 0] for i, k in enumerate(ks)) <= room[:, 0]
-        ok[sel] = good
-    return ok
+        return good
+
+    def forced(self, idx: np.ndarray, at_least: np.ndarray) -> np.ndarray:
+        """Per candidate of idx: max(at_least, the slowest rank's least time per micro-batch HBM
+        allows, `_forced_tmax` per kind); inf where none can fit."""
+        out = np.where(self.ok[idx], at_least, np.inf)
+        pos = np.empty(int(idx.max()) + 1 if len(idx) else 0, dtype=np.int64)
+        pos[idx] = np.arange(len(idx))
+        for g, sel in self._by_group(idx[self.ok[idx]]):
+            infl = self.infl[g]
+            P = infl.shape[1]
+            room = self._room(g, sel)
+            ext = np.zeros((len(sel), P))
+            ext[:, 0] += self.end_s[sel, 0]
+            ext[:, -1] += self.end_s[sel, 1]
+            t = out[pos[sel]]
+            for i, k in enumerate(self.ks):
+                t = _forced_tmax(room, np.broadcast_to(infl, (len(sel), P)),
+                                 self.static(sel, self.kp[sel, i, 0], self.kp[sel, i, 1]), self.lines[sel, i],
+                                 self.a_min[sel, i], self.s_amin[sel, i], ext, self.kinds.count(k), t)
+            out[pos[sel]] = t
+        return out
 
 
 def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:

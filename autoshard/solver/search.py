@@ -37,7 +37,7 @@ from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Plan, Problem
-from .bounds import _bounds, _optimistic_table, _table_bound
+from .bounds import RefinedOrder, _lazy_bounds, _optimistic_table, _table_bound
 from .candidates import _placements, _with_fields, candidates, offload_passes
 from .dualpipe_plans import dualpipe_pass
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
@@ -436,7 +436,7 @@ class _Search:
 
     # ---- phases ------------------------------------------------------------------------------
 
-    def run(self, order: list[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict) -> int:
+    def run(self, order: Sequence[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict) -> int:
         """The proof: candidates in order of their numpy bound until the next bound cannot beat the
         target or the budget is spent. Returns how many the numpy bound pruned."""
         pruned = 0
@@ -486,7 +486,7 @@ class _Search:
                 self.round(batch, min(cap, self.budget.work_left()), resumed=True)
             cap *= 4
 
-    def alternatives(self, top_k: int, order: list[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict,
+    def alternatives(self, top_k: int, order: Sequence[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict,
                      proof_work: float, proof_visits: int) -> bool:
         """The best plan of each of the `top_k` best families other than the chosen plan's: the
         same search again with each family's own target, within ALT_SHARE of the proof's work
@@ -682,15 +682,12 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
         progress({"phase": "bounds", "visited": 0, "total": len(cands), "incumbent_s": None, "bound_s": None,
                   "gap": None, "work_s": budget.work})
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
-    t_lb, m_lb, could_fit = _bounds(ctx, cands, opt_cache)
+    t_lb, m_lb, could_fit, refine = _lazy_bounds(ctx, cands, opt_cache)
     fits = (m_lb <= ctx.capacity_bytes) & could_fit
     pruned_mem = int((~fits).sum())
-    idx = np.flatnonzero(fits)  # ascending: a stable sort by bound orders ties by index, as (t_lb[i], i) does
-    lb = t_lb[idx]
-    if np.isnan(lb).any():  # (no order by value: the comparison sort's own)
-        order = sorted(idx.tolist(), key=lambda i: (t_lb[i], i))
-    else:
-        order = idx[np.argsort(lb, kind="stable")].tolist()
+    # In order of the bound with the recompute HBM forces, (t_lb[i], i), refined as far as read
+    # (`RefinedOrder`: t_lb is updated in place).
+    order = RefinedOrder(np.flatnonzero(fits), t_lb, refine)
     search = _Search(problem, ctx, modes, gap_limit, budget, problem.search.uniform_stages, progress=progress)
     # (the placement-free and the placed tables share each layer kind's costs: `cost.layers._kind_costs`)
     search.tables[KIND_COSTS] = opt_cache.setdefault(KIND_COSTS, {})
@@ -711,7 +708,7 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
         "solver": sol.solver.model_copy(update={"headroom_gib": headroom_gib, "headroom_default": default_headroom})})
 
 
-def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Config], order: list[int], t_lb: np.ndarray,
+def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Config], order: Sequence[int], t_lb: np.ndarray,
            m_lb: np.ndarray, pruned_mem: int, opt_cache: dict, requests: list[Named], budget: _Budget, t0: float,
            time_limit_s: float, top_k: int, gap_limit: float, work_limit: float, alternatives: Sequence[str],
            modes: list[str]) -> Solution:
@@ -804,7 +801,7 @@ def _alternative(problem: Problem, best: _Found, f: _Found, family: str) -> Alte
                        slower_pct=100 * (f.step_s / best.step_s - 1), family=family)
 
 
-def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search, best: _Found, order: list[int],
+def _named_alternative(problem: Problem, ctx: Context, req: Named, main: _Search, best: _Found, order: Sequence[int],
                        cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict, work: float,
                        deadline: float) -> Alternative | None:
     """The best plan under a named restriction: the chosen plan when it already qualifies, else a
