@@ -137,8 +137,6 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     n_c = len(cands)
     a = _fields(cands)
     tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
-    L, h = m.num_hidden_layers, m.hidden_size
-    tokens = mbs * tr.seq_len / cp
     M = tr.global_batch_size // (dp * mbs)
     kinds = m.layer_kinds()
     kind_list = sorted(set(kinds))
@@ -149,10 +147,9 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     # all-to-all is exposed, and its twin's overlapped table would bound it far below its cost.
     first, inv = _groups([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2, _overlap_off(cands)])
     tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
-    lay = [tb.layers for tb in tables]
-    tau = np.array([[min(x.total_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list] for ly in lay])[inv]
-    u_tau = np.array([[min(x.total_s - x.wgrad_s for (k2, _), x in ly.items() if k2 == k) for k in kind_list]
-                      for ly in lay])[inv]
+    facts = [_layer_facts(ctx, tb, kind_list, False) for tb in tables]
+    tau = np.array([f.tau for f in facts])[inv]
+    u_tau = np.array([f.u_tau for f in facts])[inv]
     ends = np.array([tb.embed.total_s + tb.head.total_s for tb in tables])[inv]
     head_w = np.array([tb.head.wgrad_s for tb in tables])[inv]
     counts = np.array([kinds.count(k) for k in kind_list], dtype=np.float64)
@@ -189,35 +186,8 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
                         np.where(s_ == 2, np.maximum(M_ * tm + (P_ - 1) * serial[sel] / P_, serial[sel]),
                                  (M_ - 1) * tm + t_micro[sel]))
 
-    t_lb = np.maximum(t_lb, pipeline(tmax))
-    # Memory: params per rank >= total / (tp * pp) (experts also / ep), sharded by ZeRO.
-    total = sum(layer_params(m, k)[0] for k in kinds)
-    expert = sum(layer_params(m, k)[1] for k in kinds)
-    dense = total - expert + m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
-    dense_gpu = dense / (tp * pp)
-    exp_gpu = expert / (tp * pp * ep)
-
-    w_b, g_b, opt_b = param_bytes(ctx)  # (the precision recipe's weight copies only add to w_b)
-    dpc = dp * cp
-    edp = np.maximum(1, dpc / ep)
-
-    def per(nb: float, sharded: np.ndarray) -> np.ndarray:
-        return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
-
-    # (optimizer states in host memory: Candidates share one setting, a list says per configuration)
-    offload = cands.opt_offload if isinstance(cands, Candidates) else np.array([c.opt_offload for c in cands], bool)
-    static = per(w_b, zero >= 3) + per(g_b, zero >= 2) + np.where(offload, 0.0, per(opt_b, zero >= 1))
-    # The data-parallel tail includes the optimizer step of the rank holding the most
-    # parameters, at least the mean rank's (see `cost.tail_model`).
-
-    opt_traffic = OPT_TRAFFIC_BYTES * (1.0 if tr.optimizer in ("adam", "adamw") else 2 / 3)
-    shard = np.where(zero >= 1, 1.0 / dpc, 1.0)
-    frac = 1.0 if tr.finetune == "full" else lora_fraction(m, tr.lora_rank)  # LoRA steps only adapters
-    opt_step = frac * opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
-    t_lb = t_lb + opt_step
-    infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
-    infl = np.where(sched == 3, M, np.minimum(infl, M))
-    acts = infl * (L / pp) * BF16 * tokens * h / np.where(sp > 0, tp, 1)
+    m_lb, opt_step = _static_bounds(ctx, cands, a, M)
+    t_lb = np.maximum(t_lb, pipeline(tmax)) + opt_step
     mem = _MemoryBound(ctx, cands, tables, first, inv, a, M)
 
     def refined(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,7 +212,44 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
             fit[r] |= fit_all[tw]
         return t, fit
 
-    return t_lb, static + acts, mem.ok, refine
+    return t_lb, m_lb, mem.ok, refine
+
+
+def _static_bounds(ctx: Context, cands: Sequence[Config], a: np.ndarray, M: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(memory lower bound in bytes, the optimizer step's time lower bound in s) per candidate
+    (`_lazy_bounds`): the first rank holds at least its share of the sharded weights, gradients and
+    optimizer states (params per rank >= total / (tp x pp), experts also / ep, sharded by ZeRO) and,
+    with every layer recomputed, each in-flight micro-batch's layer inputs; the data-parallel tail
+    includes the optimizer step of the rank holding the most parameters, at least the mean rank's
+    (see `cost.tail_model`)."""
+    m, tr = ctx.model, ctx.training
+    tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
+    kinds = m.layer_kinds()
+    total = sum(layer_params(m, k)[0] for k in kinds)
+    expert = sum(layer_params(m, k)[1] for k in kinds)
+    dense = total - expert + m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
+    dense_gpu = dense / (tp * pp)
+    exp_gpu = expert / (tp * pp * ep)
+    w_b, g_b, opt_b = param_bytes(ctx)  # (the precision recipe's weight copies only add to w_b)
+    dpc = dp * cp
+    edp = np.maximum(1, dpc / ep)
+
+    def per(nb: float, sharded: np.ndarray) -> np.ndarray:
+        return np.where(sharded, nb * (dense_gpu / dpc + exp_gpu / edp), nb * (dense_gpu + exp_gpu))
+
+    # (optimizer states in host memory: Candidates share one setting, a list says per configuration)
+    offload = cands.opt_offload if isinstance(cands, Candidates) else np.array([c.opt_offload for c in cands], bool)
+    static = per(w_b, zero >= 3) + per(g_b, zero >= 2) + np.where(offload, 0.0, per(opt_b, zero >= 1))
+    opt_traffic = OPT_TRAFFIC_BYTES * (1.0 if tr.optimizer in ("adam", "adamw") else 2 / 3)
+    shard = np.where(zero >= 1, 1.0 / dpc, 1.0)
+    frac = 1.0 if tr.finetune == "full" else lora_fraction(m, tr.lora_rank)  # LoRA steps only adapters
+    opt_step = frac * opt_traffic * shard * (dense_gpu + exp_gpu) / ctx.hbm_bytes_per_s
+    infl = np.where(sched == 1, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / vpp, pp)
+    infl = np.where(sched == 3, M, np.minimum(infl, M))
+    tokens = mbs * tr.seq_len / cp
+    acts = infl * (m.num_hidden_layers / pp) * BF16 * tokens * m.hidden_size / np.where(sp > 0, tp, 1)
+    return static + acts, opt_step
 
 
 Refine = Any  # (idx) -> (refined time bounds, whether each can fit): `_lazy_bounds`
@@ -306,14 +313,15 @@ def _twins(cands: Sequence[Config]) -> np.ndarray:
     n = len(cands)
     out = np.full(n, -1, dtype=np.int64)
     if isinstance(cands, Candidates):
-        rows = cands.rows
-        for i in range(n - 1):
-            if rows[i][12] is None and rows[i + 1][12] is False and rows[i + 1][:12] == rows[i][:12]:
-                out[i] = i + 1
+        a, off = _arrays(cands)
+        if n > 1:  # (rows built together: the same fields, the overlap left open then off)
+            same = (a[1:] == a[:-1]).all(axis=1) & off[1:] & ~off[:-1]
+            at = np.flatnonzero(same)
+            out[at] = at + 1
         return out
     for i in range(n - 1):
-        a, b = cands[i], cands[i + 1]
-        if a.ep_overlap is None and b.ep_overlap is False and _with_fields(b, ep_overlap=None) == a:
+        c, d = cands[i], cands[i + 1]
+        if c.ep_overlap is None and d.ep_overlap is False and _with_fields(d, ep_overlap=None) == c:
             out[i] = i + 1
     return out
 
@@ -321,18 +329,34 @@ def _twins(cands: Sequence[Config]) -> np.ndarray:
 def _overlap_off(cands: Sequence[Config]) -> np.ndarray:
     """Per candidate: whether it is planned with the EP overlap off (`Config.ep_overlap` False)."""
     if isinstance(cands, Candidates):
-        return np.array([row[12] is False for row in cands.rows], dtype=bool)
+        return _arrays(cands)[1]
     return np.array([c.ep_overlap is False for c in cands], dtype=bool)
+
+
+def _arrays(cands: Candidates) -> tuple[np.ndarray, np.ndarray]:
+    """(`_fields` of the candidates' rows, whether each has the EP overlap off), read once (kept on the
+    candidates: they do not change): one object array of the rows, not a Python loop per field."""
+    got = getattr(cands, "_arrays", None)
+    if got is None:
+        if not cands.rows:
+            got = (np.zeros((0, 11)), np.zeros(0, dtype=bool))
+        else:
+            o = np.array(cands.rows, dtype=object)
+            col = {f: o[:, i] for i, f in enumerate(Candidates.ROW)}
+            etp = col["etp"]
+            col["etp"] = np.where(etp == None, -1, etp)  # noqa: E711 (elementwise: None is etp = tp)
+            sched = np.array([_SCHEDULES[x] for x in col["schedule"]], dtype=np.float64)
+            fields = np.column_stack([col[f].astype(np.float64) for f in _FIELDS] + [sched])
+            got = (fields, col["ep_overlap"] == False)  # noqa: E712 (elementwise: None is open)
+        cands._arrays = got  # type: ignore[attr-defined]
+    return got
 
 
 def _fields(cands: Sequence[Config]) -> np.ndarray:
     """(n, 11): each candidate's `_FIELDS` and schedule (`_SCHEDULES`), etp None as -1; read off
     `Candidates` rows where the candidates are (no Config built)."""
-    if isinstance(cands, Candidates) and cands.rows:
-        cols: dict[str, Sequence[Any]] = dict(zip(Candidates.ROW, zip(*cands.rows)))
-        cols["etp"] = [-1 if x is None else x for x in cols["etp"]]
-        sched = list(map(_SCHEDULES.__getitem__, cols["schedule"]))
-        return np.column_stack([np.array(cols[f], dtype=np.float64) for f in _FIELDS] + [np.array(sched, np.float64)])
+    if isinstance(cands, Candidates):
+        return _arrays(cands)[0]
     raw = list(map(attrgetter(*_FIELDS, "schedule"), cands))
     return np.array([r[:9] + (-1 if r[9] is None else r[9], _SCHEDULES[r[10]]) for r in raw],
                     dtype=np.float64).reshape(-1, 11)
@@ -403,6 +427,48 @@ def _forced_tmax(room: np.ndarray, infl: np.ndarray, st: np.ndarray, lines: np.n
     return out
 
 
+@dataclass(frozen=True)
+class _LayerFacts:
+    """What the numpy bounds read of one table's layer costs (`_layer_facts`)."""
+
+    tau: list[float]  # per kind: the least time of a layer (fastest mode)
+    u_tau: list[float]  # per kind: the least time less weight gradients
+    kp: list[tuple[float, float, float]]  # per kind: (params, expert params, least activation bytes)
+    work: float  # the largest working set of any layer
+    big: float  # the most params of any layer
+    hulls: list[tuple[list[tuple[float, float]], float, float]]  # per kind: `_hull_lines` of its modes
+
+
+def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool) -> _LayerFacts:
+    """`_LayerFacts` of a table's layers in one pass, over every mode (`overlap_modes`: only those
+    the framework runs beside the EP overlap, for `kp` and the hulls; tau over every mode), memoized
+    with the layer costs (`Table.memo`, shared by the tables that share them)."""
+    key = ("layer facts", tuple(ks), overlap_modes)
+    got = table.memo.get(key)
+    if got is not None:
+        return got
+    pts: dict[str, list[tuple[float, float]]] = {k: [] for k in ks}
+    tau = {k: math.inf for k in ks}
+    u_tau = dict(tau)
+    first: dict[str, Any] = {}
+    work = big = 0.0
+    for (k, r), x in table.layers.items():
+        t = x.total_s
+        tau[k], u_tau[k] = min(tau[k], t), min(u_tau[k], t - x.wgrad_s)
+        work, big = max(work, x.work_bytes), max(big, x.params)
+        first.setdefault(k, x)
+        if not (overlap_modes and ep_overlap_blocked(ctx, [r])):
+            pts[k].append((x.act_bytes, t))
+    for k in ks:  # (every mode blocked: all of them, as `_Search.modes_for` would have none)
+        if not pts[k]:
+            pts[k] = [(x.act_bytes, x.total_s) for (k2, _), x in table.layers.items() if k2 == k]
+    got = _LayerFacts([tau[k] for k in ks], [u_tau[k] for k in ks],
+                      [(first[k].params, first[k].expert_params, min(a for a, _ in pts[k])) for k in ks],
+                      work, big, [_hull_lines(pts[k]) for k in ks])
+    table.memo[key] = got
+    return got
+
+
 class _MemoryBound:
     """What HBM allows each candidate: `ok`, whether some split could fit, every layer at its
     leanest mode (False only where none can), and `forced`, a lower bound of the slowest rank's
@@ -423,7 +489,6 @@ class _MemoryBound:
         tp, cp, ep, pp, dp, vpp, mbs, zero, sp, etp, sched = a.T
         # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
         # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
-        lay = [tb.layers for tb in tables]
         # The modes each table's plans may use: where it runs the EP overlap left open (`ep_overlap`
         # None) and the candidates have a twin with the overlap off (`candidates`: the same for the
         # whole group, whose key holds ep, pp = 1, vpp > 1 and M >= 2), not those the framework refuses
@@ -433,26 +498,22 @@ class _MemoryBound:
         overlap = [tb.cfg.ep_overlap is None and bool(tb.memo.get("ep_overlap")) and self.twin[j] >= 0
                    for tb, j in zip(tables, first)]
         self.restricted = np.array(overlap, dtype=bool)[inv]
-        usable = [{r for (_, r) in ly if not (on and ep_overlap_blocked(ctx, [r]))} or {r for (_, r) in ly}
-                  for ly, on in zip(lay, overlap)]
-        own = [{key: x for key, x in ly.items() if key[1] in u} for ly, u in zip(lay, usable)]
-        self.kp = np.array([[(c.params, c.expert_params, min(x.act_bytes for (k2, _), x in ly.items() if k2 == k))
-                             for k in ks for c in [next(x for (k2, _), x in ly.items() if k2 == k)]]
-                            for ly in own])[inv]  # (n_c, kinds, 3)
-        self.work = np.array([max(x.work_bytes for x in ly.values()) for ly in lay])[inv]
+        facts = [_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)]
+        # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
+        # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
+        self.kp = np.array([f.kp for f in facts])[inv]  # (n_c, kinds, 3)
+        self.work = np.array([f.work for f in facts])[inv]
         self.head_work = np.maximum(self.work, np.array([tb.head.work_bytes for tb in tables])[inv])
-        big = np.array([max(x.params for x in ly.values()) for ly in lay])[inv]
+        big = np.array([f.big for f in facts])[inv]
         self.ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
                                (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
         self.end_s = np.array([(tb.embed.total_s, tb.head.total_s) for tb in tables])[inv]
         # Per table and kind: the lower hull of its modes' (activation bytes, time), as J lines
         # (padded with the flat one), its least bytes and the time there.
-        hulls = [[_hull_lines([(x.act_bytes, x.total_s) for (k2, _), x in ly.items() if k2 == k]) for k in ks]
-                 for ly in own]
-        J = max(len(h[0]) for hk in hulls for h in hk)
-        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in hk] for hk in hulls])[inv]
-        self.a_min = np.array([[h[1] for h in hk] for hk in hulls])[inv]
-        self.s_amin = np.array([[h[2] for h in hk] for hk in hulls])[inv]
+        J = max(len(h[0]) for f in facts for h in f.hulls)
+        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in f.hulls] for f in facts])[inv]
+        self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])[inv]
+        self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])[inv]
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
         fs, gi = _groups([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
         coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
