@@ -334,20 +334,17 @@ def _overlap_off(cands: Sequence[Config]) -> np.ndarray:
 
 
 def _arrays(cands: Candidates) -> tuple[np.ndarray, np.ndarray]:
-    """(`_fields` of the candidates' rows, whether each has the EP overlap off), read once (kept on the
-    candidates: they do not change): one object array of the rows, not a Python loop per field."""
+    """(`_fields` of the candidates, whether each has the EP overlap off), read off their columns once
+    (kept on the candidates: they do not change)."""
     got = getattr(cands, "_arrays", None)
     if got is None:
-        if not cands.rows:
-            got = (np.zeros((0, 11)), np.zeros(0, dtype=bool))
-        else:
-            o = np.array(cands.rows, dtype=object)
-            col = {f: o[:, i] for i, f in enumerate(Candidates.ROW)}
-            etp = col["etp"]
-            col["etp"] = np.where(etp == None, -1, etp)  # noqa: E711 (elementwise: None is etp = tp)
-            sched = np.array([_SCHEDULES[x] for x in col["schedule"]], dtype=np.float64)
-            fields = np.column_stack([col[f].astype(np.float64) for f in _FIELDS] + [sched])
-            got = (fields, col["ep_overlap"] == False)  # noqa: E712 (elementwise: None is open)
+        c = cands.cols
+        sched = np.array([_SCHEDULES[x] for x in cands.schedules] + [0], dtype=np.float64)[c["schedule"]]
+        fields = np.empty((len(cands), len(_FIELDS) + 1), dtype=np.float64)
+        for i, f in enumerate(_FIELDS):  # (etp -1 where None: = tp)
+            fields[:, i] = c[f]
+        fields[:, -1] = sched
+        got = (fields, cands.overlap_off)
         cands._arrays = got  # type: ignore[attr-defined]
     return got
 

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from itertools import product
 from typing import Any
 
+import numpy as np
+
 from ..cost import (
     Config,
     Context,
@@ -92,34 +94,65 @@ def planned_cp_comm(problem: Problem, ctx: Context) -> str:
 
 
 class Candidates(Sequence[Config]):
-    """The configurations `candidates` enumerates, held as rows of their fields (`ROW`) and built
-    as `Config` when read: a large cluster's space holds hundreds of thousands, and building as
-    many frozen dataclasses took seconds where the numpy bounds read the rows and the search
-    reads a few thousand."""
+    """The configurations `candidates` enumerates, held as numpy columns of their fields (`ROW`) and
+    built as `Config` when read: a large cluster's space holds hundreds of thousands, and building as
+    many Python objects took seconds where the numpy bounds read the columns and the search reads a
+    few thousand.
+
+    `cols`: one array per `ROW` field but ep_overlap (int64; sp bool; schedule and placement codes into
+    `schedules` and `placements`; etp -1 where None, i.e. = tp); `overlap_off`: whether each is planned
+    with the EP overlap off (`ep_overlap` False; None, where it pays, otherwise)."""
 
     ROW = ("tp", "cp", "ep", "pp", "dp", "vpp", "sp", "zero", "mbs", "schedule", "placement", "etp", "ep_overlap")
 
-    def __init__(self, rows: list[CandidateRow], dispatcher: str | None, cp_comm: str = "p2p", opt_offload: bool = False,
-                 reshard: str | int | None = None, dp_replicate: int = 1):
-        self.rows, self.dispatcher, self.cp_comm = rows, dispatcher, cp_comm
+    def __init__(self, cols: dict[str, np.ndarray] | None, schedules: list[str], placements: list[str],
+                 overlap_off: np.ndarray | None, dispatcher: str | None, cp_comm: str = "p2p",
+                 opt_offload: bool = False, reshard: str | int | None = None, dp_replicate: int = 1):
+        if cols is None:  # (none)
+            cols = {f: np.zeros(0, dtype=bool if f == "sp" else np.int64) for f in self.ROW[:12]}
+            overlap_off = np.zeros(0, dtype=bool)
+        assert overlap_off is not None
+        self.cols, self.schedules, self.placements, self.overlap_off = cols, schedules, placements, overlap_off
+        self.dispatcher, self.cp_comm = dispatcher, cp_comm
         self.opt_offload = opt_offload  # every configuration with the optimizer in host memory, or none
         # the data-parallel knobs every configuration plans with (`planned_dp_knobs`); reshard at ZeRO-3 only
         self.reshard, self.dp_replicate = reshard, dp_replicate
+        self._n = len(overlap_off)
         self._built: dict[int, Config] = {}
+        self._rows: list[CandidateRow] | None = None
+
+    @property
+    def rows(self) -> list[CandidateRow]:
+        """The configurations as tuples of their fields in `ROW` order (Python ints, bools, str, None),
+        built on first read."""
+        if self._rows is None:
+            c = self.cols
+            sched = np.array(self.schedules + [""], dtype=object)[c["schedule"]]
+            place = np.array(self.placements + [""], dtype=object)[c["placement"]]
+            etp = [None if e < 0 else e for e in c["etp"].tolist()]
+            ovl = [False if o else None for o in self.overlap_off.tolist()]
+            cols = [c[f].tolist() for f in self.ROW[:9]] + [sched.tolist(), place.tolist(), etp, ovl]
+            self._rows = list(zip(*cols)) if self._n else []
+        return self._rows
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._n
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self.rows)))]
-        k: int = range(len(self.rows))[i]  # (negative indices; IndexError past the end)
+            return [self[j] for j in range(*i.indices(self._n))]
+        k: int = range(self._n)[i]  # (negative indices; IndexError past the end)
         cfg = self._built.get(k)
         if cfg is None:
-            row = self.rows[k]
-            cfg = self._built[k] = Config(*row[:12], ep_overlap=row[12], dispatcher=self.dispatcher,
-                                          cp_comm=self.cp_comm if row[1] > 1 else "p2p", opt_offload=self.opt_offload,
-                                          reshard=self.reshard if row[7] == 3 else None,
+            c = self.cols
+            tp, cp, ep, pp, dp, vpp, zero, mbs, etp = (int(c[f][k]) for f in ("tp", "cp", "ep", "pp", "dp", "vpp",
+                                                                                   "zero", "mbs", "etp"))
+            cfg = self._built[k] = Config(tp, cp, ep, pp, dp, vpp, bool(c["sp"][k]), zero, mbs,
+                                          self.schedules[c["schedule"][k]], self.placements[c["placement"][k]],
+                                          None if etp < 0 else etp,
+                                          ep_overlap=False if self.overlap_off[k] else None, dispatcher=self.dispatcher,
+                                          cp_comm=self.cp_comm if cp > 1 else "p2p", opt_offload=self.opt_offload,
+                                          reshard=self.reshard if zero == 3 else None,
                                           dp_replicate=self.dp_replicate)
         return cfg
 
@@ -170,88 +203,143 @@ def offload_passes(problem: Problem, ctx: Context) -> tuple[list[bool], bool]:
     return choice, False
 
 
+def _grid(**lists: list[Any]) -> dict[str, np.ndarray]:
+    """The product of the value lists, in `itertools.product` order, as int64 columns."""
+    shape = tuple(len(v) for v in lists.values())
+    idx = np.indices(shape).reshape(len(shape), -1)
+    return {k: np.array(v, dtype=np.int64).reshape(-1)[i] for (k, v), i in zip(lists.items(), idx)}
+
+
+def _cross(outer: dict[str, np.ndarray], inner: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The columns of `for a in outer: for b in inner`: every row of `outer` with every row of `inner`."""
+    n, m = len(next(iter(outer.values()))), len(next(iter(inner.values())))
+    return {**{k: np.repeat(v, m) for k, v in outer.items()}, **{k: np.tile(v, n) for k, v in inner.items()}}
+
+
+def _keep(cols: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[mask] for k, v in cols.items()}
+
+
+def _distinct(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the row of each distinct tuple of the columns' values where it first occurs, per row the number
+    of its tuple): a rule that depends on these fields only is asked once per tuple."""
+    code = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:  # (mixed radix over each column's distinct values: at most a few dozen each)
+        u, inv = np.unique(c, return_inverse=True)
+        code = code * len(u) + inv.reshape(-1)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def _per_distinct(rule: Any, cols: dict[str, np.ndarray], names: tuple[str, ...], dtype: Any = bool) -> np.ndarray:
+    """rule(*fields) per row, asked once per distinct tuple of the named fields (as Python ints)."""
+    first, inv = _distinct(*(cols[f] for f in names))
+    got = np.array([rule(*(int(cols[f][j]) for f in names)) for j in first], dtype=dtype).reshape(-1)
+    return got[inv]
+
+
+def _blocks(problem: Problem, sp_: dict[str, list[Any]], scheds: list[tuple[str, int]], names: list[str],
+            cp_comm: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The sets of degrees, micro-batch and schedule (`_grid` columns, schedule as a code into `names`)
+    the divisibility rules and `config_reasons` allow, in the order of the nested loops over tp, cp, pp,
+    then ep, micro-batch, etp, then (schedule, vpp); with the placement (codes into the list returned)."""
+    n, gbs = problem.cluster.num_gpus, problem.training.global_batch_size
+    c = _grid(tp=sp_["tp"], cp=sp_["cp"], pp=sp_["pp"])
+    c = _keep(c, n % (c["tp"] * c["cp"] * c["pp"]) == 0)
+    c["dp"] = n // (c["tp"] * c["cp"] * c["pp"])
+    c = _keep(c, np.isin(c["dp"], np.array(sp_["dp"], dtype=np.int64)))
+    c = _cross(c, _grid(ep=sp_["ep"], mbs=sp_["micro_batch_size"], etp=[-1 if e is None else e for e in sp_["etp"]]))
+    c = _keep(c, gbs % (c["dp"] * c["mbs"]) == 0)
+    c["etp"] = np.where(c["etp"] == c["tp"], -1, c["etp"])  # (-1: etp None, = tp)
+    c = _keep(c, (c["etp"] < 0) | (c["tp"] != 1))  # etp = 1 = tp: the same plan as etp None
+    c["mb"] = gbs // (c["dp"] * c["mbs"])
+    c["edp"] = c["tp"] * c["cp"] * c["dp"] // (np.where(c["etp"] < 0, c["tp"], c["etp"]) * c["ep"])
+    c = _cross(c, {"schedule": np.array([names.index(s) for s, _ in scheds], dtype=np.int64),
+                   "vpp": np.array([v for _, v in scheds], dtype=np.int64)})
+    code = {s: names.index(s) if s in names else -1 for s in ("1f1b", "interleaved")}
+    keep = c["pp"] * c["vpp"] <= problem.model.num_hidden_layers  # (embedding / loss pipeline slots: evaluated)
+    keep &= (c["pp"] > 1) | (c["schedule"] == code["1f1b"])
+    keep &= (c["schedule"] != code["interleaved"]) | (c["mb"] % c["pp"] == 0)
+    c = _keep(c, keep)
+    placements: dict[str, int] = {}
+
+    def probe(tp: int, cp: int, pp: int, ep: int, etp: int, sched: int, vpp: int, dp: int, mbs: int) -> int:
+        """The placement code of the set of degrees (-1: `config_reasons` refuses it), probed with the
+        first micro-batch it has: the rules do not depend on it (but for the batch divisibility above),
+        nor on the ZeRO stage, nor on SP but below."""
+        plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs,
+                    schedule=names[sched], etp=None if etp < 0 else etp,
+                    zero_stage=sp_["zero_stage"][0], cp_comm_type=cp_comm if cp > 1 else "p2p",
+                    sequence_parallel=False)
+        if config_reasons(problem, plan)[1]:
+            return -1
+        return placements.setdefault(plan.placement, len(placements))
+
+    first, inv = _distinct(*(c[f] for f in ("tp", "cp", "pp", "ep", "etp", "schedule", "vpp")))
+    got = np.full(len(first), -1, dtype=np.int64)
+    # (in the loops' order: placement codes as first met; no ZeRO stage, nothing to probe)
+    for g in np.argsort(first, kind="stable") if sp_["zero_stage"] else ():
+        j = first[g]
+        got[g] = probe(*(int(c[f][j]) for f in ("tp", "cp", "pp", "ep", "etp", "schedule", "vpp", "dp", "mbs")))
+    c["placement"] = got[inv]
+    return _keep(c, c["placement"] >= 0), list(placements)
+
+
 def candidates(problem: Problem, ctx: Context, opt_offload: bool = False) -> Candidates:
     """Every global configuration allowed by `search:` and the divisibility rules, in a
-    fixed order (placement left as the canonical order; placements are expanded later).
+    fixed order (placement left as the canonical order; placements are expanded later): the order of
+    the nested loops over tp, cp, pp, then ep, micro-batch, etp, then (schedule, vpp), then (ZeRO stage,
+    SP), each one followed by its twin with the EP overlap off where it has one; enumerated as numpy
+    columns over the grids of degrees (no Python object per configuration).
     `opt_offload`: every one with the optimizer in host memory, at the ZeRO stages the framework
     offloads with."""
     sp_ = _space(problem, ctx)
     if opt_offload:
         sp_["zero_stage"] = [z for z in sp_["zero_stage"] if z in ctx.framework.optimizer_offload_zero_stages]
         if not sp_["zero_stage"]:
-            return Candidates([], None, "p2p", True)
-    n = problem.cluster.num_gpus
-    gbs = problem.training.global_batch_size
-    rows: list[CandidateRow] = []
+            return Candidates(None, [], [], None, None, "p2p", True)
     dispatcher = planned_dispatcher(problem, ctx, sp_["moe_dispatcher"])
     cp_comm = planned_cp_comm(problem, ctx)
     reshard, replicate = planned_dp_knobs(problem, ctx)
-    # The validity rules depend on the micro-batch only through the batch divisibility checked
-    # here (dp x mbs divides the batch; interleaving: pp divides the micro-batches): checked once
-    # per set of the other degrees and schedule.
-    probed: dict[tuple, str | None] = {}
-    # ZeRO stages the launcher refuses beside a pipeline (`cost.launch_reasons`'s rule)
-    refused_zero = {z for z in sp_["zero_stage"] if pipeline_zero_refused(ctx.framework, 2, z)}
-
-    def probe_of(key: tuple, zero: int, dp_: int | None = None, mbs_: int = 1) -> Plan:
-        tp_, cp_, pp_, ep_, etp_, sched_, vpp_ = key
-        return Plan(tp=tp_, cp=cp_, ep=ep_, pp=pp_, dp=dp_ if dp_ is not None else n // (tp_ * cp_ * pp_), vpp=vpp_,
-                    micro_batch_size=mbs_, schedule=sched_, etp=etp_, zero_stage=zero,
-                    cp_comm_type=cp_comm if cp_ > 1 else "p2p", sequence_parallel=False)
-    L = problem.model.num_hidden_layers
-    zero_sp = [(zero, sp) for zero, sp in product(sp_["zero_stage"], sp_["sequence_parallel"])]
-    # Where the framework refuses the EP overlap beside a recompute mode the search plans (Megatron:
-    # full, the moe module), a configuration that could run it is also planned with it off
-    # (`ep_overlap` False): with it (None, where it pays) its layers may not use those modes.
     fw = ctx.framework
-    overlap_twin = problem.model.is_moe and fw.ep_overlap and ep_overlap_blocked(ctx, search_modes(problem, ctx))
-    sp_choice = True in sp_["sequence_parallel"]
     scheds = [(sched, vpp) for sched, vpp in product(sp_["schedule"], sp_["vpp"])
               if sched != "dualpipev" and (vpp > 1) == (sched == "interleaved")]
-    for tp, cp, pp in product(sp_["tp"], sp_["cp"], sp_["pp"]):
-        if n % (tp * cp * pp):
-            continue
-        dp = n // (tp * cp * pp)
-        if dp not in sp_["dp"]:
-            continue
-        for ep, mbs, etp in product(sp_["ep"], sp_["micro_batch_size"], sp_["etp"]):
-            if gbs % (dp * mbs):
-                continue
-            etp = None if etp == tp else etp
-            if etp is not None and tp == 1:
-                continue  # etp = 1 = tp: the same plan as etp None
-            mb = gbs // (dp * mbs)
-            # ZeRO stages are all the same plan where there is nothing to shard.
-            single = dp * cp == 1 and 0 in sp_["zero_stage"] and tp * cp * dp // ((etp or tp) * ep) == 1
-            for sched, vpp in scheds:
-                if pp * vpp > L:
-                    continue  # embedding / loss pipeline slots and DualPipeV: evaluated, not searched
-                if pp == 1 and sched != "1f1b" or sched == "interleaved" and mb % pp:
-                    continue
-                key = (tp, cp, pp, ep, etp, sched, vpp)
-                if key not in probed:  # (the rules do not depend on the ZeRO stage, nor on SP but below)
-                    probe = probe_of(key, sp_["zero_stage"][0], dp, mbs)
-                    probed[key] = None if config_reasons(problem, probe)[1] else probe.placement
-                placement = probed[key]
-                if placement is None:
-                    continue
-                for zero, sp in zero_sp:
-                    if pp > 1 and zero in refused_zero:  # (its launcher refuses it beside a pipeline)
-                        continue
-                    if tp == 1 and not sp and sp_choice:
-                        continue  # sp is meaningless at tp=1: keep one of the two
-                    if single and zero > 0:
-                        continue
-                    if sp and tp > 1 and cp > 1 and ctx.framework.cp_excludes_sp:
-                        continue  # (DeepSpeed-Ulysses beside Megatron's SP: config_reasons)
-                    if not dp_knob_fits(ctx, zero, dp, cp, max(1, tp * cp * dp // ((etp or tp) * ep)), reshard,
-                                        replicate):
-                        continue
-                    row = (tp, cp, ep, pp, dp, vpp, sp and tp > 1, zero, mbs, sched, placement, etp)
-                    rows.append((*row, None))
-                    if overlap_twin and ep_overlap_allowed(ep, pp, vpp, mb):
-                        rows.append((*row, False))  # right after its twin: the numpy bound groups read the first
-    return Candidates(rows, dispatcher, cp_comm, opt_offload, reshard, replicate)
+    names = list(dict.fromkeys(s for s, _ in scheds))
+    b, placements = _blocks(problem, sp_, scheds, names, cp_comm)
+    # Per (block, (ZeRO stage, SP)) in the loops' order: (m, k) masks, raveled row-major.
+    zero = np.array([z for z, _ in product(sp_["zero_stage"], sp_["sequence_parallel"])], dtype=np.int64)
+    spv = np.array([bool(s) for _, s in product(sp_["zero_stage"], sp_["sequence_parallel"])], dtype=bool)
+    col = {f: v[:, None] for f, v in b.items()}
+    # ZeRO stages the launcher refuses beside a pipeline (`cost.launch_reasons`'s rule)
+    refused = np.array([pipeline_zero_refused(fw, 2, int(z)) for z in zero], dtype=bool)
+    keep = ~((col["pp"] > 1) & refused[None, :])
+    if True in sp_["sequence_parallel"]:
+        keep &= (col["tp"] != 1) | spv[None, :]  # sp is meaningless at tp=1: keep one of the two
+    # ZeRO stages are all the same plan where there is nothing to shard.
+    single = (col["dp"] * col["cp"] == 1) & (col["edp"] == 1) & (0 in sp_["zero_stage"])
+    keep &= ~(single & (zero[None, :] > 0))
+    if fw.cp_excludes_sp:  # (DeepSpeed-Ulysses beside Megatron's SP: config_reasons)
+        keep &= ~(spv[None, :] & (col["tp"] > 1) & (col["cp"] > 1))
+    for k, z in enumerate(zero.tolist()):  # (the data-parallel knobs: once per distinct (dp, cp, expert dp))
+        keep[:, k] &= _per_distinct(lambda dp, cp, edp, z=z: dp_knob_fits(ctx, z, dp, cp, max(1, edp), reshard,
+                                                                           replicate), b, ("dp", "cp", "edp"))
+    at = np.flatnonzero(keep.reshape(-1))
+    blk, zs = (at // len(zero), at % len(zero)) if len(zero) else (at, at)
+    # Where the framework refuses the EP overlap beside a recompute mode the search plans (Megatron:
+    # full, the moe module), a configuration that could run it is also planned with it off
+    # (`ep_overlap` False), right after its twin (None: where it pays; the numpy bound groups read the first).
+    twin = np.zeros(len(at), dtype=bool)
+    if problem.model.is_moe and fw.ep_overlap and ep_overlap_blocked(ctx, search_modes(problem, ctx)):
+        twin = _per_distinct(ep_overlap_allowed, b, ("ep", "pp", "vpp", "mb"))[blk]
+    count = 1 + twin.astype(np.int64)
+    rows = np.repeat(np.arange(len(at)), count)
+    off = np.zeros(len(rows), dtype=bool)
+    off[(np.cumsum(count) - 1)[twin]] = True
+    blk, zs = blk[rows], zs[rows]
+    cols = {f: b[f][blk] for f in ("tp", "cp", "ep", "pp", "dp", "vpp")}
+    cols.update(sp=spv[zs] & (cols["tp"] > 1), zero=zero[zs], mbs=b["mbs"][blk], schedule=b["schedule"][blk],
+                placement=b["placement"][blk], etp=b["etp"][blk])
+    return Candidates(cols, names, placements, off, dispatcher, cp_comm, opt_offload, reshard, replicate)
 
 
 def _with_placement(cfg: Config, placement: str) -> Config:
