@@ -250,6 +250,8 @@ def _blocks(problem: Problem, sp_: dict[str, list[Any]], scheds: list[tuple[str,
     c = _keep(c, np.isin(c["dp"], np.array(sp_["dp"], dtype=np.int64)))
     c = _cross(c, _grid(ep=sp_["ep"], mbs=sp_["micro_batch_size"], etp=[-1 if e is None else e for e in sp_["etp"]]))
     c = _keep(c, gbs % (c["dp"] * c["mbs"]) == 0)
+    if None in sp_["etp"]:  # etp = tp named beside None (= tp): one plan, kept once
+        c = _keep(c, c["etp"] != c["tp"])
     c["etp"] = np.where(c["etp"] == c["tp"], -1, c["etp"])  # (-1: etp None, = tp)
     c = _keep(c, (c["etp"] < 0) | (c["tp"] != 1))  # etp = 1 = tp: the same plan as etp None
     c["mb"] = gbs // (c["dp"] * c["mbs"])
