@@ -304,7 +304,7 @@ def test_memory_tmax_equals_the_least_level_that_fits():
     ctx = with_modes(ctx, modes)
     kinds = ctx.model.layer_kinds()
     seen = {"inf": 0, "finite": 0, "pp>2": 0}
-    for cfg in candidates(p, ctx)[::7]:
+    for cfg in candidates(p, ctx)[::2]:
         for pl_cfg in _placements(p, ctx, cfg)[:2]:
             table = layer_table(ctx, pl_cfg)
             t = B._rank_times(ctx, table, modes)
@@ -354,7 +354,7 @@ def test_memory_tmax_on_the_first_counts_equals_the_whole_array(monkeypatch):
 
     monkeypatch.setattr(B, "_rank_times", counted)
     finite = 0
-    for cfg in candidates(p, ctx)[::3]:
+    for cfg in candidates(p, ctx)[::2]:
         for pl_cfg in _placements(p, ctx, cfg)[:2]:
             table = layer_table(ctx, pl_cfg)
             t = original(ctx, table, modes)

@@ -139,7 +139,9 @@ def interleaved_windows(pp: int, vpp: int, rank: int, microbatches: int) -> tupl
     for k in range(warm):
         counts[chunk(k, True)] += 1
     seen = {tuple(counts)}
-    for j in range(total - warm):
+    # (steady state: over pp * vpp steps every local chunk gets pp forwards and pp backwards, so the
+    # counts after step j + pp * vpp are those after step j; one period holds every distinct vector)
+    for j in range(min(total - warm, pp * vpp)):
         counts[chunk(warm + j, True)] += 1
         seen.add(tuple(counts))
         counts[chunk(j, False)] -= 1
