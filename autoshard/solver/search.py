@@ -72,6 +72,12 @@ UNIT_VISIT = 5e-4  # per configuration visited (its placement-free bound)
 UNIT_MEMORY_BOUND = 2e-3  # per bound with the recompute HBM forces (`_memory_tmax`)
 UNIT_TABLE = 3e-4  # per placement's layer table bounded
 UNIT_SOLVE = 4e-3  # per CP-SAT call beyond its deterministic time: the stage model built, the plan evaluated
+# CPU seconds per unit of CP-SAT's deterministic time on the stage models (one worker, no presolve): the sum
+# of each call's thread CPU over the sum of its deterministic time measured 3.2-5.4 on bench_solve --issue
+# and the bundled problems (DeepSeek-V3 122 layers 3.2, Llama 3 405B 4.0, Llama 3 70B on 640 H100 4.6,
+# Kimi-K2-like 5.4; 2-core x86 machine). CP-SAT time counts in the budget at this rate, so a unit of work
+# is about a CPU second whatever part of the search spends it.
+CP_SAT_WORK_PER_DET = 4.0
 
 # The HBM the search keeps free per GPU where the problem sets no `search.headroom_gib` (nor
 # `--headroom`): 5% of the GPU's HBM. The memory model's error against measured peaks: on the BLOOM
@@ -134,11 +140,16 @@ class _Budget:
     def work_left(self) -> float:
         return self.work_limit - self.work
 
+    def cp_sat_left(self) -> float:
+        """The CP-SAT deterministic time the work left pays for."""
+        return self.work_left() / CP_SAT_WORK_PER_DET
+
     def wall_left(self) -> float:
         return self.deadline - time.perf_counter()
 
     def spend(self, work_s: float, wall_fired: bool = False) -> None:
-        self.work += work_s
+        """CP-SAT's deterministic time `work_s`, counted at CP_SAT_WORK_PER_DET units of work each."""
+        self.work += CP_SAT_WORK_PER_DET * work_s
         self.cp_sat += work_s
         self.wall_fired |= wall_fired
 
@@ -350,7 +361,7 @@ class _Search:
         # Each descent gets its own share of the work left, in order (the first up to its cap,
         # the next what the first may leave), so a round never spends more than the budget:
         # the descents run at the same time and cannot see each other's spending.
-        left, shares = self.budget.work_left(), []
+        left, shares = self.budget.cp_sat_left(), []
         for _ in todo:
             shares.append(max(0.0, min(cap_s, left)))
             left -= shares[-1]
@@ -489,7 +500,7 @@ class _Search:
                     if k < len(pending):
                         return
                     break
-                self.round(batch, min(cap, self.budget.work_left()), resumed=True)
+                self.round(batch, min(cap, self.budget.cp_sat_left()), resumed=True)
             cap *= 4
 
     def alternatives(self, top_k: int, order: Sequence[int], cands: Sequence[Config], t_lb: np.ndarray, opt_cache: dict,
@@ -515,7 +526,7 @@ class _Search:
             if (self.budget.work >= work_cap or self.visited >= visit_cap or self.solves >= solve_cap
                     or self.budget.exhausted()):
                 return False
-            self.visit(cands[i], opt_cache, cap_s=min(ALT_CAP, work_cap - self.budget.work))
+            self.visit(cands[i], opt_cache, cap_s=min(ALT_CAP, (work_cap - self.budget.work) / CP_SAT_WORK_PER_DET))
             if self.visited % 8 == 0:
                 self.report("alternatives", n + 1, total)
         return True
@@ -527,7 +538,7 @@ class _Search:
         if best is None or best.table is None:
             return
         sm = StageModel(self.ctx, best.table, self.modes_for(best.table), self.uniform, best.objective_units)
-        work = min(TIEBREAK_WORK, max(0.0, self.budget.work_left()) + TIEBREAK_WORK / 2)
+        work = min(TIEBREAK_WORK, max(0.0, self.budget.cp_sat_left()) + TIEBREAK_WORK / 2)
         status, obj, _ = sm.solve(work / 2, wall_s=max(0.05, self.budget.wall_left()), first_solution=True)
         self.budget.spend(sm.work_s, sm.wall_fired)
         if obj is None:
