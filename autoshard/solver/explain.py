@@ -125,7 +125,7 @@ def offload_fix(problem: Problem, cap_gib: float) -> str | None:
         cands = candidates(alt, ctx, opt_offload=True)
         if not cands:
             return None
-        _, m_lb, could_fit = _bounds(ctx, cands)
+        _, m_lb, could_fit = _bounds(ctx, cands, memory=False)  # (unrefined: the tries are evaluated)
     except Exception:  # noqa: BLE001  (a suggestion never turns an infeasible answer into an error)
         return None
     order = sorted(np.flatnonzero(could_fit).tolist(), key=lambda i: (m_lb[i], i))
