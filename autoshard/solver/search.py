@@ -538,7 +538,8 @@ class _Search:
         if best is None or best.table is None:
             return
         sm = StageModel(self.ctx, best.table, self.modes_for(best.table), self.uniform, best.objective_units)
-        work = min(TIEBREAK_WORK, max(0.0, self.budget.cp_sat_left()) + TIEBREAK_WORK / 2)
+        # (CP-SAT time: at most TIEBREAK_WORK, and past the budget by at most half of it in units of work)
+        work = min(TIEBREAK_WORK, (max(0.0, self.budget.work_left()) + TIEBREAK_WORK / 2) / CP_SAT_WORK_PER_DET)
         status, obj, _ = sm.solve(work / 2, wall_s=max(0.05, self.budget.wall_left()), first_solution=True)
         self.budget.spend(sm.work_s, sm.wall_fired)
         if obj is None:
