@@ -65,6 +65,9 @@ ISSUE = {
     **{f"qwen3-235b-a22b on {n:,} H100": issue_case("qwen3-235b-a22b", n) for n in (256, 2048, 16384)},
     **{f"mixtral-8x22b on {n:,} H100": issue_case(MIXTRAL_8X22B, n) for n in (256, 2048, 16384)},
     **{f"kimi-k2-like on {n:,} H100": issue_case(KIMI_K2, n) for n in (256, 2048)},
+    **{f"{name} on 131,072 H100": issue_case(model, 131072, tokens=64 * 2**20)
+       for name, model in (("deepseek-v3", "deepseek-v3"), ("qwen3-235b-a22b", "qwen3-235b-a22b"),
+                           ("mixtral-8x22b", MIXTRAL_8X22B))},
     "deepseek-v3 122 layers on 2,048 H100": issue_case({"preset": "deepseek-v3", "num_hidden_layers": 122}, 2048),
     "llama3-405b on 256 H100": issue_case("llama3-405b", 256),
     "llama3-70b on 131,072 H100": issue_case("llama3-70b", 131072, tokens=64 * 2**20),
