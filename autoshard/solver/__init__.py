@@ -8,7 +8,9 @@ The decision space splits in two:
   all of them, a sound lower bound on step time (compute at the achievable matmul rate,
   perfectly balanced stages, the schedule's warm-up and cool-down) and on peak memory
   (everything recomputed, ZeRO sharding applied). Candidates whose memory bound exceeds
-  HBM are pruned; the rest are ordered by their time bound.
+  HBM are pruned; the rest are ordered by their time bound refined with the recompute HBM
+  forces (`bounds._forced_tmax`, a convex-hull relaxation of `_memory_tmax`), refined lazily
+  in that order (`bounds.RefinedOrder`: only as far as the search reads).
 - **The combinatorial core** (`StageModel`, a CP-SAT model): for one global configuration,
   how many layers of each kind (dense, MoE) every virtual pipeline stage holds (contiguous,
   uneven allowed, dense layers first) and which recompute mode each layer uses, subject to
@@ -21,7 +23,7 @@ Branch and bound ties them together (`_Search`):
 
 1. A warm start (`_warm_start`, no CP-SAT) builds real plans on the most promising
    configurations: greedy per-rank recompute mixes, then memory-aware stage splits.
-2. Candidates are visited in order of their numpy bound; the search stops when the next
+2. Candidates are visited in order of their (refined) numpy bound; the search stops when the next
    bound cannot beat the incumbent. Each surviving configuration meets, in order of cost,
    the bound of its optimistic table (every group on consecutive GPUs: valid for every
    placement), the same with the recompute HBM forces (`_memory_tmax`), and per placement
@@ -36,7 +38,8 @@ CP-SAT (nothing under the cutoff, or solved to optimality) (tests check every bo
 brute-force enumeration). Every returned plan is re-evaluated with `evaluate`, and the
 CP-SAT objective must match it to within the rounding.
 
-Determinism: the budget is deterministic work (CP-SAT deterministic time plus counted Python work:
+Determinism: the budget is deterministic work (CP-SAT deterministic time, at its measured CPU rate
+`search.CP_SAT_WORK_PER_DET`, plus counted Python work:
 candidates, warm-start configurations, visits, memory bounds, placement tables, stage models;
 `search.UNIT_*`), the wall-clock limit only a safety net that reports itself (`SolverStats.
 limit_fired`, `stopped_by`, `prove_command`); candidates are enumerated in a fixed order, each CP-SAT solve runs
