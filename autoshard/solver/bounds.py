@@ -359,22 +359,14 @@ def _fields(cands: Sequence[Config]) -> np.ndarray:
                     dtype=np.float64).reshape(-1, 11)
 
 
-def _hull_lines(points: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], float, float]:
-    """The lower convex hull of one layer's recompute modes as (activation bytes a, time s) points,
-    as lines: (lines (alpha, beta) with f(a) = max_j alpha_j + beta_j a for a >= a_min, a_min, the
-    time at a_min). f is convex and nonincreasing, at or under every mode's time at its bytes (so
-    n layers whose activations sum to at most B take at least n f(B / n): Jensen), and flat past
-    the fastest mode."""
-    pts = sorted(points)
-    front: list[tuple[float, float]] = []  # bytes ascending, time strictly descending
-    for a, t in pts:
-        if not front or t < front[-1][1]:
-            if front and a == front[-1][0]:
-                front[-1] = (a, t)
-            else:
-                front.append((a, t))
+def _hull_lines(front: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], float, float]:
+    """The lower convex hull of one layer's recompute modes, given as their time / memory Pareto
+    front of (activation bytes a, time s) points (`_useful_modes`), as lines: (lines (alpha, beta)
+    with f(a) = max_j alpha_j + beta_j a for a >= a_min, a_min, the time at a_min). f is convex and
+    nonincreasing, at or under every mode's time at its bytes (so n layers whose activations sum to
+    at most B take at least n f(B / n): Jensen), and flat past the fastest mode."""
     hull: list[tuple[float, float]] = []
-    for pt in front:  # (monotone chain: keep the turns that make the lower hull convex)
+    for pt in sorted(front):  # (monotone chain, bytes ascending: keep the turns that make it convex)
         while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (pt[1] - hull[-2][1])
                                   - (hull[-1][1] - hull[-2][1]) * (pt[0] - hull[-2][0])) <= 0:
             hull.pop()
@@ -444,24 +436,23 @@ def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool)
     got = table.memo.get(key)
     if got is not None:
         return got
-    pts: dict[str, list[tuple[float, float]]] = {k: [] for k in ks}
+    lay = table.layers
     tau = {k: math.inf for k in ks}
     u_tau = dict(tau)
     first: dict[str, Any] = {}
     work = big = 0.0
-    for (k, r), x in table.layers.items():
+    for (k, _), x in lay.items():
         t = x.total_s
         tau[k], u_tau[k] = min(tau[k], t), min(u_tau[k], t - x.wgrad_s)
         work, big = max(work, x.work_bytes), max(big, x.params)
         first.setdefault(k, x)
-        if not (overlap_modes and ep_overlap_blocked(ctx, [r])):
-            pts[k].append((x.act_bytes, t))
-    for k in ks:  # (every mode blocked: all of them, as `_Search.modes_for` would have none)
-        if not pts[k]:
-            pts[k] = [(x.act_bytes, x.total_s) for (k2, _), x in table.layers.items() if k2 == k]
+    every = sorted({r for (_, r) in lay})
+    # (every mode blocked: all of them, as `_Search.modes_for` would have none)
+    usable = [r for r in every if not (overlap_modes and ep_overlap_blocked(ctx, [r]))] or every
+    fronts = {k: [(lay[(k, r)].act_bytes, lay[(k, r)].total_s) for r in _useful_modes(table, k, usable)] for k in ks}
     got = _LayerFacts([tau[k] for k in ks], [u_tau[k] for k in ks],
-                      [(first[k].params, first[k].expert_params, min(a for a, _ in pts[k])) for k in ks],
-                      work, big, [_hull_lines(pts[k]) for k in ks])
+                      [(first[k].params, first[k].expert_params, min(a for a, _ in fronts[k])) for k in ks],
+                      work, big, [_hull_lines(fronts[k]) for k in ks])
     table.memo[key] = got
     return got
 
