@@ -428,6 +428,12 @@ class _LayerFacts:
     hulls: list[tuple[list[tuple[float, float]], float, float]]  # per kind: `_hull_lines` of its modes
 
 
+def beside_ep_overlap(ctx: Context, modes: list[str]) -> list[str]:
+    """The recompute modes among `modes` the framework runs beside the EP overlap (Megatron refuses
+    it beside full recompute and the moe module: `cost.ep_overlap_blocked`)."""
+    return [m for m in modes if not ep_overlap_blocked(ctx, [m])]
+
+
 def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool) -> _LayerFacts:
     """`_LayerFacts` of a table's layers in one pass, over every mode (`overlap_modes`: only those
     the framework runs beside the EP overlap, for `kp` and the hulls; tau over every mode), memoized
@@ -448,7 +454,7 @@ def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool)
         first.setdefault(k, x)
     every = sorted({r for (_, r) in lay})
     # (every mode blocked: all of them, as `_Search.modes_for` would have none)
-    usable = [r for r in every if not (overlap_modes and ep_overlap_blocked(ctx, [r]))] or every
+    usable = (beside_ep_overlap(ctx, every) if overlap_modes else every) or every
     fronts = {k: [(lay[(k, r)].act_bytes, lay[(k, r)].total_s) for r in _useful_modes(table, k, usable)] for k in ks}
     got = _LayerFacts([tau[k] for k in ks], [u_tau[k] for k in ks],
                       [(first[k].params, first[k].expert_params, min(a for a, _ in fronts[k])) for k in ks],

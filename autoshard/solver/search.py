@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from ..catalog import get_gpu
-from ..cost import GIB, Config, Context, Table, context, ep_overlap_blocked, layer_table, with_modes
+from ..cost import GIB, Config, Context, Table, context, layer_table, with_modes
 from ..cost.layers import KIND_COSTS
 from ..cost import evaluate as _evaluate
 from ..errors import InfeasibleError, InputError
 from ..loader import load_problem
 from ..spec import DEFAULT_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Plan, Problem
-from .bounds import RefinedOrder, _lazy_bounds, _optimistic_table, _table_bound
+from .bounds import RefinedOrder, _lazy_bounds, _optimistic_table, _table_bound, beside_ep_overlap
 from .candidates import _placements, _with_fields, candidates, offload_passes
 from .dualpipe_plans import dualpipe_pass
 from .explain import describe_difference, explain_infeasible, explain_no_candidates
@@ -195,7 +195,7 @@ class _Search:
         self.frontier = -math.inf  # the numpy bound of the configuration being visited: bounds all those after it
         self.inflight: set = set()  # stage models being solved (stopped on Ctrl-C)
         # the planned modes a configuration that runs the EP overlap may use (`modes_for`)
-        self.overlap_modes = [m for m in modes if not ep_overlap_blocked(ctx, [m])]
+        self.overlap_modes = beside_ep_overlap(ctx, modes)
 
     def modes_for(self, table: Table) -> list[str]:
         """The recompute modes a configuration's plans may use: all planned ones, less those its
