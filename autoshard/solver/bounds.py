@@ -20,6 +20,7 @@ from ..cost import (
     COMM_INTERFERENCE,
     Config,
     Context,
+    Cost,
     Table,
     TailModel,
     ep_overlap_blocked,
@@ -435,32 +436,49 @@ def beside_ep_overlap(ctx: Context, modes: list[str]) -> list[str]:
 
 
 def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool) -> _LayerFacts:
-    """`_LayerFacts` of a table's layers in one pass, over every mode (`overlap_modes`: only those
-    the framework runs beside the EP overlap, for `kp` and the hulls; tau over every mode), memoized
-    with the layer costs (`Table.memo`, shared by the tables that share them)."""
+    """`_LayerFacts` of a table's layers, over every mode (`overlap_modes`: only those the framework
+    runs beside the EP overlap, for `kp` and the hulls; tau over every mode), memoized with the layer
+    costs (`Table.memo`, shared by the tables that share them) and kind by kind (`_kind_facts`: tables
+    of other shapes share a kind's costs, `cost.layers._kind_costs`)."""
     key = ("layer facts", tuple(ks), overlap_modes)
     got = table.memo.get(key)
     if got is not None:
         return got
-    lay = table.layers
-    tau = {k: math.inf for k in ks}
-    u_tau = dict(tau)
-    first: dict[str, Any] = {}
-    work = big = 0.0
-    for (k, _), x in lay.items():
-        t = x.total_s
-        tau[k], u_tau[k] = min(tau[k], t), min(u_tau[k], t - x.wgrad_s)
-        work, big = max(work, x.work_bytes), max(big, x.params)
-        first.setdefault(k, x)
-    every = sorted({r for (_, r) in lay})
+    by_kind: dict[str, list[tuple[str, Cost]]] = {k: [] for k in ks}
+    for (k, r), x in table.layers.items():
+        by_kind[k].append((r, x))
+    every = sorted({r for (_, r) in table.layers})
     # (every mode blocked: all of them, as `_Search.modes_for` would have none)
-    usable = (beside_ep_overlap(ctx, every) if overlap_modes else every) or every
-    fronts = {k: [(lay[(k, r)].act_bytes, lay[(k, r)].total_s) for r in _useful_modes(table, k, usable)] for k in ks}
-    got = _LayerFacts([tau[k] for k in ks], [u_tau[k] for k in ks],
-                      [(first[k].params, first[k].expert_params, min(a for a, _ in fronts[k])) for k in ks],
-                      work, big, [_hull_lines(fronts[k]) for k in ks])
+    usable = tuple((beside_ep_overlap(ctx, every) if overlap_modes else every) or every)
+    per = [_kind_facts(ctx, by_kind[k], usable) for k in ks]
+    got = _LayerFacts([f[0] for f in per], [f[1] for f in per], [f[2] for f in per],
+                      max(f[3] for f in per), max(f[4] for f in per), [f[5] for f in per])
     table.memo[key] = got
     return got
+
+
+def _kind_facts(ctx: Context, costs: list[tuple[str, Cost]], usable: tuple[str, ...]) -> tuple:
+    """One kind's part of `_LayerFacts` from its (mode, cost) pairs: (tau, u_tau, kp, work, big, hull),
+    the front over the `usable` modes as `_useful_modes` builds it; memoized for the solve on the
+    identity of the cost objects (`cost.layers._kind_costs` shares them; the memo keeps them alive)."""
+    memo = _solve_memo(ctx)
+    key = ("kind facts", tuple(id(x) for _, x in costs), usable)
+    got = memo.get(key)
+    if got is not None:
+        return got[1]
+    total = {r: x.total_s for r, x in costs}
+    tau = min(total.values())
+    u_tau = min(total[r] - x.wgrad_s for r, x in costs)
+    by_mode = dict(costs)
+    front: list[tuple[float, float]] = []
+    for r in sorted(usable, key=lambda r: (total[r], by_mode[r].act_bytes)):
+        if not front or by_mode[r].act_bytes < front[-1][0]:
+            front.append((by_mode[r].act_bytes, total[r]))
+    first = costs[0][1]
+    facts = (tau, u_tau, (first.params, first.expert_params, min(a for a, _ in front)),
+             max(x.work_bytes for _, x in costs), max(x.params for _, x in costs), _hull_lines(front))
+    memo[key] = (costs, facts)
+    return facts
 
 
 class _MemoryBound:
