@@ -398,3 +398,42 @@ def test_attention_block_shared_across_kinds_and_expert_layouts(monkeypatch):
     monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
     monkeypatch.setattr(cost_layers, "_attention_of", lambda ctx, cfg, pl, sh, cache: cost_layers._attention_cost(ctx, cfg, pl, sh))
     assert answer() == shared
+
+
+def test_embedding_and_head_shared_across_shapes_equal_a_fresh_pricing(monkeypatch):
+    """The embedding and head pricings shared between configurations (`cost.layers._end_cost`):
+    during whole solves with the knobs their keys name (multi-token prediction, deferred output-layer
+    weight gradients with a deferral limit, ZeRO-3 and ZeRO-1, TP overlap, Megatron and torchtitan),
+    every hit equals `_embedding_cost` / `_head_cost` priced afresh, hits happen, and the answer is
+    the one without the sharing."""
+    calls = {"fresh": 0, "hit": 0}
+    original = cost_layers._end_cost
+
+    def counting(ctx, cfg, pl, cache, end):
+        if cache is not None:
+            n = len(cache)
+            got = original(ctx, cfg, pl, cache, end)
+            calls["fresh" if len(cache) > n else "hit"] += 1
+            return got
+        return original(ctx, cfg, pl, cache, end)
+
+    def answer(problem: dict) -> dict:
+        doc = solve(load_problem(problem), top_k=2).model_dump(mode="json")
+        doc["solver"].pop("solve_time_s")
+        return doc
+
+    for framework, training in (
+            ("megatron", {"defer_embedding_wgrad": True, "wgrad_deferral_limit": 2}),
+            ("torchtitan", {})):
+        problem = {"model": {**SMALL_MOE, "num_nextn_predict_layers": 1}, "framework": framework,
+                   "training": {"seq_len": 4096, "global_batch_size": 64, **training},
+                   "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+                   "search": {"micro_batch_size": [1, 2], "zero_stage": [1, 3], "cp": [1]}}
+        calls.update(fresh=0, hit=0)
+        monkeypatch.setattr(cost_layers, "_end_cost", counting)
+        monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
+        shared = answer(problem)
+        assert calls["hit"] > calls["fresh"] > 0, calls
+        monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
+        monkeypatch.setattr(cost_layers, "_end_cost", lambda ctx, cfg, pl, cache, end: original(ctx, cfg, pl, None, end))
+        assert answer(problem) == shared

@@ -948,6 +948,7 @@ def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float
 
 # The entry of a `shared_costs` cache that holds one kind's layer costs (`_kind_costs`).
 KIND_COSTS = ("layer costs by kind",)
+END_COSTS = ("embedding and head",)  # first element of `_end_cost`'s keys in the same cache
 CHECK_KIND_CACHE = False  # tests set it: every `_kind_costs` hit is compared with a fresh `layer_costs`
 
 
@@ -995,6 +996,29 @@ def _kind_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
     return got
 
 
+def _end_cost(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, end: str) -> Cost:
+    """`_embedding_cost` or `_head_cost` ("embedding" / "head"), from `cache` where a configuration
+    with the same key was priced. They read nothing of (cfg, pl) but their tokens (mbs, cp), tp, sp,
+    the TP group, whether the step is eager (`eager_step`: tp_overlap and the TP group), ZeRO-3 and
+    CUDA graphs (`_fsdp_outer_host`) and, the head, whether it is tied (pp = 1) and the micro-batch
+    count where the output layer's weight gradients are deferred (`deferred_head_wgrad`): not the
+    expert layout, so the MoE shapes of one attention layout share one pricing. The cached `Cost`s
+    must not be modified. tests/test_solver_speed.py checks every hit against a fresh pricing."""
+    price = _head_cost if end == "head" else _embedding_cost
+    if cache is None:
+        return price(ctx, cfg, pl)
+    key: tuple = (END_COSTS, end, cfg.tp, cfg.sp, cfg.mbs, cfg.cp, pl.tp, cfg.tp_overlap, cfg.zero == 3,
+                  cfg.cuda_graphs)
+    if end == "head":
+        key += (cfg.pp == 1, num_microbatches(ctx.problem, cfg) if ctx.training.defer_embedding_wgrad else 0)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = price(ctx, cfg, pl)
+    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
+        assert price(ctx, cfg, pl) == got, (end, cfg, pl)
+    return got
+
+
 def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, key: Any) -> tuple:
     """(layer costs by (kind, mode), embedding, head, memo) of cfg under placement pl, from
     `cache[key]` when the caller's key says they were priced already (the key must cover
@@ -1009,10 +1033,10 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
         layers.update({("moe", r): c for r, c in _kind_costs(ctx, no_ep_overlap(cfg), pl, "moe", by_kind).items()})
         overlap = False
     # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
-    head = _head_cost(ctx, cfg, pl)
+    head = _end_cost(ctx, cfg, pl, by_kind, "head")
     if ctx.model.num_nextn_predict_layers:
         head = _with_mtp(ctx, cfg, head, layers[(ctx.model.layer_kinds()[-1], "none")])
-    got = (layers, _embedding_cost(ctx, cfg, pl), head, {"ep_overlap": overlap})
+    got = (layers, _end_cost(ctx, cfg, pl, by_kind, "embedding"), head, {"ep_overlap": overlap})
     if cache is not None:
         cache[key] = got
     return got
