@@ -336,6 +336,8 @@ def cmd_solve(a: argparse.Namespace) -> int:
             _print_json({"status": "INFEASIBLE", "reason": exc.reason, "suggestions": exc.suggestions})
         print(f"{a.problem}: infeasible: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    except InputError as exc:  # (a `search:` field the framework cannot run: the problem file's)
+        raise exc.at(a.problem) from None
     record = solution_record(a.problem, problem, sol, point=point)
     from .batch import record_problem_paths  # noqa: PLC0415
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from autoshard import load_problem
+from autoshard.errors import InputError
 from autoshard.cost import (
     Config,
     Context,
@@ -226,3 +227,19 @@ def test_an_empty_space():
     assert _arrays(got)[0].shape == (0, 11) and len(_twins(got)) == 0
     with pytest.raises(IndexError):
         got[0]
+
+
+def test_a_restricted_zero_stage_keeps_the_stages_the_framework_runs():
+    """torchtitan runs ZeRO stages 0 and 3 (FSDP2): `search.zero_stage: [1, 3]` plans the ZeRO-3 configurations
+    `[3]` alone gives (the launch rules are probed with the first stage: one the framework refuses had
+    refused every degree set, "no combination of degrees ... divides"), and `[1, 2]` is an error naming
+    the field and the stages it runs."""
+    def doc(zero: list[int]) -> dict:
+        return _doc("llama3-8b", 16, 64, framework="torchtitan", search={"zero_stage": zero})
+
+    both, only = candidates(*prepared(doc([1, 3]))), candidates(*prepared(doc([3])))
+    assert len(both) == len(only) > 0 and both.rows == only.rows
+    assert {r[7] for r in both.rows} == {3}
+    with pytest.raises(InputError) as exc:
+        candidates(*prepared(doc([1, 2])))
+    assert exc.value.field == "search.zero_stage" and "torchtitan runs ZeRO stages 0, 3, not 1, 2" in exc.value.message

@@ -49,7 +49,10 @@ def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
         "schedule": [x for x in s.allowed("schedule", [x for x in ("1f1b", "interleaved", "zero_bubble", "gpipe")
                                                        if x in fw.schedules and x not in fw.unplanned_schedules])
                      if x not in UNPLANNABLE_SCHEDULES],
-        "zero_stage": s.allowed("zero_stage", list(fw.zero_stages)),
+        # (restricted: the stages the framework runs among them; `candidates` probes the launch rules
+        # with the first, so one it refuses would refuse every degree set)
+        "zero_stage": _runs(problem, "zero_stage", s.allowed("zero_stage", list(fw.zero_stages)), fw.zero_stages,
+                            "ZeRO stages"),
         # MoE parallel folding: experts tensor-parallel like attention (etp = tp) or not at all.
         "etp": s.allowed("etp", [None, 1] if m.is_moe and fw.moe_folding else [None]),
         "sequence_parallel": s.allowed("sequence_parallel", [True, False]),
@@ -57,6 +60,16 @@ def _space(problem: Problem, ctx: Context) -> dict[str, list[Any]]:
         "placement": s.allowed("placement", []),
         "moe_dispatcher": s.allowed("moe_dispatcher", list(fw.moe_dispatchers)),
     }
+
+
+def _runs(problem: Problem, knob: str, allowed: list[Any], runs: Sequence[Any], what: str) -> list[Any]:
+    """The values of a restricted `search.<knob>` the framework runs, in the order given; an
+    `InputError` naming the field where it runs none of them."""
+    got = [x for x in allowed if x in runs]
+    if allowed and not got:
+        raise InputError(f"{problem.framework} runs {what} {', '.join(map(str, runs))}, not "
+                         f"{', '.join(map(str, allowed))}", field=f"search.{knob}")
+    return got
 
 
 def planned_dispatcher(problem: Problem, ctx: Context, allowed: list[str]) -> str | None:
