@@ -948,7 +948,8 @@ def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float
 
 # The entry of a `shared_costs` cache that holds one kind's layer costs (`_kind_costs`).
 KIND_COSTS = ("layer costs by kind",)
-END_COSTS = ("embedding and head",)  # first element of `_end_cost`'s keys in the same cache
+END_COSTS = ("embedding and head",)
+KIND_DICTS = "kind costs"  # the `Table.memo` entry of each kind's {mode: cost} (`shared_costs`)  # first element of `_end_cost`'s keys in the same cache
 CHECK_KIND_CACHE = False  # tests set it: every `_kind_costs` hit is compared with a fresh `layer_costs`
 
 
@@ -1027,16 +1028,19 @@ def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, k
         return cache[key]
     kinds = sorted(set(ctx.model.layer_kinds()))
     by_kind = None if cache is None else cache.setdefault(KIND_COSTS, {})
-    layers = {(k, r): c for k in kinds for r, c in _kind_costs(ctx, cfg, pl, k, by_kind).items()}
+    per_kind = {k: _kind_costs(ctx, cfg, pl, k, by_kind) for k in kinds}
+    layers = {(k, r): c for k in kinds for r, c in per_kind[k].items()}
     overlap = ep_overlap_on(ctx, cfg)
     if overlap and "moe" in kinds and not ep_overlap_pays(ctx, cfg, layers):
-        layers.update({("moe", r): c for r, c in _kind_costs(ctx, no_ep_overlap(cfg), pl, "moe", by_kind).items()})
+        per_kind["moe"] = _kind_costs(ctx, no_ep_overlap(cfg), pl, "moe", by_kind)
+        layers.update({("moe", r): c for r, c in per_kind["moe"].items()})
         overlap = False
-    # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved)
     head = _end_cost(ctx, cfg, pl, by_kind, "head")
     if ctx.model.num_nextn_predict_layers:
         head = _with_mtp(ctx, cfg, head, layers[(ctx.model.layer_kinds()[-1], "none")])
-    got = (layers, _end_cost(ctx, cfg, pl, by_kind, "embedding"), head, {"ep_overlap": overlap})
+    # memo["ep_overlap"]: whether these costs run the EP overlap (what `ep_overlap_pays` resolved);
+    # memo[KIND_DICTS]: each kind's {mode: cost}, the very dicts `_kind_costs` shares between shapes
+    got = (layers, _end_cost(ctx, cfg, pl, by_kind, "embedding"), head, {"ep_overlap": overlap, KIND_DICTS: per_kind})
     if cache is not None:
         cache[key] = got
     return got

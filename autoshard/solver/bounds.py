@@ -48,6 +48,7 @@ from ..cost import (
     zero3_bytes_per_param,
     zero3_step_sync,
 )
+from ..cost.layers import KIND_DICTS
 from ..spec import MESH_AXES
 from ..topology import (
     Placement,
@@ -444,40 +445,44 @@ def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool)
     got = table.memo.get(key)
     if got is not None:
         return got
-    by_kind: dict[str, list[tuple[str, Cost]]] = {k: [] for k in ks}
-    for (k, r), x in table.layers.items():
-        by_kind[k].append((r, x))
-    every = sorted({r for (_, r) in table.layers})
+    per_kind = table.memo.get(KIND_DICTS)
+    shared = per_kind is not None  # (else a table built without `shared_costs`: grouped here, not memoized)
+    if per_kind is None:
+        per_kind = {k: {} for k in ks}
+        for (k, r), x in table.layers.items():
+            per_kind[k][r] = x
+    every = sorted(set().union(*per_kind.values()))
     # (every mode blocked: all of them, as `_Search.modes_for` would have none)
     usable = tuple((beside_ep_overlap(ctx, every) if overlap_modes else every) or every)
-    per = [_kind_facts(ctx, by_kind[k], usable) for k in ks]
+    per = [_kind_facts(ctx, per_kind[k], usable, shared) for k in ks]
     got = _LayerFacts([f[0] for f in per], [f[1] for f in per], [f[2] for f in per],
                       max(f[3] for f in per), max(f[4] for f in per), [f[5] for f in per])
     table.memo[key] = got
     return got
 
 
-def _kind_facts(ctx: Context, costs: list[tuple[str, Cost]], usable: tuple[str, ...]) -> tuple:
-    """One kind's part of `_LayerFacts` from its (mode, cost) pairs: (tau, u_tau, kp, work, big, hull),
-    the front over the `usable` modes as `_useful_modes` builds it; memoized for the solve on the
-    identity of the cost objects (`cost.layers._kind_costs` shares them; the memo keeps them alive)."""
+def _kind_facts(ctx: Context, costs: dict[str, Cost], usable: tuple[str, ...], shared: bool) -> tuple:
+    """One kind's part of `_LayerFacts` from its {mode: cost}: (tau, u_tau, kp, work, big, hull), the
+    front over the `usable` modes as `_useful_modes` builds it; memoized for the solve on the identity
+    of the dict where it is one `cost.layers._kind_costs` shares (`shared`; the memo keeps it alive)."""
     memo = _solve_memo(ctx)
-    key = ("kind facts", tuple(id(x) for _, x in costs), usable)
-    got = memo.get(key)
+    key = ("kind facts", id(costs), usable)
+    got = memo.get(key) if shared else None
     if got is not None:
         return got[1]
-    total = {r: x.total_s for r, x in costs}
+    total = {r: x.total_s for r, x in costs.items()}
     tau = min(total.values())
-    u_tau = min(total[r] - x.wgrad_s for r, x in costs)
-    by_mode = dict(costs)
+    u_tau = min(total[r] - x.wgrad_s for r, x in costs.items())
+    by_mode = costs
     front: list[tuple[float, float]] = []
     for r in sorted(usable, key=lambda r: (total[r], by_mode[r].act_bytes)):
         if not front or by_mode[r].act_bytes < front[-1][0]:
             front.append((by_mode[r].act_bytes, total[r]))
-    first = costs[0][1]
+    first = next(iter(costs.values()))
     facts = (tau, u_tau, (first.params, first.expert_params, min(a for a, _ in front)),
-             max(x.work_bytes for _, x in costs), max(x.params for _, x in costs), _hull_lines(front))
-    memo[key] = (costs, facts)
+             max(x.work_bytes for x in costs.values()), max(x.params for x in costs.values()), _hull_lines(front))
+    if shared:
+        memo[key] = (costs, facts)
     return facts
 
 
