@@ -450,26 +450,32 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
     if cfg.graph_scope:  # per-layer graphs: the captured launches replay as one graph each
         cap_f, cap_b, graphs = captured_launches(ctx, cfg, sh, kind)
         launches = (launches[0] - cap_f + graphs, launches[1] - cap_b + graphs, launches[2])
+    # (what every mode shares, priced once: the summed passes, the dequantization, the gradient
+    # accumulation, the working set and held buffers, the MoE host time)
+    fwd0 = {key: afwd[key] + mfwd[key] for key in TIME_KEYS}
+    bwd0 = {key: abwd[key] + mbwd[key] for key in TIME_KEYS}
+    dq = _mem_s(ctx, (QLORA_BYTES_PER_PARAM + BF16) * (dense_local + expert_local)) \
+        if ctx.training.finetune == "qlora" else None  # NF4 weights dequantized to bf16 for every GEMM pass
+    accum = _grad_accum_s(ctx, dense_local + expert_local)
+    work = acts["none"] + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
+    held = dummy_wgrad_bytes(ctx, dense_local, expert_local / local_experts if experts else 0.0)
+    moe_host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
     out = {}
     for recompute in ctx.modes:
-        c = Cost()
-        for key in TIME_KEYS:
-            c.fwd[key] = afwd[key] + mfwd[key]
-            c.bwd[key] = abwd[key] + mbwd[key]
+        c = Cost(fwd=dict(fwd0), bwd=dict(bwd0))
         c.wgrad_s = awgrad + mwgrad
-        if ctx.training.finetune == "qlora":  # NF4 weights dequantized to bf16 for every GEMM pass
-            dq = _mem_s(ctx, (QLORA_BYTES_PER_PARAM + BF16) * (dense_local + expert_local))
+        if dq is not None:
             c.fwd["compute"] += dq
             c.bwd["compute"] += dq
         c.params = dense_local + expert_local
         c.expert_params = expert_local
-        c.bwd["compute"] += _grad_accum_s(ctx, c.params)
+        c.bwd["compute"] += accum
         c.act_bytes = acts.get(recompute, acts["none"])
-        c.work_bytes = acts["none"] + cublas_workspace_bytes(ctx, tp_overlap_on(ctx, cfg, pl))
-        c.held_bytes = dummy_wgrad_bytes(ctx, dense_local, expert_local / local_experts if experts else 0.0)
+        c.work_bytes = work
+        c.held_bytes = held
         c.hfu_flops = c.base_flops = 3 * flops
         _recompute_mode(ctx, cfg, pl, sh, kind, recompute, c, flops, core, acts, afwd, mfwd)
-        host = moe_host_s(ctx, cfg) if kind in ("moe", "moe_mlp") else 0.0
+        host = moe_host
         if host and ep_overlap and not cfg.cuda_graphs:
             extra = ep_overlap_host_s(ctx, cfg, c, host)
             host += extra

@@ -451,13 +451,22 @@ def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool)
         per_kind = {k: {} for k in ks}
         for (k, r), x in table.layers.items():
             per_kind[k][r] = x
-    every = sorted(set().union(*per_kind.values()))
-    # (every mode blocked: all of them, as `_Search.modes_for` would have none)
-    usable = tuple((beside_ep_overlap(ctx, every) if overlap_modes else every) or every)
+    usable = _usable_modes(ctx, tuple(sorted(set().union(*per_kind.values()))), overlap_modes)
     per = [_kind_facts(ctx, per_kind[k], usable, shared) for k in ks]
     got = _LayerFacts([f[0] for f in per], [f[1] for f in per], [f[2] for f in per],
                       max(f[3] for f in per), max(f[4] for f in per), [f[5] for f in per])
     table.memo[key] = got
+    return got
+
+
+def _usable_modes(ctx: Context, every: tuple[str, ...], overlap_modes: bool) -> tuple[str, ...]:
+    """`every` mode, or (`overlap_modes`) those the framework runs beside the EP overlap; every mode
+    where it blocks them all, as `_Search.modes_for` would have none (memoized for the solve)."""
+    memo = _solve_memo(ctx)
+    key = ("usable modes", every, overlap_modes)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = tuple((beside_ep_overlap(ctx, list(every)) if overlap_modes else every) or every)
     return got
 
 
@@ -524,13 +533,15 @@ class _MemoryBound:
         big = np.array([f.big for f in facts])[inv]
         self.ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
                                (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
-        self.end_s = np.array([(tb.embed.total_s, tb.head.total_s) for tb in tables])[inv]
-        # Per table and kind: the lower hull of its modes' (activation bytes, time), as J lines
-        # (padded with the flat one), its least bytes and the time there.
+        # What only `forced` reads (the candidates refined), per table, read through `self.table`:
+        # the embedding's and LM head's times and, per kind, the lower hull of its modes' (activation
+        # bytes, time), as J lines (padded with the flat one), its least bytes and the time there.
+        self.table = inv
+        self.end_s = np.array([(tb.embed.total_s, tb.head.total_s) for tb in tables])
         J = max(len(h[0]) for f in facts for h in f.hulls)
-        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in f.hulls] for f in facts])[inv]
-        self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])[inv]
-        self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])[inv]
+        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in f.hulls] for f in facts])
+        self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])
+        self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
         fs, gi = _groups([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
         coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
@@ -598,13 +609,14 @@ class _MemoryBound:
             P = infl.shape[1]
             room = self._room(g, sel)
             ext = np.zeros((len(sel), P))
-            ext[:, 0] += self.end_s[sel, 0]
-            ext[:, -1] += self.end_s[sel, 1]
+            tab = self.table[sel]
+            ext[:, 0] += self.end_s[tab, 0]
+            ext[:, -1] += self.end_s[tab, 1]
             t = out[pos[sel]]
             for i, k in enumerate(self.ks):
                 t = _forced_tmax(room, np.broadcast_to(infl, (len(sel), P)),
-                                 self.static(sel, self.kp[sel, i, 0], self.kp[sel, i, 1]), self.lines[sel, i],
-                                 self.a_min[sel, i], self.s_amin[sel, i], ext, self.kinds.count(k), t)
+                                 self.static(sel, self.kp[sel, i, 0], self.kp[sel, i, 1]), self.lines[tab, i],
+                                 self.a_min[tab, i], self.s_amin[tab, i], ext, self.kinds.count(k), t)
             out[pos[sel]] = t
         return out
 
