@@ -84,6 +84,16 @@ def case_doc(file: str, bundled: bool) -> dict:
 TOP_K = 3  # alternatives: the default of `autoshard solve`
 
 
+def machine_speed_s() -> float:
+    """CPU seconds of a fixed pure-Python loop (10M multiply-adds): this shared VM's speed varies by
+    1.5x from hour to hour, so each run prints it before and after its cases; CPU figures of two runs
+    compare as ratios to it (the fastest seen on the 2-core machine: 1.28 s)."""
+    c0, acc = time.process_time(), 0
+    for i in range(10_000_000):
+        acc += i * i
+    return time.process_time() - c0
+
+
 def run(name: str, doc: dict, limit: float, repeat: int = 1) -> None:
     times, cpus = [], []
     for _ in range(repeat):
@@ -228,9 +238,11 @@ if __name__ == "__main__":
         random_problems(a.random, a.time_limit)
         sys.exit(0)
     if a.issue:
+        print(f"machine speed: {machine_speed_s():.2f} s for the reference loop (machine_speed_s)", flush=True)
         for name, doc in ISSUE.items():
             if a.only is None or a.only in name:
                 run(name, doc, a.time_limit, a.repeat)
+        print(f"machine speed: {machine_speed_s():.2f} s for the reference loop (machine_speed_s)", flush=True)
         sys.exit(0)
     for name, file in CASES.items():
         if a.only is None or a.only in name:
