@@ -45,11 +45,13 @@ class InternalError(AutoshardError):
 
 class InfeasibleError(AutoshardError):
     """No plan in the declared space fits: `reason` is the binding constraint,
-    `suggestions` the smallest changes that fix it."""
+    `suggestions` the smallest changes that fix it; `memory`: HBM is what binds (a plan exists that
+    does not fit), not the space or the framework's rules."""
 
-    def __init__(self, reason: str, suggestions: Iterable[str] = ()):
+    def __init__(self, reason: str, suggestions: Iterable[str] = (), memory: bool = False):
         self.reason = reason
         self.suggestions = list(suggestions)
+        self.memory = memory
         text = reason
         if self.suggestions:
             text += "; to fix: " + "; or ".join(self.suggestions)

@@ -245,6 +245,30 @@ def test_infeasible_names_binding_constraint_and_fix():
     assert "even with" in msg and "GiB" in msg and "more GPUs" in msg
 
 
+def test_infeasible_by_the_frameworks_rules_names_the_rule_not_memory():
+    """A space whose every dividing degree set the framework refuses (DeepSpeed's pipeline engine runs
+    ZeRO 0-1 beside pp > 1: a pp 2, ZeRO-3 space) names that rule and the field to relax, not
+    divisibility, and does not suggest --headroom 0 (no plan exists to fit); a space no degree set
+    divides still says so; a memory-bound one keeps the headroom suggestion."""
+    space = {"model": "llama3-8b", "framework": "deepspeed", "training": {"seq_len": 4096, "global_batch_size": 64},
+             "cluster": {"gpu": "h100-sxm", "num_gpus": 16}, "search": {"pp": [2], "zero_stage": [3]}}
+    with pytest.raises(InfeasibleError) as exc:
+        solve(load_problem(space), time_limit_s=30)
+    e = exc.value
+    assert e.reason.startswith("deepspeed refuses every combination of degrees") and "ZeRO stages [0, 1]" in e.reason
+    assert e.suggestions[0] == "relax search.zero_stage" and not e.memory
+    assert not any("--headroom" in s for s in e.suggestions)
+    with pytest.raises(InfeasibleError) as exc:  # dp 16 cannot split 63 sequences
+        solve(load_problem({**space, "framework": "megatron", "training": {"seq_len": 4096, "global_batch_size": 63},
+                            "search": {"dp": [16]}}), time_limit_s=30)
+    assert exc.value.reason.startswith("no combination of degrees in the search space divides the 16 GPUs")
+    p = load_problem({"model": "llama3-405b", "training": {"seq_len": 8192, "global_batch_size": 8},
+                      "cluster": {"gpu": "rtx-4090", "num_gpus": 8}})
+    with pytest.raises(InfeasibleError) as exc:
+        solve(p, time_limit_s=30)
+    assert exc.value.memory and any(s.startswith("--headroom 0") for s in exc.value.suggestions)
+
+
 def test_balanced_max_equals_enumeration():
     """The whole-layer balance bound is exactly the best split's fullest stage."""
     import math

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import math
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from itertools import product
 
 import numpy as np
 
 from ..catalog import get_gpu, gpu_ids
-from ..cost import GIB, Config, Context
+from ..cost import GIB, Config, Context, config_reasons, launch_reasons
 from ..cost import evaluate as _evaluate
 from ..spec import mode_order, Plan, Problem
 from ..cost import context, with_modes
 from ..frameworks import profiles
 from .bounds import _bounds
-from .candidates import candidates
+from .candidates import _space, candidates, planned_cp_comm
 from ..layouts import search_modes
 
 
@@ -62,12 +64,63 @@ def describe_difference(a: Plan, b: Plan) -> str:
 # ---------------------------------------------------------------------------------------
 
 
+EXPLAIN_TRIES = 4000  # degree sets `explain_no_candidates` checks against the framework's rules (a count)
+
+
 def explain_no_candidates(problem: Problem, ctx: Context) -> tuple[str, list[str]]:
+    """Why the search space holds no configuration: where some degree sets divide the GPUs and the
+    global batch but the framework's launch rules refuse every one of them (`config_reasons`,
+    `launch_reasons`), the rule that refused the most, with the field to relax; else divisibility."""
     n, gbs = problem.cluster.num_gpus, problem.training.global_batch_size
+    by_field: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    tried = 0
+    for plan in _dividing_plans(problem, ctx):
+        tried += 1
+        dp, refused = config_reasons(problem, plan)
+        refused = refused or launch_reasons(problem, plan)
+        if not refused:  # (another rule of the space removed it: the divisibility message below)
+            by_field.clear()
+            break
+        for r in refused[:1]:
+            by_field[r.field or "search"] += 1
+            example.setdefault(r.field or "search", str(r))
+        if tried >= EXPLAIN_TRIES:
+            break
+    if by_field:
+        field, count = by_field.most_common(1)[0]
+        reason = (f"{problem.framework} refuses every combination of degrees in the search space that divides the "
+                  f"{n} GPUs and the global batch ({count} of the {tried} checked for {field}, e.g. {example[field]})")
+        knob = field if field in type(problem.search).model_fields else None
+        return reason, [f"relax search.{knob}" if knob else "relax the `search:` restrictions",
+                        f"another framework (`framework:`, {problem.framework} now)"]
     reason = (f"no combination of degrees in the search space divides the {n} GPUs, the heads "
               f"({problem.model.num_attention_heads}) and the global batch ({gbs} sequences)")
     fixes = [f"use a global_batch_size that is a multiple of {n}", "relax the `search:` restrictions"]
     return reason, fixes
+
+
+def _dividing_plans(problem: Problem, ctx: Context) -> Iterator[Plan]:
+    """Plans of the search space (`candidates._space`) whose tp x cp x pp divides the GPUs and whose
+    dp x micro-batch divides the global batch, in the space's order (the first micro-batch that does,
+    vpp 2 for the interleaved schedule; SP off and the planned CP exchange, as `candidates` probes)."""
+    sp = _space(problem, ctx)
+    n, gbs = problem.cluster.num_gpus, problem.training.global_batch_size
+    cp_comm = planned_cp_comm(problem, ctx)  # (as `candidates` probes: the exchange planned, SP off)
+    for tp, cp, pp, ep, zero, sched in product(sp["tp"], sp["cp"], sp["pp"], sp["ep"], sp["zero_stage"],
+                                               sp["schedule"] or ["1f1b"]):
+        if n % (tp * cp * pp) or (pp == 1 and sched != "1f1b"):
+            continue
+        dp = n // (tp * cp * pp)
+        mbs = next((b for b in sp["micro_batch_size"] if gbs % (dp * b) == 0), None)
+        if mbs is None or dp not in sp["dp"]:
+            continue
+        try:
+            yield Plan(tp=tp, cp=cp, pp=pp, ep=ep, dp=dp, zero_stage=zero, micro_batch_size=mbs, schedule=sched,
+                       vpp=2 if sched == "interleaved" else 1, sequence_parallel=False,
+                       cp_comm_type=cp_comm if cp > 1 else "p2p")
+        except ValueError:  # (a combination the plan's own validation refuses)
+            continue
 
 
 def explain_infeasible(problem: Problem, ctx: Context, cands: Sequence[Config], m_lb: np.ndarray) -> tuple[str, list[str]]:

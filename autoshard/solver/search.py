@@ -641,9 +641,9 @@ def solve(problem: Problem | Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
         return _solve_with(problem, shown, headroom_gib, default_headroom, t0, time_limit_s, top_k, gap_limit,
                            work_limit, alternatives, progress, jobs)
     except InfeasibleError as exc:
-        if default_headroom and headroom_gib > 0:  # the default margin may be what rules every plan out
+        if exc.memory and default_headroom and headroom_gib > 0:  # the default margin may be what rules every plan out
             raise InfeasibleError(exc.reason, [*exc.suggestions, f"--headroom 0 (the search kept {headroom_gib:g} GiB "
-                                               "per GPU free by default)"]) from None
+                                               "per GPU free by default)"], memory=True) from None
         raise
 
 
@@ -763,7 +763,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Conf
             raise InfeasibleError("no plan found within the solver's budget "
                                   f"({work_limit:g} units of work, {time_limit_s:g} s wall-clock limit)",
                                   ["raise --work-limit or --time-limit", "restrict the search space with `search:`"])
-        raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb))
+        raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb), memory=True)
     est = _evaluate(problem, best.plan)
     bound = min(best.step_s, bound_s)
     gap = max(0.0, (best.step_s - bound) / best.step_s)
