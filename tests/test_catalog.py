@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autoshard import Plan, evaluate, load_problem
-from autoshard.catalog import (_recipes, check_precision, gemm_flops_per_s, gemm_peak_flops_per_s, get_gpu,
+from autoshard.catalog import (_recipes, gemm_flops_per_s, gemm_peak_flops_per_s, get_gpu,
                                get_recipe, get_topology, gpu_ids, low_precision_fraction, precision_id,
                                precision_ids, quant_overhead_bytes_per_element, supports, topology_ids,
                                weight_copy_bytes_per_param)

@@ -46,7 +46,7 @@ from autoshard.layouts import megatron_recompute  # noqa: E402
 from autoshard.spec import canonical_recompute  # noqa: E402
 
 from launcher_cases import (  # noqa: E402
-    CASE_IDS, MEGATRON_CASES, MEGATRON_REFUSED, all_cases, exported, full_plan, plan_groups)
+    MEGATRON_CASES, MEGATRON_REFUSED, all_cases, exported, full_plan, plan_groups)
 
 # Megatron-LM flags whose dest differs from the config field (megatron/training/arguments.py and
 # argument_utils.py at d98e8a64dd).
