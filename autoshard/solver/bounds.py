@@ -337,8 +337,8 @@ def _overlap_off(cands: Sequence[Config]) -> np.ndarray:
 
 def _arrays(cands: Candidates) -> tuple[np.ndarray, np.ndarray]:
     """(`_fields` of the candidates, whether each has the EP overlap off), read off their columns once
-    (kept on the candidates: they do not change)."""
-    got = getattr(cands, "_arrays", None)
+    (kept in `Candidates.derived`)."""
+    got = cands.derived.get("bound fields")
     if got is None:
         c = cands.cols
         sched = np.array([_SCHEDULES[x] for x in cands.schedules] + [0], dtype=np.float64)[c["schedule"]]
@@ -346,8 +346,7 @@ def _arrays(cands: Candidates) -> tuple[np.ndarray, np.ndarray]:
         for i, f in enumerate(_FIELDS):  # (etp -1 where None: = tp)
             fields[:, i] = c[f]
         fields[:, -1] = sched
-        got = (fields, cands.overlap_off)
-        cands._arrays = got  # type: ignore[attr-defined]
+        got = cands.derived["bound fields"] = (fields, cands.overlap_off)
     return got
 
 

@@ -133,6 +133,8 @@ class Candidates(Sequence[Config]):
         self._n = len(overlap_off)
         self._built: dict[int, Config] = {}
         self._rows: list[CandidateRow] | None = None
+        # figures derived from the columns alone, kept by their readers (`bounds._arrays`): they do not change
+        self.derived: dict[str, Any] = {}
 
     @property
     def rows(self) -> list[CandidateRow]:
