@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..cost import Context, Estimate, Table, layer_table
 from ..cost import evaluate as _evaluate
 from ..spec import Plan, Problem
@@ -79,9 +81,11 @@ def dualpipe_estimates(problem: Problem, ctx: Context, modes: list[str], headroo
     kinds = ctx.model.layer_kinds()
     seen: set[tuple] = set()
     priced, fitting = 0, []
-    for cfg in candidates(problem, ctx):
-        if cfg.pp < 2 or cfg.pp % 2 or cfg.vpp != 1 or cfg.ep_overlap is False:
-            continue
+    cands = candidates(problem, ctx)
+    c = cands.cols  # (filtered on the columns: a `Config` is built only for the DualPipe-shaped ones)
+    shaped = (c["pp"] >= 2) & (c["pp"] % 2 == 0) & (c["vpp"] == 1) & ~cands.overlap_off
+    for i in np.flatnonzero(shaped).tolist():
+        cfg = cands[i]
         key = (cfg.tp, cfg.cp, cfg.ep, cfg.etp, cfg.pp, cfg.dp, cfg.sp, cfg.zero, cfg.mbs, cfg.placement)
         if key in seen:
             continue
