@@ -399,19 +399,21 @@ def _forced_tmax(room: np.ndarray, infl: np.ndarray, st: np.ndarray, lines: np.n
     cap = np.minimum(np.floor(np.maximum(room, 0) / (st[:, None] + infl * a_min[:, None]) + 1e-9), n_k)
     feasible = cap.sum(axis=1) >= n_k
 
-    def short(T: np.ndarray, r: Any) -> np.ndarray:  # fewer than n_k layers fit under T
-        n = np.floor(((T[:, None, None] - off[r]) / coef[r]).min(axis=2) + 1e-9)
-        return np.clip(n, 0, cap[r]).sum(axis=1) < n_k
+    def short(T: np.ndarray, off_: np.ndarray, coef_: np.ndarray, cap_: np.ndarray) -> np.ndarray:
+        """Fewer than n_k layers fit under T (the rows' arrays)."""
+        n = np.floor(((T[:, None, None] - off_) / coef_).min(axis=2) + 1e-9)
+        return np.clip(n, 0, cap_).sum(axis=1) < n_k
 
     out = np.where(feasible, at_least, np.inf)
     rows = np.flatnonzero(feasible)
-    rows = rows[short(at_least[rows], rows)]  # (the others: HBM forces nothing above at_least)
+    rows = rows[short(at_least[rows], off[rows], coef[rows], cap[rows])]  # (the others: HBM forces nothing above)
     if len(rows):
         lo = at_least[rows]
         hi = np.maximum(lo, ext[rows].max(axis=1) + n_k * s_min[rows])  # (every rank at its cap: enough)
+        off_r, coef_r, cap_r = off[rows], coef[rows], cap[rows]  # (gathered once for the bisection)
         for _ in range(FORCED_BISECTIONS):
             mid = 0.5 * (lo + hi)
-            below = short(mid, rows)
+            below = short(mid, off_r, coef_r, cap_r)
             lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
         out[rows] = lo
     return out
