@@ -328,8 +328,11 @@ def interrupt(tmp_path: Path, jobs: int, sig: int) -> tuple[int, Path, str]:
     files = slow_problems(tmp_path / "in")
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # (SIGINT at its default in the child: a test run started in the background, `pytest ... &` without job
+    # control, inherits SIGINT ignored, as POSIX has it, and the batch then rightly ignores Ctrl-C)
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, *files, str(out), str(jobs)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.readline()  # blocks until the first problem finished (its files written)
         assert first.startswith("DONE"), first + proc.stderr.read()
