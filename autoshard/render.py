@@ -546,6 +546,9 @@ def solution_markdown(problem: Any, solution: Any, point: Any = None) -> str:
         out += _table(["#", "step time", "slower", "vs the plan", "family", "plan", "differs"], rows, "rrrllll")
         out += ["", "Indistinguishable: the two 80% prediction intervals overlap (the model cannot tell "
                 "which is faster; autoshard/cost/intervals.py)."]
+        note = alternatives_note(st)
+        if note:
+            out += ["", note[0].upper() + note[1:] + "."]
     else:
         out.append("None: every other configuration was proven slower by its bound, or none fits.")
     out += ["", "## Solver", ""]
@@ -679,7 +682,19 @@ def solution_text(problem: Any, solution: Any) -> str:
         out.append(dualpipe_line(st))
     for a in solution.alternatives:
         out.append(alternative_line(solution.estimate, a))
+    note = alternatives_note(st) if solution.alternatives else ""
+    if note:
+        out.append(f"  ({note})")
     return "\n".join(out) + "\n"
+
+
+def alternatives_note(st: Any) -> str:
+    """What the alternatives are when their share of the search ran out (`SolverStats.
+    alternatives_complete` false): the best found, not each family's proven best; "" otherwise."""
+    if getattr(st, "alternatives_complete", True):
+        return ""
+    return ("alternatives: the best found within their share of the search's work (a quarter of the proof's, "
+            "solver.alternatives_complete false); a family the share did not reach may be closer")
 
 
 def indistinguishable(best: Any, other: Any) -> bool:

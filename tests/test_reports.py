@@ -101,3 +101,22 @@ def test_compare_shows_long_labels_whole_and_drops_all_zero_rows():
 
     for t in zero:
         assert f"  {TIME_NAMES.get(t.key, t.key)}  " not in shown
+
+
+def test_incomplete_alternatives_say_so_in_every_report(capsys):
+    """Where the alternatives' share of the search ran out (`solver.alternatives_complete` false), the
+    text, the markdown and the CLI say the alternatives are the best found, not each family's proven best;
+    where it did not, none of them says it."""
+    from autoshard.render import solution_markdown, solution_text
+    from autoshard.solver import solve
+
+    problem = load_problem("problems/llama3-8b-64xh100.yaml")
+    sol = solve(problem, top_k=3)
+    assert sol.solver.alternatives_complete and sol.alternatives  # (this bundled problem completes)
+    short = sol.model_copy(update={"solver": sol.solver.model_copy(update={"alternatives_complete": False})})
+    for render in (solution_text, solution_markdown):
+        assert "a family the share did not reach may be closer" not in render(problem, sol)
+        assert "a family the share did not reach may be closer" in render(problem, short)
+    assert main(["solve", "problems/mixtral-8x7b-64xh100.yaml"]) == 0  # (its share runs out: bundled record)
+    out = capsys.readouterr().out
+    assert "  (alternatives: the best found within their share of the search's work" in out
