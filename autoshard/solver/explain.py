@@ -77,7 +77,7 @@ def explain_no_candidates(problem: Problem, ctx: Context) -> tuple[str, list[str
     tried = 0
     for plan in _dividing_plans(problem, ctx):
         tried += 1
-        dp, refused = config_reasons(problem, plan)
+        _, refused = config_reasons(problem, plan)
         refused = refused or launch_reasons(problem, plan)
         if not refused:  # (another rule of the space removed it: the divisibility message below)
             by_field.clear()
