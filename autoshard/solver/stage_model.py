@@ -234,10 +234,13 @@ class StageModel:
         return [c for c in range(self.V) if c % self.cfg.pp == p]
 
     def _piece_sum(self, p: int, attr) -> Any:
-        """Sum over the layers of rank p of attr(cost) as a linear expression."""
+        """Sum over the layers of rank p of attr(cost) as a linear expression (one weighted sum: the
+        same terms, in the same order, as adding them one by one, without an expression per term)."""
         lay = self.table.layers
-        return sum(attr(lay[(k, r)]) * self.n[c][k][r] for c in self._rank_chunks(p)
-                   for k in self.kinds for r in self.modes)
+        per = {(k, r): attr(lay[(k, r)]) for k in self.kinds for r in self.modes}
+        keys = [(c, k, r) for c in self._rank_chunks(p) for k in self.kinds for r in self.modes]
+        return self.cp_model.LinearExpr.weighted_sum([self.n[c][k][r] for c, k, r in keys],
+                                                     [per[(k, r)] for _, k, r in keys])
 
     def _rank_const(self, p: int, attr) -> float:
         cfg, tb = self.cfg, self.table
@@ -300,9 +303,13 @@ class StageModel:
                 lay, chunks = tb.layers, self._rank_chunks(p)
                 fixed = (self._piece_sum(p, lambda c: _b(static(c))) + _b(self._rank_const(p, static))
                          + _b(working_bytes(tb, p == cfg.pp - 1, p == 0) + z3))
+                kr = [(k, r) for k in self.kinds for r in self.modes]
+                act_b = [_b(lay[x].act_bytes) for x in kr]
+                n_vars = [self.n[c][k][r] for c in chunks for k, r in kr]
                 for win in interleaved_windows(cfg.pp, cfg.vpp, p, tb.microbatches):
-                    acts = sum(w * _b(lay[(k, r)].act_bytes) * self.n[c][k][r] for w, c in zip(win, chunks)
-                               for k in self.kinds for r in self.modes)
+                    # (one weighted sum: the same terms, in the same order, as adding them one by one)
+                    acts = self.cp_model.LinearExpr.weighted_sum(
+                        n_vars, [w * b for w, _ in zip(win, chunks) for b in act_b])
                     ends = (win[0] * _b(tb.embed.act_bytes) if p == 0 else 0) + \
                         (win[-1] * _b(tb.head.act_bytes) if p == cfg.pp - 1 else 0)
                     md.add(fixed + acts + ends <= int(cap // MEM_UNIT_BYTES))
