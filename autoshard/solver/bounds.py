@@ -473,7 +473,7 @@ def _usable_modes(ctx: Context, every: tuple[str, ...], overlap_modes: bool) -> 
 
 def _kind_facts(ctx: Context, costs: dict[str, Cost], usable: tuple[str, ...], shared: bool) -> tuple:
     """One kind's part of `_LayerFacts` from its {mode: cost}: (tau, u_tau, kp, work, big, hull), the
-    front over the `usable` modes as `_useful_modes` builds it; memoized for the solve on the identity
+    front over the `usable` modes (`pareto_modes`, as `_useful_modes`); memoized for the solve on the identity
     of the dict where it is one `cost.layers._kind_costs` shares (`shared`; the memo keeps it alive)."""
     memo = _solve_memo(ctx)
     key = ("kind facts", id(costs), usable)
@@ -483,11 +483,7 @@ def _kind_facts(ctx: Context, costs: dict[str, Cost], usable: tuple[str, ...], s
     total = {r: x.total_s for r, x in costs.items()}
     tau = min(total.values())
     u_tau = min(total[r] - x.wgrad_s for r, x in costs.items())
-    by_mode = costs
-    front: list[tuple[float, float]] = []
-    for r in sorted(usable, key=lambda r: (total[r], by_mode[r].act_bytes)):
-        if not front or by_mode[r].act_bytes < front[-1][0]:
-            front.append((by_mode[r].act_bytes, total[r]))
+    front = [(costs[r].act_bytes, total[r]) for r in pareto_modes(costs, usable)]
     first = next(iter(costs.values()))
     facts = (tau, u_tau, (first.params, first.expert_params, min(a for a, _ in front)),
              max(x.work_bytes for x in costs.values()), max(x.params for x in costs.values()), _hull_lines(front))
@@ -948,12 +944,17 @@ def _useful_modes(table: Table, kind: str, modes: list[str]) -> list[str]:
     key = ("useful", kind, tuple(modes))
     got = table.memo.get(key)
     if got is None:
-        lay = table.layers
-        got = []
-        for r in sorted(modes, key=lambda r: (lay[(kind, r)].total_s, lay[(kind, r)].act_bytes)):
-            if not got or lay[(kind, r)].act_bytes < lay[(kind, got[-1])].act_bytes:
-                got.append(r)
-        table.memo[key] = got
+        got = table.memo[key] = pareto_modes({r: table.layers[(kind, r)] for r in modes}, modes)
+    return got
+
+
+def pareto_modes(costs: dict[str, Cost], modes: Sequence[str]) -> list[str]:
+    """The time / memory Pareto modes among `modes` of one layer's {mode: cost}, fastest first (ties in
+    time: the leaner first; a mode is kept only if it keeps fewer activation bytes than the last kept)."""
+    got: list[str] = []
+    for r in sorted(modes, key=lambda r: (costs[r].total_s, costs[r].act_bytes)):
+        if not got or costs[r].act_bytes < costs[got[-1]].act_bytes:
+            got.append(r)
     return got
 
 
