@@ -585,6 +585,40 @@ def test_rank_cuts_keep_every_optimum(seq, schedules):
     assert compared >= 4
 
 
+@pytest.mark.parametrize("framework,schedules,offload", [
+    ("megatron", ["1f1b", "interleaved"], False),  # one recompute mode for every layer: the picked mode's cut
+    ("megatron", ["1f1b"], True),  # activation offloading beside the pick (its layers stay free)
+    ("torchtitan", ["interleaved", "zero_bubble"], False),  # per-layer modes and every-Nth
+])
+def test_count_cuts_keep_every_optimum(framework, schedules, offload):
+    """The stage model's per-rank layer counts (`count_cuts`: t_max at least each count times its
+    kind's fastest mode, or the picked mode's) cut no plan: with and without them every
+    configuration's exact optimum is the same, dense and MoE layers, under HBM pressure."""
+    from autoshard.solver import StageModel, _placements, candidates
+
+    model = dict(SMALL_MOE, num_hidden_layers=8, first_k_dense_replace=2)
+    search = {"cp": [1], "zero_stage": [1] if framework == "megatron" else [0], "micro_batch_size": [1],
+              "schedule": schedules, "vpp": [1, 2]}
+    if offload:
+        search["recompute"] = ["none", "full", "offload"]
+    p = load_problem({"model": model, "framework": framework, "training": {"seq_len": 8192, "global_batch_size": 32},
+                      "cluster": {"gpu": "rtx-4090", "num_gpus": 8}, "search": search})
+    modes = search_modes(p, context(p))
+    ctx = with_modes(context(p), modes)  # (the layer tables price every planned mode, as `solve`'s)
+    assert ("offload" in modes) == offload
+    compared = 0
+    for cfg0 in candidates(p, ctx):
+        table = layer_table(ctx, _placements(p, ctx, cfg0)[0])
+        got = []
+        for cuts in (False, True):
+            sm = StageModel(ctx, table, modes, False, None, count_cuts=cuts)
+            status, obj, _ = sm.solve(20)
+            got.append((status, obj))
+        assert got[0] == got[1], cfg0
+        compared += got[0][0] == "OPTIMAL" and cfg0.pp > 1
+    assert compared >= 4
+
+
 def test_counts_under_equals_broadcast_comparison():
     """`_counts_under` (a cumulative histogram over level indices, used by `_memory_tmax`) equals
     the (P, levels, N) comparison it replaces, with ties, inf and levels that are not values."""

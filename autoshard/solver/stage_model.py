@@ -48,10 +48,11 @@ class StageModel:
     recompute `mode`. Within a stage the order of modes does not change time or memory,
     so the per-layer assignment is read off the counts. `rank_cuts`: add each rank's least time
     for its layer counts under HBM (`_rank_least_times`; the search asks for them on resumed proofs).
+    `count_cuts` (default): each rank's layer counts per kind bound t_max (`_count_cuts`).
     """
 
     def __init__(self, ctx: Context, table: Table, modes: list[str], uniform: bool, cutoff_units: int | None,
-                 rank_cuts: bool = False):
+                 rank_cuts: bool = False, count_cuts: bool = True):
         from ortools.sat.python import cp_model  # noqa: PLC0415  (lazy: 0.25 s import)
 
         self.cp_model = cp_model
@@ -64,8 +65,9 @@ class StageModel:
         self.V = self.cfg.pp * self.cfg.vpp
         self.uniform = uniform
         self.cutoff = cutoff_units
-        self.rank_cuts = rank_cuts
+        self.rank_cuts, self.count_cuts = rank_cuts, count_cuts
         self.layout = recompute_layout(ctx)
+        self.pick: dict[str, Any] = {}  # one mode for every layer: its boolean (`_pattern_constraints`)
         self._variables()
         self._layer_constraints()
         self._pattern_constraints()
@@ -136,6 +138,7 @@ class StageModel:
         md, V = self.model, self.V
         every = [(c, k) for c in range(V) for k in self.kinds]
         pick = {r: md.new_bool_var(f"all_{r}") for r in modes}
+        self.pick = pick
         choices = list(pick.values())
         block = None
         if self.layout in ("block", "every_nth") and "full" in modes and "none" in modes:
@@ -254,12 +257,16 @@ class StageModel:
     def _rank_expressions(self) -> None:
         cfg, tb = self.cfg, self.table
         self.fwd, self.bwd, self.time, self.wgrad = [], [], [], []
+        self.rank_fixed: list[int] = []  # per rank: its time besides its layers (model units)
         for p in range(cfg.pp):
             chunks = len(self._rank_chunks(p))
             sends = chunks - (1 if p == cfg.pp - 1 else 0)
             recvs = chunks - (1 if p == 0 else 0)
-            fwd = self._piece_sum(p, lambda c: _t(c.fwd_s)) + _t(self._rank_const(p, lambda c: c.fwd_s) + tb.pp_p2p_s * sends)
-            bwd = self._piece_sum(p, lambda c: _t(c.bwd_s)) + _t(self._rank_const(p, lambda c: c.bwd_s) + tb.pp_p2p_s * recvs)
+            fixed_f = _t(self._rank_const(p, lambda c: c.fwd_s) + tb.pp_p2p_s * sends)
+            fixed_b = _t(self._rank_const(p, lambda c: c.bwd_s) + tb.pp_p2p_s * recvs)
+            self.rank_fixed.append(fixed_f + fixed_b)
+            fwd = self._piece_sum(p, lambda c: _t(c.fwd_s)) + fixed_f
+            bwd = self._piece_sum(p, lambda c: _t(c.bwd_s)) + fixed_b
             self.fwd.append(fwd)
             self.bwd.append(bwd)
             self.time.append(fwd + bwd)
@@ -333,6 +340,8 @@ class StageModel:
         else:  # a rank holds vpp chunks of >= 1 layer each (as in `_table_bound`)
             lb = balanced_max(tau, t_ex, L - (cfg.vpp - 1) * cfg.pp) + (cfg.vpp - 1) * tau
             md.add(tmax >= int(lb / TIME_UNIT_S) - (L + 2))
+        if self.count_cuts:
+            self._count_cuts(tmax)
         forced = _memory_tmax(ctx, tb, self.modes)  # the recompute HBM forces on the fullest rank
         if math.isfinite(forced) and self.rank_cuts:
             self._rank_least_times()
@@ -406,6 +415,34 @@ class StageModel:
                 for k in self.kinds:
                     for r in self.modes:
                         md.add_hint(self.n[c][k][r], chunk.count(k) if r == self.modes[0] else 0)
+
+    def _count_cuts(self, tmax: Any) -> None:
+        """Redundant: each rank's layers of each kind as an integer count, and t_max at least the
+        rank's fixed time plus each count times its kind's fastest mode (each mode's own time where
+        the framework runs one mode for every layer and it is picked). A bound on t_max then bounds
+        each count by propagation, and the counts must sum to the model's: the whole-layer
+        balance CP-SAT otherwise proves by branching on fractional layers."""
+        md, lay, pick = self.model, self.table.layers, self.pick
+
+        def unit(k: str, r: str) -> int:
+            return _t(lay[(k, r)].fwd_s) + _t(lay[(k, r)].bwd_s)
+
+        per_kind: dict[str, list[Any]] = {k: [] for k in self.kinds}
+        for p in range(self.cfg.pp):
+            chunks = self._rank_chunks(p)
+            cnt = {}
+            for k in self.kinds:
+                cnt[k] = md.new_int_var(0, self.count[k], f"layers_{k}_rank{p}")
+                md.add(cnt[k] == sum(self.n[c][k][r] for c in chunks for r in self.modes))
+                per_kind[k].append(cnt[k])
+            md.add(tmax >= sum(min(unit(k, r) for r in self.modes) * cnt[k] for k in self.kinds)
+                   + self.rank_fixed[p])
+            for r, b in pick.items():  # (modes outside the pick, e.g. offload, stay free beside it)
+                alone = [r] + [o for o in self.modes if o not in pick]
+                md.add(tmax >= sum(min(unit(k, o) for o in alone) * cnt[k] for k in self.kinds)
+                       + self.rank_fixed[p]).only_enforce_if(b)
+        for k in self.kinds:
+            md.add(sum(per_kind[k]) == self.count[k])
 
     def _rank_least_times(self) -> None:
         """Redundant: each rank's time is at least the least time of its dense and MoE layer counts
