@@ -437,3 +437,36 @@ def test_embedding_and_head_shared_across_shapes_equal_a_fresh_pricing(monkeypat
         monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
         monkeypatch.setattr(cost_layers, "_end_cost", lambda ctx, cfg, pl, cache, end: original(ctx, cfg, pl, None, end))
         assert answer(problem) == shared
+
+
+def test_solve_holds_off_full_collections_and_restores_the_thresholds():
+    """While a solve runs, Python's full (generation-2) collections are held off
+    (`search._fewer_full_collections`); the caller's thresholds come back afterwards, also when the
+    solve raises, and a process that disabled gc is left alone."""
+    import gc
+
+    import pytest
+
+    from autoshard.errors import InfeasibleError
+
+    doc = {"model": dict(SMALL_MOE, num_hidden_layers=4), "training": {"seq_len": 2048, "global_batch_size": 16},
+           "cluster": {"gpu": "h100-sxm", "num_gpus": 8}}
+    seen: list[tuple[int, int, int]] = []
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(500, 7, 9)
+        solve(load_problem(doc), top_k=1, progress=lambda _: seen.append(gc.get_threshold()))
+        assert seen and all(t == (500, 7, 1_000_000) for t in seen)
+        assert gc.get_threshold() == (500, 7, 9)
+        tiny = dict(doc, model=dict(SMALL_MOE, num_hidden_layers=64, hidden_size=16384, num_experts=256),
+                    cluster={"gpu": "rtx-4090", "num_gpus": 1})
+        with pytest.raises(InfeasibleError):
+            solve(load_problem(tiny), top_k=0)
+        assert gc.get_threshold() == (500, 7, 9)
+        gc.disable()
+        seen.clear()
+        solve(load_problem(doc), top_k=0, progress=lambda _: seen.append(gc.get_threshold()))
+        assert seen and all(t == (500, 7, 9) for t in seen) and not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.set_threshold(*before)

@@ -18,12 +18,15 @@ of their bound with each family's own target, within a share of the proof's work
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
 import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +93,33 @@ CP_SAT_WORK_PER_DET = 4.0
 DEFAULT_HEADROOM_FRACTION = 0.05
 
 ProgressFn = Callable[[dict[str, Any]], None]
+
+# Python's full (generation-2) garbage collections during a solve: each walks every live object (the
+# layer tables, memos and candidates a MoE solve keeps), 8 of them about 1 s of a 12-15 s DeepSeek-V3
+# solve (gc.callbacks, bench_solve --issue). They are held off while solves run (the younger
+# generations still collect, peak RSS the same within 1%) and the caller's thresholds restored after.
+_GC_LOCK = threading.Lock()
+_GC_STATE: dict[str, Any] = {"depth": 0, "saved": None}
+
+
+@contextmanager
+def _fewer_full_collections() -> Iterator[None]:
+    """No full garbage collections while any solve of this process runs (threads count: the first in
+    saves the thresholds, the last out restores them); nothing changes where gc is disabled."""
+    with _GC_LOCK:
+        if _GC_STATE["depth"] == 0 and gc.isenabled():
+            _GC_STATE["saved"] = gc.get_threshold()
+            g0, g1, _ = _GC_STATE["saved"]
+            gc.set_threshold(g0, g1, 1_000_000)
+        _GC_STATE["depth"] += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC_STATE["depth"] -= 1
+            if _GC_STATE["depth"] == 0 and _GC_STATE["saved"] is not None:
+                gc.set_threshold(*_GC_STATE["saved"])
+                _GC_STATE["saved"] = None
 
 
 def search_headroom(problem: Problem) -> tuple[float, bool]:
@@ -638,8 +668,9 @@ def solve(problem: Problem | Any, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     headroom_gib, default_headroom = search_headroom(shown)
     problem = shown.model_copy(update={"search": shown.search.model_copy(update={"headroom_gib": headroom_gib})})
     try:
-        return _solve_with(problem, shown, headroom_gib, default_headroom, t0, time_limit_s, top_k, gap_limit,
-                           work_limit, alternatives, progress, jobs)
+        with _fewer_full_collections():
+            return _solve_with(problem, shown, headroom_gib, default_headroom, t0, time_limit_s, top_k, gap_limit,
+                               work_limit, alternatives, progress, jobs)
     except InfeasibleError as exc:
         if exc.memory and default_headroom and headroom_gib > 0:  # the default margin may be what rules every plan out
             raise InfeasibleError(exc.reason, [*exc.suggestions, f"--headroom 0 (the search kept {headroom_gib:g} GiB "

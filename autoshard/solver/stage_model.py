@@ -307,19 +307,21 @@ class StageModel:
                    + scale * _b(working_bytes(tb, p == cfg.pp - 1, p == 0) + z3))
             md.add(lhs <= scale * int(cap // MEM_UNIT_BYTES))
             if cfg.schedule == "interleaved":  # each window of the schedule's in-flight chunks (cost.assemble)
+                # static bytes + the window's in-flight activations, term by term: each variable once,
+                # with the coefficient the two sums would add up to (the same constraint, built at once)
                 lay, chunks = tb.layers, self._rank_chunks(p)
-                fixed = (self._piece_sum(p, lambda c: _b(static(c))) + _b(self._rank_const(p, static))
-                         + _b(working_bytes(tb, p == cfg.pp - 1, p == 0) + z3))
+                const = (_b(self._rank_const(p, static)) + _b(working_bytes(tb, p == cfg.pp - 1, p == 0) + z3))
                 kr = [(k, r) for k in self.kinds for r in self.modes]
-                act_b = [_b(lay[x].act_bytes) for x in kr]
+                st = np.array([_b(static(lay[x])) for x in kr], dtype=np.int64)
+                act_b = np.array([_b(lay[x].act_bytes) for x in kr], dtype=np.int64)
                 n_vars = [self.n[c][k][r] for c in chunks for k, r in kr]
-                for win in interleaved_windows(cfg.pp, cfg.vpp, p, tb.microbatches):
-                    # (one weighted sum: the same terms, in the same order, as adding them one by one)
-                    acts = self.cp_model.LinearExpr.weighted_sum(
-                        n_vars, [w * b for w, _ in zip(win, chunks) for b in act_b])
+                wins = interleaved_windows(cfg.pp, cfg.vpp, p, tb.microbatches)
+                coefs = (st[None, None, :] + np.array(wins, dtype=np.int64)[:, :, None] * act_b[None, None, :])
+                limit = int(cap // MEM_UNIT_BYTES)
+                for win, row in zip(wins, coefs.reshape(len(wins), -1).tolist()):
                     ends = (win[0] * _b(tb.embed.act_bytes) if p == 0 else 0) + \
                         (win[-1] * _b(tb.head.act_bytes) if p == cfg.pp - 1 else 0)
-                    md.add(fixed + acts + ends <= int(cap // MEM_UNIT_BYTES))
+                    md.add(self.cp_model.LinearExpr.weighted_sum(n_vars, row) + (const + ends) <= limit)
 
     def _objective(self) -> None:
         """step = pipeline time + max over ranks of the data-parallel tail (see cost.assemble)."""
