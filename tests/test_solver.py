@@ -556,12 +556,24 @@ def test_memory_tmax_is_the_least_slowest_rank_over_every_fitting_plan(dense, pp
     assert exact >= 1
 
 
+def _optima_without_and_with(ctx, table, modes, cuts: str) -> list[tuple[str, int | None]]:
+    """(status, objective) of the stage model's exact optimum without and with the redundant
+    constraints `cuts` (a StageModel flag)."""
+    from autoshard.solver import StageModel
+
+    got = []
+    for on in (False, True):
+        status, obj, _ = StageModel(ctx, table, modes, False, None, **{cuts: on}).solve(20)
+        got.append((status, obj))
+    return got
+
+
 @pytest.mark.parametrize("seq,schedules", [(8192, ["1f1b", "interleaved"]), (16384, ["interleaved", "zero_bubble"])])
 def test_rank_cuts_keep_every_optimum(seq, schedules):
     """The stage model's per-rank least times (`rank_cuts`, redundant constraints from `_rank_times`)
     cut no plan: with and without them, every configuration's exact optimum is the same, under HBM
     pressure that forces recompute."""
-    from autoshard.solver import StageModel, _placements, candidates
+    from autoshard.solver import _placements, candidates
 
     model = dict(SMALL_MOE, num_hidden_layers=8, first_k_dense_replace=2)
     p = load_problem({"model": model, "training": {"seq_len": seq, "global_batch_size": 32},
@@ -574,12 +586,7 @@ def test_rank_cuts_keep_every_optimum(seq, schedules):
     for cfg0 in candidates(p, ctx):
         if cfg0.pp == 1:
             continue
-        table = layer_table(ctx, _placements(p, ctx, cfg0)[0])
-        got = []
-        for cuts in (False, True):
-            sm = StageModel(ctx, table, modes, False, None, rank_cuts=cuts)
-            status, obj, _ = sm.solve(20)
-            got.append((status, obj))
+        got = _optima_without_and_with(ctx, layer_table(ctx, _placements(p, ctx, cfg0)[0]), modes, "rank_cuts")
         assert got[0] == got[1], cfg0
         compared += got[0][0] == "OPTIMAL"
     assert compared >= 4
@@ -594,7 +601,7 @@ def test_count_cuts_keep_every_optimum(framework, schedules, offload):
     """The stage model's per-rank layer counts (`count_cuts`: t_max at least each count times its
     kind's fastest mode, or the picked mode's) cut no plan: with and without them every
     configuration's exact optimum is the same, dense and MoE layers, under HBM pressure."""
-    from autoshard.solver import StageModel, _placements, candidates
+    from autoshard.solver import _placements, candidates
 
     model = dict(SMALL_MOE, num_hidden_layers=8, first_k_dense_replace=2)
     search = {"cp": [1], "zero_stage": [1] if framework == "megatron" else [0], "micro_batch_size": [1],
@@ -608,12 +615,7 @@ def test_count_cuts_keep_every_optimum(framework, schedules, offload):
     assert ("offload" in modes) == offload
     compared = 0
     for cfg0 in candidates(p, ctx):
-        table = layer_table(ctx, _placements(p, ctx, cfg0)[0])
-        got = []
-        for cuts in (False, True):
-            sm = StageModel(ctx, table, modes, False, None, count_cuts=cuts)
-            status, obj, _ = sm.solve(20)
-            got.append((status, obj))
+        got = _optima_without_and_with(ctx, layer_table(ctx, _placements(p, ctx, cfg0)[0]), modes, "count_cuts")
         assert got[0] == got[1], cfg0
         compared += got[0][0] == "OPTIMAL" and cfg0.pp > 1
     assert compared >= 4
