@@ -426,9 +426,13 @@ class StageModel:
         balance CP-SAT otherwise proves by branching on fractional layers."""
         md, lay, pick = self.model, self.table.layers, self.pick
 
-        def unit(k: str, r: str) -> int:
-            return _t(lay[(k, r)].fwd_s) + _t(lay[(k, r)].bwd_s)
+        def least(k: str, among: list[str]) -> int:  # (the rank time's coefficient of one layer, in model units)
+            return min(_t(lay[(k, r)].fwd_s) + _t(lay[(k, r)].bwd_s) for r in among)
 
+        fastest = {k: least(k, self.modes) for k in self.kinds}
+        # per picked mode: its own time, or a faster mode outside the pick (e.g. offload) left free beside it
+        free = [o for o in self.modes if o not in pick]
+        picked = {r: {k: least(k, [r, *free]) for k in self.kinds} for r in pick}
         per_kind: dict[str, list[Any]] = {k: [] for k in self.kinds}
         for p in range(self.cfg.pp):
             chunks = self._rank_chunks(p)
@@ -437,12 +441,9 @@ class StageModel:
                 cnt[k] = md.new_int_var(0, self.count[k], f"layers_{k}_rank{p}")
                 md.add(cnt[k] == sum(self.n[c][k][r] for c in chunks for r in self.modes))
                 per_kind[k].append(cnt[k])
-            md.add(tmax >= sum(min(unit(k, r) for r in self.modes) * cnt[k] for k in self.kinds)
-                   + self.rank_fixed[p])
-            for r, b in pick.items():  # (modes outside the pick, e.g. offload, stay free beside it)
-                alone = [r] + [o for o in self.modes if o not in pick]
-                md.add(tmax >= sum(min(unit(k, o) for o in alone) * cnt[k] for k in self.kinds)
-                       + self.rank_fixed[p]).only_enforce_if(b)
+            md.add(tmax >= sum(fastest[k] * cnt[k] for k in self.kinds) + self.rank_fixed[p])
+            for r, b in pick.items():
+                md.add(tmax >= sum(picked[r][k] * cnt[k] for k in self.kinds) + self.rank_fixed[p]).only_enforce_if(b)
         for k in self.kinds:
             md.add(sum(per_kind[k]) == self.count[k])
 
