@@ -363,7 +363,7 @@ def cmd_solve(a: argparse.Namespace) -> int:
             print(notice)
         sys.stdout.write(estimate_text(problem, sol.estimate))
         st = sol.solver
-        from .render import (alternative_line, alternatives_note, dualpipe_line, robust_text,  # noqa: PLC0415
+        from .render import (alternative_line, alternatives_note_line, dualpipe_line, robust_text,  # noqa: PLC0415
                              solver_status_text)
 
         print(f"solver: {solver_status_text(sol, point)} in {st.solve_time_s:.2f} s (gap {100 * (st.gap or 0):.2f}%), "
@@ -379,8 +379,8 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
         for alt in sol.alternatives:
             print(alternative_line(sol.estimate, alt))
-        if sol.alternatives and alternatives_note(st):
-            print(f"  ({alternatives_note(st)})")
+        if alternatives_note_line(sol):
+            print(alternatives_note_line(sol))
         if comparison is not None:
             from .compare import comparison_text  # noqa: PLC0415
 

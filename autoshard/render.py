@@ -682,9 +682,8 @@ def solution_text(problem: Any, solution: Any) -> str:
         out.append(dualpipe_line(st))
     for a in solution.alternatives:
         out.append(alternative_line(solution.estimate, a))
-    note = alternatives_note(st) if solution.alternatives else ""
-    if note:
-        out.append(f"  ({note})")
+    if alternatives_note_line(solution):
+        out.append(alternatives_note_line(solution))
     return "\n".join(out) + "\n"
 
 
@@ -695,6 +694,12 @@ def alternatives_note(st: Any) -> str:
         return ""
     return ("alternatives: the best found within their share of the search's work (a quarter of the proof's, "
             "solver.alternatives_complete false); a family the share did not reach may be closer")
+
+
+def alternatives_note_line(solution: Any) -> str:
+    """The text reports' line under the alternatives (`alternatives_note`), "" where none is due."""
+    note = alternatives_note(solution.solver) if solution.alternatives else ""
+    return f"  ({note})" if note else ""
 
 
 def indistinguishable(best: Any, other: Any) -> bool:
