@@ -470,3 +470,77 @@ def test_solve_holds_off_full_collections_and_restores_the_thresholds():
     finally:
         gc.enable()
         gc.set_threshold(*before)
+
+
+def reference_distinct_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The first form: np.unique per column, a mixed-radix code, np.unique of the codes."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        _, inv = np.unique(c, return_inverse=True)
+        key = key * (int(inv.max()) + 1) + inv.reshape(-1)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return first, inv.reshape(-1)
+
+
+def test_distinct_rows_equal_np_unique():
+    """`candidates.distinct_rows` (a table of the values present where they are narrow integers)
+    numbers the rows and finds each one's first occurrence as np.unique does: degrees as floats,
+    booleans, negative codes (etp None is -1), wide integer ranges and fractions (np.unique's own),
+    one row and one column."""
+    from autoshard.solver.candidates import distinct_rows
+
+    rng = np.random.default_rng(5)
+    n = 5000
+    degrees = rng.choice([1, 2, 4, 8, 16], n).astype(np.float64)
+    cases = [
+        [degrees, rng.integers(0, 2, n) == 1, rng.choice([-1, 1, 2], n).astype(np.float64)],
+        [rng.integers(0, 1 << 40, n), degrees],  # a span past the table: np.unique's own
+        [rng.choice([0.5, 1.0, 2.25], n), degrees],  # fractions: np.unique's own
+        [rng.choice([3, 7], n)],
+        [np.array([4.0]), np.array([True])],
+    ]
+    for cols in cases:
+        got, want = distinct_rows(cols), reference_distinct_rows(cols)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_forced_by_pipeline_degree_equals_group_by_group():
+    """`_MemoryBound.forced` bisects every group of one pipeline degree at once: each candidate's
+    bound equals the one it gets refined alone with its group (every group of a small two-kind MoE
+    problem's candidates, pipeline degrees 1 to 8, schedules and micro-batch counts mixed), and a
+    batch limit of a few candidates changes nothing."""
+    p = load_problem({"model": SMALL_MOE, "training": {"seq_len": 8192, "global_batch_size": 64},
+                      "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16}})
+    ctx = context(p)
+    ctx = with_modes(ctx, search_modes(p, ctx))
+    cands = candidates(p, ctx)
+    made: list = []
+    init = B._MemoryBound.__init__
+
+    def keep(self, *a, **k):
+        init(self, *a, **k)
+        made.append(self)
+
+    B._MemoryBound.__init__ = keep
+    try:
+        t_lb, _, _, _ = B._lazy_bounds(ctx, cands, {})
+    finally:
+        B._MemoryBound.__init__ = init
+    mem = made[0]
+    idx = np.arange(len(cands))
+    together = mem.forced(idx, t_lb)
+    alone = np.empty(len(idx))
+    degrees, finite = set(), 0
+    for g, sel in mem._by_group(idx):
+        alone[sel] = mem.forced(sel, t_lb[sel])
+        degrees.add(mem.infl[g].shape[1])
+    assert np.array_equal(together, alone)
+    assert degrees >= {1, 2, 4, 8} and np.isfinite(together).sum() > 100
+    assert (together > t_lb * (1 + 1e-6)).sum() > 10  # (HBM forces recompute somewhere: the bisection ran)
+    limit = B.FORCED_BATCH_ROWS
+    B.FORCED_BATCH_ROWS = 3
+    try:
+        assert np.array_equal(mem.forced(idx, t_lb), together)
+    finally:
+        B.FORCED_BATCH_ROWS = limit
+

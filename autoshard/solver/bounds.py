@@ -60,7 +60,7 @@ from ..topology import (
     place_axes,
     reduce_scatter_s,
 )
-from .candidates import Candidates, _with_fields
+from .candidates import Candidates, _with_fields, distinct_rows
 
 
 def _solve_memo(ctx: Context) -> dict:
@@ -79,16 +79,6 @@ def _kinds(ctx: Context) -> tuple[str, ...]:
     if got is None:
         got = memo["layer_kinds"] = tuple(ctx.model.layer_kinds())
     return got
-
-
-def _groups(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(index of the first candidate of each distinct row of `cols`, each candidate's row)."""
-    key = np.zeros(len(cols[0]), dtype=np.int64)
-    for c in cols:
-        _, inv = np.unique(c, return_inverse=True)
-        key = key * (int(inv.max()) + 1 if len(inv) else 1) + inv
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    return first, inv.reshape(-1)
 
 
 _SCHEDULES = {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}
@@ -147,7 +137,7 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     # through whether expert all-to-all overlaps (`ep_overlap_on`: pp, vpp, schedule, M >= 2).
     # A twin planned with the overlap off (`ep_overlap` False, `candidates`) has its own group: its
     # all-to-all is exposed, and its twin's overlapped table would bound it far below its cost.
-    first, inv = _groups([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2, _overlap_off(cands)])
+    first, inv = distinct_rows([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2, _overlap_off(cands)])
     tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
     facts = [_layer_facts(ctx, tb, kind_list, False) for tb in tables]
     tau = np.array([f.tau for f in facts])[inv]
@@ -162,7 +152,7 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     zero3 = np.zeros(n_c)
     z3 = np.flatnonzero((zero == 3) & (dp * cp > 1))
     if len(z3):
-        f3, i3 = _groups([tp[z3], cp[z3], ep[z3], dp[z3], pp[z3]])  # (pp: the framework's reshard policy)
+        f3, i3 = distinct_rows([tp[z3], cp[z3], ep[z3], dp[z3], pp[z3]])  # (pp: the framework's reshard policy)
         zero3[z3] = np.array([_zero3_lower_bound(ctx, cands[z3[j]]) for j in f3])[i3]
     t_micro = (1 - COMM_INTERFERENCE) * np.maximum(busy, zero3) + COMM_INTERFERENCE * (busy + zero3)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
@@ -380,6 +370,7 @@ def _hull_lines(front: list[tuple[float, float]]) -> tuple[list[tuple[float, flo
 
 
 FORCED_BISECTIONS = 20  # steps of the bisection of `_forced_tmax` (the lower end is kept: a bound)
+FORCED_BATCH_ROWS = 4096  # the most candidates `_MemoryBound.forced` bisects at once
 
 
 def _forced_tmax(room: np.ndarray, infl: np.ndarray, st: np.ndarray, lines: np.ndarray, a_min: np.ndarray,
@@ -540,7 +531,7 @@ class _MemoryBound:
         self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])
         self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
-        fs, gi = _groups([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
+        fs, gi = distinct_rows([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
         coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
                           sum(static_bytes(ctx, cands[j], 1.0, 1.0).values())) for j in fs])[gi]
         self.per_d, self.per_e = coef[:, 0], coef[:, 1] - coef[:, 0]
@@ -548,7 +539,7 @@ class _MemoryBound:
         self.z3 = np.where((zero == 3) & data_parallel, zero3_gathered_bytes(ctx, big), 0.0)
         self.cap = ctx.capacity_bytes * (1 + 1e-9)
         # Groups of (pp, vpp, schedule, micro-batches): one rank layout and in-flight count each.
-        fi, self.group = _groups([pp, vpp, sched, M])
+        fi, self.group = distinct_rows([pp, vpp, sched, M])
         self.infl = [np.array([inflight_microbatches(cands[j], p, int(M[j])) for p in range(cands[j].pp)])[None, :]
                      for j in fi]
         self.need = [cands[j].vpp if cands[j].pp > 1 else len(kinds) for j in fi]
@@ -597,25 +588,38 @@ class _MemoryBound:
 
     def forced(self, idx: np.ndarray, at_least: np.ndarray) -> np.ndarray:
         """Per candidate of idx: max(at_least, the slowest rank's least time per micro-batch HBM
-        allows, `_forced_tmax` per kind); inf where none can fit."""
+        allows, `_forced_tmax` per kind); inf where none can fit. The groups of one pipeline degree
+        at once (consecutive: groups are numbered in the order of pp first), up to FORCED_BATCH_ROWS
+        candidates (the bisection's arrays are rows x ranks x lines)."""
         out = np.where(self.ok[idx], at_least, np.inf)
         pos = np.empty(int(idx.max()) + 1 if len(idx) else 0, dtype=np.int64)
         pos[idx] = np.arange(len(idx))
+        batch: list[tuple[int, np.ndarray]] = []
+        size = 0
         for g, sel in self._by_group(idx[self.ok[idx]]):
-            infl = self.infl[g]
-            P = infl.shape[1]
-            room = self._room(g, sel)
-            ext = np.zeros((len(sel), P))
-            tab = self.table[sel]
-            ext[:, 0] += self.end_s[tab, 0]
-            ext[:, -1] += self.end_s[tab, 1]
-            t = out[pos[sel]]
-            for i, k in enumerate(self.ks):
-                t = _forced_tmax(room, np.broadcast_to(infl, (len(sel), P)),
-                                 self.static(sel, self.kp[sel, i, 0], self.kp[sel, i, 1]), self.lines[tab, i],
-                                 self.a_min[tab, i], self.s_amin[tab, i], ext, self.kinds.count(k), t)
-            out[pos[sel]] = t
+            if batch and (self.infl[g].shape[1] != self.infl[batch[0][0]].shape[1] or size >= FORCED_BATCH_ROWS):
+                self._forced_batch(batch, out, pos)
+                batch, size = [], 0
+            batch.append((g, sel))
+            size += len(sel)
+        if batch:
+            self._forced_batch(batch, out, pos)
         return out
+
+    def _forced_batch(self, parts: list[tuple[int, np.ndarray]], out: np.ndarray, pos: np.ndarray) -> None:
+        """`forced` of the candidates of some groups of one pipeline degree, into out (at pos)."""
+        sel = np.concatenate([part for _, part in parts])
+        room = np.concatenate([self._room(g, part) for g, part in parts])
+        infl = np.concatenate([np.broadcast_to(self.infl[g], (len(part), self.infl[g].shape[1])) for g, part in parts])
+        tab = self.table[sel]
+        ext = np.zeros(room.shape)
+        ext[:, 0] += self.end_s[tab, 0]
+        ext[:, -1] += self.end_s[tab, 1]
+        t = out[pos[sel]]
+        for i, k in enumerate(self.ks):
+            t = _forced_tmax(room, infl, self.static(sel, self.kp[sel, i, 0], self.kp[sel, i, 1]), self.lines[tab, i],
+                             self.a_min[tab, i], self.s_amin[tab, i], ext, self.kinds.count(k), t)
+        out[pos[sel]] = t
 
 
 def _zero3_lower_bound(ctx: Context, cfg: Config) -> float:

@@ -235,20 +235,47 @@ def _keep(cols: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray
     return {k: v[mask] for k, v in cols.items()}
 
 
-def _distinct(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the row of each distinct tuple of the columns' values where it first occurs, per row the number
-    of its tuple): a rule that depends on these fields only is asked once per tuple."""
-    code = np.zeros(len(cols[0]), dtype=np.int64)
+_DENSE_SPAN = 1 << 22  # the widest value range `_dense_ranks` counts in a table (4 Mi flags)
+
+
+def _dense_ranks(v: np.ndarray) -> tuple[np.ndarray, int]:
+    """(each value's rank among the distinct values of v, how many there are): np.unique's inverse,
+    by a table of the values present where they are integers in a narrow range (degrees, counts,
+    codes: linear, not a sort), else np.unique's own."""
+    v = np.asarray(v)
+    if v.dtype == bool:
+        v = v.astype(np.int64)
+    if len(v):
+        lo, hi = v.min(), v.max()
+        if hi - lo < _DENSE_SPAN:
+            iv = (v - lo).astype(np.int64)
+            if np.array_equal(iv, v - lo):  # (integers only)
+                present = np.zeros(int(hi - lo) + 1, dtype=bool)
+                present[iv] = True
+                rank = np.cumsum(present) - 1
+                return rank[iv], int(rank[-1]) + 1
+    _, inv = np.unique(v, return_inverse=True)
+    return inv.reshape(-1), int(inv.max()) + 1 if len(inv) else 1
+
+
+def distinct_rows(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(the row where each distinct tuple of the columns' values first occurs, per row the number of
+    its tuple, tuples numbered in the order of their values as np.unique numbers them): a rule that
+    depends on these fields only is asked once per tuple."""
+    n = len(cols[0])
+    code = np.zeros(n, dtype=np.int64)
     for c in cols:  # (mixed radix over each column's distinct values: at most a few dozen each)
-        u, inv = np.unique(c, return_inverse=True)
-        code = code * len(u) + inv.reshape(-1)
-    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    return first, inverse.reshape(-1)
+        inv, radix = _dense_ranks(c)
+        code = code * radix + inv
+    inv, rows = _dense_ranks(code)
+    first = np.full(rows, n, dtype=np.int64)
+    np.minimum.at(first, inv, np.arange(n))
+    return first, inv
 
 
 def _per_distinct(rule: Any, cols: dict[str, np.ndarray], names: tuple[str, ...], dtype: Any = bool) -> np.ndarray:
     """rule(*fields) per row, asked once per distinct tuple of the named fields (as Python ints)."""
-    first, inv = _distinct(*(cols[f] for f in names))
+    first, inv = distinct_rows([cols[f] for f in names])
     got = np.array([rule(*(int(cols[f][j]) for f in names)) for j in first], dtype=dtype).reshape(-1)
     return got[inv]
 
@@ -292,7 +319,7 @@ def _blocks(problem: Problem, sp_: dict[str, list[Any]], scheds: list[tuple[str,
             return -1
         return placements.setdefault(plan.placement, len(placements))
 
-    first, inv = _distinct(*(c[f] for f in ("tp", "cp", "pp", "ep", "etp", "schedule", "vpp")))
+    first, inv = distinct_rows([c[f] for f in ("tp", "cp", "pp", "ep", "etp", "schedule", "vpp")])
     got = np.full(len(first), -1, dtype=np.int64)
     # (in the loops' order: placement codes as first met; no ZeRO stage, nothing to probe)
     for g in np.argsort(first, kind="stable") if sp_["zero_stage"] else ():
