@@ -477,7 +477,7 @@ def reference_distinct_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndar
     key = np.zeros(len(cols[0]), dtype=np.int64)
     for c in cols:
         _, inv = np.unique(c, return_inverse=True)
-        key = key * (int(inv.max()) + 1) + inv.reshape(-1)
+        key = key * (int(inv.max()) + 1 if len(inv) else 1) + inv.reshape(-1)
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
     return first, inv.reshape(-1)
 
@@ -486,7 +486,7 @@ def test_distinct_rows_equal_np_unique():
     """`candidates.distinct_rows` (a table of the values present where they are narrow integers)
     numbers the rows and finds each one's first occurrence as np.unique does: degrees as floats,
     booleans, negative codes (etp None is -1), wide integer ranges and fractions (np.unique's own),
-    one row and one column."""
+    one row, one column and none."""
     from autoshard.solver.candidates import distinct_rows
 
     rng = np.random.default_rng(5)
@@ -498,6 +498,7 @@ def test_distinct_rows_equal_np_unique():
         [rng.choice([0.5, 1.0, 2.25], n), degrees],  # fractions: np.unique's own
         [rng.choice([3, 7], n)],
         [np.array([4.0]), np.array([True])],
+        [np.zeros(0), np.zeros(0, dtype=bool)],  # (a space with no candidates: no rows)
     ]
     for cols in cases:
         got, want = distinct_rows(cols), reference_distinct_rows(cols)

@@ -255,7 +255,7 @@ def _dense_ranks(v: np.ndarray) -> tuple[np.ndarray, int]:
                 rank = np.cumsum(present) - 1
                 return rank[iv], int(rank[-1]) + 1
     _, inv = np.unique(v, return_inverse=True)
-    return inv.reshape(-1), int(inv.max()) + 1 if len(inv) else 1
+    return inv.reshape(-1), int(inv.max()) + 1 if len(inv) else 0  # (no values: no rows)
 
 
 def distinct_rows(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
