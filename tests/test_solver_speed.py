@@ -545,3 +545,41 @@ def test_forced_by_pipeline_degree_equals_group_by_group():
     finally:
         B.FORCED_BATCH_ROWS = limit
 
+
+def test_mlp_block_shared_across_attention_layouts(monkeypatch):
+    """The MLP block's pricing shared by configurations with the same tokens per GPU and expert
+    layout (`cost.layers._mlp_of`: micro-batch 2 with cp 2 prices the MLP of micro-batch 1 with cp 1):
+    during a whole solve every hit equals `_mlp_cost` priced afresh and every layer-cost hit a fresh
+    `layer_costs`; the answer is the one without the sharing."""
+    problem = {"model": SMALL_MOE, "training": {"seq_len": 8192, "global_batch_size": 64},
+               "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+               "search": {"micro_batch_size": [1, 2, 4], "zero_stage": [1], "cp": [1, 2, 4]}}
+    calls = {"fresh": 0, "hit": 0, "traded": 0}
+    original = cost_layers._mlp_of
+    seen: dict = {}
+
+    def counting(ctx, cfg, pl, sh, kind, cache):
+        key = (cost_layers.MLP_TAG, kind, sh.tokens, cfg.tp, cfg.sp, cfg.tp_overlap, pl.tp)
+        if kind != "dense":
+            key += (cfg.ep, pl.ep, cfg.expert_tp, pl.etp, cfg.dispatcher)
+        if cache is not None:  # (not the check's own fresh pricings)
+            hit = key in cache
+            calls["hit" if hit else "fresh"] += 1
+            calls["traded"] += hit and seen.get(key, (cfg.mbs, cfg.cp)) != (cfg.mbs, cfg.cp)
+            seen.setdefault(key, (cfg.mbs, cfg.cp))
+        return original(ctx, cfg, pl, sh, kind, cache)
+
+    def answer() -> dict:
+        doc = solve(load_problem(problem), top_k=3).model_dump(mode="json")
+        doc["solver"].pop("solve_time_s")
+        return doc
+
+    monkeypatch.setattr(cost_layers, "_mlp_of", counting)
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
+    shared = answer()
+    # (hits exist, some from another micro-batch and cp with the same tokens per GPU)
+    assert calls["hit"] > calls["fresh"] > 0 and calls["traded"] > 0, calls
+    monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
+    monkeypatch.setattr(cost_layers, "_mlp_of",
+                        lambda ctx, cfg, pl, sh, kind, cache: cost_layers._mlp_cost(ctx, cfg, pl, sh, kind))
+    assert answer() == shared

@@ -413,10 +413,36 @@ def _attention_of(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, cache: d
     return dict(fwd), dict(bwd), core, wgrad, flops
 
 
+MLP_TAG = ("mlp block",)  # first element of `_mlp_of`'s keys
+
+
+def _mlp_of(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, cache: dict | None) -> tuple:
+    """`_mlp_cost` of an MLP kind ("dense" or "moe"), from `cache` where a configuration with the same
+    inputs was priced: `_mlp_cost` reads the tokens per GPU (`Shapes`: micro-batch x sequence / cp, so
+    configurations that trade one for the other share it), tp and SP (the residual stream, the
+    dispatched copies), the TP overlap and group (`tp_comm_s`) and, for routed experts, ep, the
+    expert TP degree, the dispatcher and their groups (`moe_imbalance`, `routed_tokens`,
+    `contiguous_shares`, the all-to-all and the ETP gathers): nothing else of (cfg, pl). Fresh dicts
+    are returned (the cached ones stay unmodified)."""
+    if cache is None:
+        return _mlp_cost(ctx, cfg, pl, sh, kind)
+    key: tuple = (MLP_TAG, kind, sh.tokens, cfg.tp, cfg.sp, cfg.tp_overlap, pl.tp)
+    if kind != "dense":
+        key += (cfg.ep, pl.ep, cfg.expert_tp, pl.etp, cfg.dispatcher)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = _mlp_cost(ctx, cfg, pl, sh, kind)
+    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
+        assert _mlp_cost(ctx, cfg, pl, sh, kind) == got, (kind, cfg, pl)
+    fwd, bwd, wgrad, flops = got
+    return dict(fwd), dict(bwd), wgrad, flops
+
+
 def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict | None = None) -> dict[str, Cost]:
     """One layer of `kind` under every recompute mode (the forward pass, communication and
     activations are priced once and shared by the modes). `cache` (`_kind_costs`'): the attention
-    block's pricing shared across kinds and expert layouts (`_attention_of`)."""
+    block's pricing shared across kinds and expert layouts (`_attention_of`), the MLP's across
+    attention layouts (`_mlp_of`)."""
     sh = Shapes(ctx, cfg)
     zero = dict.fromkeys(TIME_KEYS, 0.0)
     if kind == "mamba":  # a hybrid model's blocks (spec.HYBRID_KINDS) have a mixer or an MLP
@@ -428,7 +454,7 @@ def layer_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
     if kind in ("mamba", "attention"):
         mfwd, mbwd, mwgrad, mflops = zero, zero, 0.0, 0.0
     else:
-        mfwd, mbwd, mwgrad, mflops = _mlp_cost(ctx, cfg, pl, sh, MLP_KIND.get(kind, kind))
+        mfwd, mbwd, mwgrad, mflops = _mlp_of(ctx, cfg, pl, sh, MLP_KIND.get(kind, kind), cache)
     params, experts = layer_params(ctx.model, kind)
     dense_local = (params - experts) / cfg.tp
     expert_local = experts / (cfg.expert_tp * cfg.ep)
