@@ -505,11 +505,33 @@ def test_distinct_rows_equal_np_unique():
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
+def reference_forced(mem, idx: np.ndarray, at_least: np.ndarray) -> np.ndarray:
+    """`_MemoryBound.forced` as first written: group by group, each with its own in-flight row."""
+    out = np.where(mem.ok[idx], at_least, np.inf)
+    pos = np.empty(int(idx.max()) + 1, dtype=np.int64)
+    pos[idx] = np.arange(len(idx))
+    for g, sel in mem._by_group(idx[mem.ok[idx]]):
+        P = mem.infl[g].shape[1]
+        room = mem._room(g, sel)
+        ext = np.zeros((len(sel), P))
+        tab = mem.table[sel]
+        ext[:, 0] += mem.end_s[tab, 0]
+        ext[:, -1] += mem.end_s[tab, 1]
+        t = out[pos[sel]]
+        for i, k in enumerate(mem.ks):
+            t = B._forced_tmax(room, np.broadcast_to(mem.infl[g], (len(sel), P)),
+                               mem.static(sel, mem.kp[sel, i, 0], mem.kp[sel, i, 1]), mem.lines[tab, i],
+                               mem.a_min[tab, i], mem.s_amin[tab, i], ext, mem.kinds.count(k), t)
+        out[pos[sel]] = t
+    return out
+
+
 def test_forced_by_pipeline_degree_equals_group_by_group():
-    """`_MemoryBound.forced` bisects every group of one pipeline degree at once: each candidate's
-    bound equals the one it gets refined alone with its group (every group of a small two-kind MoE
-    problem's candidates, pipeline degrees 1 to 8, schedules and micro-batch counts mixed), and a
-    batch limit of a few candidates changes nothing."""
+    """`_MemoryBound.forced` bisects the candidates of one pipeline degree at once, each with its
+    group's in-flight counts: each candidate's bound equals the one it gets refined alone with its
+    group and the one the group-by-group form gives (every group of a small two-kind MoE problem's
+    candidates, pipeline degrees 1 to 8, schedules and micro-batch counts mixed), and a batch limit
+    of a few candidates changes nothing."""
     p = load_problem({"model": SMALL_MOE, "training": {"seq_len": 8192, "global_batch_size": 64},
                       "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16}})
     ctx = context(p)
@@ -530,8 +552,9 @@ def test_forced_by_pipeline_degree_equals_group_by_group():
     mem = made[0]
     idx = np.arange(len(cands))
     together = mem.forced(idx, t_lb)
+    assert np.array_equal(together, reference_forced(mem, idx, t_lb))
     alone = np.empty(len(idx))
-    degrees, finite = set(), 0
+    degrees = set()
     for g, sel in mem._by_group(idx):
         alone[sel] = mem.forced(sel, t_lb[sel])
         degrees.add(mem.infl[g].shape[1])

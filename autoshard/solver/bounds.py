@@ -370,7 +370,7 @@ def _hull_lines(front: list[tuple[float, float]]) -> tuple[list[tuple[float, flo
 
 
 FORCED_BISECTIONS = 20  # steps of the bisection of `_forced_tmax` (the lower end is kept: a bound)
-FORCED_BATCH_ROWS = 4096  # the most candidates `_MemoryBound.forced` bisects at once
+FORCED_BATCH_ROWS = 4096  # the most candidates `_MemoryBound.forced` bisects at once (its arrays: rows x ranks x lines)
 
 
 def _forced_tmax(room: np.ndarray, infl: np.ndarray, st: np.ndarray, lines: np.ndarray, a_min: np.ndarray,
@@ -543,6 +543,15 @@ class _MemoryBound:
         self.infl = [np.array([inflight_microbatches(cands[j], p, int(M[j])) for p in range(cands[j].pp)])[None, :]
                      for j in fi]
         self.need = [cands[j].vpp if cands[j].pp > 1 else len(kinds) for j in fi]
+        # (for `forced`: per group its pipeline ranks, and the in-flight rows of the groups of each
+        # pipeline degree stacked, with each group's row)
+        self.stages = np.array([x.shape[1] for x in self.infl], dtype=np.int64)
+        self.row_of = np.zeros(len(self.infl), dtype=np.int64)
+        self.infl_rows: dict[int, np.ndarray] = {}
+        for P in np.unique(self.stages).tolist():
+            members = np.flatnonzero(self.stages == P)
+            self.row_of[members] = np.arange(len(members))
+            self.infl_rows[P] = np.concatenate([self.infl[g] for g in members])
         self.ok = np.ones(len(cands), dtype=bool)
         for g, sel in self._by_group(np.arange(len(cands))):
             self.ok[sel] = self._fits(g, sel)
@@ -561,13 +570,16 @@ class _MemoryBound:
         return self.per_d[sel] * params + self.per_e[sel] * eparams
 
     def _room(self, g: int, sel: np.ndarray) -> np.ndarray:
-        """(n, P): the bytes each rank has for its layers."""
-        infl = self.infl[g]
+        """(n, P): the bytes each rank has for its layers (candidates sel, all of group g)."""
+        return self._room_rows(sel, np.broadcast_to(self.infl[g], (len(sel), self.infl[g].shape[1])))
+
+    def _room_rows(self, sel: np.ndarray, infl: np.ndarray) -> np.ndarray:
+        """`_room` of candidates sel of one pipeline degree, each with its in-flight counts (rows of infl)."""
         P = infl.shape[1]
         room = np.broadcast_to((self.cap - self.work[sel] - self.z3[sel])[:, None], (len(sel), P)).copy()
         room[:, -1] -= self.head_work[sel] - self.work[sel]
         for e, p in ((0, 0), (1, P - 1)):
-            room[:, p] -= self.static(sel, self.ends[sel, e, 0], self.ends[sel, e, 1]) + infl[0, p] * self.ends[sel, e, 2]
+            room[:, p] -= self.static(sel, self.ends[sel, e, 0], self.ends[sel, e, 1]) + infl[:, p] * self.ends[sel, e, 2]
         return room
 
     def _fits(self, g: int, sel: np.ndarray) -> np.ndarray:
@@ -588,29 +600,29 @@ class _MemoryBound:
 
     def forced(self, idx: np.ndarray, at_least: np.ndarray) -> np.ndarray:
         """Per candidate of idx: max(at_least, the slowest rank's least time per micro-batch HBM
-        allows, `_forced_tmax` per kind); inf where none can fit. The groups of one pipeline degree
-        at once (consecutive: groups are numbered in the order of pp first), up to FORCED_BATCH_ROWS
-        candidates (the bisection's arrays are rows x ranks x lines)."""
+        allows, `_forced_tmax` per kind); inf where none can fit. The candidates of one pipeline
+        degree at once, each with its group's in-flight counts, up to FORCED_BATCH_ROWS at a time
+        (every candidate's bound is its own: batches change no value)."""
         out = np.where(self.ok[idx], at_least, np.inf)
-        pos = np.empty(int(idx.max()) + 1 if len(idx) else 0, dtype=np.int64)
+        ids = idx[self.ok[idx]]
+        if not len(ids):
+            return out
+        pos = np.empty(int(idx.max()) + 1, dtype=np.int64)
         pos[idx] = np.arange(len(idx))
-        batch: list[tuple[int, np.ndarray]] = []
-        size = 0
-        for g, sel in self._by_group(idx[self.ok[idx]]):
-            if batch and (self.infl[g].shape[1] != self.infl[batch[0][0]].shape[1] or size >= FORCED_BATCH_ROWS):
-                self._forced_batch(batch, out, pos)
-                batch, size = [], 0
-            batch.append((g, sel))
-            size += len(sel)
-        if batch:
-            self._forced_batch(batch, out, pos)
+        gid = self.group[ids]
+        by = np.argsort(self.stages[gid], kind="stable")
+        ids, gid = ids[by], gid[by]
+        cuts = np.flatnonzero(np.diff(self.stages[gid])) + 1
+        for part, groups in zip(np.split(ids, cuts), np.split(gid, cuts)):
+            infl = self.infl_rows[int(self.stages[groups[0]])][self.row_of[groups]]
+            for at in range(0, len(part), FORCED_BATCH_ROWS):
+                rows = slice(at, at + FORCED_BATCH_ROWS)
+                self._forced_rows(part[rows], infl[rows], out, pos)
         return out
 
-    def _forced_batch(self, parts: list[tuple[int, np.ndarray]], out: np.ndarray, pos: np.ndarray) -> None:
-        """`forced` of the candidates of some groups of one pipeline degree, into out (at pos)."""
-        sel = np.concatenate([part for _, part in parts])
-        room = np.concatenate([self._room(g, part) for g, part in parts])
-        infl = np.concatenate([np.broadcast_to(self.infl[g], (len(part), self.infl[g].shape[1])) for g, part in parts])
+    def _forced_rows(self, sel: np.ndarray, infl: np.ndarray, out: np.ndarray, pos: np.ndarray) -> None:
+        """`forced` of candidates sel of one pipeline degree (their in-flight counts: infl), into out at pos."""
+        room = self._room_rows(sel, infl)
         tab = self.table[sel]
         ext = np.zeros(room.shape)
         ext[:, 0] += self.end_s[tab, 0]
