@@ -22,6 +22,13 @@ SMALL_MOE = {"name": "moe", "num_hidden_layers": 12, "hidden_size": 4096, "inter
              "num_experts_per_tok": 2, "moe_intermediate_size": 4096, "first_k_dense_replace": 3}
 
 
+def solved_doc(problem: dict, top_k: int = 3) -> dict:
+    """The solution's JSON without its timing field (what must not change)."""
+    doc = solve(load_problem(problem), top_k=top_k).model_dump(mode="json")
+    doc["solver"].pop("solve_time_s")
+    return doc
+
+
 CAPPED: list[int] = []  # fronts the reference bucketed (their sizes before)
 
 
@@ -161,20 +168,15 @@ def test_layer_costs_shared_per_kind_equal_a_fresh_pricing(monkeypatch):
 
     monkeypatch.setattr(cost_layers, "layer_costs", counting)
 
-    def answer() -> dict:
-        doc = solve(load_problem(problem), top_k=3).model_dump(mode="json")
-        doc["solver"].pop("solve_time_s")
-        return doc
-
-    shared = answer()
+    shared = solved_doc(problem)
     priced = dict(hits)
     monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)  # every hit re-priced and compared
-    assert answer() == shared
+    assert solved_doc(problem) == shared
     # Without sharing (each shared_costs entry prices its own kinds) the same answer comes back.
     monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
     monkeypatch.setattr(cost_layers, "_kind_costs", lambda ctx, cfg, pl, kind, cache: counting(ctx, cfg, pl, kind))
     hits.clear()
-    assert answer() == shared
+    assert solved_doc(problem) == shared
     # (the sharing was exercised: fewer pricings, dense kinds most of all)
     assert priced["dense"] < hits["dense"] / 2 and priced["moe"] < hits["moe"]
 
@@ -386,18 +388,13 @@ def test_attention_block_shared_across_kinds_and_expert_layouts(monkeypatch):
             calls["hit" if key in cache else "fresh"] += 1
         return original(ctx, cfg, pl, sh, cache)
 
-    def answer() -> dict:
-        doc = solve(load_problem(problem), top_k=3).model_dump(mode="json")
-        doc["solver"].pop("solve_time_s")
-        return doc
-
     monkeypatch.setattr(cost_layers, "_attention_of", counting)
     monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
-    shared = answer()
+    shared = solved_doc(problem)
     assert calls["hit"] > calls["fresh"] > 0, calls  # (hits exist: the MoE kind reuses the dense kind's attention)
     monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
     monkeypatch.setattr(cost_layers, "_attention_of", lambda ctx, cfg, pl, sh, cache: cost_layers._attention_cost(ctx, cfg, pl, sh))
-    assert answer() == shared
+    assert solved_doc(problem) == shared
 
 
 def test_embedding_and_head_shared_across_shapes_equal_a_fresh_pricing(monkeypatch):
@@ -417,11 +414,6 @@ def test_embedding_and_head_shared_across_shapes_equal_a_fresh_pricing(monkeypat
             return got
         return original(ctx, cfg, pl, cache, end)
 
-    def answer(problem: dict) -> dict:
-        doc = solve(load_problem(problem), top_k=2).model_dump(mode="json")
-        doc["solver"].pop("solve_time_s")
-        return doc
-
     for framework, training in (
             ("megatron", {"defer_embedding_wgrad": True, "wgrad_deferral_limit": 2}),
             ("torchtitan", {})):
@@ -432,11 +424,11 @@ def test_embedding_and_head_shared_across_shapes_equal_a_fresh_pricing(monkeypat
         calls.update(fresh=0, hit=0)
         monkeypatch.setattr(cost_layers, "_end_cost", counting)
         monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
-        shared = answer(problem)
+        shared = solved_doc(problem, top_k=2)
         assert calls["hit"] > calls["fresh"] > 0, calls
         monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
         monkeypatch.setattr(cost_layers, "_end_cost", lambda ctx, cfg, pl, cache, end: original(ctx, cfg, pl, None, end))
-        assert answer(problem) == shared
+        assert solved_doc(problem, top_k=2) == shared
 
 
 def test_solve_holds_off_full_collections_and_restores_the_thresholds():
@@ -592,17 +584,12 @@ def test_mlp_block_shared_across_attention_layouts(monkeypatch):
             seen.setdefault(key, (cfg.mbs, cfg.cp))
         return original(ctx, cfg, pl, sh, kind, cache)
 
-    def answer() -> dict:
-        doc = solve(load_problem(problem), top_k=3).model_dump(mode="json")
-        doc["solver"].pop("solve_time_s")
-        return doc
-
     monkeypatch.setattr(cost_layers, "_mlp_of", counting)
     monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", True)
-    shared = answer()
+    shared = solved_doc(problem)
     # (hits exist, some from another micro-batch and cp with the same tokens per GPU)
     assert calls["hit"] > calls["fresh"] > 0 and calls["traded"] > 0, calls
     monkeypatch.setattr(cost_layers, "CHECK_KIND_CACHE", False)
     monkeypatch.setattr(cost_layers, "_mlp_of",
                         lambda ctx, cfg, pl, sh, kind, cache: cost_layers._mlp_cost(ctx, cfg, pl, sh, kind))
-    assert answer() == shared
+    assert solved_doc(problem) == shared
