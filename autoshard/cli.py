@@ -379,8 +379,8 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
         for alt in sol.alternatives:
             print(alternative_line(sol.estimate, alt))
-        if alternatives_note_line(sol):
-            print(alternatives_note_line(sol))
+        if note := alternatives_note_line(sol):
+            print(note)
         if comparison is not None:
             from .compare import comparison_text  # noqa: PLC0415
 

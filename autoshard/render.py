@@ -682,8 +682,8 @@ def solution_text(problem: Any, solution: Any) -> str:
         out.append(dualpipe_line(st))
     for a in solution.alternatives:
         out.append(alternative_line(solution.estimate, a))
-    if alternatives_note_line(solution):
-        out.append(alternatives_note_line(solution))
+    if note := alternatives_note_line(solution):
+        out.append(note)
     return "\n".join(out) + "\n"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from ..catalog import get_recipe, saved_input_bytes_per_element
@@ -392,6 +393,18 @@ def _activation_bytes(ctx: Context, cfg: Config, sh: Shapes, kind: str, eager: b
     return {"none": none, "selective": selective, "full": BF16 * T * h / div, "core_attn": core_attention}
 
 
+def _priced_once(cache: dict, key: tuple, price: Callable[[], Any], fresh: Callable[[], Any] | None = None) -> Any:
+    """price() from `cache[key]`, priced and stored on the first ask (the shared pricings: `_attention_of`,
+    `_mlp_of`, `_kind_costs`, `_end_cost`; the stored value must not be modified). Under
+    CHECK_KIND_CACHE (tests) every hit is compared with a fresh pricing (`fresh`, default price)."""
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = price()
+    elif CHECK_KIND_CACHE:
+        assert (fresh or price)() == got, key
+    return got
+
+
 ATTENTION_TAG = ("attention block",)  # first element of `_attention_of`'s keys (kind keys start with a str)
 
 
@@ -404,12 +417,7 @@ def _attention_of(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, cache: d
     if cache is None:
         return _attention_cost(ctx, cfg, pl, sh)
     key = (ATTENTION_TAG, cfg.tp, cfg.sp, cfg.tp_overlap, cfg.cp, cfg.cp_comm, cfg.mbs, pl.tp, pl.cp)
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = _attention_cost(ctx, cfg, pl, sh)
-    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
-        assert _attention_cost(ctx, cfg, pl, sh) == got, (cfg, pl)
-    fwd, bwd, core, wgrad, flops = got
+    fwd, bwd, core, wgrad, flops = _priced_once(cache, key, lambda: _attention_cost(ctx, cfg, pl, sh))
     return dict(fwd), dict(bwd), core, wgrad, flops
 
 
@@ -429,12 +437,7 @@ def _mlp_of(ctx: Context, cfg: Config, pl: Placement, sh: Shapes, kind: str, cac
     key: tuple = (MLP_TAG, kind, sh.tokens, cfg.tp, cfg.sp, cfg.tp_overlap, pl.tp)
     if kind != "dense":
         key += (cfg.ep, pl.ep, cfg.expert_tp, pl.etp, cfg.dispatcher)
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = _mlp_cost(ctx, cfg, pl, sh, kind)
-    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
-        assert _mlp_cost(ctx, cfg, pl, sh, kind) == got, (kind, cfg, pl)
-    fwd, bwd, wgrad, flops = got
+    fwd, bwd, wgrad, flops = _priced_once(cache, key, lambda: _mlp_cost(ctx, cfg, pl, sh, kind))
     return dict(fwd), dict(bwd), wgrad, flops
 
 
@@ -982,7 +985,7 @@ def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float
 KIND_COSTS = ("layer costs by kind",)
 END_COSTS = ("embedding and head",)
 KIND_DICTS = "kind costs"  # the `Table.memo` entry of each kind's {mode: cost} (`shared_costs`)  # first element of `_end_cost`'s keys in the same cache
-CHECK_KIND_CACHE = False  # tests set it: every `_kind_costs` hit is compared with a fresh `layer_costs`
+CHECK_KIND_CACHE = False  # tests set it: every hit of a shared pricing (`_priced_once`) is compared with a fresh one
 
 
 def _kind_key(ctx: Context, cfg: Config, pl: Placement, kind: str) -> tuple:
@@ -1019,14 +1022,8 @@ def _kind_costs(ctx: Context, cfg: Config, pl: Placement, kind: str, cache: dict
     """`layer_costs`, from `cache` where a configuration with the same `_kind_key` was priced."""
     if cache is None:
         return layer_costs(ctx, cfg, pl, kind)
-    key = _kind_key(ctx, cfg, pl, kind)
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = layer_costs(ctx, cfg, pl, kind, cache)
-    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
-        fresh = layer_costs(ctx, cfg, pl, kind)
-        assert fresh == got, (kind, cfg, pl)
-    return got
+    return _priced_once(cache, _kind_key(ctx, cfg, pl, kind), lambda: layer_costs(ctx, cfg, pl, kind, cache),
+                        fresh=lambda: layer_costs(ctx, cfg, pl, kind))
 
 
 def _end_cost(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, end: str) -> Cost:
@@ -1044,12 +1041,7 @@ def _end_cost(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, end:
                   cfg.cuda_graphs)
     if end == "head":
         key += (cfg.pp == 1, num_microbatches(ctx.problem, cfg) if ctx.training.defer_embedding_wgrad else 0)
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = price(ctx, cfg, pl)
-    elif CHECK_KIND_CACHE:  # (tests: every hit equals a fresh pricing)
-        assert price(ctx, cfg, pl) == got, (end, cfg, pl)
-    return got
+    return _priced_once(cache, key, lambda: price(ctx, cfg, pl))
 
 
 def shared_costs(ctx: Context, cfg: Config, pl: Placement, cache: dict | None, key: Any) -> tuple:

@@ -248,8 +248,9 @@ def _dense_ranks(v: np.ndarray) -> tuple[np.ndarray, int]:
     if len(v):
         lo, hi = v.min(), v.max()
         if hi - lo < _DENSE_SPAN:
-            iv = (v - lo).astype(np.int64)
-            if np.array_equal(iv, v - lo):  # (integers only)
+            off = v - lo
+            iv = off.astype(np.int64)
+            if np.array_equal(iv, off):  # (integers only)
                 present = np.zeros(int(hi - lo) + 1, dtype=bool)
                 present[iv] = True
                 rank = np.cumsum(present) - 1
