@@ -593,3 +593,39 @@ def test_mlp_block_shared_across_attention_layouts(monkeypatch):
     monkeypatch.setattr(cost_layers, "_mlp_of",
                         lambda ctx, cfg, pl, sh, kind, cache: cost_layers._mlp_cost(ctx, cfg, pl, sh, kind))
     assert solved_doc(problem) == shared
+
+
+def test_rows_written_into_the_proto_equal_the_cp_model_calls():
+    """`stage_model._add_at_most` (the interleaved memory windows) and `StageModel._hint` write the
+    proto that `md.add(LinearExpr.weighted_sum(...) <= rhs)` and `md.add_hint` write: terms in
+    variable order whatever the given order, zero coefficients dropped, the constant in the domain."""
+    from ortools.sat.python import cp_model
+
+    SM = importlib.import_module("autoshard.solver.stage_model")
+    rng = np.random.default_rng(3)
+    a, b = cp_model.CpModel(), cp_model.CpModel()
+    xa = [a.new_int_var(0, 9, f"x{i}") for i in range(12)]
+    xb = [b.new_int_var(0, 9, f"x{i}") for i in range(12)]
+    pick = rng.permutation(12)[:8]  # (a shuffled subset: out of variable order)
+    coefs = rng.integers(0, 4, size=(5, 8)) * rng.integers(1, 10**6, size=(5, 8))  # (zeros among them)
+    rhs = [int(x) for x in rng.integers(-10**6, 10**9, size=5)]
+    for row, hi in zip(coefs.tolist(), rhs):
+        a.add(cp_model.LinearExpr.weighted_sum([xa[j] for j in pick], row) + 7 <= hi + 7)
+    SM._add_at_most(b, np.array([xb[j].index for j in pick]), coefs, rhs)
+    assert (coefs == 0).any() and str(a.proto) == str(b.proto)
+    # the stage model's hints, on a real model
+    p = load_problem({"model": SMALL_MOE, "training": {"seq_len": 2048, "global_batch_size": 64},
+                      "cluster": {"gpu": "h100-sxm", "num_gpus": 16}})
+    ctx = context(p)
+    cfg = next(c for c in candidates(p, ctx) if c.pp == 2)
+    table = layer_table(ctx, cfg)
+    sm = SM.StageModel(ctx, table, ["none", "full"], False, None)
+    values = list(range(len(sm._all_vars())))
+    sm.model.clear_hints()
+    sm._hint(values)
+    ref = SM.StageModel(ctx, table, ["none", "full"], False, None)
+    ref.model.clear_hints()
+    for var, v in zip(ref._all_vars(), values):
+        ref.model.add_hint(var, v)
+    assert len(sm.model.proto.solution_hint.vars) == len(values)
+    assert str(sm.model.proto) == str(ref.model.proto)

@@ -37,6 +37,27 @@ def _t(x: float) -> int:
     return int(round(x / TIME_UNIT_S))
 
 
+INT64_MIN = -(2**63)  # (CP-SAT's lower end of a domain with none)
+
+
+def _add_at_most(md: Any, var_index: np.ndarray, coefs: np.ndarray, rhs: list[int]) -> None:
+    """Row i of `coefs`: the linear constraint sum_j coefs[i, j] x[var_index[j]] <= rhs[i], written
+    into the model's proto as `md.add(LinearExpr.weighted_sum(...) <= rhs[i])` writes it (CP-SAT's
+    canonical form: terms in variable order, zero coefficients dropped; tests/test_solver_speed.py
+    compares the two protos) without a Python expression per row: the interleaved schedule's
+    memory windows are thousands of rows of a few dozen terms. The variables are distinct."""
+    order = np.argsort(var_index, kind="stable")
+    idx, rows = var_index[order], coefs[:, order]
+    assert len(np.unique(idx)) == len(idx)  # (a repeated variable would need its terms merged)
+    cons = md.proto.constraints
+    for row, hi in zip(rows, rhs):
+        keep = row != 0
+        lin = cons.add().linear
+        lin.vars.extend(idx[keep].tolist())
+        lin.coeffs.extend(row[keep].tolist())
+        lin.domain.extend([INT64_MIN, hi])
+
+
 def _b(x: float) -> int:
     return int(math.ceil(x / MEM_UNIT_BYTES))
 
@@ -92,12 +113,13 @@ class StageModel:
         md = self.model
         self.n = [{k: {r: md.new_int_var(0, self.count[k], f"n_c{c}_{k}_{r}") for r in self.modes}
                    for k in self.kinds} for c in range(self.V)]
-        self.size = [sum(self.n[c][k][r] for k in self.kinds for r in self.modes) for c in range(self.V)]
+        total = self.cp_model.LinearExpr.sum
+        self.size = [total([self.n[c][k][r] for k in self.kinds for r in self.modes]) for c in range(self.V)]
 
     def _layer_constraints(self) -> None:
-        md = self.model
+        md, total = self.model, self.cp_model.LinearExpr.sum
         for k in self.kinds:
-            md.add(sum(self.n[c][k][r] for c in range(self.V) for r in self.modes) == self.count[k])
+            md.add(total([self.n[c][k][r] for c in range(self.V) for r in self.modes]) == self.count[k])
         if self.uniform:
             for c, want in enumerate(even_split(self.ctx.model.num_hidden_layers, self.V)):
                 md.add(self.size[c] == want)
@@ -120,9 +142,9 @@ class StageModel:
             last = [md.new_bool_var(f"last_dense_in_c{c}") for c in range(self.V)]
             md.add_exactly_one(last)
             for c in range(self.V):
-                n_dense = sum(self.n[c][dense][r] for r in self.modes)
-                md.add(sum(self.n[c][moe][r] for r in self.modes) <= self.count[moe] * sum(last[:c + 1]))
-                md.add(n_dense <= self.count[dense] * sum(last[c:]))
+                n_dense = total([self.n[c][dense][r] for r in self.modes])
+                md.add(total([self.n[c][moe][r] for r in self.modes]) <= self.count[moe] * total(last[:c + 1]))
+                md.add(n_dense <= self.count[dense] * total(last[c:]))
                 md.add(n_dense >= 1).only_enforce_if(last[c])
 
     def _pattern_constraints(self) -> None:
@@ -282,8 +304,9 @@ class StageModel:
             if c == self.V - 1:
                 const += tb.head.total_s
             const += tb.pp_p2p_s * ((c < self.V - 1) + (c > 0))
-            self.chunk_time.append(sum(_t(lay[(k, r)].total_s) * self.n[c][k][r] for k in self.kinds
-                                       for r in self.modes) + _t(const))
+            kr = [(k, r) for k in self.kinds for r in self.modes]
+            self.chunk_time.append(self.cp_model.LinearExpr.weighted_sum(
+                [self.n[c][k][r] for k, r in kr], [_t(lay[x].total_s) for x in kr]) + _t(const))
 
     def _memory_constraints(self) -> None:
         """Static (weights, grads, optimizer under ZeRO) + in-flight activations + working set <= HBM."""
@@ -314,24 +337,24 @@ class StageModel:
                 kr = [(k, r) for k in self.kinds for r in self.modes]
                 st = np.array([_b(static(lay[x])) for x in kr], dtype=np.int64)
                 act_b = np.array([_b(lay[x].act_bytes) for x in kr], dtype=np.int64)
-                n_vars = [self.n[c][k][r] for c in chunks for k, r in kr]
+                n_vars = np.array([self.n[c][k][r].index for c in chunks for k, r in kr], dtype=np.int64)
                 wins = interleaved_windows(cfg.pp, cfg.vpp, p, tb.microbatches)
                 coefs = (st[None, None, :] + np.array(wins, dtype=np.int64)[:, :, None] * act_b[None, None, :])
                 limit = int(cap // MEM_UNIT_BYTES)
-                for win, row in zip(wins, coefs.reshape(len(wins), -1).tolist()):
-                    ends = (win[0] * _b(tb.embed.act_bytes) if p == 0 else 0) + \
-                        (win[-1] * _b(tb.head.act_bytes) if p == cfg.pp - 1 else 0)
-                    md.add(self.cp_model.LinearExpr.weighted_sum(n_vars, row) + (const + ends) <= limit)
+                ends = [(win[0] * _b(tb.embed.act_bytes) if p == 0 else 0)
+                        + (win[-1] * _b(tb.head.act_bytes) if p == cfg.pp - 1 else 0) for win in wins]
+                _add_at_most(md, n_vars, coefs.reshape(len(wins), -1), [limit - (const + e) for e in ends])
 
     def _objective(self) -> None:
         """step = pipeline time + max over ranks of the data-parallel tail (see cost.assemble)."""
         ctx, cfg, tb, md = self.ctx, self.cfg, self.table, self.model
+        total = self.cp_model.LinearExpr.sum
         M = tb.microbatches
         horizon = _t(1e6)
         tmax = md.new_int_var(0, horizon, "t_max")
         for t in self.time:
             md.add(tmax >= t)
-        md.add(cfg.pp * tmax >= sum(self.time))  # redundant: strengthens the LP relaxation
+        md.add(cfg.pp * tmax >= total(self.time))  # redundant: strengthens the LP relaxation
         # Redundant cuts from the whole-layer balance bound (see `balanced_max`), rounded down.
         lay = tb.layers
         L = ctx.model.num_hidden_layers
@@ -353,7 +376,7 @@ class StageModel:
             umax = md.new_int_var(0, horizon, "u_max")
             for t, w in zip(self.time, self.wgrad):
                 md.add(umax >= t - w)
-            md.add(cfg.pp * umax >= sum(self.time) - sum(self.wgrad))  # redundant LP cuts
+            md.add(cfg.pp * umax >= total(self.time) - total(self.wgrad))  # redundant LP cuts
             u_tau = min(lay[(k, r)].total_s - lay[(k, r)].wgrad_s for k in self.kinds for r in self.modes)
             md.add(umax >= int(balanced_max(u_tau, u_ex, L) / TIME_UNIT_S) - (L + 2))
             pipe = M * tmax + (cfg.pp - 1) * umax
@@ -372,7 +395,7 @@ class StageModel:
             cmax = md.new_int_var(0, horizon, "chunk_max")
             for ct in self.chunk_time:
                 md.add(cmax >= ct)
-            md.add(self.V * cmax >= sum(self.chunk_time))
+            md.add(self.V * cmax >= total(self.chunk_time))
             c_ex, _ = _stage_extras(tb, self.V, per_rank=False)
             md.add(cmax >= int(balanced_max(tau, c_ex, L) / TIME_UNIT_S) - (L + 2))
             # A rank's time is the sum of its chunks' (up to rounding): its largest chunk is >= 1 / vpp of it.
@@ -382,7 +405,7 @@ class StageModel:
                 md.add(cfg.vpp * cmax >= int(forced / TIME_UNIT_S) - cfg.vpp * (L + 2))
             pipe = M * tmax + (cfg.pp - 1) * cmax
         else:
-            pipe = M * tmax + sum(self.time) - tmax
+            pipe = M * tmax + total(self.time) - tmax
         scale = 1
         tm = tail_model(ctx, tb)
         tail_max = md.new_int_var(0, horizon, "tail_max")
@@ -411,12 +434,12 @@ class StageModel:
         if not self.uniform:
             layer_kinds = self.ctx.model.layer_kinds()
             start = 0
-            for c, size in enumerate(even_split(len(layer_kinds), self.V)):
+            hint: list[int] = []
+            for size in even_split(len(layer_kinds), self.V):
                 chunk = layer_kinds[start:start + size]
                 start += size
-                for k in self.kinds:
-                    for r in self.modes:
-                        md.add_hint(self.n[c][k][r], chunk.count(k) if r == self.modes[0] else 0)
+                hint += [chunk.count(k) if r == self.modes[0] else 0 for k in self.kinds for r in self.modes]
+            self._hint(hint)
 
     def _count_cuts(self, tmax: Any) -> None:
         """Redundant: each rank's layers of each kind as an integer count, and t_max at least the
@@ -424,7 +447,7 @@ class StageModel:
         the framework runs one mode for every layer and it is picked). A bound on t_max then bounds
         each count by propagation, and the counts must sum to the model's: the whole-layer
         balance CP-SAT otherwise proves by branching on fractional layers."""
-        md, lay, pick = self.model, self.table.layers, self.pick
+        md, lay, pick, total = self.model, self.table.layers, self.pick, self.cp_model.LinearExpr.sum
 
         def least(k: str, among: list[str]) -> int:  # (the rank time's coefficient of one layer, in model units)
             return min(_t(lay[(k, r)].fwd_s) + _t(lay[(k, r)].bwd_s) for r in among)
@@ -439,13 +462,13 @@ class StageModel:
             cnt = {}
             for k in self.kinds:
                 cnt[k] = md.new_int_var(0, self.count[k], f"layers_{k}_rank{p}")
-                md.add(cnt[k] == sum(self.n[c][k][r] for c in chunks for r in self.modes))
+                md.add(cnt[k] == total([self.n[c][k][r] for c in chunks for r in self.modes]))
                 per_kind[k].append(cnt[k])
             md.add(tmax >= sum(fastest[k] * cnt[k] for k in self.kinds) + self.rank_fixed[p])
             for r, b in pick.items():
                 md.add(tmax >= sum(picked[r][k] * cnt[k] for k in self.kinds) + self.rank_fixed[p]).only_enforce_if(b)
         for k in self.kinds:
-            md.add(sum(per_kind[k]) == self.count[k])
+            md.add(total(per_kind[k]) == self.count[k])
 
     def _rank_least_times(self) -> None:
         """Redundant: each rank's time is at least the least time of its dense and MoE layer counts
@@ -484,8 +507,7 @@ class StageModel:
         The first pass's solution is the hint, so the pass starts from a feasible point."""
         md = self.model
         md.clear_hints()  # CP-SAT rejects a model whose hint names a variable twice
-        for var in self._all_vars():
-            md.add_hint(var, self.solver.value(var))
+        self._hint([self.solver.value(var) for var in self._all_vars()])
         md.clear_objective()
         md.add(self.step <= best_scaled)
         weight = {r: i for i, r in enumerate(list(RECOMPUTES) + [m for m in self.modes if m not in RECOMPUTES])}
@@ -496,6 +518,13 @@ class StageModel:
     def _all_vars(self) -> list[Any]:
         return [self.n[c][k][r] for c in range(self.V) for k in self.kinds for r in self.modes]
 
+    def _hint(self, values: list[int]) -> None:
+        """`md.add_hint(var, value)` for every variable of `_all_vars` in order, in one go (the same
+        proto: the hint's variable indices and values appended)."""
+        hint = self.model.proto.solution_hint
+        hint.vars.extend([var.index for var in self._all_vars()])
+        hint.values.extend([int(v) for v in values])
+
     def tighten(self, cutoff_units: int) -> None:
         """Require a step time of at most `cutoff_units` from now on (cutoffs only descend), with
         the last solution as the hint."""
@@ -504,8 +533,7 @@ class StageModel:
         self.cutoff = cutoff_units
         if getattr(self, "solver", None) is not None:
             md.clear_hints()
-            for var in self._all_vars():
-                md.add_hint(var, self.solver.value(var))
+            self._hint([self.solver.value(var) for var in self._all_vars()])
 
     def solve(self, work_s: float, wall_s: float | None = None,
               first_solution: bool = False) -> tuple[str, int | None, int | None]:
