@@ -670,13 +670,19 @@ def layout_split(num_layers: int, chunks: int) -> list[int]:
 
 
 def even_split(num_layers: int, chunks: int) -> list[int]:
-    """Layers per virtual stage as even as possible, the remainder on the middle stages."""
+    """Layers per virtual stage as even as possible, the remainder on the middle stages (a new list)."""
+    return list(_even_split(num_layers, chunks))
+
+
+@functools.lru_cache(maxsize=4096)
+def _even_split(num_layers: int, chunks: int) -> tuple[int, ...]:
+    """`even_split`, memoized (the candidates' rule checks ask it of every set of degrees)."""
     base, rem = divmod(num_layers, chunks)
     out = [base] * chunks
     order = sorted(range(chunks), key=lambda c: (abs(c - (chunks - 1) / 2), c))
     for c in order[:rem]:
         out[c] += 1
-    return out
+    return tuple(out)
 
 
 def ep_overlap_refusals(fw: FrameworkProfile, modes: Iterable[str]) -> list[str]:
