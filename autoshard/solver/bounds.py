@@ -532,10 +532,11 @@ class _MemoryBound:
         self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
         fs, gi = distinct_rows([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
-        coef = np.array([(sum(static_bytes(ctx, cands[j], 1.0, 0.0).values()),
-                          sum(static_bytes(ctx, cands[j], 1.0, 1.0).values())) for j in fs])[gi]
+        reps = [cands[j] for j in fs]
+        coef = np.array([(sum(static_bytes(ctx, c, 1.0, 0.0).values()), sum(static_bytes(ctx, c, 1.0, 1.0).values()))
+                         for c in reps])[gi]
         self.per_d, self.per_e = coef[:, 0], coef[:, 1] - coef[:, 0]
-        data_parallel = np.array([cands[j].data_parallel for j in fs])[gi]
+        data_parallel = np.array([c.data_parallel for c in reps])[gi]
         self.z3 = np.where((zero == 3) & data_parallel, zero3_gathered_bytes(ctx, big), 0.0)
         self.cap = ctx.capacity_bytes * (1 + 1e-9)
         # Groups of (pp, vpp, schedule, micro-batches): one rank layout and in-flight count each.
@@ -763,6 +764,7 @@ def _summary(ctx: Context, table: Table, modes: list[str]) -> _Summary:
 
 
 FRONT_CAP = 256  # points kept per (kind, layer count) front; beyond, bytes are rounded down (still a bound)
+_EDGE_RAMP = np.arange(FRONT_CAP + 1, dtype=np.float64)  # (`_pareto`'s bucket edges: 0, 1, ..., FRONT_CAP)
 
 
 def _pareto(b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -786,7 +788,15 @@ def _pareto(b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not last.all():
             b, t = b[last], t[last]
     if len(b) > FRONT_CAP:
-        edges = np.linspace(b[0], b[-1], FRONT_CAP + 1)
+        # (np.linspace(b[0], b[-1], FRONT_CAP + 1) as numpy computes it, without its Python overhead:
+        # a ramp times the step, plus the start, the last edge the stop; b is strictly increasing here)
+        step = (b[-1] - b[0]) / FRONT_CAP
+        if step > 0:
+            edges = _EDGE_RAMP * step
+            edges += b[0]
+            edges[-1] = b[-1]
+        else:  # (a span of a few subnormals: numpy's own path for it)
+            edges = np.linspace(b[0], b[-1], FRONT_CAP + 1)
         bucket = np.minimum(np.searchsorted(edges, b, side="right") - 1, FRONT_CAP - 1)
         change = np.empty(len(b), dtype=bool)
         change[0] = True
