@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from ..spec import Plan, Problem
@@ -64,9 +65,7 @@ class RankTotals:
 
 def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first: bool, last: bool) -> RankTotals:
     """Sum the table over the (kind, recompute) of every layer in each chunk of one rank."""
-    fwd = dict.fromkeys(TIME_KEYS, 0.0)
-    bwd = dict.fromkeys(TIME_KEYS, 0.0)
-    tot = RankTotals(fwd, bwd, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, {}, {})
+    tot = RankTotals({}, {}, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, {}, {})
     pieces: list[Cost] = []
     for chunk in chunks_of_rank:
         for kind, rc in chunk:
@@ -78,16 +77,23 @@ def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first
         pieces.append(table.embed)
     if last:
         pieces.append(table.head)
+    # Every field summed over the pieces in order from 0.0, left to right: a running sum down each column
+    # (np.cumsum: sequential, the same additions as adding piece by piece) of one row per distinct piece.
+    index: dict[int, int] = {}
+    rows: list[list[float]] = [[0.0] * (2 * len(TIME_KEYS) + 6)]
+    at = [0]
     for c in pieces:
-        for k in TIME_KEYS:
-            fwd[k] += c.fwd[k]
-            bwd[k] += c.bwd[k]
-        tot.wgrad_s += c.wgrad_s
-        tot.act_bytes += c.act_bytes
-        tot.params += c.params
-        tot.expert_params += c.expert_params
-        tot.hfu_flops += c.hfu_flops
-        tot.base_flops += c.base_flops
+        j = index.get(id(c))
+        if j is None:
+            j = index[id(c)] = len(rows)
+            rows.append([*map(c.fwd.__getitem__, TIME_KEYS), *map(c.bwd.__getitem__, TIME_KEYS), c.wgrad_s,
+                         c.act_bytes, c.params, c.expert_params, c.hfu_flops, c.base_flops])
+        at.append(j)
+    sums = np.cumsum(np.array(rows)[at], axis=0)[-1].tolist()
+    n = len(TIME_KEYS)
+    tot.fwd, tot.bwd = dict(zip(TIME_KEYS, sums[:n])), dict(zip(TIME_KEYS, sums[n:2 * n]))
+    tot.wgrad_s, tot.act_bytes, tot.params, tot.expert_params, tot.hfu_flops, tot.base_flops = sums[2 * n:]
+    fwd, bwd = tot.fwd, tot.bwd
     # Pipeline sends: each chunk sends forward activations and receives gradients once per micro-batch.
     n_chunks = len(chunks_of_rank)
     sends = n_chunks - (1 if last else 0)
@@ -149,8 +155,21 @@ def interleaved_windows(pp: int, vpp: int, rank: int, microbatches: int) -> tupl
 
 
 def interleaved_activation_bytes(windows: tuple[tuple[int, ...], ...], chunk_act: list[float]) -> float:
-    """The largest in-flight activation total over the schedule's windows (`interleaved_windows`)."""
-    return max(sum(w * a for w, a in zip(win, chunk_act)) for win in windows)
+    """The largest in-flight activation total over the schedule's windows (`interleaved_windows`): per
+    window sum_j w_j a_j, added left to right (every window at once, a column at a time)."""
+    counts = _window_counts(windows)
+    total = counts[:, 0] * chunk_act[0]
+    for j in range(1, counts.shape[1]):
+        total += counts[:, j] * chunk_act[j]
+    return float(total.max())
+
+
+@functools.lru_cache(maxsize=4096)
+def _window_counts(windows: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """The windows as a read-only float array, one row each (`interleaved_activation_bytes`)."""
+    out = np.array(windows, dtype=np.float64)
+    out.flags.writeable = False
+    return out
 
 
 def static_bytes(ctx: Context, cfg: Config, params: float, expert_params: float) -> dict[str, float]:
@@ -398,8 +417,9 @@ def deferred_exposed_s(cfg: Config, deferred_s: float, b: list[float], head_rank
 def chunk_times(table: "Table", chunks: list[list[tuple[str, str]]]) -> list[float]:
     """Forward + backward time of one micro-batch through each virtual stage, in order."""
     out = []
+    each = {key: table.layers[key].total_s for key in {key for chunk in chunks for key in chunk}}
     for c, chunk in enumerate(chunks):
-        t = sum(table.layers[key].total_s for key in chunk)
+        t = sum(each[key] for key in chunk)
         t += table.embed.total_s if c == 0 else 0.0
         t += table.head.total_s if c == len(chunks) - 1 else 0.0
         t += table.pp_p2p_s * ((c < len(chunks) - 1) + (c > 0))
