@@ -139,9 +139,9 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     # all-to-all is exposed, and its twin's overlapped table would bound it far below its cost.
     first, inv = distinct_rows([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2, _overlap_off(cands)])
     tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
-    facts = [_layer_facts(ctx, tb, kind_list, False) for tb in tables]
-    tau = np.array([f.tau for f in facts])[inv]
-    u_tau = np.array([f.u_tau for f in facts])[inv]
+    facts, fi = _distinct_objects([_layer_facts(ctx, tb, kind_list, False) for tb in tables])
+    tau = np.array([f.tau for f in facts])[fi][inv]
+    u_tau = np.array([f.u_tau for f in facts])[fi][inv]
     ends = np.array([tb.embed.total_s + tb.head.total_s for tb in tables])[inv]
     head_w = np.array([tb.head.wgrad_s for tb in tables])[inv]
     counts = np.array([kinds.count(k) for k in kind_list], dtype=np.float64)
@@ -422,6 +422,21 @@ class _LayerFacts:
     hulls: list[tuple[list[tuple[float, float]], float, float]]  # per kind: `_hull_lines` of its modes
 
 
+def _distinct_objects(objs: list[Any]) -> tuple[list[Any], np.ndarray]:
+    """(the distinct objects of `objs` by identity, in order of first appearance; per entry its index
+    among them): arrays built over the distinct ones, gathered per entry."""
+    index: dict[int, int] = {}
+    distinct: list[Any] = []
+    at = np.empty(len(objs), dtype=np.int64)
+    for i, x in enumerate(objs):
+        j = index.get(id(x))
+        if j is None:
+            j = index[id(x)] = len(distinct)
+            distinct.append(x)
+        at[i] = j
+    return distinct, at
+
+
 def beside_ep_overlap(ctx: Context, modes: list[str]) -> list[str]:
     """The recompute modes among `modes` the framework runs beside the EP overlap (Megatron refuses
     it beside full recompute and the moe module: `cost.ep_overlap_blocked`)."""
@@ -443,11 +458,21 @@ def _layer_facts(ctx: Context, table: Table, ks: list[str], overlap_modes: bool)
         per_kind = {k: {} for k in ks}
         for (k, r), x in table.layers.items():
             per_kind[k][r] = x
+    # (the facts read nothing but the kinds' {mode: cost} dicts: tables of other shapes whose kinds share
+    # those very dicts, `cost.layers._kind_costs`, share one `_LayerFacts`; the memo keeps the dicts alive)
+    memo, dicts = _solve_memo(ctx), tuple(per_kind[k] for k in ks)
+    by_dicts = ("layer facts of", tuple(ks), overlap_modes, *map(id, dicts))
+    hit = memo.get(by_dicts) if shared else None
+    if hit is not None:
+        got = table.memo[key] = hit[1]
+        return got
     usable = _usable_modes(ctx, tuple(sorted(set().union(*per_kind.values()))), overlap_modes)
     per = [_kind_facts(ctx, per_kind[k], usable, shared) for k in ks]
     got = _LayerFacts([f[0] for f in per], [f[1] for f in per], [f[2] for f in per],
                       max(f[3] for f in per), max(f[4] for f in per), [f[5] for f in per])
     table.memo[key] = got
+    if shared:
+        memo[by_dicts] = (dicts, got)
     return got
 
 
@@ -474,7 +499,7 @@ def _kind_facts(ctx: Context, costs: dict[str, Cost], usable: tuple[str, ...], s
     total = {r: x.total_s for r, x in costs.items()}
     tau = min(total.values())
     u_tau = min(total[r] - x.wgrad_s for r, x in costs.items())
-    front = [(costs[r].act_bytes, total[r]) for r in pareto_modes(costs, usable)]
+    front = [(costs[r].act_bytes, total[r]) for r in pareto_modes(costs, usable, total)]
     first = next(iter(costs.values()))
     facts = (tau, u_tau, (first.params, first.expert_params, min(a for a, _ in front)),
              max(x.work_bytes for x in costs.values()), max(x.params for x in costs.values()), _hull_lines(front))
@@ -512,13 +537,15 @@ class _MemoryBound:
         overlap = [tb.cfg.ep_overlap is None and bool(tb.memo.get("ep_overlap")) and self.twin[j] >= 0
                    for tb, j in zip(tables, first)]
         self.restricted = np.array(overlap, dtype=bool)[inv]
-        facts = [_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)]
+        # (the tables share far fewer facts, `_layer_facts`: their arrays are built once per distinct
+        # facts and gathered per table, fi)
+        facts, fi = _distinct_objects([_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)])
         # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
         # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
-        self.kp = np.array([f.kp for f in facts])[inv]  # (n_c, kinds, 3)
-        self.work = np.array([f.work for f in facts])[inv]
+        self.kp = np.array([f.kp for f in facts])[fi][inv]  # (n_c, kinds, 3)
+        self.work = np.array([f.work for f in facts])[fi][inv]
         self.head_work = np.maximum(self.work, np.array([tb.head.work_bytes for tb in tables])[inv])
-        big = np.array([f.big for f in facts])[inv]
+        big = np.array([f.big for f in facts])[fi][inv]
         self.ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
                                (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
         # What only `forced` reads (the candidates refined), per table, read through `self.table`:
@@ -527,9 +554,9 @@ class _MemoryBound:
         self.table = inv
         self.end_s = np.array([(tb.embed.total_s, tb.head.total_s) for tb in tables])
         J = max(len(h[0]) for f in facts for h in f.hulls)
-        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in f.hulls] for f in facts])
-        self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])
-        self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])
+        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in f.hulls] for f in facts])[fi]
+        self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])[fi]
+        self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])[fi]
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
         fs, gi = distinct_rows([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
         reps = [cands[j] for j in fs]
@@ -974,11 +1001,14 @@ def _useful_modes(table: Table, kind: str, modes: list[str]) -> list[str]:
     return got
 
 
-def pareto_modes(costs: dict[str, Cost], modes: Sequence[str]) -> list[str]:
+def pareto_modes(costs: dict[str, Cost], modes: Sequence[str], total: dict[str, float] | None = None) -> list[str]:
     """The time / memory Pareto modes among `modes` of one layer's {mode: cost}, fastest first (ties in
-    time: the leaner first; a mode is kept only if it keeps fewer activation bytes than the last kept)."""
+    time: the leaner first; a mode is kept only if it keeps fewer activation bytes than the last kept).
+    `total`: each mode's `Cost.total_s` where the caller has them."""
+    if total is None:
+        total = {r: costs[r].total_s for r in modes}
     got: list[str] = []
-    for r in sorted(modes, key=lambda r: (costs[r].total_s, costs[r].act_bytes)):
+    for r in sorted(modes, key=lambda r: (total[r], costs[r].act_bytes)):
         if not got or costs[r].act_bytes < costs[got[-1]].act_bytes:
             got.append(r)
     return got
