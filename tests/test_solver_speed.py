@@ -495,6 +495,16 @@ def test_distinct_rows_equal_np_unique():
     for cols in cases:
         got, want = distinct_rows(cols), reference_distinct_rows(cols)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    # Columns ranked once (`Ranked`, as the bounds pass their fields), whole or on a subset of the rows
+    # (ranks of values the subset lacks go unused): the same numbering and first rows.
+    from autoshard.solver.candidates import Ranked
+
+    cols = cases[0]
+    ranked = [Ranked.of(c) for c in cols]
+    for sub in (np.arange(n), np.flatnonzero(degrees >= 4), np.flatnonzero(cols[2] < 0)[:7]):
+        got = distinct_rows([Ranked(r.inv[sub], r.radix) for r in ranked[:2]] + [cols[2][sub]])
+        want = reference_distinct_rows([c[sub] for c in cols])
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
 def reference_forced(mem, idx: np.ndarray, at_least: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -60,7 +60,7 @@ from ..topology import (
     place_axes,
     reduce_scatter_s,
 )
-from .candidates import Candidates, _with_fields, distinct_rows
+from .candidates import Candidates, Ranked, _with_fields, distinct_rows
 
 
 def _solve_memo(ctx: Context) -> dict:
@@ -137,7 +137,9 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     # through whether expert all-to-all overlaps (`ep_overlap_on`: pp, vpp, schedule, M >= 2).
     # A twin planned with the overlap off (`ep_overlap` False, `candidates`) has its own group: its
     # all-to-all is exposed, and its twin's overlapped table would bound it far below its cost.
-    first, inv = distinct_rows([tp, cp, ep, sp, mbs, pp == 1, etp, sched, vpp > 1, M >= 2, _overlap_off(cands)])
+    r = _field_ranks(cands, a)  # (each field column ranked once for the groupings below)
+    first, inv = distinct_rows([r.tp, r.cp, r.ep, r.sp, r.mbs, pp == 1, r.etp, r.sched, vpp > 1, M >= 2,
+                                _overlap_off(cands)])
     tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
     facts, fi = _distinct_objects([_layer_facts(ctx, tb, kind_list, False) for tb in tables])
     tau = np.array([f.tau for f in facts])[fi][inv]
@@ -152,7 +154,7 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     zero3 = np.zeros(n_c)
     z3 = np.flatnonzero((zero == 3) & (dp * cp > 1))
     if len(z3):
-        f3, i3 = distinct_rows([tp[z3], cp[z3], ep[z3], dp[z3], pp[z3]])  # (pp: the framework's reshard policy)
+        f3, i3 = distinct_rows([Ranked(x.inv[z3], x.radix) for x in (r.tp, r.cp, r.ep, r.dp, r.pp)])  # (pp: reshard policy)
         zero3[z3] = np.array([_zero3_lower_bound(ctx, cands[z3[j]]) for j in f3])[i3]
     t_micro = (1 - COMM_INTERFERENCE) * np.maximum(busy, zero3) + COMM_INTERFERENCE * (busy + zero3)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
@@ -180,7 +182,7 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
 
     m_lb, opt_step = _static_bounds(ctx, cands, a, M)
     t_lb = np.maximum(t_lb, pipeline(tmax)) + opt_step
-    mem = _MemoryBound(ctx, cands, tables, first, inv, a, M)
+    mem = _MemoryBound(ctx, cands, tables, first, inv, a, M, r)
 
     def refined(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         forced = mem.forced(idx, tmax[idx])
@@ -332,11 +334,39 @@ def _arrays(cands: Candidates) -> tuple[np.ndarray, np.ndarray]:
     if got is None:
         c = cands.cols
         sched = np.array([_SCHEDULES[x] for x in cands.schedules] + [0], dtype=np.float64)[c["schedule"]]
-        fields = np.empty((len(cands), len(_FIELDS) + 1), dtype=np.float64)
+        # (column-major: every use reads a column, contiguous so; row-major made each column op stride)
+        fields = np.empty((len(cands), len(_FIELDS) + 1), dtype=np.float64, order="F")
         for i, f in enumerate(_FIELDS):  # (etp -1 where None: = tp)
             fields[:, i] = c[f]
         fields[:, -1] = sched
         got = cands.derived["bound fields"] = (fields, cands.overlap_off)
+    return got
+
+
+class _Ranks(NamedTuple):
+    """`_fields`' columns ranked (`candidates.Ranked`), for the bounds' groupings."""
+
+    tp: Ranked
+    cp: Ranked
+    ep: Ranked
+    pp: Ranked
+    dp: Ranked
+    vpp: Ranked
+    mbs: Ranked
+    zero: Ranked
+    sp: Ranked
+    etp: Ranked
+    sched: Ranked
+
+
+def _field_ranks(cands: Sequence[Config], a: np.ndarray) -> _Ranks:
+    """Each column of `a` (`_fields(cands)`) ranked once (`Ranked.of`; kept in
+    `Candidates.derived`): the groupings of one solve's bounds rank the same columns."""
+    got = cands.derived.get("field ranks") if isinstance(cands, Candidates) else None
+    if got is None:
+        got = _Ranks(*map(Ranked.of, a.T))
+        if isinstance(cands, Candidates):
+            cands.derived["field ranks"] = got
     return got
 
 
@@ -521,7 +551,7 @@ class _MemoryBound:
     once per distinct group."""
 
     def __init__(self, ctx: Context, cands: Sequence[Config], tables: list[Table], first: np.ndarray,
-                 inv: np.ndarray, a: np.ndarray, M: np.ndarray):
+                 inv: np.ndarray, a: np.ndarray, M: np.ndarray, r: "_Ranks"):
         kinds = ctx.model.layer_kinds()
         self.kinds, self.ks = kinds, sorted(set(kinds))
         ks = self.ks
@@ -558,7 +588,7 @@ class _MemoryBound:
         self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])[fi]
         self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])[fi]
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
-        fs, gi = distinct_rows([tp, cp, dp, etp, ep, zero, pp])  # (pp: the framework's reshard policy, kept weights)
+        fs, gi = distinct_rows([r.tp, r.cp, r.dp, r.etp, r.ep, r.zero, r.pp])  # (pp: reshard policy, kept weights)
         reps = [cands[j] for j in fs]
         coef = np.array([(sum(static_bytes(ctx, c, 1.0, 0.0).values()), sum(static_bytes(ctx, c, 1.0, 1.0).values()))
                          for c in reps])[gi]
@@ -567,7 +597,7 @@ class _MemoryBound:
         self.z3 = np.where((zero == 3) & data_parallel, zero3_gathered_bytes(ctx, big), 0.0)
         self.cap = ctx.capacity_bytes * (1 + 1e-9)
         # Groups of (pp, vpp, schedule, micro-batches): one rank layout and in-flight count each.
-        fi, self.group = distinct_rows([pp, vpp, sched, M])
+        fi, self.group = distinct_rows([r.pp, r.vpp, r.sched, M])
         self.infl = [np.array([inflight_microbatches(cands[j], p, int(M[j])) for p in range(cands[j].pp)])[None, :]
                      for j in fi]
         self.need = [cands[j].vpp if cands[j].pp > 1 else len(kinds) for j in fi]

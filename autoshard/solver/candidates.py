@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import product
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -259,14 +259,27 @@ def _dense_ranks(v: np.ndarray) -> tuple[np.ndarray, int]:
     return inv.reshape(-1), int(inv.max()) + 1 if len(inv) else 0  # (no values: no rows)
 
 
-def distinct_rows(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+class Ranked(NamedTuple):
+    """A column given by its values' ranks (`_dense_ranks`: each value's rank among the column's distinct
+    values, and how many there are), for `distinct_rows`: ranked once, grouped on many times. Its rows
+    may be a subset of the rows ranked (some ranks then unused: the numbering of tuples is the same)."""
+
+    inv: np.ndarray
+    radix: int
+
+    @staticmethod
+    def of(column: np.ndarray) -> "Ranked":
+        return Ranked(*_dense_ranks(column))
+
+
+def distinct_rows(cols: Sequence[np.ndarray | Ranked]) -> tuple[np.ndarray, np.ndarray]:
     """(the row where each distinct tuple of the columns' values first occurs, per row the number of
     its tuple, tuples numbered in the order of their values as np.unique numbers them): a rule that
-    depends on these fields only is asked once per tuple."""
-    n = len(cols[0])
+    depends on these fields only is asked once per tuple. A column is its values or a `Ranked`."""
+    n = len(cols[0].inv if isinstance(cols[0], Ranked) else cols[0])
     code = np.zeros(n, dtype=np.int64)
     for c in cols:  # (mixed radix over each column's distinct values: at most a few dozen each)
-        inv, radix = _dense_ranks(c)
+        inv, radix = c if isinstance(c, Ranked) else _dense_ranks(c)
         code = code * radix + inv
     inv, rows = _dense_ranks(code)
     first = np.full(rows, n, dtype=np.int64)
