@@ -522,7 +522,7 @@ def reference_forced(mem, idx: np.ndarray, at_least: np.ndarray) -> np.ndarray:
         t = out[pos[sel]]
         for i, k in enumerate(mem.ks):
             t = B._forced_tmax(room, np.broadcast_to(mem.infl[g], (len(sel), P)),
-                               mem.static(sel, mem.kp[sel, i, 0], mem.kp[sel, i, 1]), mem.lines[tab, i],
+                               mem.static(sel, mem.kp[i, 0][sel], mem.kp[i, 1][sel]), mem.lines[tab, i],
                                mem.a_min[tab, i], mem.s_amin[tab, i], ext, mem.kinds.count(k), t)
         out[pos[sel]] = t
     return out

@@ -572,12 +572,16 @@ class _MemoryBound:
         facts, fi = _distinct_objects([_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)])
         # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
         # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
-        self.kp = np.array([f.kp for f in facts])[fi][inv]  # (n_c, kinds, 3)
+        # (kp and ends candidate-last, [kind or end, field, candidate]: each field's gather reads one
+        # contiguous row, not a stride of the whole array)
+        self.kp = np.take(np.ascontiguousarray(np.array([f.kp for f in facts]).transpose(1, 2, 0)), fi[inv], axis=2)
         self.work = np.array([f.work for f in facts])[fi][inv]
         self.head_work = np.maximum(self.work, np.array([tb.head.work_bytes for tb in tables])[inv])
         big = np.array([f.big for f in facts])[fi][inv]
         self.ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
-                               (tb.head.params, tb.head.expert_params, tb.head.act_bytes)] for tb in tables])[inv]
+                               (tb.head.params, tb.head.expert_params, tb.head.act_bytes)]
+                              for tb in tables]).transpose(1, 2, 0)
+        self.ends = np.take(np.ascontiguousarray(self.ends), inv, axis=2)
         # What only `forced` reads (the candidates refined), per table, read through `self.table`:
         # the embedding's and LM head's times and, per kind, the lower hull of its modes' (activation
         # bytes, time), as J lines (padded with the flat one), its least bytes and the time there.
@@ -637,14 +641,15 @@ class _MemoryBound:
         room = np.broadcast_to((self.cap - self.work[sel] - self.z3[sel])[:, None], (len(sel), P)).copy()
         room[:, -1] -= self.head_work[sel] - self.work[sel]
         for e, p in ((0, 0), (1, P - 1)):
-            room[:, p] -= self.static(sel, self.ends[sel, e, 0], self.ends[sel, e, 1]) + infl[:, p] * self.ends[sel, e, 2]
+            end = self.ends[e]
+            room[:, p] -= self.static(sel, end[0][sel], end[1][sel]) + infl[:, p] * end[2][sel]
         return room
 
     def _fits(self, g: int, sel: np.ndarray) -> np.ndarray:
         kinds, ks, kp, infl = self.kinds, self.ks, self.kp, self.infl[g]
         P = infl.shape[1]
         room = self._room(g, sel)
-        sizes = np.stack([self.static(sel, kp[sel, i, 0], kp[sel, i, 1])[:, None] + infl * kp[sel, i, 2][:, None]
+        sizes = np.stack([self.static(sel, kp[i, 0][sel], kp[i, 1][sel])[:, None] + infl * kp[i, 2][sel][:, None]
                           for i in range(len(ks))])  # (kinds, n, P)
         most = np.floor(np.maximum(room, 0)[None] / sizes + 1e-9)  # layers of each kind a rank can hold
         lean = np.floor(np.maximum(room, 0) / sizes.min(axis=0) + 1e-9)
@@ -687,7 +692,7 @@ class _MemoryBound:
         ext[:, -1] += self.end_s[tab, 1]
         t = out[pos[sel]]
         for i, k in enumerate(self.ks):
-            t = _forced_tmax(room, infl, self.static(sel, self.kp[sel, i, 0], self.kp[sel, i, 1]), self.lines[tab, i],
+            t = _forced_tmax(room, infl, self.static(sel, self.kp[i, 0][sel], self.kp[i, 1][sel]), self.lines[tab, i],
                              self.a_min[tab, i], self.s_amin[tab, i], ext, self.kinds.count(k), t)
         out[pos[sel]] = t
 
