@@ -296,6 +296,8 @@ class StageModel:
         # Per virtual stage (chunk) time, for the interleaved bubble.
         lay = self.table.layers
         self.chunk_time = []
+        kr = [(k, r) for k in self.kinds for r in self.modes]
+        per_layer = [_t(lay[x].total_s) for x in kr]  # (a chunk's coefficients: each layer's time)
         for c in range(self.V):
             p = c % cfg.pp
             const = 0.0
@@ -304,9 +306,8 @@ class StageModel:
             if c == self.V - 1:
                 const += tb.head.total_s
             const += tb.pp_p2p_s * ((c < self.V - 1) + (c > 0))
-            kr = [(k, r) for k in self.kinds for r in self.modes]
-            self.chunk_time.append(self.cp_model.LinearExpr.weighted_sum(
-                [self.n[c][k][r] for k, r in kr], [_t(lay[x].total_s) for x in kr]) + _t(const))
+            self.chunk_time.append(self.cp_model.LinearExpr.weighted_sum([self.n[c][k][r] for k, r in kr], per_layer)
+                                   + _t(const))
 
     def _memory_constraints(self) -> None:
         """Static (weights, grads, optimizer under ZeRO) + in-flight activations + working set <= HBM."""
