@@ -243,3 +243,24 @@ def test_a_restricted_zero_stage_keeps_the_stages_the_framework_runs():
     with pytest.raises(InputError) as exc:
         candidates(*prepared(doc([1, 2])))
     assert exc.value.field == "search.zero_stage" and "torchtitan runs ZeRO stages 0, 3, not 1, 2" in exc.value.message
+
+
+def test_the_rule_probes_build_the_plans_validation_builds(monkeypatch):
+    # `_blocks` probes config_reasons with a validated template's copies (`model_copy(update=...)`, no
+    # validation): each equals the plan validating the same fields builds, its field set included.
+    built: list[Plan] = []
+    copy = Plan.model_copy
+
+    def checked(self, *, update=None, deep=False):
+        got = copy(self, update=update, deep=deep)
+        want = Plan(**update)
+        assert got == want and got.model_dump() == want.model_dump()
+        assert got.model_fields_set == want.model_fields_set
+        built.append(got)
+        return got
+
+    monkeypatch.setattr(Plan, "model_copy", checked)
+    for doc, offload in CASES.values():
+        p, ctx = prepared(doc)
+        candidates(p, ctx, opt_offload=offload)
+    assert len(built) > 100

@@ -320,15 +320,20 @@ def _blocks(problem: Problem, sp_: dict[str, list[Any]], scheds: list[tuple[str,
     keep &= (c["schedule"] != code["interleaved"]) | (c["mb"] % c["pp"] == 0)
     c = _keep(c, keep)
     placements: dict[str, int] = {}
+    zero = sp_["zero_stage"][0] if sp_["zero_stage"] else 0
+    # (each probe's plan is this validated one with the probed fields set, `model_copy`: the same plan as
+    # validating them, its field set included, at a third of the cost; tests/test_candidates.py checks it)
+    template = Plan(tp=1, cp=1, ep=1, pp=1, dp=1, vpp=1, micro_batch_size=1, schedule="1f1b", etp=None,
+                    zero_stage=zero, cp_comm_type="p2p", sequence_parallel=False)
 
     def probe(tp: int, cp: int, pp: int, ep: int, etp: int, sched: int, vpp: int, dp: int, mbs: int) -> int:
         """The placement code of the set of degrees (-1: `config_reasons` refuses it), probed with the
         first micro-batch it has: the rules do not depend on it (but for the batch divisibility above),
         nor on the ZeRO stage, nor on SP but below."""
-        plan = Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs,
-                    schedule=names[sched], etp=None if etp < 0 else etp,
-                    zero_stage=sp_["zero_stage"][0], cp_comm_type=cp_comm if cp > 1 else "p2p",
-                    sequence_parallel=False)
+        plan = template.model_copy(update=dict(
+            tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, schedule=names[sched],
+            etp=None if etp < 0 else etp, zero_stage=zero, cp_comm_type=cp_comm if cp > 1 else "p2p",
+            sequence_parallel=False))
         if config_reasons(problem, plan)[1]:
             return -1
         return placements.setdefault(plan.placement, len(placements))
