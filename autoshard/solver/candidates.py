@@ -132,6 +132,9 @@ class Candidates(Sequence[Config]):
         self.reshard, self.dp_replicate = reshard, dp_replicate
         self._n = len(overlap_off)
         self._built: dict[int, Config] = {}
+        # every Config field with the knobs all configurations share (the rest set per row, `__getitem__`)
+        self._shared = dict(Config(1, 1, 1, 1, 1, 1, False, 0, 1, "1f1b", "tp-cp-ep-dp-pp", dispatcher=dispatcher,
+                                   opt_offload=opt_offload, dp_replicate=dp_replicate).__dict__)
         self._rows: list[CandidateRow] | None = None
         # figures derived from the columns alone, kept by their readers (`bounds._arrays`): they do not change
         self.derived: dict[str, Any] = {}
@@ -160,15 +163,17 @@ class Candidates(Sequence[Config]):
         cfg = self._built.get(k)
         if cfg is None:
             c = self.cols
-            tp, cp, ep, pp, dp, vpp, zero, mbs, etp = (int(c[f][k]) for f in ("tp", "cp", "ep", "pp", "dp", "vpp",
-                                                                                   "zero", "mbs", "etp"))
-            cfg = self._built[k] = Config(tp, cp, ep, pp, dp, vpp, bool(c["sp"][k]), zero, mbs,
-                                          self.schedules[c["schedule"][k]], self.placements[c["placement"][k]],
-                                          None if etp < 0 else etp,
-                                          ep_overlap=False if self.overlap_off[k] else None, dispatcher=self.dispatcher,
-                                          cp_comm=self.cp_comm if cp > 1 else "p2p", opt_offload=self.opt_offload,
-                                          reshard=self.reshard if zero == 3 else None,
-                                          dp_replicate=self.dp_replicate)
+            cp, zero, etp = int(c["cp"][k]), int(c["zero"][k]), int(c["etp"][k])
+            # (built as `_with_fields` builds: every field from `_shared`, then this row's; the same
+            # Config as its __init__ gives, equal and equally hashed, at a fraction of the cost)
+            cfg = self._built[k] = object.__new__(Config)
+            d = cfg.__dict__
+            d.update(self._shared)
+            d.update(tp=int(c["tp"][k]), cp=cp, ep=int(c["ep"][k]), pp=int(c["pp"][k]), dp=int(c["dp"][k]),
+                     vpp=int(c["vpp"][k]), sp=bool(c["sp"][k]), zero=zero, mbs=int(c["mbs"][k]),
+                     schedule=self.schedules[c["schedule"][k]], placement=self.placements[c["placement"][k]],
+                     etp=None if etp < 0 else etp, ep_overlap=False if self.overlap_off[k] else None,
+                     cp_comm=self.cp_comm if cp > 1 else "p2p", reshard=self.reshard if zero == 3 else None)
         return cfg
 
 
