@@ -141,9 +141,9 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     first, inv = distinct_rows([r.tp, r.cp, r.ep, r.sp, r.mbs, pp == 1, r.etp, r.sched, vpp > 1, M >= 2,
                                 _overlap_off(cands)])
     tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
-    facts, fi = _distinct_objects([_layer_facts(ctx, tb, kind_list, False) for tb in tables])
-    tau = np.array([f.tau for f in facts])[fi][inv]
-    u_tau = np.array([f.u_tau for f in facts])[fi][inv]
+    facts, fx = _distinct_objects([_layer_facts(ctx, tb, kind_list, False) for tb in tables])
+    tau = np.array([f.tau for f in facts])[fx][inv]
+    u_tau = np.array([f.u_tau for f in facts])[fx][inv]
     ends = np.array([tb.embed.total_s + tb.head.total_s for tb in tables])[inv]
     head_w = np.array([tb.head.wgrad_s for tb in tables])[inv]
     counts = np.array([kinds.count(k) for k in kind_list], dtype=np.float64)
@@ -568,16 +568,16 @@ class _MemoryBound:
                    for tb, j in zip(tables, first)]
         self.restricted = np.array(overlap, dtype=bool)[inv]
         # (the tables share far fewer facts, `_layer_facts`: their arrays are built once per distinct
-        # facts and gathered per table, fi)
-        facts, fi = _distinct_objects([_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)])
+        # facts and gathered per table, fx)
+        facts, fx = _distinct_objects([_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)])
         # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
         # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
         # (kp and ends candidate-last, [kind or end, field, candidate]: each field's gather reads one
         # contiguous row, not a stride of the whole array)
-        self.kp = np.take(np.ascontiguousarray(np.array([f.kp for f in facts]).transpose(1, 2, 0)), fi[inv], axis=2)
-        self.work = np.array([f.work for f in facts])[fi][inv]
+        self.kp = np.take(np.ascontiguousarray(np.array([f.kp for f in facts]).transpose(1, 2, 0)), fx[inv], axis=2)
+        self.work = np.array([f.work for f in facts])[fx][inv]
         self.head_work = np.maximum(self.work, np.array([tb.head.work_bytes for tb in tables])[inv])
-        big = np.array([f.big for f in facts])[fi][inv]
+        big = np.array([f.big for f in facts])[fx][inv]
         self.ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
                                (tb.head.params, tb.head.expert_params, tb.head.act_bytes)]
                               for tb in tables]).transpose(1, 2, 0)
@@ -588,9 +588,9 @@ class _MemoryBound:
         self.table = inv
         self.end_s = np.array([(tb.embed.total_s, tb.head.total_s) for tb in tables])
         J = max(len(h[0]) for f in facts for h in f.hulls)
-        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in f.hulls] for f in facts])[fi]
-        self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])[fi]
-        self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])[fi]
+        self.lines = np.array([[h[0] + [h[0][0]] * (J - len(h[0])) for h in f.hulls] for f in facts])[fx]
+        self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])[fx]
+        self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])[fx]
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
         fs, gi = distinct_rows([r.tp, r.cp, r.dp, r.etp, r.ep, r.zero, r.pp])  # (pp: reshard policy, kept weights)
         reps = [cands[j] for j in fs]
