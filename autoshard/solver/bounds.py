@@ -154,7 +154,8 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     zero3 = np.zeros(n_c)
     z3 = np.flatnonzero((zero == 3) & (dp * cp > 1))
     if len(z3):
-        f3, i3 = distinct_rows([Ranked(x.inv[z3], x.radix) for x in (r.tp, r.cp, r.ep, r.dp, r.pp)])  # (pp: reshard policy)
+        # (pp: the framework's reshard policy)
+        f3, i3 = distinct_rows([Ranked(x.inv[z3], x.radix) for x in (r.tp, r.cp, r.ep, r.dp, r.pp)])
         zero3[z3] = np.array([_zero3_lower_bound(ctx, cands[z3[j]]) for j in f3])[i3]
     t_micro = (1 - COMM_INTERFERENCE) * np.maximum(busy, zero3) + COMM_INTERFERENCE * (busy + zero3)
     c = np.where(sched == 1, 1.0 / vpp, 1.0)
@@ -551,7 +552,7 @@ class _MemoryBound:
     once per distinct group."""
 
     def __init__(self, ctx: Context, cands: Sequence[Config], tables: list[Table], first: np.ndarray,
-                 inv: np.ndarray, a: np.ndarray, M: np.ndarray, r: "_Ranks"):
+                 inv: np.ndarray, a: np.ndarray, M: np.ndarray, ranks: "_Ranks"):
         kinds = ctx.model.layer_kinds()
         self.kinds, self.ks = kinds, sorted(set(kinds))
         ks = self.ks
@@ -592,7 +593,8 @@ class _MemoryBound:
         self.a_min = np.array([[h[1] for h in f.hulls] for f in facts])[fx]
         self.s_amin = np.array([[h[2] for h in f.hulls] for f in facts])[fx]
         # Static bytes per dense and per expert parameter: linear in both (`cost.static_bytes`).
-        fs, gi = distinct_rows([r.tp, r.cp, r.dp, r.etp, r.ep, r.zero, r.pp])  # (pp: reshard policy, kept weights)
+        # (pp: the framework's reshard policy, kept weights)
+        fs, gi = distinct_rows([ranks.tp, ranks.cp, ranks.dp, ranks.etp, ranks.ep, ranks.zero, ranks.pp])
         reps = [cands[j] for j in fs]
         coef = np.array([(sum(static_bytes(ctx, c, 1.0, 0.0).values()), sum(static_bytes(ctx, c, 1.0, 1.0).values()))
                          for c in reps])[gi]
@@ -601,7 +603,7 @@ class _MemoryBound:
         self.z3 = np.where((zero == 3) & data_parallel, zero3_gathered_bytes(ctx, big), 0.0)
         self.cap = ctx.capacity_bytes * (1 + 1e-9)
         # Groups of (pp, vpp, schedule, micro-batches): one rank layout and in-flight count each.
-        fi, self.group = distinct_rows([r.pp, r.vpp, r.sched, M])
+        fi, self.group = distinct_rows([ranks.pp, ranks.vpp, ranks.sched, M])
         self.infl = [np.array([inflight_microbatches(cands[j], p, int(M[j])) for p in range(cands[j].pp)])[None, :]
                      for j in fi]
         self.need = [cands[j].vpp if cands[j].pp > 1 else len(kinds) for j in fi]
