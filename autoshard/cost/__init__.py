@@ -147,6 +147,7 @@ from .step import (  # noqa: F401
     dp_overlaps,
     dp_overlaps_refused,
     dp_tail,
+    distinct_objects,
     dp_tail_s,
     ep_overlap_priced,
     ep_overlap_state,

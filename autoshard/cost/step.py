@@ -63,6 +63,22 @@ class RankTotals:
         return sum(self.fwd.values()) + sum(self.bwd.values())
 
 
+def distinct_objects(objs: Sequence[Any], first_index: int = 0) -> tuple[list[Any], list[int]]:
+    """(the distinct objects of `objs` by identity, in order of first appearance; per entry its index
+    among them, counted from `first_index`): figures built once per distinct object, gathered per entry
+    (`rank_totals`, the bounds)."""
+    index: dict[int, int] = {}
+    distinct: list[Any] = []
+    at: list[int] = []
+    for x in objs:
+        j = index.get(id(x))
+        if j is None:
+            j = index[id(x)] = len(distinct) + first_index
+            distinct.append(x)
+        at.append(j)
+    return distinct, at
+
+
 def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first: bool, last: bool) -> RankTotals:
     """Sum the table over the (kind, recompute) of every layer in each chunk of one rank."""
     tot = RankTotals({}, {}, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, {}, {})
@@ -78,18 +94,13 @@ def rank_totals(table: Table, chunks_of_rank: list[list[tuple[str, str]]], first
     if last:
         pieces.append(table.head)
     # Every field summed over the pieces in order from 0.0, left to right: a running sum down each column
-    # (np.cumsum: sequential, the same additions as adding piece by piece) of one row per distinct piece.
-    index: dict[int, int] = {}
-    rows: list[list[float]] = [[0.0] * (2 * len(TIME_KEYS) + 6)]
-    at = [0]
-    for c in pieces:
-        j = index.get(id(c))
-        if j is None:
-            j = index[id(c)] = len(rows)
-            rows.append([*map(c.fwd.__getitem__, TIME_KEYS), *map(c.bwd.__getitem__, TIME_KEYS), c.wgrad_s,
-                         c.act_bytes, c.params, c.expert_params, c.hfu_flops, c.base_flops])
-        at.append(j)
-    sums = np.cumsum(np.array(rows)[at], axis=0)[-1].tolist()
+    # (np.cumsum: sequential, the same additions as adding piece by piece) of one row per distinct piece,
+    # after a row of zeros.
+    distinct, at = distinct_objects(pieces, first_index=1)
+    rows = [[0.0] * (2 * len(TIME_KEYS) + 6)] + [
+        [*map(c.fwd.__getitem__, TIME_KEYS), *map(c.bwd.__getitem__, TIME_KEYS), c.wgrad_s, c.act_bytes, c.params,
+         c.expert_params, c.hfu_flops, c.base_flops] for c in distinct]
+    sums = np.cumsum(np.array(rows)[[0, *at]], axis=0)[-1].tolist()
     n = len(TIME_KEYS)
     tot.fwd, tot.bwd = dict(zip(TIME_KEYS, sums[:n])), dict(zip(TIME_KEYS, sums[n:2 * n]))
     tot.wgrad_s, tot.act_bytes, tot.params, tot.expert_params, tot.hfu_flops, tot.base_flops = sums[2 * n:]

@@ -23,6 +23,7 @@ from ..cost import (
     Cost,
     Table,
     TailModel,
+    distinct_objects,
     ep_overlap_blocked,
     ep_overlap_on,
     inflight_microbatches,
@@ -141,9 +142,10 @@ def _lazy_bounds(ctx: Context, cands: Sequence[Config], opt_cache: dict | None =
     first, inv = distinct_rows([r.tp, r.cp, r.ep, r.sp, r.mbs, pp == 1, r.etp, r.sched, vpp > 1, M >= 2,
                                 _overlap_off(cands)])
     tables = [_optimistic_table(ctx, _with_fields(cands[j], zero=0), opt_cache) for j in first]
-    facts, fx = _distinct_objects([_layer_facts(ctx, tb, kind_list, False) for tb in tables])
-    tau = np.array([f.tau for f in facts])[fx][inv]
-    u_tau = np.array([f.u_tau for f in facts])[fx][inv]
+    facts, fx = distinct_objects([_layer_facts(ctx, tb, kind_list, False) for tb in tables])
+    of_cand = np.asarray(fx)[inv]  # (each candidate's facts)
+    tau = np.array([f.tau for f in facts])[of_cand]
+    u_tau = np.array([f.u_tau for f in facts])[of_cand]
     ends = np.array([tb.embed.total_s + tb.head.total_s for tb in tables])[inv]
     head_w = np.array([tb.head.wgrad_s for tb in tables])[inv]
     counts = np.array([kinds.count(k) for k in kind_list], dtype=np.float64)
@@ -453,21 +455,6 @@ class _LayerFacts:
     hulls: list[tuple[list[tuple[float, float]], float, float]]  # per kind: `_hull_lines` of its modes
 
 
-def _distinct_objects(objs: list[Any]) -> tuple[list[Any], np.ndarray]:
-    """(the distinct objects of `objs` by identity, in order of first appearance; per entry its index
-    among them): arrays built over the distinct ones, gathered per entry."""
-    index: dict[int, int] = {}
-    distinct: list[Any] = []
-    at = np.empty(len(objs), dtype=np.int64)
-    for i, x in enumerate(objs):
-        j = index.get(id(x))
-        if j is None:
-            j = index[id(x)] = len(distinct)
-            distinct.append(x)
-        at[i] = j
-    return distinct, at
-
-
 def beside_ep_overlap(ctx: Context, modes: list[str]) -> list[str]:
     """The recompute modes among `modes` the framework runs beside the EP overlap (Megatron refuses
     it beside full recompute and the moe module: `cost.ep_overlap_blocked`)."""
@@ -570,15 +557,16 @@ class _MemoryBound:
         self.restricted = np.array(overlap, dtype=bool)[inv]
         # (the tables share far fewer facts, `_layer_facts`: their arrays are built once per distinct
         # facts and gathered per table, fx)
-        facts, fx = _distinct_objects([_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)])
+        facts, fx = distinct_objects([_layer_facts(ctx, tb, ks, on) for tb, on in zip(tables, overlap)])
+        of_cand = np.asarray(fx)[inv]  # (each candidate's facts)
         # Per table: per kind (dense params, expert params per GPU, leanest activations), the working
         # set, the largest layer's params, and the embedding's and LM head's (static params, acts).
         # (kp and ends candidate-last, [kind or end, field, candidate]: each field's gather reads one
         # contiguous row, not a stride of the whole array)
-        self.kp = np.take(np.ascontiguousarray(np.array([f.kp for f in facts]).transpose(1, 2, 0)), fx[inv], axis=2)
-        self.work = np.array([f.work for f in facts])[fx][inv]
+        self.kp = np.take(np.ascontiguousarray(np.array([f.kp for f in facts]).transpose(1, 2, 0)), of_cand, axis=2)
+        self.work = np.array([f.work for f in facts])[of_cand]
         self.head_work = np.maximum(self.work, np.array([tb.head.work_bytes for tb in tables])[inv])
-        big = np.array([f.big for f in facts])[fx][inv]
+        big = np.array([f.big for f in facts])[of_cand]
         self.ends = np.array([[(tb.embed.params, tb.embed.expert_params, tb.embed.act_bytes),
                                (tb.head.params, tb.head.expert_params, tb.head.act_bytes)]
                               for tb in tables]).transpose(1, 2, 0)
