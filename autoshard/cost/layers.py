@@ -983,8 +983,8 @@ def loss_work_bytes(ctx: Context, cfg: Config, tokens: float, vocab_local: float
 
 # The entry of a `shared_costs` cache that holds one kind's layer costs (`_kind_costs`).
 KIND_COSTS = ("layer costs by kind",)
-END_COSTS = ("embedding and head",)
-KIND_DICTS = "kind costs"  # the `Table.memo` entry of each kind's {mode: cost} (`shared_costs`)  # first element of `_end_cost`'s keys in the same cache
+END_COSTS = ("embedding and head",)  # first element of `_end_cost`'s keys in the same cache
+KIND_DICTS = "kind costs"  # the `Table.memo` entry of each kind's {mode: cost} (`shared_costs`)
 CHECK_KIND_CACHE = False  # tests set it: every hit of a shared pricing (`_priced_once`) is compared with a fresh one
 
 
