@@ -952,16 +952,25 @@ def _mix_fronts(table: Table, kind: str, modes: list[str], n_max: int) -> list[t
     return _front_set(table, kind, modes).upto(n_max)
 
 
-def _rank_times(ctx: Context, table: Table, modes: list[str], count_max: int | None = None) -> np.ndarray:
-    """t[p, d, n]: the least time per micro-batch of pipeline rank p holding d layers of the
-    first kind and n of the second (one kind: d = 0) with its recompute mix chosen to fit HBM
-    exactly, whole layers (inf where no mix fits). Rank p needs fixed_p + its layers' static
-    bytes + infl_p x their activations; the fronts of the two kinds are combined point by point.
-    Made nondecreasing in n (a rank with more layers is never faster).
+class _RankSpace(NamedTuple):
+    """What `_rank_times` and `_one_rank_tmax` read before pricing any layer mix: the two kinds
+    (dense first; one kind: first None) and their counts, each kind's static bytes per layer
+    (s1, s2), per rank the in-flight micro-batches, the activation room left beside the fixed
+    bytes (`room`, in one micro-batch's bytes) and the embedding / head time (`t_ex`)."""
+    first: str | None
+    second: str
+    n1: int
+    n2: int
+    s1: float
+    s2: float
+    infl: np.ndarray
+    room: np.ndarray
+    t_ex: list[float]
 
-    `count_max`: only the counts n <= count_max (shape (P, D, count_max + 1)): every entry the same
-    as the full array's (each count is priced on its own, and a running maximum's prefix is the
-    prefix's running maximum)."""
+
+def _rank_space(ctx: Context, table: Table, modes: list[str]) -> _RankSpace:
+    """`_RankSpace` of a table: rank p needs fixed_p + its layers' static bytes + infl_p x their
+    activations."""
     kinds = _kinds(ctx)
     cfg, lay = table.cfg, table.layers
     P = cfg.pp
@@ -982,12 +991,27 @@ def _rank_times(ctx: Context, table: Table, modes: list[str], count_max: int | N
     fixed = np.array([sum(static(c) + infl[p] * c.act_bytes for c in e) + working_bytes(table, p == P - 1, p == 0) + z3
                       for p, e in enumerate(ends)])
     room = (ctx.capacity_bytes * (1 + 1e-9) - fixed) / infl  # activation bytes each rank can hold, before layers
+    s1 = static(lay[(first, modes[0])]) if first else 0.0
+    s2 = static(lay[(second, modes[0])])
+    return _RankSpace(first, second, n1, n2, s1, s2, infl, room, t_ex)
+
+
+def _rank_times(ctx: Context, table: Table, modes: list[str], count_max: int | None = None) -> np.ndarray:
+    """t[p, d, n]: the least time per micro-batch of pipeline rank p holding d layers of the
+    first kind and n of the second (one kind: d = 0) with its recompute mix chosen to fit HBM
+    exactly, whole layers (inf where no mix fits). Rank p needs fixed_p + its layers' static
+    bytes + infl_p x their activations (`_rank_space`); the fronts of the two kinds are combined
+    point by point. Made nondecreasing in n (a rank with more layers is never faster).
+
+    `count_max`: only the counts n <= count_max (shape (P, D, count_max + 1)): every entry the same
+    as the full array's (each count is priced on its own, and a running maximum's prefix is the
+    prefix's running maximum)."""
+    P = table.cfg.pp
+    first, second, n1, n2, s1, s2, infl, room, t_ex = _rank_space(ctx, table, modes)
     # (over the first kind's useful modes: a mode left out is no faster than a kept one that keeps no
     # more bytes, so a mix using it is weakly dominated by the same mix with the kept mode, and the
     # fronts' values are the same, bucketing included; fewer points to combine below)
     f1 = _mix_fronts(table, first, _useful_modes(table, first, modes), n1) if first else [(np.zeros(1), np.zeros(1))]
-    s1 = static(lay[(first, modes[0])]) if first else 0.0
-    s2 = static(lay[(second, modes[0])])
     n_cols = n2 + 1 if count_max is None else min(n2, count_max) + 1
     n = np.arange(n_cols)
     # Every point of every first-kind front at once: q = (d first-kind layers, their bytes bb, time tt).
@@ -1086,6 +1110,64 @@ def _spread(mask: int, lo: int, hi: int) -> int:
     return x | (x << (span - w)) if span > w else x
 
 
+EXACT_MIX_MODES = 4  # `_exact_least_time` enumerates mixes of up to this many useful modes (n^(k-2) of them)
+
+
+def _exact_least_time(table: Table, kind: str, modes: list[str], n: int, room: np.ndarray) -> np.ndarray:
+    """[q]: the least time of n layers of `kind` whose activations fit in room[q] bytes (inf if no
+    mix does), exact in whole layers: over every count of the modes past the two fastest useful
+    ones (an enumeration: n + 1 mixes for three modes, (n + 1)(n + 2) / 2 for four), the fewest
+    layers moved from the fastest mode to the second in closed form. No front, so no bucketing: at
+    least `_least_time`'s value for the same count.
+    More than EXACT_MIX_MODES useful modes: `_least_time`'s fronts."""
+    useful = _useful_modes(table, kind, modes)
+    k = len(useful)
+    if k > EXACT_MIX_MODES:
+        rooms = np.full((len(room), n + 1), -np.inf)  # (only count n asked: the others fit nothing)
+        rooms[:, n] = room
+        return _least_time(table, kind, modes, rooms)[:, n]
+    costs = [table.layers[(kind, r)] for r in useful]
+    a = np.array([c.act_bytes for c in costs])
+    s = np.array([c.total_s for c in costs])
+    over = n * a[0] - room  # activation bytes the mix must save against every layer at the fastest mode
+    if k == 1:
+        return np.where(over <= 0, n * s[0], np.inf)
+    save, extra = a[0] - a[1:], s[1:] - s[0]  # per layer moved to mode m: bytes saved, time added (> 0)
+    if k == 2:
+        grid = np.zeros((1, 0), dtype=np.int64)
+    else:  # counts of modes 2.. (k - 2 of them) summing to at most n
+        axes = np.meshgrid(*[np.arange(n + 1)] * (k - 2), indexing="ij")
+        grid = np.stack([x.ravel() for x in axes], axis=1)
+        grid = grid[grid.sum(axis=1) <= n]
+    used = grid.sum(axis=1)
+    rest = over[:, None] - (grid @ save[1:])[None, :]
+    # the fewest layers moved to the second mode that save `rest`: the quotient's ceiling, corrected by
+    # one either way where the division rounded across a whole number (the product decides, as a sum would)
+    moved = np.ceil(rest / save[0])
+    moved -= (moved - 1) * save[0] >= rest
+    moved += moved * save[0] < rest
+    moved = np.maximum(0.0, moved)
+    t = np.where(moved <= (n - used)[None, :], moved * extra[0] + (grid @ extra[1:])[None, :], np.inf)
+    return n * s[0] + t.min(axis=1)
+
+
+def _one_rank_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
+    """`_memory_tmax` of a one-stage configuration: its one rank holds all n1 first-kind and n2
+    second-kind layers (`_split_fits` with P = 1 admits no other count), so the bound is that rank's
+    least time (`_rank_times`'s t[0, n1, n2]) with the second kind's mix exact in whole layers
+    (`_exact_least_time`, not the fronts of every count up to n2: t is nondecreasing in n, so the
+    running maximum's last entry is the entry itself)."""
+    first, second, n1, n2, s1, s2, infl, room, t_ex = _rank_space(ctx, table, modes)
+    if first is not None:
+        bb, tt = _mix_fronts(table, first, _useful_modes(table, first, modes), n1)[n1]
+    else:
+        bb, tt = np.zeros(1), np.zeros(1)
+    left = room[0] - (n1 * s1 + n2 * s2) / infl[0] - bb
+    t = _exact_least_time(table, second, modes, n2, left) + tt
+    best = float(t.min()) + t_ex[0]
+    return best if math.isfinite(best) else math.inf
+
+
 def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     """Lower bound of the slowest rank's time per micro-batch when HBM forces recompute;
     inf if no split fits.
@@ -1097,7 +1179,8 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     (first-kind, second-kind) totals, the second as a bit mask. Dense layers come first and every
     virtual stage holds a layer or more, so dense layer i sits in virtual stage i or before: rank p
     holds dense layers only in its virtual stages c < n_dense (at most n_dense - c in each), and
-    rank 0 holds the first.
+    rank 0 holds the first. One stage (pp = 1): its rank holds every layer, and the bound is that
+    rank's least time, the second kind's mix enumerated in whole layers (`_one_rank_tmax`).
 
     Cost: ranks' times are priced for their first ceil(n / P) + 1 counts, then twice as many, and
     only where the answer on those is not provably the whole array's, for every count
@@ -1108,6 +1191,9 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         return table.memo[key]
     kinds = _kinds(ctx)
     P = table.cfg.pp
+    if P == 1:
+        best = table.memo[key] = _one_rank_tmax(ctx, table, modes)
+        return best
     ks = sorted(set(kinds), key=kinds.index)
     n2 = kinds.count(ks[1] if len(ks) == 2 else ks[0])  # (`_rank_times`'s second kind)
     # A rank's counts up to `lim` first (the fronts of many layers cost the most to build); the answer
