@@ -107,35 +107,115 @@ def moe_table(seq: int = 8192):
     return p, ctx, modes, layer_table(ctx, _placements(p, ctx, cfg)[0])
 
 
+@dataclasses.dataclass
+class _Piece:  # (what `_exact_least_time` reads of a layer's cost)
+    act_bytes: float
+    total_s: float
+
+
+def brute_least_time(a: np.ndarray, s: np.ndarray, n: int, room: float) -> float:
+    """The least time of n layers over every count of every mode (useful or not) that fits in room."""
+    best = np.inf
+
+    def walk(m: int, left: int, used_b: float, used_t: float) -> None:
+        nonlocal best
+        if m == len(a) - 1:
+            b, t = used_b + left * a[m], used_t + left * s[m]
+            if b <= room:
+                best = min(best, t)
+            return
+        for c in range(left + 1):
+            walk(m + 1, left - c, used_b + c * a[m], used_t + c * s[m])
+
+    walk(0, n, 0.0, 0.0)
+    return best
+
+
+def _rooms(rng: np.random.Generator, points: np.ndarray, shape: tuple) -> list[np.ndarray]:
+    """Rooms anywhere (negative, at front points exactly, shrinking with the count past where none
+    fits, +inf and NaN)."""
+    top = points.max()
+    N = shape[-1]
+    rooms = [rng.uniform(-0.1 * top, 1.2 * top, shape),
+             rng.uniform(-0.1 * top, 0.3 * top, shape) - np.arange(N) * 0.05 * top,  # past some count: none fits
+             points[rng.integers(0, len(points), shape)]]
+    r = rng.uniform(0, top, shape)
+    r[0, 0, :] = np.inf
+    r[-1, -1, :] = np.nan
+    rooms.append(r)
+    return rooms
+
+
 def test_least_time_equals_a_binary_search_per_count():
-    """`_least_time` (counts past the last whose leanest mix fits any room skipped, one lookup for
-    every count) equals a binary search of every count's reference front, for rooms anywhere
-    (negative, at front points exactly, +inf, NaN) and rooms that shrink with the count."""
-    _, ctx, modes, table = moe_table()
-    kinds = ctx.model.layer_kinds()
+    """`_least_time` over fronts (more than EXACT_MIX_MODES useful modes; counts past the last whose leanest mix
+    fits any room skipped, one lookup for every count) equals a binary search of every count's
+    reference front, for rooms anywhere (negative, at front points exactly, +inf, NaN) and rooms
+    that shrink with the count."""
     rng = np.random.default_rng(3)
     tested = 0
-    for kind in sorted(set(kinds)):
-        useful = B._useful_modes(table, kind, modes)
-        if len(useful) <= 2:
-            continue
-        N = kinds.count(kind) + 1
-        a, s = B._front_set(table, kind, useful).a, B._front_set(table, kind, useful).s
+    for trial in range(6):
+        m = B.EXACT_MIX_MODES + 1 + trial % 2
+        a = np.sort(rng.choice(np.arange(2, 60), m, replace=False).astype(float) * 1e8)[::-1]
+        s = np.sort(rng.uniform(0.05, 0.09, m))
+        modes = [f"m{i}" for i in range(m)]
+        table = type("T", (), {})()
+        table.layers = {("moe", r): _Piece(a[i], s[i]) for i, r in enumerate(modes)}
+        table.memo = {}
+        useful = B._useful_modes(table, "moe", modes)
+        assert len(useful) == m  # (sorted bytes down, time up: every mode useful)
+        N = 40 if trial < 2 else 12  # (40: past FRONT_CAP, the buckets read)
         ref = reference_fronts(a, s, N - 1)
         points = np.concatenate([b for b, _ in ref])
-        top = points.max()
         for shape in [(40, 3, N), (5, 1, N)]:
-            rooms = [rng.uniform(-0.1 * top, 1.2 * top, shape),
-                     rng.uniform(-0.1 * top, 0.3 * top, shape) - np.arange(N) * 0.05 * top,  # past some count: none fits
-                     points[rng.integers(0, len(points), shape)]]
-            r = rng.uniform(0, top, shape)
-            r[0, 0, :] = np.inf
-            r[-1, -1, :] = np.nan
-            rooms.append(r)
-            for room in rooms:
-                assert np.array_equal(B._least_time(table, kind, modes, room), reference_least_time(ref, room))
+            for room in _rooms(rng, points, shape):
+                assert np.array_equal(B._least_time(table, "moe", modes, room), reference_least_time(ref, room))
                 tested += 1
-    assert tested >= 8
+    assert tested >= 40
+
+
+def _check_against_every_mix(table, kind: str, modes: list[str], rooms: list[np.ndarray]) -> int:
+    every = [table.layers[(kind, r)] for r in modes]
+    a, s = np.array([c.act_bytes for c in every]), np.array([c.total_s for c in every])
+    tested = 0
+    for room in rooms:
+        got = B._least_time(table, kind, modes, room)
+        for idx in np.ndindex(room.shape):
+            r, n = room[idx], idx[-1]
+            want = (n * min(s[a == a.max()]) if np.isposinf(r) else np.inf if np.isnan(r)
+                    else brute_least_time(a, s, n, r))
+            assert (got[idx] == want if np.isinf(want) else abs(got[idx] - want) <= 1e-12 * want), (kind, idx)
+            tested += 1
+    return tested
+
+
+def test_enumerated_least_time_equals_every_mix():
+    """`_least_time` with three or four useful modes (enumerated, no fronts) equals the least time
+    over every count of every planned mode (dominated ones included) that fits: on the small MoE
+    model's layer costs (three useful modes of four) and on random four-mode costs, for rooms
+    anywhere, at front points exactly and shrinking with the count; +inf fits every layer at the
+    fastest mode, NaN nothing. Past ENUMERATED_CELLS the fronts answer (the binary-search test)."""
+    _, ctx, modes, table = moe_table()
+    kinds = ctx.model.layer_kinds()
+    rng = np.random.default_rng(5)
+    tested = 0
+    for kind in sorted(set(kinds)):
+        assert len(B._useful_modes(table, kind, modes)) == 3
+        every = [table.layers[(kind, r)] for r in modes]
+        a, s = np.array([c.act_bytes for c in every]), np.array([c.total_s for c in every])
+        N = kinds.count(kind) + 1
+        points = np.concatenate([b for b, _ in reference_fronts(a, s, N - 1)])
+        tested += _check_against_every_mix(table, kind, modes, _rooms(rng, points, (6, 2, N)))
+    for trial in range(4):
+        a = np.sort(rng.choice(np.arange(2, 60), 4, replace=False).astype(float) * 1e8)[::-1]
+        s = np.sort(rng.uniform(0.05, 0.09, 4))
+        four = [f"m{i}" for i in range(4)]
+        fake = type("T", (), {})()
+        fake.layers = {("moe", r): _Piece(a[i], s[i]) for i, r in enumerate(four)}
+        fake.memo = {}
+        assert len(B._useful_modes(fake, "moe", four)) == 4
+        points = np.concatenate([b for b, _ in reference_fronts(a, s, 8)])
+        tested += _check_against_every_mix(fake, "moe", four, _rooms(rng, points, (3, 2, 9)))
+    assert tested >= 800
 
 
 def test_first_kind_fronts_over_useful_modes_equal_every_mode():
@@ -331,30 +411,6 @@ def test_memory_tmax_equals_the_least_level_that_fits():
     assert seen["finite"] >= 10 and seen["pp>2"] >= 5 and seen["pp1"] >= 3, seen
 
 
-@dataclasses.dataclass
-class _Piece:  # (what `_exact_least_time` reads of a layer's cost)
-    act_bytes: float
-    total_s: float
-
-
-def brute_least_time(a: np.ndarray, s: np.ndarray, n: int, room: float) -> float:
-    """The least time of n layers over every count of every mode (useful or not) that fits in room."""
-    best = np.inf
-
-    def walk(m: int, left: int, used_b: float, used_t: float) -> None:
-        nonlocal best
-        if m == len(a) - 1:
-            b, t = used_b + left * a[m], used_t + left * s[m]
-            if b <= room:
-                best = min(best, t)
-            return
-        for c in range(left + 1):
-            walk(m + 1, left - c, used_b + c * a[m], used_t + c * s[m])
-
-    walk(0, n, 0.0, 0.0)
-    return best
-
-
 def test_exact_least_time_equals_every_mix():
     """`_exact_least_time` (the two fastest useful modes in closed form, the counts of the others
     enumerated) equals the least time over every count of every mode, dominated modes included, for
@@ -383,10 +439,12 @@ def test_exact_least_time_equals_every_mix():
     assert kinds_seen >= {1, 2, 3, 4, 5}, kinds_seen
 
 
-def test_one_rank_bound_is_exact_where_the_fronts_bucket():
-    """A one-stage configuration of an 80-layer MoE: `_one_rank_tmax` (whole layers, no fronts) is at
-    least the bound read from `_rank_times`'s bucketed fronts, by no more than their rounding, and
-    equal to it on the 12-layer model where no front reaches FRONT_CAP points."""
+def test_one_rank_bound_is_exact_where_the_fronts_bucket(monkeypatch):
+    """A one-stage configuration: `_one_rank_tmax` (whole layers, no fronts) equals the bound read from
+    `_rank_times` with every mix enumerated (the same whole-layer optimum), and compared with
+    the same read from the fronts (`ENUMERATED_CELLS` 0): equal on the 12-layer MoE, where no front
+    reaches FRONT_CAP points, at least as tight on the 80-layer one, tighter where buckets rounded,
+    by no more than their rounding."""
     for layers, bucketed in ((12, False), (80, True)):
         p = load_problem({"model": {**SMALL_MOE, "num_hidden_layers": layers},
                           "training": {"seq_len": 8192, "global_batch_size": 64},
@@ -399,17 +457,23 @@ def test_one_rank_bound_is_exact_where_the_fronts_bucket():
         compared = tighter = 0
         for cfg in candidates(p, ctx):
             table = layer_table(ctx, _placements(p, ctx, cfg)[0])
-            old = B._least_fitting_level(B._rank_times(ctx, table, modes), kinds, table)
             new = B._one_rank_tmax(ctx, table, modes)
-            if not np.isfinite(old):
-                assert not np.isfinite(new)
+            with monkeypatch.context() as m:
+                m.setattr(B, "ENUMERATED_CELLS", 1 << 40)
+                enumerated = B._least_fitting_level(B._rank_times(ctx, table, modes), kinds, table)
+            with monkeypatch.context() as m:
+                m.setattr(B, "ENUMERATED_CELLS", 0)
+                fronts = B._least_fitting_level(B._rank_times(ctx, table, modes), kinds, table)
+            if not np.isfinite(fronts):
+                assert not np.isfinite(new) and not np.isfinite(enumerated)
                 continue
             compared += 1
+            assert abs(new - enumerated) <= 1e-12 * new
             if bucketed:
-                assert old * (1 - 1e-12) <= new <= old * 1.05
-                tighter += new > old * (1 + 1e-9)
+                assert fronts * (1 - 1e-12) <= new <= fronts * 1.05
+                tighter += new > fronts * (1 + 1e-9)
             else:
-                assert abs(new - old) <= 1e-12 * old
+                assert abs(new - fronts) <= 1e-12 * fronts
         assert compared >= 1 and (tighter >= 1) == bucketed, (layers, compared, tighter)
 
 

@@ -1063,11 +1063,69 @@ def pareto_modes(costs: dict[str, Cost], modes: Sequence[str], total: dict[str, 
     return got
 
 
+ENUMERATED_CELLS = 1 << 16  # `_least_time` enumerates mixes while (room cells x mixes per count) stay within this
+# (beyond, the fronts, built once per set of mode costs, cost less: 4 modes at 1 << 20 took 12x the
+# fronts' time on DeepSeek-V3 2,048 H100; 3 modes at 1 << 16 take 0.4x on Mixtral 8x22B 122 layers)
+EXACT_MIX_MODES = 4  # ... and the useful modes are at most this many (mixes: n^(k-2) / (k-2)!)
+
+
+def _fewest_moved(rest: np.ndarray, save: float) -> np.ndarray:
+    """The fewest layers (>= 0) that save at least `rest` bytes at `save` bytes each: the quotient's
+    ceiling, corrected by one either way where the division rounded across a whole number (the
+    product decides, as a sum of bytes would). NaN stays NaN (it fits nothing)."""
+    moved = np.ceil(rest / save)
+    moved -= (moved - 1) * save >= rest
+    moved += moved * save < rest
+    return np.maximum(0.0, moved)
+
+
+@functools.lru_cache(maxsize=256)
+def _mix_grid(k: int, n: int) -> np.ndarray:
+    """Every count of modes 2..k-1 (k - 2 of them; k >= 2) summing to at most n: [rows, k - 2]
+    integers, the zero row first (read only)."""
+    if k == 2:
+        grid = np.zeros((1, 0), dtype=np.int64)
+    else:
+        axes = np.meshgrid(*[np.arange(n + 1)] * (k - 2), indexing="ij")
+        grid = np.stack([x.ravel() for x in axes], axis=1)
+        grid = grid[grid.sum(axis=1) <= n]
+    grid.flags.writeable = False
+    return grid
+
+
+def _least_extra(over: np.ndarray, n: np.ndarray, a: np.ndarray, s: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """[...]: the least time above n x the fastest mode's of n layers (n broadcast with `over`) whose
+    mix saves at least `over` bytes against every layer at the fastest mode (inf if none does): for
+    every row of `grid` (counts of modes 2.., `_mix_grid`), the fewest layers moved from the fastest
+    mode to the second (`_fewest_moved`). a: activation bytes, descending; s: time, ascending."""
+    save, extra = a[0] - a[1:], s[1:] - s[0]  # per layer moved to mode m: bytes saved, time added
+    used = grid.sum(axis=1)
+    moved = _fewest_moved(over[..., None] - grid @ save[1:], save[0])
+    ok = moved <= n[..., None] - used  # (rows past n: negative room for the moved ones, never ok)
+    return np.where(ok, moved * extra[0] + grid @ extra[1:], np.inf).min(axis=-1)
+
+
+def _enumerated_least_time(a: np.ndarray, s: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """`_least_time` for three or four useful modes (a: activation bytes, descending; s: time,
+    ascending), exact in whole layers (`_least_extra` over every count of the modes past the two
+    fastest). The fronts' values without their bucketing (FRONT_CAP), so at least theirs; a room
+    of +inf fits every layer at the fastest mode, a NaN room nothing."""
+    N = room.shape[-1]
+    n = np.arange(N, dtype=np.float64)
+    return n * s[0] + _least_extra(n * a[0] - room, n, a, s, _mix_grid(len(a), N - 1))
+
+
+def _enumerated_size(k: int, n: int) -> int:
+    """Rows of `_mix_grid(k, n)` (without building it)."""
+    return math.comb(n + k - 2, k - 2)
+
+
 def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> np.ndarray:
     """[..., n]: the least time of n layers of `kind` whose activations fit in room[..., n] bytes
     (inf if none; any leading axes, e.g. [point, rank, n]). Two useful modes (the usual case): the
-    fewest layers in the leaner mode, in closed form; more: a search of each count's front
-    (`_mix_fronts`)."""
+    fewest layers in the leaner mode, in closed form; three or four: every count of the modes past
+    the two fastest, the rest in closed form (`_enumerated_least_time`, while the rooms times the
+    mixes stay within ENUMERATED_CELLS); else: a search of each count's front (`_mix_fronts`)."""
     lay = table.layers
     useful = _useful_modes(table, kind, modes)
     n = np.arange(room.shape[-1])
@@ -1077,6 +1135,10 @@ def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> 
         save = fast.act_bytes - lean.act_bytes
         k = np.maximum(0.0, np.ceil(over / save - 1e-9)) if save > 0 else np.where(over > 0, np.inf, 0.0)
         return np.where(k <= n, n * fast.total_s + np.minimum(k, n) * (lean.total_s - fast.total_s), np.inf)
+    if len(useful) <= EXACT_MIX_MODES and room.size * _enumerated_size(len(useful), room.shape[-1] - 1) <= ENUMERATED_CELLS:
+        costs = [lay[(kind, r)] for r in useful]
+        return _enumerated_least_time(np.array([c.act_bytes for c in costs]), np.array([c.total_s for c in costs]),
+                                      room)
     # Counts past the last one whose leanest mix (every layer in the leanest mode: the front's least
     # bytes) fits some room cost inf: a binary search finds no point of their front at or under the
     # room. Their fronts are never built: a rank holds far fewer layers than the model has.
@@ -1110,16 +1172,13 @@ def _spread(mask: int, lo: int, hi: int) -> int:
     return x | (x << (span - w)) if span > w else x
 
 
-EXACT_MIX_MODES = 4  # `_exact_least_time` enumerates mixes of up to this many useful modes (n^(k-2) of them)
-
-
 def _exact_least_time(table: Table, kind: str, modes: list[str], n: int, room: np.ndarray) -> np.ndarray:
     """[q]: the least time of n layers of `kind` whose activations fit in room[q] bytes (inf if no
     mix does), exact in whole layers: over every count of the modes past the two fastest useful
-    ones (an enumeration: n + 1 mixes for three modes, (n + 1)(n + 2) / 2 for four), the fewest
-    layers moved from the fastest mode to the second in closed form. No front, so no bucketing: at
-    least `_least_time`'s value for the same count.
-    More than EXACT_MIX_MODES useful modes: `_least_time`'s fronts."""
+    ones (n + 1 mixes for three modes, (n + 1)(n + 2) / 2 for four), the fewest layers moved from
+    the fastest mode to the second in closed form (`_least_extra`). No front, so no bucketing: at
+    least the fronts' value for the same count. More than EXACT_MIX_MODES useful modes:
+    `_least_time`'s fronts."""
     useful = _useful_modes(table, kind, modes)
     k = len(useful)
     if k > EXACT_MIX_MODES:
@@ -1132,23 +1191,7 @@ def _exact_least_time(table: Table, kind: str, modes: list[str], n: int, room: n
     over = n * a[0] - room  # activation bytes the mix must save against every layer at the fastest mode
     if k == 1:
         return np.where(over <= 0, n * s[0], np.inf)
-    save, extra = a[0] - a[1:], s[1:] - s[0]  # per layer moved to mode m: bytes saved, time added (> 0)
-    if k == 2:
-        grid = np.zeros((1, 0), dtype=np.int64)
-    else:  # counts of modes 2.. (k - 2 of them) summing to at most n
-        axes = np.meshgrid(*[np.arange(n + 1)] * (k - 2), indexing="ij")
-        grid = np.stack([x.ravel() for x in axes], axis=1)
-        grid = grid[grid.sum(axis=1) <= n]
-    used = grid.sum(axis=1)
-    rest = over[:, None] - (grid @ save[1:])[None, :]
-    # the fewest layers moved to the second mode that save `rest`: the quotient's ceiling, corrected by
-    # one either way where the division rounded across a whole number (the product decides, as a sum would)
-    moved = np.ceil(rest / save[0])
-    moved -= (moved - 1) * save[0] >= rest
-    moved += moved * save[0] < rest
-    moved = np.maximum(0.0, moved)
-    t = np.where(moved <= (n - used)[None, :], moved * extra[0] + (grid @ extra[1:])[None, :], np.inf)
-    return n * s[0] + t.min(axis=1)
+    return n * s[0] + _least_extra(over, np.full(over.shape, float(n)), a, s, _mix_grid(k, n))
 
 
 def _one_rank_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
