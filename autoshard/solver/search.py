@@ -697,13 +697,18 @@ def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_h
     if not (math.isfinite(work_limit) and work_limit > 0):
         raise InputError(f"must be a positive amount of work, got {work_limit:g}", field="--work-limit")
     passes, fallback = offload_passes(problem, ctx)
+    # Each layer kind's costs, shared by the passes (`cost.layers._kind_costs`: keyed on what
+    # `layer_costs` reads, which is not where the optimizer lives): a pass with the optimizer offloaded
+    # after one where nothing fits prices no shape twice.
+    kind_costs: dict = {}
     found: list[Solution] = []
-    failed: InfeasibleError | None = None
+    failed: InfeasibleError | _NothingFits | None = None
     for offload in passes:  # (CPU optimizer offload: searched where asked, or where nothing fits without it)
         try:
             found.append(_solve_space(problem, shown, headroom_gib, default_headroom, ctx, modes, requests, work_limit,
-                                      t0, time_limit_s, top_k, gap_limit, alternatives, progress, jobs, offload))
-        except InfeasibleError as exc:
+                                      t0, time_limit_s, top_k, gap_limit, alternatives, progress, jobs, offload,
+                                      kind_costs))
+        except (InfeasibleError, _NothingFits) as exc:
             failed = failed or exc
     if not found and fallback:
         offload_cands = candidates(problem, ctx, opt_offload=True)
@@ -711,21 +716,35 @@ def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_h
             try:
                 found.append(_solve_space(problem, shown, headroom_gib, default_headroom, ctx, modes, requests,
                                           work_limit, t0, time_limit_s, top_k, gap_limit, alternatives, progress,
-                                          jobs, True))
-            except InfeasibleError:
+                                          jobs, True, kind_costs))
+            except (InfeasibleError, _NothingFits):
                 pass  # the plain search's reason stands (it names offload where offload alone would not do)
     if not found:
         assert failed is not None
-        raise failed
+        raise failed.error() if isinstance(failed, _NothingFits) else failed
     best = min(found, key=lambda s: s.estimate.step_time_s)  # (ties: the first pass, without offload)
     return dualpipe_pass(problem, shown, ctx, modes, headroom_gib, best)  # (where the framework plans DualPipe)
+
+
+class _NothingFits(Exception):
+    """`_solve`'s answer where no configuration fits in HBM, with what `explain_infeasible` reads: its
+    explanation (which searches the space again with the optimizer offloaded, for the smallest fix)
+    is made only where no pass finds a plan (`error`), not where the offload pass that follows does."""
+
+    def __init__(self, problem: Problem, ctx: Context, cands: Sequence[Config], m_lb: np.ndarray):
+        super().__init__("no configuration fits in HBM")
+        self.inputs = (problem, ctx, cands, m_lb)
+
+    def error(self) -> InfeasibleError:
+        return InfeasibleError(*explain_infeasible(*self.inputs), memory=True)
 
 
 def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_headroom: bool, ctx: Context,
                  modes: list[str], requests: list[Named], work_limit: float, t0: float, time_limit_s: float,
                  top_k: int, gap_limit: float, alternatives: Sequence[str], progress: ProgressFn | None,
-                 jobs: int | None, opt_offload: bool) -> Solution:
-    """`solve` over the configurations with the optimizer in host memory (`opt_offload`) or without."""
+                 jobs: int | None, opt_offload: bool, kind_costs: dict | None = None) -> Solution:
+    """`solve` over the configurations with the optimizer in host memory (`opt_offload`) or without.
+    `kind_costs`: the layer kinds' costs priced so far (`cost.layers.KIND_COSTS`), shared by the passes."""
     budget = _Budget(work_limit, t0 + time_limit_s)
     if progress is not None:
         progress({"phase": "candidates", "visited": 0, "total": 0, "incumbent_s": None, "bound_s": None, "gap": None,
@@ -738,6 +757,8 @@ def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_
         progress({"phase": "bounds", "visited": 0, "total": len(cands), "incumbent_s": None, "bound_s": None,
                   "gap": None, "work_s": budget.work})
     opt_cache: dict = {}  # per-layer costs on consecutive GPUs, shared by the bounds below
+    if kind_costs is not None:
+        opt_cache[KIND_COSTS] = kind_costs
     t_lb, m_lb, could_fit, refine = _lazy_bounds(ctx, cands, opt_cache)
     fits = (m_lb <= ctx.capacity_bytes) & could_fit
     pruned_mem = int((~fits).sum())
@@ -801,7 +822,7 @@ def _solve(problem: Problem, ctx: Context, search: _Search, cands: Sequence[Conf
             raise InfeasibleError("no plan found within the solver's budget "
                                   f"({work_limit:g} units of work, {time_limit_s:g} s wall-clock limit)",
                                   ["raise --work-limit or --time-limit", "restrict the search space with `search:`"])
-        raise InfeasibleError(*explain_infeasible(problem, ctx, cands, m_lb), memory=True)
+        raise _NothingFits(problem, ctx, cands, m_lb)
     est = _evaluate(problem, best.plan)
     bound = min(best.step_s, bound_s)
     gap = max(0.0, (best.step_s - bound) / best.step_s)
