@@ -716,7 +716,7 @@ def _solve_with(problem: Problem, shown: Problem, headroom_gib: float, default_h
             try:
                 found.append(_solve_space(problem, shown, headroom_gib, default_headroom, ctx, modes, requests,
                                           work_limit, t0, time_limit_s, top_k, gap_limit, alternatives, progress,
-                                          jobs, True, kind_costs))
+                                          jobs, True, kind_costs, offload_cands))
             except (InfeasibleError, _NothingFits):
                 pass  # the plain search's reason stands (it names offload where offload alone would not do)
     if not found:
@@ -742,14 +742,17 @@ class _NothingFits(Exception):
 def _solve_space(problem: Problem, shown: Problem, headroom_gib: float, default_headroom: bool, ctx: Context,
                  modes: list[str], requests: list[Named], work_limit: float, t0: float, time_limit_s: float,
                  top_k: int, gap_limit: float, alternatives: Sequence[str], progress: ProgressFn | None,
-                 jobs: int | None, opt_offload: bool, kind_costs: dict | None = None) -> Solution:
+                 jobs: int | None, opt_offload: bool, kind_costs: dict | None = None,
+                 cands: Sequence[Config] | None = None) -> Solution:
     """`solve` over the configurations with the optimizer in host memory (`opt_offload`) or without.
-    `kind_costs`: the layer kinds' costs priced so far (`cost.layers.KIND_COSTS`), shared by the passes."""
+    `kind_costs`: the layer kinds' costs priced so far (`cost.layers.KIND_COSTS`), shared by the passes;
+    `cands`: `candidates(problem, ctx, opt_offload=opt_offload)` where the caller has them."""
     budget = _Budget(work_limit, t0 + time_limit_s)
     if progress is not None:
         progress({"phase": "candidates", "visited": 0, "total": 0, "incumbent_s": None, "bound_s": None, "gap": None,
                   "work_s": budget.work})
-    cands = candidates(problem, ctx, opt_offload=opt_offload)
+    if cands is None:
+        cands = candidates(problem, ctx, opt_offload=opt_offload)
     budget.count(UNIT_CANDIDATE * len(cands))
     if not cands:
         raise InfeasibleError(*explain_no_candidates(problem, ctx))
