@@ -929,13 +929,18 @@ _FRONTS_BY_VALUE: dict[tuple, _FrontSet] = {}
 _FRONTS_CACHE_MAX = 4096
 
 
+def _mode_arrays(table: Table, kind: str, modes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(activation bytes, time) of one layer of `kind` under each of `modes`, as arrays in that order."""
+    costs = [table.layers[(kind, r)] for r in modes]
+    return np.array([c.act_bytes for c in costs]), np.array([c.total_s for c in costs])
+
+
 def _front_set(table: Table, kind: str, modes: list[str]) -> _FrontSet:
     """The `_FrontSet` of `kind`'s layers over `modes` (memoized per set of shared layer costs and by value)."""
     key = ("frontset", kind, tuple(modes))
     got = table.memo.get(key)
     if got is None:
-        costs = [table.layers[(kind, r)] for r in modes]
-        a, s = np.array([c.act_bytes for c in costs]), np.array([c.total_s for c in costs])
+        a, s = _mode_arrays(table, kind, modes)
         vkey = (a.tobytes(), s.tobytes())
         got = _FRONTS_BY_VALUE.get(vkey)
         if got is None:
@@ -1135,10 +1140,9 @@ def _least_time(table: Table, kind: str, modes: list[str], room: np.ndarray) -> 
         save = fast.act_bytes - lean.act_bytes
         k = np.maximum(0.0, np.ceil(over / save - 1e-9)) if save > 0 else np.where(over > 0, np.inf, 0.0)
         return np.where(k <= n, n * fast.total_s + np.minimum(k, n) * (lean.total_s - fast.total_s), np.inf)
-    if len(useful) <= EXACT_MIX_MODES and room.size * _enumerated_size(len(useful), room.shape[-1] - 1) <= ENUMERATED_CELLS:
-        costs = [lay[(kind, r)] for r in useful]
-        return _enumerated_least_time(np.array([c.act_bytes for c in costs]), np.array([c.total_s for c in costs]),
-                                      room)
+    cells = room.size * _enumerated_size(len(useful), room.shape[-1] - 1)
+    if len(useful) <= EXACT_MIX_MODES and cells <= ENUMERATED_CELLS:
+        return _enumerated_least_time(*_mode_arrays(table, kind, useful), room)
     # Counts past the last one whose leanest mix (every layer in the leanest mode: the front's least
     # bytes) fits some room cost inf: a binary search finds no point of their front at or under the
     # room. Their fronts are never built: a rank holds far fewer layers than the model has.
@@ -1185,9 +1189,7 @@ def _exact_least_time(table: Table, kind: str, modes: list[str], n: int, room: n
         rooms = np.full((len(room), n + 1), -np.inf)  # (only count n asked: the others fit nothing)
         rooms[:, n] = room
         return _least_time(table, kind, modes, rooms)[:, n]
-    costs = [table.layers[(kind, r)] for r in useful]
-    a = np.array([c.act_bytes for c in costs])
-    s = np.array([c.total_s for c in costs])
+    a, s = _mode_arrays(table, kind, useful)
     over = n * a[0] - room  # activation bytes the mix must save against every layer at the fastest mode
     if k == 1:
         return np.where(over <= 0, n * s[0], np.inf)
@@ -1232,11 +1234,11 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
     key = ("memory_tmax", tuple(modes), table.cfg, table.pp_p2p_s, table.microbatches)  # (memo is shared)
     if key in table.memo:
         return table.memo[key]
-    kinds = _kinds(ctx)
     P = table.cfg.pp
     if P == 1:
         best = table.memo[key] = _one_rank_tmax(ctx, table, modes)
         return best
+    kinds = _kinds(ctx)
     ks = sorted(set(kinds), key=kinds.index)
     n2 = kinds.count(ks[1] if len(ks) == 2 else ks[0])  # (`_rank_times`'s second kind)
     # A rank's counts up to `lim` first (the fronts of many layers cost the most to build); the answer
