@@ -678,6 +678,57 @@ def reference_forced(mem, idx: np.ndarray, at_least: np.ndarray) -> np.ndarray:
     return out
 
 
+def reference_forced_tmax(room, infl, st, lines, a_min, s_min, ext, n_k, at_least):
+    """`bounds._forced_tmax` as first written: arrays (candidates, ranks, lines), the least over the
+    lines by `min(axis=2)`."""
+    alpha, beta = lines[:, None, :, 0], lines[:, None, :, 1]
+    inf_ = infl[:, :, None]
+    coef = alpha - beta * st[:, None, None] / inf_
+    off = ext[:, :, None] + beta * room[:, :, None] / inf_
+    cap = np.minimum(np.floor(np.maximum(room, 0) / (st[:, None] + infl * a_min[:, None]) + 1e-9), n_k)
+    feasible = cap.sum(axis=1) >= n_k
+
+    def short(T, off_, coef_, cap_):
+        n = np.floor(((T[:, None, None] - off_) / coef_).min(axis=2) + 1e-9)
+        return np.clip(n, 0, cap_).sum(axis=1) < n_k
+
+    out = np.where(feasible, at_least, np.inf)
+    rows = np.flatnonzero(feasible)
+    rows = rows[short(at_least[rows], off[rows], coef[rows], cap[rows])]
+    if len(rows):
+        lo = at_least[rows]
+        hi = np.maximum(lo, ext[rows].max(axis=1) + n_k * s_min[rows])
+        for _ in range(B.FORCED_BISECTIONS):
+            mid = 0.5 * (lo + hi)
+            below = short(mid, off[rows], coef[rows], cap[rows])
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        out[rows] = lo
+    return out
+
+
+def test_forced_tmax_lines_first_is_bit_identical():
+    """`_forced_tmax` keeps its arrays lines first (the least over the lines an element-wise minimum
+    of contiguous slices, 0.63x the CPU on the 345 calls of four 122-layer and 61-layer MoE solves):
+    bit for bit the bounds of the first form, on random hulls of 1 to 5 lines, 1 to 16 ranks, rooms
+    that fit nothing, some layers or all, and starting points at, below and above the forced time."""
+    rng = np.random.default_rng(11)
+    for n, P, J in [(40, 1, 1), (64, 4, 3), (50, 8, 5), (30, 16, 2), (1, 2, 4)]:
+        beta = -np.sort(rng.uniform(1e-12, 1e-9, (n, J)), axis=1)  # seconds per byte saved, < 0
+        alpha = rng.uniform(0.01, 0.05, (n, J))
+        lines = np.stack([alpha, beta], axis=2)
+        a_min = rng.uniform(1e8, 1e9, n)
+        st = rng.uniform(1e8, 5e8, n)
+        infl = rng.integers(1, 2 * P + 1, (n, P)).astype(float)
+        room = rng.uniform(-1e9, 3e10, (n, P))
+        ext = rng.uniform(0, 0.05, (n, P))
+        s_min = rng.uniform(0.02, 0.08, n)
+        for n_k in (1, 7, 61):
+            for at_least in (np.zeros(n), rng.uniform(0, 2.0, n), np.full(n, 50.0)):
+                args = (room, infl, st, lines, a_min, s_min, ext, n_k, at_least)
+                got, want = B._forced_tmax(*args), reference_forced_tmax(*args)
+                assert np.array_equal(got, want), (n, P, J, n_k)
+
+
 def test_forced_by_pipeline_degree_equals_group_by_group():
     """`_MemoryBound.forced` bisects the candidates of one pipeline degree at once, each with its
     group's in-flight counts: each candidate's bound equals the one it gets refined alone with its

@@ -416,25 +416,25 @@ def _forced_tmax(room: np.ndarray, infl: np.ndarray, st: np.ndarray, lines: np.n
     floor(room_p / (st + infl_p a_min)) layers. The least T at which the ranks' most layers under T
     sum to n_k, by bisection from at_least (most is nondecreasing in T; the lower end is kept). A
     relaxation of `_memory_tmax` (continuous modes, the other kinds free): never above it."""
-    alpha, beta = lines[:, None, :, 0], lines[:, None, :, 1]  # (n, 1, J)
-    inf_ = infl[:, :, None]
-    coef = alpha - beta * st[:, None, None] / inf_  # (n, P, J), > 0
-    off = ext[:, :, None] + beta * room[:, :, None] / inf_
+    # (lines first: the least over the lines is then an element-wise minimum of contiguous slices)
+    alpha, beta = lines[:, :, 0].T[:, :, None], lines[:, :, 1].T[:, :, None]  # (J, n, 1)
+    coef = alpha - beta * st[None, :, None] / infl  # (J, n, P), > 0
+    off = ext + beta * room / infl
     cap = np.minimum(np.floor(np.maximum(room, 0) / (st[:, None] + infl * a_min[:, None]) + 1e-9), n_k)
     feasible = cap.sum(axis=1) >= n_k
 
     def short(T: np.ndarray, off_: np.ndarray, coef_: np.ndarray, cap_: np.ndarray) -> np.ndarray:
         """Fewer than n_k layers fit under T (the rows' arrays)."""
-        n = np.floor(((T[:, None, None] - off_) / coef_).min(axis=2) + 1e-9)
+        n = np.floor(np.minimum.reduce((T[None, :, None] - off_) / coef_, axis=0) + 1e-9)
         return np.clip(n, 0, cap_).sum(axis=1) < n_k
 
     out = np.where(feasible, at_least, np.inf)
     rows = np.flatnonzero(feasible)
-    rows = rows[short(at_least[rows], off[rows], coef[rows], cap[rows])]  # (the others: HBM forces nothing above)
+    rows = rows[short(at_least[rows], off[:, rows], coef[:, rows], cap[rows])]  # (the others: HBM forces nothing above)
     if len(rows):
         lo = at_least[rows]
         hi = np.maximum(lo, ext[rows].max(axis=1) + n_k * s_min[rows])  # (every rank at its cap: enough)
-        off_r, coef_r, cap_r = off[rows], coef[rows], cap[rows]  # (gathered once for the bisection)
+        off_r, coef_r, cap_r = off[:, rows], coef[:, rows], cap[rows]  # (gathered once for the bisection)
         for _ in range(FORCED_BISECTIONS):
             mid = 0.5 * (lo + hi)
             below = short(mid, off_r, coef_r, cap_r)

@@ -558,6 +558,11 @@ class StageModel:
         # deterministic time, so it ran far past the budget's count; the search needs none of it
         # (bench_solve --issue: every answer the same, 10-40% less CPU).
         prm.cp_model_presolve = False
+        # No symmetry detection: CP-SAT builds a graph of the whole model on every call (7,000 nodes on
+        # a 56-chunk interleaved model) and finds nothing it uses without presolve: the 83 stage models
+        # of the 122-layer DeepSeek-V3 on 2,048 H100 give the same statuses, solutions and deterministic
+        # time with 7% less CPU.
+        prm.symmetry_level = 0
         self.live = solver  # (`stop` from another thread ends it early)
         if getattr(self, "stopped", False):
             prm.max_deterministic_time = prm.max_time_in_seconds = 0.0
