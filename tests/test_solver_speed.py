@@ -840,3 +840,49 @@ def test_rows_written_into_the_proto_equal_the_cp_model_calls():
         ref.model.add_hint(var, v)
     assert len(sm.model.proto.solution_hint.vars) == len(values)
     assert str(sm.model.proto) == str(ref.model.proto)
+
+
+def test_stage_model_structure_copied_is_the_built_one():
+    """`StageModel._structure`: a stage model whose variables, layer constraints and recompute pattern
+    are copied from an earlier model of the same shape (`_STRUCTURES`) has the same proto, the same
+    variables and picks as one built from nothing, under every recompute layout the frameworks plan
+    (Megatron's block with activation offload, torchtitan's every-Nth, DeepSpeed's one mode, per layer),
+    one and two layer kinds, 1F1B and interleaved, near-even and uniform stages; and the structure is
+    shared across tables of other costs (other tensor-parallel degrees and micro-batches)."""
+    SM = importlib.import_module("autoshard.solver.stage_model")
+    seen = 0
+    dense = {"preset": "llama3-8b", "num_hidden_layers": 12}
+    for framework, model, search, seq in [("megatron", SMALL_MOE, {}, 4096), ("torchtitan", SMALL_MOE, {}, 4096),
+                                          ("deepspeed", dense, {}, 4096), ("megatron", dense, {}, 4096),
+                                          ("megatron", SMALL_MOE, {"recompute_layout": "per_layer"}, 4096),
+                                          # (long sequences: offloading is among the useful modes)
+                                          ("megatron", SMALL_MOE, {"recompute": ["none", "full", "offload"]}, 16384)]:
+        p = load_problem({"model": model, "framework": framework, "search": search,
+                          "training": {"seq_len": seq, "global_batch_size": 64},
+                          "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16}})
+        ctx = context(p)
+        ctx = with_modes(ctx, search_modes(p, ctx))
+        modes = search_modes(p, ctx)
+        picked = {}
+        for c in candidates(p, ctx):  # one configuration per (pp, vpp, schedule, tp, mbs)
+            picked.setdefault((c.pp, c.vpp, c.schedule, c.tp, c.mbs), c)
+        for cfg in list(picked.values())[:12]:
+            table = layer_table(ctx, cfg)
+            for uniform in (False, True):
+                SM._STRUCTURES.clear()
+                built = SM.StageModel(ctx, table, modes, uniform, 10**9)
+                copied = SM.StageModel(ctx, table, modes, uniform, 10**9)
+                assert str(copied.model.proto) == str(built.model.proto), (framework, cfg)
+                assert [v.index for v in copied._all_vars()] == [v.index for v in built._all_vars()]
+                assert {r: b.index for r, b in copied.pick.items()} == {r: b.index for r, b in built.pick.items()}
+                assert getattr(copied, "nth", None) is None or copied.nth.index == built.nth.index
+                seen += bool(built.pick) + (getattr(built, "nth", None) is not None) + ("offload" in built.modes)
+        SM._STRUCTURES.clear()
+        first = [SM.StageModel(ctx, layer_table(ctx, c), modes, False, None) for c in list(picked.values())[:12]]
+        SM._STRUCTURES.clear()
+        fresh = []
+        for c in list(picked.values())[:12]:  # each from nothing
+            fresh.append(SM.StageModel(ctx, layer_table(ctx, c), modes, False, None))
+            SM._STRUCTURES.clear()
+        assert [str(a.model.proto) for a in first] == [str(b.model.proto) for b in fresh]
+    assert seen > 0  # (some models had recompute picks, every-Nth counts or offloaded layers to copy)

@@ -40,6 +40,13 @@ def _t(x: float) -> int:
 INT64_MIN = -(2**63)  # (CP-SAT's lower end of a domain with none)
 
 
+# Stage-model structures by shape (`StageModel._structure`): the proto before any layer cost, with the
+# indices of its variables. A pure function of its key, so the cache changes no model, only how often
+# one is built; cleared when full.
+_STRUCTURES: dict[tuple, tuple] = {}
+STRUCTURES_MAX = 256
+
+
 def _add_at_most(md: Any, var_index: np.ndarray, coefs: np.ndarray, rhs: list[int]) -> None:
     """Row i of `coefs`: the linear constraint sum_j coefs[i, j] x[var_index[j]] <= rhs[i], written
     into the model's proto as `md.add(LinearExpr.weighted_sum(...) <= rhs[i])` writes it (CP-SAT's
@@ -89,9 +96,8 @@ class StageModel:
         self.rank_cuts, self.count_cuts = rank_cuts, count_cuts
         self.layout = recompute_layout(ctx)
         self.pick: dict[str, Any] = {}  # one mode for every layer: its boolean (`_pattern_constraints`)
-        self._variables()
-        self._layer_constraints()
-        self._pattern_constraints()
+        self.n: list[dict[str, dict[str, Any]]] = []  # n[c][kind][mode] (`_variables`)
+        self._structure()
         self._rank_expressions()
         self._memory_constraints()
         self._objective()
@@ -108,6 +114,40 @@ class StageModel:
             if not dominated:
                 keep.append(r)
         return keep
+
+    def _structure(self) -> None:
+        """The variables, the layer constraints and the recompute pattern (`_variables`,
+        `_layer_constraints`, `_pattern_constraints`): the part of the model that reads no cost of the
+        layer table, only its shape (the key below). Where a model of the same shape was built, its
+        proto up to there is copied and the variables read back by index (the same proto a build
+        writes: tests/test_solver_speed.py compares them); else built, and kept (`_STRUCTURES`)."""
+        key = (self.V, self.cfg.pp, self.cfg.schedule == "interleaved", self.uniform, tuple(self.kinds),
+               tuple(self.count[k] for k in self.kinds), tuple(self.modes), self.layout,
+               self.ctx.model.num_hidden_layers)
+        got = _STRUCTURES.get(key)
+        md = self.model
+        if got is None:
+            self._variables()
+            self._layer_constraints()
+            self._pattern_constraints()
+            proto = type(md.proto)()
+            proto.copy_from(md.proto)
+            index = [{k: {r: v.index for r, v in row.items()} for k, row in chunk.items()} for chunk in self.n]
+            nth = getattr(self, "nth", None)
+            if len(_STRUCTURES) >= STRUCTURES_MAX:
+                _STRUCTURES.clear()
+            _STRUCTURES[key] = (proto, index, {r: b.index for r, b in self.pick.items()},
+                                None if nth is None else nth.index)
+            return
+        proto, index, pick, nth_index = got
+        md.proto.copy_from(proto)
+        var = md.get_int_var_from_proto_index
+        self.n = [{k: {r: var(i) for r, i in row.items()} for k, row in chunk.items()} for chunk in index]
+        total = self.cp_model.LinearExpr.sum
+        self.size = [total([self.n[c][k][r] for k in self.kinds for r in self.modes]) for c in range(self.V)]
+        self.pick = {r: md.get_bool_var_from_proto_index(i) for r, i in pick.items()}
+        if nth_index is not None:
+            self.nth = var(nth_index)
 
     def _variables(self) -> None:
         md = self.model
