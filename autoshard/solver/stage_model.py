@@ -143,8 +143,7 @@ class StageModel:
         md.proto.copy_from(proto)
         var = md.get_int_var_from_proto_index
         self.n = [{k: {r: var(i) for r, i in row.items()} for k, row in chunk.items()} for chunk in index]
-        total = self.cp_model.LinearExpr.sum
-        self.size = [total([self.n[c][k][r] for k in self.kinds for r in self.modes]) for c in range(self.V)]
+        self._sizes()
         self.pick = {r: md.get_bool_var_from_proto_index(i) for r, i in pick.items()}
         if nth_index is not None:
             self.nth = var(nth_index)
@@ -153,6 +152,10 @@ class StageModel:
         md = self.model
         self.n = [{k: {r: md.new_int_var(0, self.count[k], f"n_c{c}_{k}_{r}") for r in self.modes}
                    for k in self.kinds} for c in range(self.V)]
+        self._sizes()
+
+    def _sizes(self) -> None:
+        """Each virtual stage's layer count, as an expression (`size[c]`)."""
         total = self.cp_model.LinearExpr.sum
         self.size = [total([self.n[c][k][r] for k in self.kinds for r in self.modes]) for c in range(self.V)]
 
