@@ -82,6 +82,17 @@ def _kinds(ctx: Context) -> tuple[str, ...]:
     return got
 
 
+def _kind_counts(ctx: Context) -> dict[str, int]:
+    """Each layer kind's count, the kinds in order of first appearance (dense before MoE), once per
+    context (`_rank_space`, `_memory_tmax`, the stage model); read only."""
+    memo = _solve_memo(ctx)
+    got = memo.get("kind counts")
+    if got is None:
+        kinds = _kinds(ctx)
+        got = memo["kind counts"] = {k: kinds.count(k) for k in sorted(set(kinds), key=kinds.index)}
+    return got
+
+
 _SCHEDULES = {"1f1b": 0, "interleaved": 1, "zero_bubble": 2, "gpipe": 3}
 _FIELDS = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs", "zero", "sp", "etp")
 
@@ -976,12 +987,12 @@ class _RankSpace(NamedTuple):
 def _rank_space(ctx: Context, table: Table, modes: list[str]) -> _RankSpace:
     """`_RankSpace` of a table: rank p needs fixed_p + its layers' static bytes + infl_p x their
     activations."""
-    kinds = _kinds(ctx)
     cfg, lay = table.cfg, table.layers
     P = cfg.pp
-    ks = sorted(set(kinds), key=kinds.index)  # dense before moe
+    counts = _kind_counts(ctx)
+    ks = list(counts)  # dense before moe
     first, second = (ks[0], ks[1]) if len(ks) == 2 else (None, ks[0])
-    n1, n2 = (kinds.count(first) if first else 0), kinds.count(second)
+    n1, n2 = (counts[first] if first else 0), counts[second]
     per_dense = sum(static_bytes(ctx, cfg, 1.0, 0.0).values())
     per_exp = sum(static_bytes(ctx, cfg, 1.0, 1.0).values()) - per_dense
 
@@ -1239,8 +1250,7 @@ def _memory_tmax(ctx: Context, table: Table, modes: list[str]) -> float:
         best = table.memo[key] = _one_rank_tmax(ctx, table, modes)
         return best
     kinds = _kinds(ctx)
-    ks = sorted(set(kinds), key=kinds.index)
-    n2 = kinds.count(ks[1] if len(ks) == 2 else ks[0])  # (`_rank_times`'s second kind)
+    n2 = list(_kind_counts(ctx).values())[-1]  # (`_rank_times`'s second kind: the last)
     # A rank's counts up to `lim` first (the fronts of many layers cost the most to build); the answer
     # on them holds for the whole array where every rank's time at lim + 1 layers is already >= it.
     lim = -(-n2 // P) + 1 if P > 1 else n2  # (one rank holds every layer)

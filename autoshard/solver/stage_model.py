@@ -21,7 +21,7 @@ from ..cost import (
     zero3_gathered_for,
 )
 from ..spec import RECOMPUTES
-from .bounds import _memory_tmax, _rank_times, _stage_extras, balanced_max
+from .bounds import _kind_counts, _memory_tmax, _rank_times, _stage_extras, balanced_max
 from ..layouts import recompute_layout
 from ..cost import even_split
 from ..layouts import every_nth_list
@@ -86,9 +86,8 @@ class StageModel:
         self.cp_model = cp_model
         self.ctx, self.table, self.cfg = ctx, table, table.cfg
         self.model = cp_model.CpModel()
-        kinds = ctx.model.layer_kinds()
-        self.kinds = sorted(set(kinds), key=kinds.index)  # dense before moe
-        self.count = {k: kinds.count(k) for k in self.kinds}
+        self.count = dict(_kind_counts(ctx))  # per kind, dense before moe
+        self.kinds = list(self.count)
         self.modes = self._useful_modes(modes)
         self.V = self.cfg.pp * self.cfg.vpp
         self.uniform = uniform
